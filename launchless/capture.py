@@ -1,0 +1,212 @@
+"""The capture primitive: the one module that touches ``torch.cuda.CUDAGraph``.
+
+Warm-up runs on a side stream that is also the capture stream (cuBLAS and cuDNN keep workspaces
+per stream, so warming another stream would let the capture allocate them). Capture uses
+``capture_error_mode="thread_local"``: in the default global mode a DataLoader pin-memory thread
+calling ``cudaHostAlloc`` both invalidates the capture and is corrupted by it. All graphs of one
+wrapped model share one memory pool. Random ops are graph-safe: PyTorch registers every CUDA
+generator a capture uses and advances its offset on each replay.
+
+A failed capture must not poison the process: the capture is always ended, the stream context is
+always left, the allocator is told the pool is no longer being captured into, and the failed
+``CUDAGraph`` object is kept alive (PyTorch's allocator may still hold a raw pointer to it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .signature import FlatInputs
+
+CAPTURE_LOCK = threading.RLock()
+_failed_graphs: list[torch.cuda.CUDAGraph] = []
+_IMMUTABLE_OUTPUTS = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.Size)
+
+
+class CaptureFailed(Exception):
+    """Internal: carries the original exception of a failed warm-up or capture."""
+
+    def __init__(self, stage: str, cause: BaseException | None, message: str) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.cause = cause
+
+
+def new_pool() -> Any:
+    return torch.cuda.graph_pool_handle()
+
+
+def _static_like(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A buffer the graph reads: same layout as the example when dense, else contiguous."""
+    if t.device == device and t.is_non_overlapping_and_dense():
+        out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+    else:
+        out = torch.empty(t.shape, dtype=t.dtype, device=device)
+    out.copy_(t)
+    return out.requires_grad_(t.requires_grad) if t.requires_grad else out
+
+
+@contextlib.contextmanager
+def _capture_autocast() -> Iterator[None]:
+    """Autocast's weight-cast cache would hand the graph casts made (and freed) outside it."""
+    if not torch.is_autocast_enabled("cuda"):
+        yield
+        return
+    torch.clear_autocast_cache()
+    with torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False):
+        yield
+
+
+def _end_pool_allocation(device: torch.device, pool: Any) -> None:
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None) or getattr(
+        torch._C, "_cuda_endAllocateCurrentStreamToPool", None
+    )
+    if end is not None:
+        with contextlib.suppress(Exception):
+            end(device.index if device.index is not None else torch.cuda.current_device(), pool)
+
+
+class CapturedGraph:
+    """One forward captured for one input signature: static inputs, the graph, static outputs."""
+
+    def __init__(
+        self,
+        graph: torch.cuda.CUDAGraph,
+        static_leaves: list,
+        tensor_slots: list[int],
+        outputs: Any,
+        capture_ms: float,
+        pool_growth: int,
+    ) -> None:
+        self.graph = graph
+        self.static_leaves = static_leaves
+        self.tensor_slots = tensor_slots
+        self.slot_buffers = [(i, static_leaves[i]) for i in tensor_slots]
+        self.out_leaves, self.out_spec = pytree.tree_flatten(outputs)
+        self.out_is_leaf = self.out_spec.is_leaf()
+        self.outputs = outputs
+        self.capture_ms = capture_ms
+        self.pool_growth = pool_growth
+        self.replays = 0
+
+    def load(self, leaves: list) -> None:
+        """Copy new inputs into the static buffers; a static buffer passed back in is not copied."""
+        for i, static in self.slot_buffers:
+            src = leaves[i]
+            if src is not static:
+                static.copy_(src, non_blocking=True)
+
+    def replay(self, leaves: list) -> Any:
+        """Replay on new inputs and return the graph's own output buffers (overwritten next replay)."""
+        self.load(leaves)
+        self.graph.replay()
+        self.replays += 1
+        return self.outputs
+
+    def replay_cloned(self, leaves: list) -> Any:
+        """Replay and return copies of the outputs that the next replay cannot overwrite."""
+        self.load(leaves)
+        self.graph.replay()
+        self.replays += 1
+        if self.out_is_leaf:
+            out = self.outputs
+            return out.clone() if isinstance(out, torch.Tensor) else out
+        return pytree.tree_unflatten(
+            [t.clone() if isinstance(t, torch.Tensor) else t for t in self.out_leaves], self.out_spec
+        )
+
+
+def _check_outputs(outputs: Any) -> None:
+    for leaf in pytree.tree_leaves(outputs):
+        if not isinstance(leaf, (torch.Tensor, *_IMMUTABLE_OUTPUTS)):
+            raise CaptureFailed(
+                "outputs",
+                None,
+                f"the forward returns an object of type {type(leaf).__name__} that launchless cannot look "
+                "into; its tensors would be overwritten by the next replay. Return tensors (tuples, lists, "
+                "dicts, dataclasses registered with torch.utils._pytree), e.g. use_cache=False for "
+                "transformers models",
+            )
+
+
+def _versions(static_leaves: list, slots: list[int]) -> list[int]:
+    return [static_leaves[i]._version for i in slots]
+
+
+def capture(
+    fn: Callable[..., Any], flat: FlatInputs, *, device: torch.device, pool: Any, warmup: int = 3
+) -> CapturedGraph:
+    """Warm up ``fn`` on a side stream, capture it there, and return the replayable graph.
+
+    Raises ``CaptureFailed`` with the original exception; the process stays usable either way.
+    """
+    with CAPTURE_LOCK, torch.cuda.device(device):
+        static_leaves = [_static_like(x, device) if isinstance(x, torch.Tensor) else x for x in flat.leaves]
+        slots = [i for i, x in enumerate(static_leaves) if isinstance(x, torch.Tensor)]
+        args, kwargs = flat.rebuild(static_leaves)
+        caller = torch.cuda.current_stream(device)
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(caller)
+        before = _versions(static_leaves, slots)
+        with torch.cuda.stream(stream), _capture_autocast():
+            try:
+                for _ in range(warmup):
+                    fn(*args, **kwargs)
+            except Exception as exc:
+                raise CaptureFailed("warm-up", exc, f"the forward failed during warm-up: {exc}") from exc
+        if _versions(static_leaves, slots) != before:
+            raise CaptureFailed(
+                "warm-up",
+                None,
+                "the forward writes into its own input in place; a graph would change its static copy, not "
+                "your tensor. Clone the input inside forward (x = x.clone()) or avoid the in-place op",
+            )
+        torch.cuda.synchronize(device)
+        reserved = torch.cuda.memory_reserved(device)
+        graph = torch.cuda.CUDAGraph()
+        start = time.perf_counter()
+        with torch.cuda.stream(stream), _capture_autocast():
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            try:
+                outputs = fn(*args, **kwargs)
+            except BaseException as exc:
+                _abandon(graph, device, pool)
+                raise CaptureFailed("capture", exc, str(exc)) from exc
+            try:
+                graph.capture_end()
+            except Exception as exc:
+                _abandon(graph, device, pool, ended=True)
+                raise CaptureFailed("capture", exc, str(exc)) from exc
+        caller.wait_stream(stream)
+        capture_ms = (time.perf_counter() - start) * 1e3
+        _check_outputs(outputs)
+        return CapturedGraph(
+            graph, static_leaves, slots, outputs, capture_ms, torch.cuda.memory_reserved(device) - reserved
+        )
+
+
+def _abandon(graph: torch.cuda.CUDAGraph, device: torch.device, pool: Any, ended: bool = False) -> None:
+    """Leave no trace of a failed capture: end it, release the pool filter, keep the object alive."""
+    if not ended:
+        with contextlib.suppress(Exception):
+            graph.capture_end()
+    _end_pool_allocation(device, pool)
+    _failed_graphs.append(graph)
+    with contextlib.suppress(Exception):
+        torch.cuda.synchronize(device)
+
+
+def pool_bytes(pool: Any) -> int:
+    """Bytes reserved in segments of ``pool`` (reads the allocator snapshot: not for hot paths)."""
+    try:
+        segments = torch.cuda.memory_snapshot()
+    except Exception:
+        return 0
+    return sum(s.get("total_size", 0) for s in segments if tuple(s.get("segment_pool_id", ())) == tuple(pool))

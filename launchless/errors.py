@@ -1,0 +1,37 @@
+"""Exceptions a user can meet. Each message says what happened and how to fix it."""
+
+from __future__ import annotations
+
+
+class LaunchlessError(Exception):
+    """Base class of every error launchless raises on purpose."""
+
+
+class ConfigError(LaunchlessError, ValueError):
+    """An argument to `wrap` or a method has a value launchless does not accept."""
+
+
+class NoCudaError(LaunchlessError, RuntimeError):
+    """A graph was asked for where no CUDA device holds the model or its inputs."""
+
+
+class CaptureError(LaunchlessError, RuntimeError):
+    """The forward cannot be captured as a CUDA graph.
+
+    A wrong capture does not crash: its replay silently returns wrong values. So under
+    ``cuda_graph=True`` launchless refuses loudly instead of guessing.
+    """
+
+    def __init__(self, message: str, *, reason: str, operation: str | None = None, source: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.operation = operation
+        self.source = source
+
+
+class VerificationError(LaunchlessError, RuntimeError):
+    """A captured graph replayed different values than eager; the graph is never used."""
+
+    def __init__(self, message: str, *, report: dict) -> None:
+        super().__init__(message)
+        self.report = report

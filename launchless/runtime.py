@@ -1,0 +1,435 @@
+"""GraphedModule: per-signature capture, replay, invalidation, info and release for inference.
+
+Modes: ``False`` runs eager; ``True`` captures at the first sight of a signature and fails loud
+(a forward that cannot be captured raises: a wrong capture would silently return wrong values);
+``"auto"`` captures once a signature has been seen ``auto_after`` times and otherwise runs eager
+with one log line per reason. Calls in grad mode or with the model in training mode run eager:
+graphs here are for inference (training capture is ``graphed_step``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from . import capture as _capture
+from .blockers import Blocker, FailureRecorder, classify_message, locate_exception
+from .capture_path import record_capture_branches
+from .errors import CaptureError, ConfigError, NoCudaError, VerificationError
+from .relocation import RelocationWatch
+from .signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
+from .verify import BIT_IDENTICAL, SKIPPED, VerifyReport, verify
+
+log = logging.getLogger("launchless")
+
+_MODES = (False, True, "auto")
+_VERIFY = ("on", "strict", "off")
+_OUTPUTS = ("clone", "static")
+_MAX_TRACKED = 4096  # signatures remembered for "auto" counting and refusals
+
+
+def _check_options(
+    cuda_graph: Any,
+    auto_after: int,
+    max_graphs: int,
+    warmup: int,
+    verify_mode: str,
+    outputs: str,
+    tolerance_ulps: float,
+) -> None:
+    if not any(cuda_graph is m or (isinstance(m, str) and cuda_graph == m) for m in _MODES):
+        raise ConfigError(
+            f"cuda_graph={cuda_graph!r} is not accepted; use False (eager), True (capture at "
+            "the first call of each input signature) or 'auto' (capture once it repeats)"
+        )
+    for name, value, low in (
+        ("auto_after", auto_after, 1),
+        ("max_graphs", max_graphs, 1),
+        ("warmup", warmup, 1),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ConfigError(f"{name}={value!r} is not accepted; pass an integer >= {low}")
+    if verify_mode not in _VERIFY:
+        raise ConfigError(
+            f"verify={verify_mode!r} is not accepted; use 'on' (bit-identical, or a named "
+            "eager-noise/capture-path class within the rounding bound), 'strict' or 'off'"
+        )
+    if outputs not in _OUTPUTS:
+        raise ConfigError(
+            f"outputs={outputs!r} is not accepted; use 'clone' (safe) or 'static' (the graph's "
+            "own buffers, overwritten by the next replay)"
+        )
+    if not tolerance_ulps >= 0:
+        raise ConfigError(f"tolerance_ulps={tolerance_ulps!r} is not accepted; pass a number >= 0")
+
+
+class GraphedModule(torch.nn.Module):
+    """A model that replays a verified CUDA graph per input signature and keeps the model's API."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cuda_graph: bool | str = "auto",
+        *,
+        auto_after: int = 3,
+        max_graphs: int = 8,
+        warmup: int = 3,
+        verify: str = "on",
+        tolerance_ulps: float = 64.0,
+        outputs: str = "clone",
+    ) -> None:
+        _check_options(cuda_graph, auto_after, max_graphs, warmup, verify, outputs, tolerance_ulps)
+        super().__init__()
+        self.model = model
+        self.cuda_graph = cuda_graph
+        self.auto_after, self.max_graphs, self.warmup = auto_after, max_graphs, warmup
+        self.verify_mode, self.tolerance_ulps, self.outputs = verify, tolerance_ulps, outputs
+        self._graphs: OrderedDict[Signature, _capture.CapturedGraph] = OrderedDict()
+        self._reports: dict[Signature, VerifyReport] = {}
+        self._seen: OrderedDict[Signature, int] = OrderedDict()
+        self._refused: OrderedDict[Signature, tuple[dict, Exception]] = OrderedDict()
+        self._logged: set[str] = set()
+        self._eager_reasons: dict[str, int] = {}
+        self._watch = RelocationWatch(model)
+        self._pool: Any = None
+        self._lock = threading.RLock()
+        self._last_stream: tuple[int, torch.cuda.Stream] | None = None
+        self._evictions = 0
+        self._invalidations = 0
+
+    # ---- pass-through -------------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["model"], name)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def named_parameters(self, *args: Any, **kwargs: Any):
+        return self.model.named_parameters(*args, **kwargs)
+
+    def named_buffers(self, *args: Any, **kwargs: Any):
+        return self.model.named_buffers(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"cuda_graph={self.cuda_graph!r}, graphs={len(self._graphs)}, max_graphs={self.max_graphs}"
+
+    # ---- the call -----------------------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.cuda_graph is False:
+            return self.model(*args, **kwargs)
+        if self.model.training:
+            return self._eager(
+                "model is in training mode; call .eval() to replay graphs "
+                "(training capture is launchless.graphed_step)",
+                args,
+                kwargs,
+            )
+        if torch.is_grad_enabled() and (self._watch.requires_grad() or _any_requires_grad(args, kwargs)):
+            return self._eager(
+                "grad mode is on and autograd would record this call; graphs replay under "
+                "torch.no_grad() or torch.inference_mode()",
+                args,
+                kwargs,
+            )
+        if self._watch.moved():
+            self._invalidate()
+        flat = flatten_inputs(args, kwargs)
+        try:
+            sig = signature_of(flat)
+        except UnhashableInput as exc:
+            return self._eager(str(exc), args, kwargs)
+        graph = self._graphs.get(sig)
+        if graph is not None:
+            return self._replay(sig, graph, flat.leaves)
+        refused = self._refused.get(sig)
+        if refused is not None:
+            if self.cuda_graph is True:
+                raise refused[1]
+            return self.model(*args, **kwargs)
+        if self.cuda_graph == "auto" and self._count(sig) < self.auto_after:
+            return self.model(*args, **kwargs)
+        return self._capture_and_run(sig, flat, explicit=False)
+
+    def _replay(self, sig: Signature, graph: _capture.CapturedGraph, leaves: list) -> Any:
+        with self._lock:
+            self._graphs.move_to_end(sig)
+            self._order_streams(graph)
+            if self.outputs == "clone":
+                return graph.replay_cloned(leaves)
+            return graph.replay(leaves)
+
+    def _order_streams(self, graph: _capture.CapturedGraph) -> None:
+        """Static buffers are shared: a replay on another stream must wait for the previous one."""
+        raw = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+        if self._last_stream is None or self._last_stream[0] != raw:
+            current = torch.cuda.current_stream()
+            if self._last_stream is not None:
+                current.wait_stream(self._last_stream[1])
+            self._last_stream = (raw, current)
+
+    def _count(self, sig: Signature) -> int:
+        count = self._seen.pop(sig, 0) + 1
+        self._seen[sig] = count
+        if len(self._seen) > _MAX_TRACKED:
+            self._seen.popitem(last=False)
+        return count
+
+    # ---- capture, verification, refusal ---------------------------------------------------------
+    def _capture_and_run(self, sig: Signature, flat: FlatInputs, *, explicit: bool) -> Any:
+        device = self._watch.cuda_device or next(
+            (x.device for x in flat.leaves if isinstance(x, torch.Tensor) and x.is_cuda), None
+        )
+        if device is None:
+            return self._refuse(
+                sig,
+                flat,
+                NoCudaError(
+                    f"launchless: {self._name()} has no parameters, buffers or inputs on a CUDA device, so there "
+                    "is nothing to capture; move the model to the GPU (model.cuda()) or use cuda_graph=False"
+                ),
+                "no CUDA device",
+                explicit,
+            )
+        with self._lock, _capture.CAPTURE_LOCK:
+            if self._pool is None:
+                self._pool = _capture.new_pool()
+            branches: list[str] = []
+            try:
+                with record_capture_branches(branches):
+                    graph = _capture.capture(self.model, flat, device=device, pool=self._pool, warmup=self.warmup)
+            except _capture.CaptureFailed as fail:
+                if fail.stage == "warm-up" and fail.cause is not None:
+                    raise fail.cause from None  # the forward itself is broken: eager would raise the same
+                return self._refuse(sig, flat, self._capture_error(sig, flat, fail, device), fail.stage, explicit)
+            report = (
+                verify(
+                    graph,
+                    self.model,
+                    flat,
+                    mode=self.verify_mode,
+                    tolerance_ulps=self.tolerance_ulps,
+                    branches=branches,
+                )
+                if self.verify_mode != "off"
+                else VerifyReport(SKIPPED, True)
+            )
+            self._reports[sig] = report
+            if not report.passed:
+                del graph
+                return self._refuse(sig, flat, self._verification_error(sig, report), "verification", explicit)
+            if report.status not in (BIT_IDENTICAL, SKIPPED):
+                self._log_once(
+                    f"class:{report.status}",
+                    logging.INFO,
+                    f"launchless: {self._name()} {sig.describe()} replays within the rounding bound, "
+                    f"not bit-identically ({report.status}: {report.detail}; max abs diff "
+                    f"{report.max_abs:.3g}, rel {report.max_rel:.3g}, bound {report.bound:.3g})",
+                )
+            self._seen.pop(sig, None)
+            self._graphs[sig] = graph
+            self._evict()
+            return self._replay(sig, graph, flat.leaves)
+
+    def _capture_error(
+        self, sig: Signature, flat: FlatInputs, fail: _capture.CaptureFailed, device: torch.device
+    ) -> CaptureError:
+        if fail.cause is None:  # refused before capture (outputs, input mutation): the message says why
+            return CaptureError(
+                f"launchless cannot capture {self._name()} for input {sig.describe()}: {fail}. {_FALLBACKS}",
+                reason=str(fail),
+            )
+        blocker = self._find_blocker(flat, device)
+        kind = blocker.kind if blocker else classify_message(str(fail.cause))
+        location = (blocker.location if blocker else None) or locate_exception(fail.cause)
+        operation = blocker.operation if blocker else None
+        what = f"{kind} `{operation}`" if operation else kind
+        where = f" at {location}" if location else " (source line not found)"
+        first_line = str(fail.cause).strip().splitlines()[0] if str(fail.cause).strip() else type(fail.cause).__name__
+        fix = Blocker(kind, operation or "", location).fix
+        return CaptureError(
+            f"launchless cannot capture {self._name()} for input {sig.describe()}: {what}{where}. "
+            f"PyTorch said: {first_line}. A graph records kernels and addresses, not values or host work, so "
+            f"this cannot be replayed. Fixes: {fix}; {_FALLBACKS}",
+            reason=kind,
+            operation=operation,
+            source=str(location) if location else None,
+        )
+
+    def _find_blocker(self, flat: FlatInputs, device: torch.device) -> Blocker | None:
+        """Capture again under a recorder to name the aten op that raised; the result is thrown away."""
+        recorder = FailureRecorder()
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            with recorder:
+                return self.model(*args, **kwargs)
+
+        with contextlib.suppress(_capture.CaptureFailed):
+            _capture.capture(recorded, flat, device=device, pool=self._pool, warmup=1)
+        return recorder.blocker
+
+    def _verification_error(self, sig: Signature, report: VerifyReport) -> VerificationError:
+        size = f"max abs diff {report.max_abs:.3g}, rel {report.max_rel:.3g}, bound {report.bound:.3g}"
+        branches = f"; capture-dependent branches: {'; '.join(report.branches)}" if report.branches else ""
+        return VerificationError(
+            f"launchless: the graph of {self._name()} for input {sig.describe()} failed verification "
+            f"({report.status}: {report.detail}; {size}{branches}), so it will never be replayed. Fixes: run "
+            "eager (cuda_graph=False); use cuda_graph='auto' to fall back with a log line; raise "
+            "tolerance_ulps if the difference is rounding you accept; verify='off' skips the proof (unsafe)",
+            report=report.as_dict(),
+        )
+
+    def _refuse(self, sig: Signature, flat: FlatInputs, error: Exception, reason: str, explicit: bool) -> Any:
+        entry = {
+            "signature": sig.describe(),
+            "reason": reason,
+            "message": str(error),
+            "operation": getattr(error, "operation", None),
+            "source": getattr(error, "source", None),
+        }
+        self._refused[sig] = (entry, error)
+        if len(self._refused) > _MAX_TRACKED:
+            self._refused.popitem(last=False)
+        if self.cuda_graph is True or explicit:
+            raise error
+        self._log_once(
+            f"refuse:{reason}:{entry['source']}",
+            logging.INFO,
+            f"{error} Running eager for this input signature.",
+        )
+        args, kwargs = flat.rebuild(flat.leaves)
+        return self.model(*args, **kwargs)
+
+    def _eager(self, reason: str, args: tuple, kwargs: dict) -> Any:
+        self._eager_reasons[reason] = self._eager_reasons.get(reason, 0) + 1
+        self._log_once(
+            f"eager:{reason}",
+            logging.WARNING if self.cuda_graph is True else logging.INFO,
+            f"launchless: {self._name()} runs eager: {reason}",
+        )
+        return self.model(*args, **kwargs)
+
+    def _log_once(self, key: str, level: int, message: str) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.log(level, message)
+
+    def _name(self) -> str:
+        return f"{type(self.model).__name__}.forward"
+
+    # ---- eviction, invalidation, release -----------------------------------------------------------
+    def _evict(self) -> None:
+        while len(self._graphs) > self.max_graphs:
+            sig, _ = self._graphs.popitem(last=False)
+            self._reports.pop(sig, None)
+            self._evictions += 1
+            self._log_once(
+                "evict",
+                logging.WARNING,
+                f"launchless: {self._name()} has more than max_graphs={self.max_graphs} input "
+                "signatures; evicting the least recently used graph (raise max_graphs, or pad inputs "
+                "to fewer shapes). Shown once.",
+            )
+
+    def _invalidate(self) -> None:
+        dropped = len(self._graphs)
+        self._drop_all()
+        self._invalidations += 1
+        if dropped:
+            log.info(
+                f"launchless: {self._name()}: parameters or buffers were relocated (.to(), .half(), "
+                f"load_state_dict(assign=True), a swapped submodule or parameter); dropped {dropped} graph(s), "
+                "they are captured again as needed"
+            )
+
+    def _drop_all(self) -> None:
+        with self._lock:
+            self._graphs.clear()
+            self._reports.clear()
+            self._seen.clear()
+            self._refused.clear()
+            self._pool = None
+            self._last_stream = None
+
+    def release_graphs(self) -> None:
+        """Free every graph, its static buffers and the memory pool; later calls capture again."""
+        self._drop_all()
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
+    def capture_graph(self, *args: Any, **kwargs: Any) -> dict:
+        """Capture (and verify) the graph for this input signature now, so no request pays for it.
+
+        Raises CaptureError / VerificationError in every mode: the capture was asked for explicitly.
+        """
+        if self.cuda_graph is False:
+            raise ConfigError("capture_graph() needs graphs on: wrap with cuda_graph=True or 'auto'")
+        if self.model.training:
+            raise ConfigError("capture_graph() captures inference graphs: call .eval() on the model first")
+        if self._watch.moved():
+            self._invalidate()
+        flat = flatten_inputs(args, kwargs)
+        sig = signature_of(flat)
+        if sig not in self._graphs:
+            self._refused.pop(sig, None)
+            with torch.no_grad():
+                self._capture_and_run(sig, flat, explicit=True)
+        return self._info(sig)
+
+    # ---- reporting ------------------------------------------------------------------------------
+    def _info(self, sig: Signature) -> dict:
+        graph = self._graphs[sig]
+        report = self._reports.get(sig)
+        return {
+            "signature": sig.describe(),
+            "replays": graph.replays,
+            "capture_ms": round(graph.capture_ms, 3),
+            "pool_growth_bytes": graph.pool_growth,
+            "verification": report.as_dict() if report else None,
+        }
+
+    def graph_info(self) -> dict:
+        """Captured signatures with replay count, capture time, memory and verification; eager fallbacks."""
+        pool = _capture.pool_bytes(self._pool) if self._pool is not None else 0
+        return {
+            "mode": self.cuda_graph,
+            "max_graphs": self.max_graphs,
+            "graphs": [self._info(sig) for sig in self._graphs],
+            "pool_bytes": pool,
+            "fallbacks": [entry for entry, _ in self._refused.values()],
+            "eager_calls": dict(self._eager_reasons),
+            "evictions": self._evictions,
+            "invalidations": self._invalidations,
+        }
+
+
+_FALLBACKS = (
+    "or run this model eager (cuda_graph=False); or use cuda_graph='auto', which runs eager with one "
+    "log line for input signatures that cannot be captured; or split the model so this part runs eager"
+)
+
+
+def _any_requires_grad(args: tuple, kwargs: dict) -> bool:
+    return any(isinstance(x, torch.Tensor) and x.requires_grad for x in (*args, *kwargs.values()))
+
+
+def wrap(model: torch.nn.Module, cuda_graph: bool | str = "auto", **options: Any) -> GraphedModule:
+    """Wrap ``model`` so inference replays verified CUDA graphs. See GraphedModule for the options."""
+    if isinstance(model, GraphedModule):
+        raise ConfigError("this model is already wrapped by launchless; use its .model to wrap again")
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(
+            f"wrap() takes a torch.nn.Module, got {type(model).__name__}; for a training step "
+            "function use launchless.graphed_step"
+        )
+    return GraphedModule(model, cuda_graph, **options)

@@ -1,0 +1,108 @@
+"""Input signature -> cache key.
+
+A graph records addresses, shapes and the kernels chosen for them, so everything that could make
+eager take another path is part of the key: the tree structure of the inputs, each tensor's shape,
+stride, dtype, device and requires_grad, every non-tensor value (with its type: ``1`` and ``True``
+are different keys), and the autocast state. The common case -- tensors passed positionally or
+by keyword -- skips ``torch.utils._pytree`` because flattening is most of the per-call cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any, NamedTuple
+
+import torch
+from torch.utils import _pytree as pytree
+
+Tensor = torch.Tensor
+
+
+class TensorSpec(NamedTuple):
+    """What a graph's static buffer for one tensor input must match."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+
+    def __str__(self) -> str:
+        dims = "x".join(map(str, self.shape)) or "scalar"
+        grad = ", requires_grad" if self.requires_grad else ""
+        return f"{str(self.dtype).removeprefix('torch.')}[{dims}]@{self.device}{grad}"
+
+
+class Signature(NamedTuple):
+    """A cache key: input structure, per-leaf specs and the autocast context."""
+
+    structure: Hashable
+    leaves: tuple
+    context: tuple
+
+    def describe(self) -> str:
+        parts = [
+            str(leaf) if isinstance(leaf, TensorSpec) else f"{leaf[1].__name__}={leaf[2]!r}" for leaf in self.leaves
+        ]
+        ctx = f", autocast={self.context[1]}" if self.context[0] else ""
+        return f"({', '.join(parts)}{ctx})"
+
+
+class UnhashableInput(TypeError):
+    """A non-tensor input cannot be part of a cache key."""
+
+
+class FlatInputs(NamedTuple):
+    """Inputs flattened to leaves, with what is needed to rebuild (args, kwargs) from new leaves."""
+
+    leaves: list
+    structure: Hashable
+    rebuild: Callable[[list], tuple[tuple, dict]]
+
+
+def _rebuild_fast(nargs: int, keys: tuple[str, ...]) -> Callable[[list], tuple[tuple, dict]]:
+    def rebuild(leaves: list) -> tuple[tuple, dict]:
+        return tuple(leaves[:nargs]), dict(zip(keys, leaves[nargs:], strict=True))
+
+    return rebuild
+
+
+def flatten_inputs(args: tuple, kwargs: dict) -> FlatInputs:
+    """Flatten ``(args, kwargs)``; tensors-only calls take a fast path without pytree."""
+    if all(isinstance(a, Tensor) for a in args) and all(isinstance(v, Tensor) for v in kwargs.values()):
+        keys = tuple(kwargs)
+        return FlatInputs([*args, *kwargs.values()], ("fast", len(args), keys), _rebuild_fast(len(args), keys))
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+
+    def rebuild(new_leaves: list) -> tuple[tuple, dict]:
+        return pytree.tree_unflatten(new_leaves, spec)
+
+    return FlatInputs(leaves, spec, rebuild)
+
+
+def tensor_spec(t: Tensor) -> TensorSpec:
+    return TensorSpec(t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
+
+
+def _leaf_key(leaf: Any) -> Any:
+    if isinstance(leaf, Tensor):
+        return tensor_spec(leaf)
+    try:
+        hash(leaf)
+    except TypeError as exc:
+        raise UnhashableInput(
+            f"a non-tensor input of type {type(leaf).__name__} is not hashable, so it cannot be part of "
+            "a graph's cache key; pass it as a tensor, or as a hashable value (tuple, number, string)"
+        ) from exc
+    return ("value", type(leaf), leaf)
+
+
+def autocast_context(device_type: str = "cuda") -> tuple:
+    """Autocast changes which kernels run, so a graph is only valid under the state it was captured in."""
+    if torch.is_autocast_enabled(device_type):
+        return (True, torch.get_autocast_dtype(device_type))
+    return (False, None)
+
+
+def signature_of(flat: FlatInputs) -> Signature:
+    return Signature(flat.structure, tuple(map(_leaf_key, flat.leaves)), autocast_context())

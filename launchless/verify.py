@@ -1,0 +1,200 @@
+"""Prove a captured graph before it is trusted.
+
+Protocol: two probe inputs from different distributions (floats ``randn`` and ``randn*3+2``,
+integers random within the range observed in the example, booleans as observed) run through
+eager and through the graph. Outputs must be bit-identical, and the two probes must give
+different outputs whenever eager's do (a stale graph replays the same values whatever the input).
+
+Where replay is not bit-identical the difference gets a name and a measured size:
+- ``eager-noise``: eager run twice (or on the capture stream) already differs -- nothing can pass
+  bit-identity, so the graph is held to the rounding bound;
+- ``capture-path``: eager is deterministic but library code branched on
+  ``torch.cuda.is_current_stream_capturing()`` (we name the lines) -- confirmed when eager forced
+  onto that path reproduces the graph bit for bit;
+- anything else is unexplained and fails.
+The rounding bound is ``tolerance_ulps`` units of the output dtype's epsilon at the output's
+largest magnitude. ``mode="strict"`` demands bit identity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .capture import CapturedGraph
+from .capture_path import pretend_capturing
+from .signature import FlatInputs
+
+BIT_IDENTICAL = "bit-identical"
+EAGER_NOISE = "eager-noise"
+CAPTURE_PATH = "capture-path"
+FAILED = "failed"
+SKIPPED = "skipped"
+PROBE_SEED = 0x1A0C
+
+
+@dataclass
+class VerifyReport:
+    """Outcome of verifying one graph; ``passed`` decides whether it is ever replayed."""
+
+    status: str
+    passed: bool
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    bound: float = 0.0
+    probes_differ: bool = True
+    branches: list[str] = field(default_factory=list)
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "passed": self.passed,
+            "max_abs_diff": self.max_abs,
+            "max_rel_diff": self.max_rel,
+            "bound": self.bound,
+            "probes_differ": self.probes_differ,
+            "capture_branches": list(self.branches),
+            "detail": self.detail,
+        }
+
+
+def _probe(example: torch.Tensor, kind: int, gen: dict[torch.device, torch.Generator]) -> torch.Tensor:
+    device = example.device
+    if device not in gen:
+        gen[device] = torch.Generator(device=device).manual_seed(PROBE_SEED)
+    g = gen[device]
+    if example.dtype == torch.bool or example.numel() == 0:
+        return example.clone()
+    if example.is_floating_point() or example.is_complex():
+        x = torch.randn(example.shape, generator=g, device=device, dtype=example.dtype)
+        return x if kind == 0 else x * 3 + 2
+    lo, hi = int(example.min()), int(example.max())
+    return torch.randint(lo, hi + 1, example.shape, generator=g, device=device, dtype=example.dtype)
+
+
+def make_probes(leaves: list) -> tuple[list, list]:
+    """Two probe inputs like ``leaves``; non-tensor leaves are kept (they are part of the signature)."""
+    gen: dict[torch.device, torch.Generator] = {}
+    return tuple([_probe(x, k, gen) if isinstance(x, torch.Tensor) else x for x in leaves] for k in (0, 1))
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().contiguous().reshape(-1)
+    return t if t.dtype == torch.bool else t.view(torch.uint8)
+
+
+def identical(a: Any, b: Any) -> bool:
+    """Bit-for-bit equality of two output trees (NaN equals NaN, -0.0 differs from 0.0)."""
+    ta, tb = _tensors(a), _tensors(b)
+    if len(ta) != len(tb) or pytree.tree_structure(a) != pytree.tree_structure(b):
+        return False
+    return all(
+        x.shape == y.shape and x.dtype == y.dtype and torch.equal(_bits(x), _bits(y))
+        for x, y in zip(ta, tb, strict=True)
+    )
+
+
+def _eps(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+
+
+def difference(reference: Any, other: Any, ulps: float) -> tuple[float, float, float]:
+    """(max abs diff, max rel diff, bound): the bound is ``ulps`` eps at each output's largest magnitude.
+
+    A pair whose exceedance of its own bound is largest sets all three numbers."""
+    worst = (0.0, 0.0, 0.0)
+    worst_excess = float("-inf")
+    for r, o in zip(_tensors(reference), _tensors(other), strict=True):
+        if r.shape != o.shape:
+            return float("inf"), float("inf"), 0.0
+        rd, od = r.detach().double(), o.detach().double()
+        both_nan = rd.isnan() & od.isnan()
+        diff = torch.where(both_nan, 0.0, (rd - od).abs()).nan_to_num(nan=float("inf"))
+        finite = rd[rd.isfinite()].abs()
+        scale = float(finite.max()) if finite.numel() else 0.0
+        abs_diff = float(diff.max()) if diff.numel() else 0.0
+        bound = ulps * _eps(r.dtype) * scale
+        rel = abs_diff / scale if scale else (0.0 if abs_diff == 0 else float("inf"))
+        if abs_diff - bound > worst_excess:
+            worst_excess, worst = abs_diff - bound, (abs_diff, rel, bound)
+    return worst
+
+
+def _eager(fn: Callable[..., Any], flat: FlatInputs, leaves: list, stream: torch.cuda.Stream | None = None):
+    args, kwargs = flat.rebuild(leaves)
+    if stream is None:
+        return fn(*args, **kwargs)
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        out = fn(*args, **kwargs)
+    torch.cuda.current_stream().wait_stream(stream)
+    return out
+
+
+def verify(
+    graph: CapturedGraph,
+    fn: Callable[..., Any],
+    flat: FlatInputs,
+    *,
+    mode: str = "on",
+    tolerance_ulps: float = 64.0,
+    branches: list[str] | None = None,
+) -> VerifyReport:
+    """Run the two-probe protocol against eager; never raises for a mismatch, it reports it."""
+    branches = list(branches or [])
+    probes = make_probes(flat.leaves)
+    eager = [_eager(fn, flat, p) for p in probes]
+    graphed = [graph.replay_cloned(p) for p in probes]
+    eager_differ = not identical(eager[0], eager[1])
+    probes_differ = not identical(graphed[0], graphed[1])
+    if eager_differ and not probes_differ:
+        return VerifyReport(
+            FAILED,
+            False,
+            probes_differ=False,
+            branches=branches,
+            detail="stale graph: two different probes replayed the same outputs",
+        )
+    mismatched = [i for i in range(2) if not identical(eager[i], graphed[i])]
+    if not mismatched:
+        detail = "" if eager_differ else "outputs do not depend on the inputs (stale check not applicable)"
+        return VerifyReport(BIT_IDENTICAL, True, probes_differ=probes_differ, branches=branches, detail=detail)
+    i = mismatched[0]
+    max_abs, max_rel, bound = max(
+        (difference(eager[k], graphed[k], tolerance_ulps) for k in mismatched), key=lambda d: d[0] - d[2]
+    )
+    report = VerifyReport(FAILED, False, max_abs, max_rel, bound, probes_differ, branches)
+    noise_side = not identical(eager[i], _eager(fn, flat, probes[i], torch.cuda.Stream()))
+    if noise_side or not identical(eager[i], _eager(fn, flat, probes[i])):
+        report.status = EAGER_NOISE
+        report.detail = "eager run twice (or on another stream) already differs"
+    else:
+        with pretend_capturing():
+            forced = _eager(fn, flat, probes[i])
+        if identical(forced, graphed[i]) or branches:
+            report.status = CAPTURE_PATH
+            report.detail = (
+                "eager forced onto the capture path reproduces the graph bit for bit"
+                if identical(forced, graphed[i])
+                else "library code branches on is_current_stream_capturing()"
+            )
+        else:
+            report.detail = "eager is deterministic and no capture-dependent branch explains the difference"
+    if report.status != FAILED:
+        report.passed = mode != "strict" and max_abs <= bound
+        if not report.passed:
+            report.detail += (
+                "; verify='strict' demands bit identity"
+                if mode == "strict"
+                else f"; difference {max_abs:.3g} exceeds the rounding bound {bound:.3g}"
+            )
+    return report

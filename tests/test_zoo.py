@@ -1,0 +1,166 @@
+"""CPU tests for launchless.zoo: registry, errors, reproducibility and input shapes (no big forwards)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch.utils._pytree import tree_leaves
+
+from launchless import zoo
+
+EXPECTED = [
+    "timm:resnet18",
+    "timm:mobilenetv3_small_100",
+    "timm:efficientnet_b0",
+    "timm:convnext_atto",
+    "timm:vit_tiny_patch16_224",
+    "timm:resnet50",
+    "hf:bert-base",
+    "hf:gpt2",
+    "hf:t5-small",
+    "hf:xlnet-base",
+    "tv:fasterrcnn_mobilenet_v3_large_fpn",
+]
+
+
+def _all_eval(model: torch.nn.Module) -> bool:
+    return not any(m.training for m in model.modules())
+
+
+def test_names_lists_every_workload() -> None:
+    assert set(EXPECTED) <= set(zoo.names())
+    assert len(zoo.names()) == len(set(zoo.names()))
+
+
+@pytest.mark.parametrize("call", [zoo.build, zoo.available])
+def test_unknown_name_lists_valid_names(call) -> None:
+    with pytest.raises(KeyError) as info:
+        call("timm:nope")
+    assert isinstance(info.value, ValueError)
+    msg = str(info.value)
+    assert "timm:nope" in msg
+    assert all(n in msg for n in zoo.names())
+
+
+def test_missing_package_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = dataclasses.replace(zoo._REGISTRY["timm:resnet18"], package="launchless_no_such_pkg")
+    monkeypatch.setitem(zoo._REGISTRY, "fake:model", fake)
+    assert not zoo.available("fake:model")
+    with pytest.raises(ImportError, match=r"pip install 'launchless\[zoo\]'") as info:
+        zoo.build("fake:model")
+    assert "launchless_no_such_pkg" in str(info.value)
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("batch", [1, 2])
+def test_timm_resnet18_builds(batch: int) -> None:
+    pytest.importorskip("timm")
+    assert zoo.available("timm:resnet18")
+    w = zoo.build("timm:resnet18", batch=batch)
+    assert (w.name, w.family, w.kwargs) == ("timm:resnet18", "timm", {})
+    assert _all_eval(w.model)
+    (x,) = w.args
+    assert x.shape == (batch, 3, 224, 224) and x.dtype == torch.float32 and x.device.type == "cpu"
+    (y,), kw = w.inputs()
+    assert kw == {} and y.shape == x.shape and y.dtype == x.dtype
+    assert not torch.equal(x, y)
+    if batch == 1:
+        with torch.no_grad():
+            assert w.model(*w.args, **w.kwargs).shape == (1, 1000)
+
+
+@pytest.mark.zoo
+def test_build_is_reproducible_per_seed() -> None:
+    pytest.importorskip("timm")
+    a, b, c = (zoo.build("timm:resnet18", seed=s) for s in (0, 0, 1))
+    sa, sb, sc = (w.model.state_dict() for w in (a, b, c))
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert torch.equal(a.args[0], b.args[0])
+    assert not torch.equal(sa["conv1.weight"], sc["conv1.weight"])
+    assert not torch.equal(a.args[0], c.args[0])
+
+
+@pytest.mark.zoo
+def test_dtype_applies_to_params_and_float_inputs() -> None:
+    pytest.importorskip("timm")
+    w = zoo.build("timm:mobilenetv3_small_100", dtype=torch.bfloat16)
+    assert {p.dtype for p in w.model.parameters()} == {torch.bfloat16}
+    assert w.args[0].dtype == torch.bfloat16 and w.inputs()[0][0].dtype == torch.bfloat16
+
+
+@pytest.mark.zoo
+def test_gpt2_inputs_and_tensor_only_outputs() -> None:
+    pytest.importorskip("transformers")
+    w = zoo.build("hf:gpt2", batch=2)
+    assert w.family == "transformers" and w.args == () and _all_eval(w.model)
+    assert w.model.config._attn_implementation == "sdpa"
+    ids = w.kwargs["input_ids"]
+    vocab = w.model.config.vocab_size
+    assert ids.shape == (2, 64) and ids.dtype == torch.long
+    assert int(ids.min()) >= 0 and int(ids.max()) < vocab
+    assert w.kwargs["use_cache"] is False
+    _, kw = w.inputs()
+    assert kw["input_ids"].shape == ids.shape and not torch.equal(kw["input_ids"], ids)
+    with torch.no_grad():
+        out = w.model(*w.args, **w.kwargs)
+    leaves = tree_leaves(out)
+    assert leaves and all(isinstance(t, torch.Tensor) for t in leaves)
+    assert out.logits.shape == (2, 64, vocab)
+
+
+@pytest.mark.zoo
+def test_torchvision_detector_inputs() -> None:
+    pytest.importorskip("torchvision")
+    w = zoo.build("tv:fasterrcnn_mobilenet_v3_large_fpn", batch=2)
+    assert w.family == "torchvision" and _all_eval(w.model)
+    (images,) = w.args
+    assert isinstance(images, list) and len(images) == 2
+    assert all(im.shape == (3, 320, 320) and im.min() >= 0 and im.max() <= 1 for im in images)
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("name", [n for n in EXPECTED if n.startswith("timm:")])
+def test_every_timm_workload_builds(name: str) -> None:
+    pytest.importorskip("timm")
+    w = zoo.build(name)
+    assert w.family == "timm" and _all_eval(w.model) and w.args[0].shape == (1, 3, 224, 224)
+
+
+# name -> (expected tensor kwargs as {key: (shape, fill or None for random ids)}, expected flag kwargs)
+HF_INPUTS = {
+    "hf:bert-base": (
+        {"input_ids": ((1, 128), None), "attention_mask": ((1, 128), 1), "token_type_ids": ((1, 128), 0)},
+        {},
+    ),
+    "hf:t5-small": (
+        {"input_ids": ((1, 64), None), "decoder_input_ids": ((1, 64), None)},
+        {"use_cache": False},
+    ),
+    "hf:xlnet-base": ({"input_ids": ((1, 64), None)}, {"use_mems": False}),
+}
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("name", list(HF_INPUTS))
+def test_hf_workload_inputs(name: str) -> None:
+    pytest.importorskip("transformers")
+    w = zoo.build(name)
+    tensors, flags = HF_INPUTS[name]
+    assert w.family == "transformers" and w.args == () and _all_eval(w.model)
+    assert set(w.kwargs) == set(tensors) | set(flags)
+    assert {k: w.kwargs[k] for k in flags} == flags
+    vocab = w.model.config.vocab_size
+    for key, (shape, fill) in tensors.items():
+        t = w.kwargs[key]
+        assert t.shape == shape and t.dtype == torch.long, key
+        if fill is None:
+            assert int(t.min()) >= 0 and int(t.max()) < vocab, key
+        else:
+            assert bool((t == fill).all()), key
+    if name == "hf:t5-small":
+        cfg = w.model.config
+        assert (cfg.d_model, cfg.d_ff, cfg.num_layers, cfg.num_heads, vocab) == (512, 2048, 6, 8, 32128)
+    if name == "hf:xlnet-base":
+        assert w.model.config.use_mems_eval is False
