@@ -8,15 +8,18 @@ wrapped model share one memory pool. Random ops are graph-safe: PyTorch register
 generator a capture uses and advances its offset on each replay.
 
 A failed capture must not poison the process: the capture is always ended, the stream context is
-always left, the allocator is told the pool is no longer being captured into, and the failed
-``CUDAGraph`` object is kept alive (PyTorch's allocator may still hold a raw pointer to it).
+always left, the default generator leaves capture mode, and the failed ``CUDAGraph`` object is
+reset but kept alive (PyTorch's allocator may still hold a raw pointer to it). Its pool must not be
+captured into again (see ``_abandon``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -44,13 +47,11 @@ def new_pool() -> Any:
 
 
 def _static_like(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A buffer the graph reads: same layout as the example when dense, else contiguous."""
-    if t.device == device and t.is_non_overlapping_and_dense():
-        out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
-    else:
-        out = torch.empty(t.shape, dtype=t.dtype, device=device)
-    out.copy_(t)
-    return out.requires_grad_(t.requires_grad) if t.requires_grad else out
+    """A buffer the graph reads, on ``device``, with the example's strides when it is dense."""
+    out = torch.empty_like(t, device=device, requires_grad=t.requires_grad)
+    with torch.no_grad():
+        out.copy_(t)
+    return out
 
 
 @contextlib.contextmanager
@@ -73,6 +74,44 @@ def _end_pool_allocation(device: torch.device, pool: Any) -> None:
             end(device.index if device.index is not None else torch.cuda.current_device(), pool)
 
 
+def _clone(x: Any) -> Any:
+    return x.clone() if isinstance(x, torch.Tensor) else x
+
+
+def _make_cloner(outputs: Any) -> Callable[[], Any]:
+    """A function returning a fresh copy of ``outputs`` with every tensor cloned.
+
+    Rebuilding through pytree costs tens of microseconds for transformers' ModelOutput (its
+    constructor does a lot), so the common shapes get direct code; a ModelOutput-like object
+    (an OrderedDict dataclass) is rebuilt shallowly, and that rebuild is checked once against pytree.
+    """
+    if isinstance(outputs, torch.Tensor):
+        return outputs.clone
+    kind = type(outputs)
+    if kind in (tuple, list):
+        items = list(outputs)
+        return lambda: kind(map(_clone, items))
+    if kind is dict:
+        pairs = list(outputs.items())
+        return lambda: {k: _clone(v) for k, v in pairs}
+    if isinstance(outputs, OrderedDict) and dataclasses.is_dataclass(outputs):
+        pairs, attrs = list(outputs.items()), dict(outputs.__dict__)
+
+        def shallow() -> Any:
+            new = kind.__new__(kind)
+            cloned = {k: _clone(v) for k, v in pairs}
+            dict.update(new, cloned)
+            new.__dict__.update(attrs)
+            new.__dict__.update(cloned)
+            return new
+
+        probe = shallow()
+        if pytree.tree_structure(probe) == pytree.tree_structure(outputs) and list(probe.keys()) == list(outputs):
+            return shallow
+    leaves, spec = pytree.tree_flatten(outputs)
+    return lambda: pytree.tree_unflatten(list(map(_clone, leaves)), spec)
+
+
 class CapturedGraph:
     """One forward captured for one input signature: static inputs, the graph, static outputs."""
 
@@ -89,9 +128,8 @@ class CapturedGraph:
         self.static_leaves = static_leaves
         self.tensor_slots = tensor_slots
         self.slot_buffers = [(i, static_leaves[i]) for i in tensor_slots]
-        self.out_leaves, self.out_spec = pytree.tree_flatten(outputs)
-        self.out_is_leaf = self.out_spec.is_leaf()
         self.outputs = outputs
+        self.cloned_outputs = _make_cloner(outputs)
         self.capture_ms = capture_ms
         self.pool_growth = pool_growth
         self.replays = 0
@@ -115,12 +153,7 @@ class CapturedGraph:
         self.load(leaves)
         self.graph.replay()
         self.replays += 1
-        if self.out_is_leaf:
-            out = self.outputs
-            return out.clone() if isinstance(out, torch.Tensor) else out
-        return pytree.tree_unflatten(
-            [t.clone() if isinstance(t, torch.Tensor) else t for t in self.out_leaves], self.out_spec
-        )
+        return self.cloned_outputs()
 
 
 def _check_outputs(outputs: Any) -> None:
@@ -170,6 +203,8 @@ def capture(
             )
         torch.cuda.synchronize(device)
         reserved = torch.cuda.memory_reserved(device)
+        generator = torch.cuda.default_generators[device.index if device.index is not None else 0]
+        rng_before = generator.clone_state()
         graph = torch.cuda.CUDAGraph()
         start = time.perf_counter()
         with torch.cuda.stream(stream), _capture_autocast():
@@ -177,12 +212,12 @@ def capture(
             try:
                 outputs = fn(*args, **kwargs)
             except BaseException as exc:
-                _abandon(graph, device, pool)
+                _abandon(graph, device, pool, generator, rng_before)
                 raise CaptureFailed("capture", exc, str(exc)) from exc
             try:
                 graph.capture_end()
             except Exception as exc:
-                _abandon(graph, device, pool, ended=True)
+                _abandon(graph, device, pool, generator, rng_before, ended=True)
                 raise CaptureFailed("capture", exc, str(exc)) from exc
         caller.wait_stream(stream)
         capture_ms = (time.perf_counter() - start) * 1e3
@@ -192,12 +227,30 @@ def capture(
         )
 
 
-def _abandon(graph: torch.cuda.CUDAGraph, device: torch.device, pool: Any, ended: bool = False) -> None:
-    """Leave no trace of a failed capture: end it, release the pool filter, keep the object alive."""
+def _abandon(
+    graph: torch.cuda.CUDAGraph,
+    device: torch.device,
+    pool: Any,
+    generator: torch.Generator,
+    rng_before: torch.Generator,
+    ended: bool = False,
+) -> None:
+    """Leave no trace of a failed capture.
+
+    End the capture; tell the device allocator the pool is no longer captured into; give the
+    default generator back the state it had (a capture that never reached its end leaves it in
+    capture mode, and every later random op would fail); reset the graph but keep the object alive,
+    since an allocator may still hold a raw pointer to it. The host allocator cannot be told from
+    Python, so the pool stays marked as recording: callers capture into a new pool afterwards.
+    """
     if not ended:
         with contextlib.suppress(Exception):
             graph.capture_end()
     _end_pool_allocation(device, pool)
+    with contextlib.suppress(Exception):
+        generator.graphsafe_set_state(rng_before)
+    with contextlib.suppress(Exception):
+        graph.reset()
     _failed_graphs.append(graph)
     with contextlib.suppress(Exception):
         torch.cuda.synchronize(device)

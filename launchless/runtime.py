@@ -97,6 +97,7 @@ class GraphedModule(torch.nn.Module):
         self._eager_reasons: dict[str, int] = {}
         self._watch = RelocationWatch(model)
         self._pool: Any = None
+        self._pools: list[Any] = []  # every pool holding this model's graphs (a failed capture retires one)
         self._lock = threading.RLock()
         self._last_stream: tuple[int, torch.cuda.Stream] | None = None
         self._evictions = 0
@@ -204,11 +205,14 @@ class GraphedModule(torch.nn.Module):
         with self._lock, _capture.CAPTURE_LOCK:
             if self._pool is None:
                 self._pool = _capture.new_pool()
+                self._pools.append(self._pool)
             branches: list[str] = []
             try:
                 with record_capture_branches(branches):
                     graph = _capture.capture(self.model, flat, device=device, pool=self._pool, warmup=self.warmup)
             except _capture.CaptureFailed as fail:
+                if fail.stage == "capture":
+                    self._pool = None  # a failed capture leaves its pool unusable for new captures
                 if fail.stage == "warm-up" and fail.cause is not None:
                     raise fail.cause from None  # the forward itself is broken: eager would raise the same
                 return self._refuse(sig, flat, self._capture_error(sig, flat, fail, device), fail.stage, explicit)
@@ -275,7 +279,7 @@ class GraphedModule(torch.nn.Module):
                 return self.model(*args, **kwargs)
 
         with contextlib.suppress(_capture.CaptureFailed):
-            _capture.capture(recorded, flat, device=device, pool=self._pool, warmup=1)
+            _capture.capture(recorded, flat, device=device, pool=_capture.new_pool(), warmup=1)
         return recorder.blocker
 
     def _verification_error(self, sig: Signature, report: VerifyReport) -> VerificationError:
@@ -359,6 +363,7 @@ class GraphedModule(torch.nn.Module):
             self._seen.clear()
             self._refused.clear()
             self._pool = None
+            self._pools = []
             self._last_stream = None
 
     def release_graphs(self) -> None:
@@ -400,7 +405,7 @@ class GraphedModule(torch.nn.Module):
 
     def graph_info(self) -> dict:
         """Captured signatures with replay count, capture time, memory and verification; eager fallbacks."""
-        pool = _capture.pool_bytes(self._pool) if self._pool is not None else 0
+        pool = sum(map(_capture.pool_bytes, self._pools))
         return {
             "mode": self.cuda_graph,
             "max_graphs": self.max_graphs,

@@ -3,8 +3,9 @@
 A graph records addresses, shapes and the kernels chosen for them, so everything that could make
 eager take another path is part of the key: the tree structure of the inputs, each tensor's shape,
 stride, dtype, device and requires_grad, every non-tensor value (with its type: ``1`` and ``True``
-are different keys), and the autocast state. The common case -- tensors passed positionally or
-by keyword -- skips ``torch.utils._pytree`` because flattening is most of the per-call cost.
+are different keys), and the autocast state. The common case -- tensors and scalars passed
+positionally or by keyword -- skips ``torch.utils._pytree``, whose flattening would be most of the
+per-call cost.
 """
 
 from __future__ import annotations
@@ -67,9 +68,16 @@ def _rebuild_fast(nargs: int, keys: tuple[str, ...]) -> Callable[[list], tuple[t
     return rebuild
 
 
+_FLAT_TYPES = (Tensor, bool, int, float, str, type(None))
+
+
+def _flat_leaf(value: Any) -> bool:
+    return isinstance(value, _FLAT_TYPES)
+
+
 def flatten_inputs(args: tuple, kwargs: dict) -> FlatInputs:
-    """Flatten ``(args, kwargs)``; tensors-only calls take a fast path without pytree."""
-    if all(isinstance(a, Tensor) for a in args) and all(isinstance(v, Tensor) for v in kwargs.values()):
+    """Flatten ``(args, kwargs)``; calls passing only tensors and scalars skip pytree (most of the cost)."""
+    if all(map(_flat_leaf, args)) and all(map(_flat_leaf, kwargs.values())):
         keys = tuple(kwargs)
         return FlatInputs([*args, *kwargs.values()], ("fast", len(args), keys), _rebuild_fast(len(args), keys))
     leaves, spec = pytree.tree_flatten((args, kwargs))
