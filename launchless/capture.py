@@ -100,7 +100,8 @@ def _make_cloner(outputs: Any) -> Callable[[], Any]:
         def shallow() -> Any:
             new = kind.__new__(kind)
             cloned = {k: _clone(v) for k, v in pairs}
-            dict.update(new, cloned)
+            for k, v in cloned.items():
+                OrderedDict.__setitem__(new, k, v)  # keeps the order, skips ModelOutput's slow hooks
             new.__dict__.update(attrs)
             new.__dict__.update(cloned)
             return new

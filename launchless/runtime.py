@@ -296,7 +296,7 @@ class GraphedModule(torch.nn.Module):
     def _refuse(self, sig: Signature, flat: FlatInputs, error: Exception, reason: str, explicit: bool) -> Any:
         entry = {
             "signature": sig.describe(),
-            "reason": reason,
+            "reason": getattr(error, "reason", reason),
             "message": str(error),
             "operation": getattr(error, "operation", None),
             "source": getattr(error, "source", None),

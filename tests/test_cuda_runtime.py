@@ -342,3 +342,66 @@ def test_release_graphs_frees_the_pool() -> None:
     with torch.no_grad():
         x = torch.randn(64, 1024, device="cuda")
         assert identical(m(x), model(x))
+
+
+class Noisy(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.rand_like(x)
+
+
+def test_random_ops_advance_on_every_replay() -> None:
+    m = ll.wrap(Noisy().cuda().eval(), cuda_graph=True, verify="off")
+    x = torch.zeros(1024, device="cuda")
+    with torch.no_grad():
+        a, b, c = m(x), m(x), m(x)
+    assert len(m.graph_info()["graphs"]) == 1 and m.graph_info()["graphs"][0]["replays"] == 3
+    assert not identical(a, b) and not identical(b, c)  # graph-safe RNG: not frozen at capture
+
+
+def test_random_ops_are_not_trusted_under_verification() -> None:
+    m = ll.wrap(Noisy().cuda().eval(), cuda_graph=True)
+    with torch.no_grad(), pytest.raises(ll.VerificationError) as info:
+        m(torch.zeros(1024, device="cuda"))
+    assert info.value.report["status"] == EAGER_NOISE
+
+
+class CaptureAware(nn.Module):
+    """Takes another path under capture, like transformers' SDPA mask check: same math, other rounding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        if torch.cuda.is_current_stream_capturing():  # the capture-dependent branch under test
+            return y * 3 / 3
+        return y
+
+
+def test_capture_dependent_path_is_named_measured_and_bounded() -> None:
+    model = CaptureAware().cuda().eval()
+    m = ll.wrap(model, cuda_graph=True)
+    x = torch.randn(16, 64, device="cuda")
+    with torch.no_grad():
+        report = m.capture_graph(x)["verification"]
+    assert report["status"] == CAPTURE_PATH and report["passed"]
+    assert 0 < report["max_abs_diff"] <= report["bound"]
+    assert "reproduces the graph bit for bit" in report["detail"]
+    assert any("test_cuda_runtime.py" in branch for branch in report["capture_branches"])
+    strict = ll.wrap(CaptureAware().cuda().eval(), cuda_graph=True, verify="strict")
+    with torch.no_grad(), pytest.raises(ll.VerificationError) as info:
+        strict(x)
+    assert "capture-path" in str(info.value) and "strict" in str(info.value)
+
+
+def test_torchvision_detector_error_names_the_copy_in_torchvision() -> None:
+    w = _zoo("tv:fasterrcnn_mobilenet_v3_large_fpn")
+    m = ll.wrap(w.model, cuda_graph=True)
+    with torch.no_grad(), pytest.raises(ll.CaptureError) as info:
+        m(*w.args, **w.kwargs)
+    print(info.value)
+    assert info.value.reason == "CPU<->GPU copy"
+    assert "torchvision" in info.value.source and "FasterRCNN.forward" in str(info.value)
+    with torch.no_grad():  # eager still works afterwards
+        assert isinstance(w.model(*w.args, **w.kwargs), list)
