@@ -2,9 +2,10 @@
 
 Side by side in one process per model, CUDA-event medians after warm-up. Also the wrapper's own
 Python cost per call: host time of ``wrapped(x)`` minus host time of the same work written by hand
-(copy the input into the static buffer, replay, clone the output).
+(copy the input into the static buffer, replay, clone the output), in alternating rounds.
+PyTorch's default precision unless ``--tf32`` (TF32 matmuls, as many deployments run).
 
-    python benchmarks/runtime_latency.py --out DIR [--models timm:resnet18 hf:gpt2 ...]
+    python benchmarks/runtime_latency.py --out DIR [--models timm:resnet18 hf:gpt2 ...] [--tf32]
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from torch.utils import _pytree as pytree
 import launchless as ll
 from launchless import zoo
 from launchless.environment import describe
-from launchless.timing import cuda_time, host_time_us
+from launchless.timing import cuda_time, host_overhead_us
 
 MODELS = [
     "timm:resnet18",
@@ -77,9 +78,7 @@ def bench_model(name: str, iters: int) -> dict:
         row["verification"] = info["verification"]["status"]
         row["max_abs_diff"] = info["verification"]["max_abs_diff"]
         row["launchless_ms"] = cuda_time(lambda: m(*args, **kwargs), iters=iters).median_ms
-        row["host_hand_us"] = host_time_us(replay_and_clone)
-        row["host_launchless_us"] = host_time_us(lambda: m(*args, **kwargs))
-    row["wrapper_us"] = row["host_launchless_us"] - row["host_hand_us"]
+        row["wrapper_us"] = host_overhead_us(lambda: m(*args, **kwargs), replay_and_clone)
     row["vs_hand"] = row["launchless_ms"] / row["hand_graph_ms"]
     row["speedup_vs_eager"] = row["eager_ms"] / row["launchless_ms"]
     m.release_graphs()
@@ -91,8 +90,9 @@ def _diff(row: dict) -> str:
 
 
 def markdown(env: dict, rows: list[dict]) -> str:
+    precision = "TF32 matmuls" if env["tf32_matmul"] else "PyTorch default precision (fp32 matmuls)"
     head = (
-        f"# launchless.wrap latency, batch 1\n\n{env['date']} · {env['gpu']} · driver {env['driver']} · "
+        f"# launchless.wrap latency, batch 1, {precision}\n\n{env['date']} · {env['gpu']} · driver {env['driver']} · "
         f"torch {env['torch']} · CUDA {env['cuda']} · triton {env['triton']}\n\n"
         "| model | eager ms | hand graph ms | launchless ms | launchless / hand | speed-up vs eager | "
         "wrapper Python µs/call | capture ms | verification |\n|---|---|---|---|---|---|---|---|---|\n"
@@ -111,17 +111,20 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=MODELS)
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--out", default=os.environ.get("OUT", "out"))
+    parser.add_argument("--tf32", action="store_true", help="allow TF32 in matmuls (cuDNN convs use it by default)")
     a = parser.parse_args()
-    env = describe()
+    torch.backends.cuda.matmul.allow_tf32 = a.tf32
+    env = describe() | {"tf32_matmul": a.tf32}
     rows = []
     for name in a.models:
         rows.append(bench_model(name, a.iters))
         print(json.dumps(rows[-1]), flush=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "runtime_latency.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=2))
+    stem = "runtime_latency_tf32" if a.tf32 else "runtime_latency"
+    (out / f"{stem}.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=2))
     text = markdown(env, rows)
-    (out / "runtime_latency.md").write_text(text)
+    (out / f"{stem}.md").write_text(text)
     print(text)
 
 

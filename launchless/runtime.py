@@ -9,7 +9,6 @@ graphs here are for inference (training capture is ``graphed_step``).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections import OrderedDict
@@ -18,9 +17,9 @@ from typing import Any
 import torch
 
 from . import capture as _capture
-from .blockers import Blocker, FailureRecorder, classify_message, locate_exception
 from .capture_path import record_capture_branches
-from .errors import CaptureError, ConfigError, NoCudaError, VerificationError
+from .diagnosis import capture_error, verification_error
+from .errors import ConfigError, NoCudaError
 from .relocation import RelocationWatch
 from .signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
 from .verify import BIT_IDENTICAL, SKIPPED, VerifyReport, verify
@@ -215,7 +214,8 @@ class GraphedModule(torch.nn.Module):
                     self._pool = None  # a failed capture leaves its pool unusable for new captures
                 if fail.stage == "warm-up" and fail.cause is not None:
                     raise fail.cause from None  # the forward itself is broken: eager would raise the same
-                return self._refuse(sig, flat, self._capture_error(sig, flat, fail, device), fail.stage, explicit)
+                error = capture_error(self.model, self._name(), sig, flat, fail, device)
+                return self._refuse(sig, flat, error, fail.stage, explicit)
             report = (
                 verify(
                     graph,
@@ -231,7 +231,7 @@ class GraphedModule(torch.nn.Module):
             self._reports[sig] = report
             if not report.passed:
                 del graph
-                return self._refuse(sig, flat, self._verification_error(sig, report), "verification", explicit)
+                return self._refuse(sig, flat, verification_error(self._name(), sig, report), "verification", explicit)
             if report.status not in (BIT_IDENTICAL, SKIPPED):
                 self._log_once(
                     f"class:{report.status}",
@@ -244,54 +244,6 @@ class GraphedModule(torch.nn.Module):
             self._graphs[sig] = graph
             self._evict()
             return self._replay(sig, graph, flat.leaves)
-
-    def _capture_error(
-        self, sig: Signature, flat: FlatInputs, fail: _capture.CaptureFailed, device: torch.device
-    ) -> CaptureError:
-        if fail.cause is None:  # refused before capture (outputs, input mutation): the message says why
-            return CaptureError(
-                f"launchless cannot capture {self._name()} for input {sig.describe()}: {fail}. {_FALLBACKS}",
-                reason=str(fail),
-            )
-        blocker = self._find_blocker(flat, device)
-        kind = blocker.kind if blocker else classify_message(str(fail.cause))
-        location = (blocker.location if blocker else None) or locate_exception(fail.cause)
-        operation = blocker.operation if blocker else None
-        what = f"{kind} `{operation}`" if operation else kind
-        where = f" at {location}" if location else " (source line not found)"
-        first_line = str(fail.cause).strip().splitlines()[0] if str(fail.cause).strip() else type(fail.cause).__name__
-        fix = Blocker(kind, operation or "", location).fix
-        return CaptureError(
-            f"launchless cannot capture {self._name()} for input {sig.describe()}: {what}{where}. "
-            f"PyTorch said: {first_line}. A graph records kernels and addresses, not values or host work, so "
-            f"this cannot be replayed. Fixes: {fix}; {_FALLBACKS}",
-            reason=kind,
-            operation=operation,
-            source=str(location) if location else None,
-        )
-
-    def _find_blocker(self, flat: FlatInputs, device: torch.device) -> Blocker | None:
-        """Capture again under a recorder to name the aten op that raised; the result is thrown away."""
-        recorder = FailureRecorder()
-
-        def recorded(*args: Any, **kwargs: Any) -> Any:
-            with recorder:
-                return self.model(*args, **kwargs)
-
-        with contextlib.suppress(_capture.CaptureFailed):
-            _capture.capture(recorded, flat, device=device, pool=_capture.new_pool(), warmup=1)
-        return recorder.blocker
-
-    def _verification_error(self, sig: Signature, report: VerifyReport) -> VerificationError:
-        size = f"max abs diff {report.max_abs:.3g}, rel {report.max_rel:.3g}, bound {report.bound:.3g}"
-        branches = f"; capture-dependent branches: {'; '.join(report.branches)}" if report.branches else ""
-        return VerificationError(
-            f"launchless: the graph of {self._name()} for input {sig.describe()} failed verification "
-            f"({report.status}: {report.detail}; {size}{branches}), so it will never be replayed. Fixes: run "
-            "eager (cuda_graph=False); use cuda_graph='auto' to fall back with a log line; raise "
-            "tolerance_ulps if the difference is rounding you accept; verify='off' skips the proof (unsafe)",
-            report=report.as_dict(),
-        )
 
     def _refuse(self, sig: Signature, flat: FlatInputs, error: Exception, reason: str, explicit: bool) -> Any:
         entry = {
@@ -309,7 +261,7 @@ class GraphedModule(torch.nn.Module):
         self._log_once(
             f"refuse:{reason}:{entry['source']}",
             logging.INFO,
-            f"{error} Running eager for this input signature.",
+            f"{error}. Running eager for this input signature.",
         )
         args, kwargs = flat.rebuild(flat.leaves)
         return self.model(*args, **kwargs)
@@ -416,12 +368,6 @@ class GraphedModule(torch.nn.Module):
             "evictions": self._evictions,
             "invalidations": self._invalidations,
         }
-
-
-_FALLBACKS = (
-    "or run this model eager (cuda_graph=False); or use cuda_graph='auto', which runs eager with one "
-    "log line for input signatures that cannot be captured; or split the model so this part runs eager"
-)
 
 
 def _any_requires_grad(args: tuple, kwargs: dict) -> bool:

@@ -33,20 +33,27 @@ def cuda_time(fn: Callable[[], object], *, warmup: int = 10, iters: int = 100) -
     return Timing(statistics.median(times), min(times), iters)
 
 
-def host_time_us(fn: Callable[[], object], *, warmup: int = 10, iters: int = 50, rounds: int = 20) -> float:
-    """Median host (Python) microseconds per call, synchronising only between rounds.
+def host_overhead_us(
+    fn: Callable[[], object], reference: Callable[[], object], *, iters: int = 20, rounds: int = 60
+) -> float:
+    """Median extra host (Python) microseconds per call of ``fn`` over ``reference``.
 
-    Measures what the CPU spends issuing a call; the GPU queue absorbs the work, so this is the
-    wrapper's own cost plus its launches, not the kernels' time.
+    Both issue the same GPU work; rounds alternate between them, each starting from an idle GPU
+    (synchronise, then ``iters`` calls without syncing), so drift in clocks or queue state hits
+    both alike. What remains is the wrapper's own Python cost.
     """
-    for _ in range(warmup):
+    for _ in range(5):
         fn()
-    per_call = []
+        reference()
+    diffs = []
     for _ in range(rounds):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        per_call.append((time.perf_counter() - start) / iters * 1e6)
+        per_call = []
+        for f in (fn, reference):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(iters):
+                f()
+            per_call.append((time.perf_counter() - start) / iters * 1e6)
+        diffs.append(per_call[0] - per_call[1])
     torch.cuda.synchronize()
-    return statistics.median(per_call)
+    return statistics.median(diffs)

@@ -64,6 +64,7 @@ class VerifyReport:
 
 
 def _probe(example: torch.Tensor, kind: int, gen: dict[torch.device, torch.Generator]) -> torch.Tensor:
+    """A probe shaped, strided and typed like ``example`` (the layout picks kernels, so it must match)."""
     device = example.device
     if device not in gen:
         gen[device] = torch.Generator(device=device).manual_seed(PROBE_SEED)
@@ -72,9 +73,12 @@ def _probe(example: torch.Tensor, kind: int, gen: dict[torch.device, torch.Gener
         return example.clone()
     if example.is_floating_point() or example.is_complex():
         x = torch.randn(example.shape, generator=g, device=device, dtype=example.dtype)
-        return x if kind == 0 else x * 3 + 2
-    lo, hi = int(example.min()), int(example.max())
-    return torch.randint(lo, hi + 1, example.shape, generator=g, device=device, dtype=example.dtype)
+        x = x if kind == 0 else x * 3 + 2
+    else:
+        lo, hi = int(example.min()), int(example.max())
+        high = hi + 1 if hi < torch.iinfo(example.dtype).max else hi  # an int64 max sentinel cannot be exceeded
+        x = torch.randint(lo, max(high, lo + 1), example.shape, generator=g, device=device, dtype=example.dtype)
+    return torch.empty_like(example).copy_(x)
 
 
 def make_probes(leaves: list) -> tuple[list, list]:
@@ -104,7 +108,15 @@ def identical(a: Any, b: Any) -> bool:
 
 
 def _eps(dtype: torch.dtype) -> float:
+    if dtype.is_complex:
+        return torch.finfo(dtype.to_real()).eps
     return torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+
+
+def _real(t: torch.Tensor) -> torch.Tensor:
+    """Complex outputs are compared on their real and imaginary parts alike."""
+    t = t.detach()
+    return torch.view_as_real(t.resolve_conj()).double() if t.is_complex() else t.double()
 
 
 def difference(reference: Any, other: Any, ulps: float) -> tuple[float, float, float]:
@@ -116,7 +128,7 @@ def difference(reference: Any, other: Any, ulps: float) -> tuple[float, float, f
     for r, o in zip(_tensors(reference), _tensors(other), strict=True):
         if r.shape != o.shape:
             return float("inf"), float("inf"), 0.0
-        rd, od = r.detach().double(), o.detach().double()
+        rd, od = _real(r), _real(o)
         both_nan = rd.isnan() & od.isnan()
         diff = torch.where(both_nan, 0.0, (rd - od).abs()).nan_to_num(nan=float("inf"))
         finite = rd[rd.isfinite()].abs()

@@ -1,0 +1,75 @@
+"""Turn a failed capture or verification into an error that names the operation, the line and the fixes."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from . import capture as _capture
+from .blockers import Blocker, FailureRecorder, classify_message, locate_exception
+from .errors import CaptureError, VerificationError
+from .signature import FlatInputs, Signature
+from .verify import VerifyReport
+
+FALLBACKS = (
+    "or run this model eager (cuda_graph=False); or use cuda_graph='auto', which runs eager with one log line "
+    "for input signatures that cannot be captured; or split the model so this part runs eager"
+)
+
+
+def find_blocker(model: torch.nn.Module, flat: FlatInputs, device: torch.device) -> Blocker | None:
+    """Capture again, into a throwaway pool, under a recorder that names the aten op that raised."""
+    recorder = FailureRecorder()
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        with recorder:
+            return model(*args, **kwargs)
+
+    with contextlib.suppress(_capture.CaptureFailed):
+        _capture.capture(recorded, flat, device=device, pool=_capture.new_pool(), warmup=1)
+    return recorder.blocker
+
+
+def capture_error(
+    model: torch.nn.Module,
+    name: str,
+    sig: Signature,
+    flat: FlatInputs,
+    fail: _capture.CaptureFailed,
+    device: torch.device,
+) -> CaptureError:
+    """PyTorch says "operation not permitted when stream is capturing"; we say which, where and what to do."""
+    if fail.cause is None:  # refused before or after capture (outputs, input mutation): the message says why
+        return CaptureError(
+            f"launchless cannot capture {name} for input {sig.describe()}: {fail}; {FALLBACKS}", reason=str(fail)
+        )
+    blocker = find_blocker(model, flat, device)
+    kind = blocker.kind if blocker else classify_message(str(fail.cause))
+    location = (blocker.location if blocker else None) or locate_exception(fail.cause)
+    operation = blocker.operation if blocker else None
+    what = f"{kind} `{operation}`" if operation else kind
+    where = f" at {location}" if location else " (source line not found)"
+    said = str(fail.cause).strip()
+    first_line = said.splitlines()[0].rstrip(".") if said else type(fail.cause).__name__
+    return CaptureError(
+        f"launchless cannot capture {name} for input {sig.describe()}: {what}{where}. PyTorch said: {first_line}. "
+        "A graph records kernels and addresses, not values or host work, so this cannot be replayed. "
+        f"Fixes: {Blocker(kind, operation or '', location).fix}; {FALLBACKS}",
+        reason=kind,
+        operation=operation,
+        source=str(location) if location else None,
+    )
+
+
+def verification_error(name: str, sig: Signature, report: VerifyReport) -> VerificationError:
+    size = f"max abs diff {report.max_abs:.3g}, rel {report.max_rel:.3g}, bound {report.bound:.3g}"
+    branches = f"; capture-dependent branches: {'; '.join(report.branches)}" if report.branches else ""
+    return VerificationError(
+        f"launchless: the graph of {name} for input {sig.describe()} failed verification "
+        f"({report.status}: {report.detail}; {size}{branches}), so it will never be replayed. Fixes: run eager "
+        "(cuda_graph=False); use cuda_graph='auto' to fall back with a log line; raise tolerance_ulps if the "
+        "difference is rounding you accept; verify='off' skips the proof (unsafe)",
+        report=report.as_dict(),
+    )
