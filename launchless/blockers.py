@@ -101,14 +101,18 @@ def _owner(filename: str) -> str:
     return "user"
 
 
+def _in_packages(filename: str) -> bool:
+    return ("site-packages" + os.sep) in filename or ("dist-packages" + os.sep) in filename
+
+
 def is_foreign(filename: str) -> bool:
     """PyTorch's, launchless's, the standard library's or the test runner's own frames."""
-    return (
-        filename.startswith((_TORCH_DIR, _OWN_DIR, _STDLIB))
-        or filename.startswith("<")
-        or "/_pytest/" in filename
-        or "/pluggy/" in filename
-    )
+    if filename.startswith((_TORCH_DIR, _OWN_DIR)) or filename.startswith("<"):
+        return True
+    if "/_pytest/" in filename or "/pluggy/" in filename:
+        return True
+    # conda and python:3.x images keep site-packages inside the stdlib folder: those are libraries
+    return filename.startswith(_STDLIB) and not _in_packages(filename)
 
 
 def locate(frames: list[traceback.FrameSummary]) -> Location | None:
@@ -148,7 +152,8 @@ def _op_name(func: object) -> str:
 
 
 def _devices(args: tuple, kwargs: dict) -> set[str]:
-    found = {a.device.type for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.dim() > 0}
+    """Device types among a copy's tensor arguments and target (a 0-dim CPU source is a copy too)."""
+    found = {a.device.type for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)}
     if isinstance(kwargs.get("device"), torch.device):
         found.add(kwargs["device"].type)
     return found
@@ -217,7 +222,10 @@ def dry_run(model: torch.nn.Module, args: tuple, kwargs: dict) -> Blocker | None
     from torch.utils._pytree import tree_map
 
     from .capture_path import pretend_capturing
+    from .runtime import GraphedModule
 
+    if isinstance(model, GraphedModule):
+        model = model.model
     meta_model = copy.deepcopy(model).to("meta")
     margs, mkwargs = tree_map(_to_meta, (args, kwargs))
     watch = _DispatchWatch()

@@ -75,7 +75,12 @@ def _end_pool_allocation(device: torch.device, pool: Any) -> None:
 
 
 def _clone(x: Any) -> Any:
-    return x.clone() if isinstance(x, torch.Tensor) else x
+    """Clone a tensor, or every tensor inside a container (nested outputs are graph buffers too)."""
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, _IMMUTABLE_OUTPUTS):
+        return x
+    return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, x)
 
 
 def _make_cloner(outputs: Any) -> Callable[[], Any]:

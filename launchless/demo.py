@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import zoo
@@ -67,7 +68,7 @@ def _with_cuda(console: Console, w: zoo.Workload, iters: int) -> int:
 def run(name: str = "timm:resnet18", batch: int = 1, iters: int = 100) -> int:
     console = Console()
     if not zoo.available(name):
-        console.print(f"[red]{name} needs its model library[/]: pip install 'launchless[zoo]'")
+        console.print(f"[red]{name} needs its model library[/]: " + escape("pip install 'launchless[zoo]'"))
         return 1
     cuda = torch.cuda.is_available()
     with console.status(f"building {name} with random weights"):

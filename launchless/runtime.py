@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from . import capture as _capture
+from . import state_keys
 from .capture_path import record_capture_branches
 from .diagnosis import capture_error, verification_error
 from .errors import ConfigError, NoCudaError
@@ -29,7 +30,24 @@ log = logging.getLogger("launchless")
 _MODES = (False, True, "auto")
 _VERIFY = ("on", "strict", "off")
 _OUTPUTS = ("clone", "static")
-_MAX_TRACKED = 4096  # signatures remembered for "auto" counting and refusals
+_MAX_TRACKED = 4096
+_RUNTIME_STATE = frozenset(
+    {
+        "_graphs",
+        "_reports",
+        "_seen",
+        "_refused",
+        "_logged",
+        "_eager_reasons",
+        "_watch",
+        "_pool",
+        "_pools",
+        "_lock",
+        "_last_stream",
+        "_evictions",
+        "_invalidations",
+    }
+)  # signatures remembered for "auto" counting and refusals
 
 
 def _check_options(
@@ -63,7 +81,7 @@ def _check_options(
             f"outputs={outputs!r} is not accepted; use 'clone' (safe) or 'static' (the graph's "
             "own buffers, overwritten by the next replay)"
         )
-    if not tolerance_ulps >= 0:
+    if isinstance(tolerance_ulps, bool) or not isinstance(tolerance_ulps, (int, float)) or not tolerance_ulps >= 0:
         raise ConfigError(f"tolerance_ulps={tolerance_ulps!r} is not accepted; pass a number >= 0")
 
 
@@ -88,19 +106,32 @@ class GraphedModule(torch.nn.Module):
         self.cuda_graph = cuda_graph
         self.auto_after, self.max_graphs, self.warmup = auto_after, max_graphs, warmup
         self.verify_mode, self.tolerance_ulps, self.outputs = verify, tolerance_ulps, outputs
+        state_keys.install(self)
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        """Graphs, counters and locks: process state that is never copied or pickled."""
         self._graphs: OrderedDict[Signature, _capture.CapturedGraph] = OrderedDict()
         self._reports: dict[Signature, VerifyReport] = {}
         self._seen: OrderedDict[Signature, int] = OrderedDict()
         self._refused: OrderedDict[Signature, tuple[dict, Exception]] = OrderedDict()
         self._logged: set[str] = set()
         self._eager_reasons: dict[str, int] = {}
-        self._watch = RelocationWatch(model)
+        self._watch = RelocationWatch(self.model)
         self._pool: Any = None
         self._pools: list[Any] = []  # every pool holding this model's graphs (a failed capture retires one)
         self._lock = threading.RLock()
         self._last_stream: tuple[int, torch.cuda.Stream] | None = None
         self._evictions = 0
         self._invalidations = 0
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles carry the model and the options, never graphs, pools or locks."""
+        return {k: v for k, v in self.__dict__.items() if k not in _RUNTIME_STATE}
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._init_runtime()
 
     # ---- pass-through -------------------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
@@ -109,17 +140,18 @@ class GraphedModule(torch.nn.Module):
         except AttributeError:
             return getattr(self._modules["model"], name)
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        return self.model.state_dict(*args, **kwargs)
-
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """Straight to the model, so missing/unexpected keys are reported with the model's own names."""
         return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
 
-    def named_parameters(self, *args: Any, **kwargs: Any):
-        return self.model.named_parameters(*args, **kwargs)
-
-    def named_buffers(self, *args: Any, **kwargs: Any):
-        return self.model.named_buffers(*args, **kwargs)
+    def named_modules(self, memo: set | None = None, prefix: str = "", remove_duplicate: bool = True):
+        """The model's modules under the wrapper's own name: parameter names match state_dict keys."""
+        memo = set() if memo is None else memo
+        if self not in memo:
+            if remove_duplicate:
+                memo.add(self)
+            yield prefix, self
+        yield from self.model.named_modules(memo, prefix, remove_duplicate)
 
     def extra_repr(self) -> str:
         return f"cuda_graph={self.cuda_graph!r}, graphs={len(self._graphs)}, max_graphs={self.max_graphs}"
@@ -130,21 +162,20 @@ class GraphedModule(torch.nn.Module):
             return self.model(*args, **kwargs)
         if self.model.training:
             return self._eager(
-                "model is in training mode; call .eval() to replay graphs "
-                "(training capture is launchless.graphed_step)",
-                args,
-                kwargs,
-            )
-        if torch.is_grad_enabled() and (self._watch.requires_grad() or _any_requires_grad(args, kwargs)):
-            return self._eager(
-                "grad mode is on and autograd would record this call; graphs replay under "
-                "torch.no_grad() or torch.inference_mode()",
+                "model is in training mode; call .eval() to replay graphs (wrap() captures inference only)",
                 args,
                 kwargs,
             )
         if self._watch.moved():
             self._invalidate()
         flat = flatten_inputs(args, kwargs)
+        if torch.is_grad_enabled() and (self._watch.requires_grad() or _any_requires_grad(flat.leaves)):
+            return self._eager(
+                "grad mode is on and autograd would record this call; graphs replay under "
+                "torch.no_grad() or torch.inference_mode()",
+                args,
+                kwargs,
+            )
         try:
             sig = signature_of(flat)
         except UnhashableInput as exc:
@@ -370,8 +401,8 @@ class GraphedModule(torch.nn.Module):
         }
 
 
-def _any_requires_grad(args: tuple, kwargs: dict) -> bool:
-    return any(isinstance(x, torch.Tensor) and x.requires_grad for x in (*args, *kwargs.values()))
+def _any_requires_grad(leaves: list) -> bool:
+    return any(isinstance(x, torch.Tensor) and x.requires_grad for x in leaves)
 
 
 def wrap(model: torch.nn.Module, cuda_graph: bool | str = "auto", **options: Any) -> GraphedModule:
@@ -379,8 +410,5 @@ def wrap(model: torch.nn.Module, cuda_graph: bool | str = "auto", **options: Any
     if isinstance(model, GraphedModule):
         raise ConfigError("this model is already wrapped by launchless; use its .model to wrap again")
     if not isinstance(model, torch.nn.Module):
-        raise ConfigError(
-            f"wrap() takes a torch.nn.Module, got {type(model).__name__}; for a training step "
-            "function use launchless.graphed_step"
-        )
+        raise ConfigError(f"wrap() takes a torch.nn.Module, got {type(model).__name__}; wrap the module itself")
     return GraphedModule(model, cuda_graph, **options)

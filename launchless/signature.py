@@ -42,11 +42,14 @@ class Signature(NamedTuple):
     context: tuple
 
     def describe(self) -> str:
-        parts = [
-            str(leaf) if isinstance(leaf, TensorSpec) else f"{leaf[1].__name__}={leaf[2]!r}" for leaf in self.leaves
-        ]
+        parts = [str(leaf) if isinstance(leaf, TensorSpec) else _describe_value(leaf) for leaf in self.leaves]
         ctx = f", autocast={self.context[1]}" if self.context[0] else ""
         return f"({', '.join(parts)}{ctx})"
+
+
+def _describe_value(leaf: tuple) -> str:
+    value = float.fromhex(leaf[2]) if leaf[1] is float else leaf[2]
+    return f"{leaf[1].__name__}={value!r}"
 
 
 class UnhashableInput(TypeError):
@@ -102,14 +105,21 @@ def _leaf_key(leaf: Any) -> Any:
             f"a non-tensor input of type {type(leaf).__name__} is not hashable, so it cannot be part of "
             "a graph's cache key; pass it as a tensor, or as a hashable value (tuple, number, string)"
         ) from exc
+    if type(leaf) is float:  # -0.0 == 0.0 and nan != nan, but a graph bakes in the exact bits
+        return ("value", float, leaf.hex())
     return ("value", type(leaf), leaf)
 
 
+_cublas_tf32 = torch._C._get_cublas_allow_tf32
+_cudnn_tf32 = torch._C._get_cudnn_allow_tf32
+
+
 def autocast_context(device_type: str = "cuda") -> tuple:
-    """Autocast changes which kernels run, so a graph is only valid under the state it was captured in."""
+    """Autocast and the TF32 switches change which kernels run; a graph keeps the ones it captured."""
+    tf32 = (_cublas_tf32(), _cudnn_tf32())
     if torch.is_autocast_enabled(device_type):
-        return (True, torch.get_autocast_dtype(device_type))
-    return (False, None)
+        return (True, torch.get_autocast_dtype(device_type), *tf32)
+    return (False, None, *tf32)
 
 
 def signature_of(flat: FlatInputs) -> Signature:

@@ -1,0 +1,214 @@
+"""CPU tests for the pure parts of launchless.capture: output cloning and static input buffers.
+
+A replay overwrites the graph's static output buffers in place. ``CapturedGraph.replay_cloned``
+must therefore hand back tensors that share no memory with them, whatever the output tree looks like.
+A stand-in for ``torch.cuda.CUDAGraph`` (its ``replay`` recomputes into the static buffers in place)
+lets that be checked end to end without a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+
+import pytest
+import torch
+from torch.utils import _pytree as pytree
+
+from launchless.capture import CapturedGraph, _make_cloner, _static_like
+
+
+def storages(tree) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)}
+
+
+def assert_fresh_copy(copy, original) -> None:
+    """Same tree, same values, and not one tensor sharing memory with the original."""
+    assert type(copy) is type(original)
+    assert pytree.tree_structure(copy) == pytree.tree_structure(original)
+    for c, o in zip(pytree.tree_leaves(copy), pytree.tree_leaves(original), strict=True):
+        if isinstance(o, torch.Tensor):
+            assert torch.equal(c, o) and c.dtype == o.dtype
+        else:
+            assert c == o
+    assert storages(copy).isdisjoint(storages(original))
+
+
+def t(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape)
+
+
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        pytest.param(t(2, 3), id="tensor"),
+        pytest.param((t(2), t(3), 4, None), id="tuple"),
+        pytest.param([t(2), 1.5, t(1)], id="list"),
+        pytest.param({"logits": t(2), "n": 3}, id="dict"),
+    ],
+)
+def test_flat_outputs_are_cloned(outputs) -> None:
+    clone = _make_cloner(outputs)
+    first, second = clone(), clone()
+    assert_fresh_copy(first, outputs)
+    assert storages(first).isdisjoint(storages(second))
+
+
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        pytest.param((t(2), (t(3), t(1))), id="tuple-in-tuple"),
+        pytest.param({"boxes": [t(4), t(4)]}, id="list-in-dict"),
+        pytest.param([{"boxes": t(3, 4), "scores": t(3)}], id="dicts-in-list(torchvision detection)"),
+    ],
+)
+def test_nested_outputs_are_cloned(outputs) -> None:
+    assert_fresh_copy(_make_cloner(outputs)(), outputs)
+
+
+def test_cloner_reads_the_current_values_of_the_static_outputs() -> None:
+    static = (torch.zeros(3), {"a": torch.zeros(2)})
+    clone = _make_cloner(static)
+    static[0].fill_(1.0)  # what a replay does
+    static[1]["a"].fill_(2.0)
+    got = clone()
+    assert torch.equal(got[0], torch.ones(3)) and torch.equal(got[1]["a"], torch.full((2,), 2.0))
+
+
+@dataclasses.dataclass
+class Output(OrderedDict):
+    """A ModelOutput-like output: an OrderedDict dataclass, keys mirrored as attributes."""
+
+    logits: torch.Tensor | None = None
+    aux: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                self[f.name] = value
+
+
+def test_modeloutput_like_is_rebuilt_with_keys_attributes_and_order() -> None:
+    out = Output(logits=t(2), aux=t(3))
+    got = _make_cloner(out)()
+    assert type(got) is Output
+    assert list(got.keys()) == ["logits", "aux"]
+    assert torch.equal(got.logits, out.logits) and torch.equal(got["aux"], out["aux"])
+    assert got.logits is got["logits"]  # attribute and item are the same clone
+    assert storages(got).isdisjoint(storages(out))
+
+
+def test_transformers_model_output() -> None:
+    modeling_outputs = pytest.importorskip("transformers.modeling_outputs")
+    out = modeling_outputs.BaseModelOutputWithPooling(last_hidden_state=t(1, 4, 8), pooler_output=t(1, 8))
+    got = _make_cloner(out)()
+    assert_fresh_copy(got, out)
+    assert list(got.keys()) == ["last_hidden_state", "pooler_output"]
+    assert got.hidden_states is None and got.attentions is None
+    assert torch.equal(got[0], out.last_hidden_state) and got.to_tuple()[1] is got.pooler_output
+
+
+def test_transformers_model_output_with_hidden_states_is_cloned() -> None:
+    modeling_outputs = pytest.importorskip("transformers.modeling_outputs")
+    out = modeling_outputs.BaseModelOutput(last_hidden_state=t(1, 4, 8), hidden_states=(t(1, 4, 8), t(1, 4, 8)))
+    assert_fresh_copy(_make_cloner(out)(), out)
+
+
+# ---- CapturedGraph with a stand-in for torch.cuda.CUDAGraph -----------------------------------------
+
+
+class RecomputingGraph:
+    """replay() recomputes ``fn`` on the static inputs and writes the result into the static outputs in place."""
+
+    def __init__(self, fn, static_inputs: list, static_outputs) -> None:
+        self.fn, self.static_inputs, self.static_outputs = fn, static_inputs, static_outputs
+
+    def replay(self) -> None:
+        fresh = self.fn(*self.static_inputs)
+        for dst, src in zip(pytree.tree_leaves(self.static_outputs), pytree.tree_leaves(fresh), strict=True):
+            dst.copy_(src)
+
+
+def captured(fn, example: torch.Tensor) -> CapturedGraph:
+    static_in = [_static_like(example, example.device)]
+    static_out = fn(*static_in)
+    graph = RecomputingGraph(fn, static_in, static_out)
+    return CapturedGraph(graph, static_in, [0], static_out, capture_ms=0.0, pool_growth=0)  # type: ignore[arg-type]
+
+
+def test_replay_cloned_results_survive_the_next_replay() -> None:
+    def fn(x: torch.Tensor):
+        return x * 2, x.sum(0)
+
+    g = captured(fn, torch.zeros(3, 2))
+    x1, x2 = torch.randn(3, 2), torch.randn(3, 2)
+    first = g.replay_cloned([x1])
+    second = g.replay_cloned([x2])
+    assert torch.equal(first[0], x1 * 2) and torch.equal(first[1], x1.sum(0))
+    assert torch.equal(second[0], x2 * 2)
+    assert g.replays == 2
+
+
+def test_replay_returns_the_static_outputs() -> None:
+    g = captured(lambda x: x + 1, torch.zeros(4))
+    x = torch.randn(4)
+    out = g.replay([x])
+    assert out is g.outputs and torch.equal(out, x + 1)
+    g.replay([torch.zeros(4)])
+    assert torch.equal(out, torch.ones(4))  # overwritten: that is what outputs="static" means
+
+
+def test_load_skips_the_static_buffer_itself() -> None:
+    g = captured(lambda x: x * 3, torch.zeros(2))
+    static = g.static_leaves[0]
+    static.fill_(5.0)
+    version = static._version
+    assert torch.equal(g.replay_cloned([static]), torch.full((2,), 15.0))
+    assert static._version == version  # no copy of the buffer onto itself
+
+
+def test_nested_replay_cloned_results_survive_the_next_replay() -> None:
+    def fn(x: torch.Tensor):
+        return x * 2, (x + 1,)
+
+    g = captured(fn, torch.zeros(3))
+    x1 = torch.randn(3)
+    first = g.replay_cloned([x1])
+    g.replay_cloned([torch.randn(3)])
+    assert torch.equal(first[1][0], x1 + 1)
+
+
+# ---- static input buffers -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "example",
+    [
+        pytest.param(torch.randn(2, 3), id="contiguous"),
+        pytest.param(torch.randn(3, 2).t(), id="transposed"),
+        pytest.param(torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last), id="channels_last"),
+        pytest.param(torch.arange(6).reshape(2, 3), id="int"),
+    ],
+)
+def test_static_like_keeps_dense_layout_and_values(example: torch.Tensor) -> None:
+    static = _static_like(example, example.device)
+    assert static.stride() == example.stride() and static.dtype == example.dtype
+    assert torch.equal(static, example)
+    assert static.untyped_storage().data_ptr() != example.untyped_storage().data_ptr()
+
+
+def test_static_like_of_a_non_dense_view_is_dense() -> None:
+    base = torch.randn(4, 6)
+    example = base[1:, ::2]
+    static = _static_like(example, example.device)
+    assert torch.equal(static, example)
+    assert static.is_contiguous() and static.storage_offset() == 0
+
+
+def test_static_like_keeps_requires_grad_as_a_leaf_and_honours_device() -> None:
+    example = torch.randn(3, requires_grad=True)
+    static = _static_like(example, torch.device("cpu"))
+    assert static.requires_grad and static.is_leaf and torch.equal(static, example)
+    meta = _static_like(torch.randn(2, 3).t(), torch.device("meta"))
+    assert meta.device.type == "meta" and meta.stride() == (1, 3)

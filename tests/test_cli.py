@@ -1,0 +1,89 @@
+"""CPU tests for the `launchless` command."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from launchless import zoo
+from launchless.cli import main
+
+
+@pytest.fixture(autouse=True)
+def keep_root_logging():
+    """main() calls logging.basicConfig; leave the root logger as the test found it."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for h in list(root.handlers):
+        if h not in handlers:
+            root.removeHandler(h)
+    root.setLevel(level)
+
+
+def test_demo_list_prints_every_workload(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines() == zoo.names()
+
+
+def test_unknown_model_exits_2_naming_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["demo", "--model", "nope"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown model 'nope'" in err
+    assert all(name in err for name in zoo.names())
+
+
+@pytest.mark.parametrize("argv", [[], ["bench"], ["demo", "--batch", "two"]])
+def test_bad_command_lines_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert "usage: launchless" in capsys.readouterr().err
+
+
+@pytest.mark.zoo
+def test_demo_without_cuda_explains_what_it_would_capture(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("timm")
+    if torch.cuda.is_available():
+        pytest.skip("this checks the CPU path of the demo")
+    monkeypatch.setenv("COLUMNS", "200")  # rich would wrap the table at 80 columns
+    assert main(["demo"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "No CUDA device here" in out
+    assert "timm:resnet18" in out and "ResNet" in out
+    assert "float32[1x3x224x224]@cpu" in out  # the input signature
+    assert "no blocker found" in out
+    assert "capture would fail" not in out
+
+
+@pytest.mark.zoo
+def test_demo_without_cuda_names_the_blocker(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torchvision")
+    if torch.cuda.is_available():
+        pytest.skip("this checks the CPU path of the demo")
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main(["demo", "--model", "tv:fasterrcnn_mobilenet_v3_large_fpn"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "capture would fail" in out
+    assert "CPU<->GPU copy" in out and "torchvision code" in out
+    assert "create the tensor on the GPU" in out  # the fix
+
+
+def test_demo_reports_a_missing_model_library(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(zoo, "available", lambda name: False)
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["demo", "--model", "timm:resnet18"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "timm:resnet18 needs its model library" in out
+    assert "pip install 'launchless[zoo]'" in out

@@ -1,0 +1,211 @@
+"""CPU tests for launchless.relocation: noticing when parameters or buffers move."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from launchless import relocation
+from launchless.relocation import RelocationWatch
+
+
+def linear_bn() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+
+
+class BufferOnly(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("offset", torch.arange(3.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.offset
+
+
+class WithBufferChild(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.shift = BufferOnly()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.shift(x))
+
+
+def many_tensors() -> nn.Sequential:
+    """10 Linear layers: 20 tensors, more than the 8 the default mode spot-checks."""
+    return nn.Sequential(*[nn.Linear(2, 2) for _ in range(10)])
+
+
+@pytest.fixture(params=[False, True], ids=["default", "full"])
+def full(request) -> bool:
+    return request.param
+
+
+@pytest.fixture(params=[linear_bn, WithBufferChild], ids=["linear_bn", "buffer_child"])
+def model(request) -> nn.Module:
+    return request.param()
+
+
+def test_not_moved_on_repeated_calls(model: nn.Module, full: bool) -> None:
+    watch = RelocationWatch(model, full=full)
+    assert [watch.moved() for _ in range(5)] == [False] * 5
+
+
+@pytest.mark.parametrize("convert", ["half", "double", "to_float16"])
+def test_dtype_conversion_moves_once(model: nn.Module, full: bool, convert: str) -> None:
+    watch = RelocationWatch(model, full=full)
+    if convert == "to_float16":
+        model.to(torch.float16)
+    else:
+        getattr(model, convert)()
+    assert watch.moved() is True
+    assert watch.moved() is False  # the watch follows the new tensors
+    assert watch.moved() is False
+
+
+def test_no_op_conversion_is_not_a_move(model: nn.Module, full: bool) -> None:
+    watch = RelocationWatch(model, full=full)
+    model.float()  # already float32: Module._apply runs (and bumps the epoch) but nothing moves
+    model.to("cpu")
+    assert watch.moved() is False
+
+
+def test_buffer_only_submodule_is_watched(full: bool) -> None:
+    model = WithBufferChild()
+    watch = RelocationWatch(model, full=full)
+    assert any(t is model.shift.offset for t in watch._tensors)
+    model.shift.offset = torch.zeros(3)  # replacing a registered buffer via setattr
+    assert watch.moved() is True
+    assert watch.moved() is False
+
+
+def test_new_parameter_via_setattr_moves(model: nn.Module, full: bool) -> None:
+    linear = model[0] if isinstance(model, nn.Sequential) else model.fc
+    watch = RelocationWatch(model, full=full)
+    linear.weight = nn.Parameter(torch.randn_like(linear.weight))
+    assert watch.moved() is True
+    assert watch.moved() is False
+
+
+def test_load_state_dict_assign_moves_but_copy_does_not(model: nn.Module, full: bool) -> None:
+    watch = RelocationWatch(model, full=full)
+    state = {k: v.clone() + 1 for k, v in model.state_dict().items()}
+    model.load_state_dict(state)  # copies into the existing tensors
+    assert watch.moved() is False
+    model.load_state_dict(state, assign=True)
+    assert watch.moved() is True
+    assert watch.moved() is False
+
+
+def test_submodule_swap_moves(full: bool) -> None:
+    model = linear_bn()
+    watch = RelocationWatch(model, full=full)
+    model[0] = nn.Linear(4, 4)
+    assert watch.moved() is True
+    assert watch.moved() is False
+    assert any(t is model[0].weight for t in watch._tensors)  # the new submodule is watched
+
+
+def test_in_place_update_does_not_move(model: nn.Module, full: bool) -> None:
+    watch = RelocationWatch(model, full=full)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    assert watch.moved() is False
+
+
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_default_mode_spot_checks_first_and_last_tensor(where: str) -> None:
+    model = many_tensors()
+    watch = RelocationWatch(model)
+    t = model[0].weight if where == "first" else model[-1].bias
+    t.data = t.data.clone()  # announces no event: only the address check sees it
+    assert watch.moved() is True
+    assert watch.moved() is False
+
+
+def test_full_mode_catches_data_assignment_outside_the_spot_check() -> None:
+    model = many_tensors()
+    default, full = RelocationWatch(model), RelocationWatch(model, full=True)
+    # 20 tensors, spot check picks round(i * 19 / 7): index 7 (model[3].bias) is not among them.
+    assert not any(t is model[3].bias for t in default._spot)
+    model[3].bias.data = model[3].bias.data.clone()
+    assert full.moved() is True
+    assert default.moved() is False  # the documented price of the cheap default check
+
+
+def test_full_mode_catches_direct_parameters_dict_write() -> None:
+    model = many_tensors()
+    default, full = RelocationWatch(model), RelocationWatch(model, full=True)
+    model[0]._parameters["weight"] = nn.Parameter(torch.randn(2, 2))  # bypasses every hook
+    assert full.moved() is True
+    assert full.moved() is False
+    assert default.moved() is False  # documented: only address_check="full" sees such writes
+
+
+def test_swap_tensors_on_a_spot_checked_tensor_is_caught(full: bool) -> None:
+    model = many_tensors()
+    watch = RelocationWatch(model, full=full)
+    torch.utils.swap_tensors(model[0].weight, nn.Parameter(torch.randn(2, 2)))
+    assert watch.moved() is True
+
+
+def test_requires_grad_follows_the_tensors() -> None:
+    model = linear_bn()
+    watch = RelocationWatch(model)
+    assert watch.requires_grad() is True
+    model.requires_grad_(False)
+    assert watch.requires_grad() is False
+    model[2].bias.requires_grad_(True)
+    assert watch.requires_grad() is True
+    assert RelocationWatch(BufferOnly()).requires_grad() is False
+
+
+def test_cuda_device_is_none_on_cpu(model: nn.Module) -> None:
+    assert RelocationWatch(model).cuda_device is None
+    assert RelocationWatch(nn.Identity()).cuda_device is None
+
+
+def test_model_without_tensors() -> None:
+    model = nn.Sequential(nn.ReLU(), nn.Identity())
+    watch = RelocationWatch(model)
+    assert watch.moved() is False
+    model.double()
+    assert watch.moved() is False
+    model.append(nn.Linear(2, 2))  # the first tensors appear: the graph would now read them
+    assert watch.moved() is True
+
+
+def test_module_apply_still_works_and_is_wrapped_once() -> None:
+    RelocationWatch(nn.Linear(1, 1))  # installs the process-wide hooks
+    wrapper = torch.nn.Module._apply
+    assert getattr(wrapper, "_launchless_bumps", False) is True
+    assert not getattr(wrapper.__wrapped__, "_launchless_bumps", False)
+    assert wrapper.__name__ == "_apply"
+
+    model = linear_bn()
+    epoch = relocation._epoch
+    model.double()
+    assert relocation._epoch > epoch
+    assert all(t.dtype == torch.float64 for t in model.state_dict().values() if t.is_floating_point())
+    assert model[1].num_batches_tracked.dtype == torch.int64  # _apply semantics kept: integer buffers untouched
+    out = model.eval()(torch.randn(3, 4, dtype=torch.float64))
+    assert out.dtype == torch.float64
+
+
+def test_installing_again_does_not_wrap_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    RelocationWatch(nn.Linear(1, 1))
+    wrapper = torch.nn.Module._apply
+    monkeypatch.setattr(relocation, "_installed", False)  # as if a second copy of the module installed
+    relocation._install()
+    assert torch.nn.Module._apply is wrapper
+    assert not getattr(torch.nn.Module._apply.__wrapped__, "_launchless_bumps", False)
+    RelocationWatch(nn.Linear(1, 1))
+    assert torch.nn.Module._apply is wrapper

@@ -1,0 +1,463 @@
+"""CPU tests for launchless.verify: bit identity, difference sizes, probes and the two-probe protocol.
+
+``verify`` is driven with a test double for the captured graph (any object with ``replay_cloned``),
+so every verdict -- bit-identical, stale, unexplained, capture-path, eager-noise -- is reachable
+without a GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from launchless.capture_path import pretend_capturing
+from launchless.signature import flatten_inputs, tensor_spec
+from launchless.verify import (
+    BIT_IDENTICAL,
+    CAPTURE_PATH,
+    EAGER_NOISE,
+    FAILED,
+    difference,
+    identical,
+    make_probes,
+    verify,
+)
+
+EPS32 = torch.finfo(torch.float32).eps
+
+
+# ---- identical ------------------------------------------------------------------------------------
+
+
+def test_identical_same_values() -> None:
+    x = torch.randn(3, 4)
+    assert identical(x, x.clone())
+    assert identical((x, {"a": [x * 2]}), (x.clone(), {"a": [x * 2]}))
+
+
+def test_identical_nan_equals_nan_and_signed_zeros_differ() -> None:
+    nan = torch.tensor([1.0, float("nan")])
+    assert identical(nan, nan.clone())
+    zero, neg_zero = torch.tensor([0.0]), torch.tensor([-0.0])
+    assert torch.equal(zero, neg_zero)  # value equality would miss it
+    assert not identical(zero, neg_zero)
+
+
+def test_identical_detects_one_ulp() -> None:
+    x = torch.tensor([1.0, 2.0])
+    y = torch.nextafter(x, torch.full_like(x, 3.0))
+    assert not identical(x, y)
+
+
+def test_identical_dtype_and_shape_mismatch() -> None:
+    x = torch.ones(4)
+    assert not identical(x, x.double())
+    assert not identical(x, x.reshape(2, 2))
+    # the same bytes under another dtype are still a different output
+    assert not identical(torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.float32))
+
+
+def test_identical_nested_trees() -> None:
+    a, b = torch.randn(2), torch.randn(3)
+    assert identical({"x": (a, [b])}, {"x": (a.clone(), [b.clone()])})
+    assert not identical({"x": (a, [b])}, {"x": (a, [b + 1])})
+    assert not identical((a, b), [a, b])  # tuple vs list
+    assert not identical({"x": a}, {"y": a})
+    assert not identical((a, b), (a,))
+
+
+def test_identical_bool_and_non_contiguous() -> None:
+    m = torch.tensor([[True, False], [False, True]])
+    assert identical(m.t(), m.t().contiguous())
+    assert not identical(m, ~m)
+    x = torch.randn(3, 5)
+    assert identical(x.t(), x.t().contiguous())
+
+
+# ---- difference -----------------------------------------------------------------------------------
+
+
+def reference_difference(ref: torch.Tensor, other: torch.Tensor, ulps: float) -> tuple[float, float, float]:
+    r, o = ref.double(), other.double()
+    abs_diff = (r - o).abs().max().item()
+    scale = r.abs().max().item()
+    return abs_diff, abs_diff / scale, ulps * torch.finfo(ref.dtype).eps * scale
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_difference_against_a_direct_computation(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(0)
+    ref = (torch.randn(64, generator=g) * 5).to(dtype)
+    other = (ref.double() + torch.randn(64, generator=g, dtype=torch.float64) * 1e-2).to(dtype)
+    got = difference(ref, other, 64)
+    assert got == pytest.approx(reference_difference(ref, other, 64), rel=1e-12)
+    assert got[2] == 64 * torch.finfo(dtype).eps * ref.abs().max().item()
+
+
+def test_difference_zero_for_equal_and_nan_matching_nan() -> None:
+    ref = torch.tensor([1.0, float("nan"), -4.0])
+    assert difference(ref, ref.clone(), 64) == (0.0, 0.0, 64 * EPS32 * 4.0)
+
+
+def test_difference_nan_on_one_side_is_infinite() -> None:
+    ref = torch.tensor([1.0, 2.0])
+    abs_diff, rel, _ = difference(ref, torch.tensor([1.0, float("nan")]), 64)
+    assert abs_diff == float("inf") and rel == float("inf")
+
+
+def test_difference_shape_mismatch() -> None:
+    assert difference(torch.zeros(2), torch.zeros(3), 64) == (float("inf"), float("inf"), 0.0)
+
+
+def test_difference_reports_the_output_that_exceeds_its_bound_most() -> None:
+    big = torch.full((4,), 1000.0)
+    small = torch.full((4,), 1e-3)
+    # the big output differs more in absolute terms but is within its bound; the small one is not
+    big_other = big + 1000.0 * 4 * EPS32
+    small_other = small * 1.01
+    got = difference((big, small), (big_other, small_other), 64)
+    assert got == pytest.approx(reference_difference(small, small_other, 64), rel=1e-12)
+    assert got[0] > got[2]
+
+
+def test_difference_zero_reference_scale() -> None:
+    assert difference(torch.zeros(3), torch.zeros(3), 64) == (0.0, 0.0, 0.0)
+    abs_diff, rel, bound = difference(torch.zeros(3), torch.tensor([0.0, 1e-3, 0.0]), 64)
+    assert (abs_diff, rel, bound) == (pytest.approx(1e-3), float("inf"), 0.0)
+
+
+def test_difference_ignores_matching_infinities() -> None:
+    ref = torch.tensor([float("-inf"), 1.0, 2.0])
+    other = torch.tensor([float("-inf"), 1.0, 2.0 + 2 * EPS32 * 2])
+    abs_diff, _, bound = difference(ref, other, 64)
+    assert abs_diff == pytest.approx(float(other[2].double() - ref[2].double()))
+    assert abs_diff <= bound
+
+
+def test_difference_sees_imaginary_parts() -> None:
+    ref = torch.tensor([1 + 1j, 2 + 0j], dtype=torch.complex64)
+    abs_diff, rel, bound = difference(ref, ref + 0.5j, 64)
+    assert abs_diff == pytest.approx(0.5)
+    # complex outputs are measured on their real and imaginary parts, at the real dtype's epsilon
+    assert bound == pytest.approx(64 * EPS32 * 2.0) and rel == pytest.approx(0.25)
+    assert difference(ref, ref.clone(), 64)[0] == 0.0
+
+
+# ---- make_probes ----------------------------------------------------------------------------------
+
+
+def test_float_probes_come_from_two_distributions() -> None:
+    example = torch.zeros(200_000)
+    (p0,), (p1,) = make_probes([example])
+    assert tensor_spec(p0) == tensor_spec(example) == tensor_spec(p1)
+    assert abs(p0.mean().item()) < 0.02 and abs(p0.std().item() - 1) < 0.02
+    assert abs(p1.mean().item() - 2) < 0.05 and abs(p1.std().item() - 3) < 0.05
+    assert not torch.equal(p0, example)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_float_probes_keep_the_dtype(dtype: torch.dtype) -> None:
+    example = torch.zeros(2, 3, dtype=dtype)
+    for (p,) in make_probes([example]):
+        assert p.dtype == dtype and p.shape == example.shape
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.int8])
+def test_int_probes_stay_within_the_observed_range(dtype: torch.dtype) -> None:
+    example = torch.tensor([3, 9, 5, 4] * 50, dtype=dtype)
+    probes = make_probes([example])
+    for (p,) in probes:
+        assert p.dtype == dtype and p.shape == example.shape
+        assert p.min().item() >= 3 and p.max().item() <= 9
+        assert p.unique().numel() > 1  # spread over the range, not a copy of one value
+    assert not torch.equal(probes[0][0], probes[1][0])
+
+
+def test_negative_int_range() -> None:
+    example = torch.tensor([-7, 2], dtype=torch.int32)
+    for (p,) in make_probes([example]):
+        assert p.min().item() >= -7 and p.max().item() <= 2
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint8])
+def test_int_probe_with_the_dtypes_max_value(dtype: torch.dtype) -> None:
+    top = torch.iinfo(dtype).max  # a sentinel such as int64 max: randint(lo, top + 1) would overflow
+    example = torch.tensor([0, top], dtype=dtype)
+    for (p,) in make_probes([example]):
+        assert p.dtype == dtype and p.min().item() >= 0 and p.max().item() <= top
+
+
+def test_int_probe_of_a_constant_tensor() -> None:
+    example = torch.full((5,), 4, dtype=torch.int32)
+    for (p,) in make_probes([example]):
+        assert torch.equal(p, example)
+
+
+def test_bool_empty_and_non_tensor_leaves_are_kept() -> None:
+    mask = torch.tensor([True, False, True])
+    empty = torch.zeros(0, 3)
+    marker = object()
+    for probe in make_probes([mask, empty, 7, "s", None, marker]):
+        assert torch.equal(probe[0], mask) and probe[0] is not mask
+        assert probe[1].shape == (0, 3)
+        assert probe[2:] == [7, "s", None, marker] and probe[5] is marker
+
+
+def test_probes_are_deterministic_and_leave_the_global_rng_alone() -> None:
+    leaves = [torch.zeros(5), torch.tensor([1, 9]), torch.zeros(2, 2, dtype=torch.float64)]
+    torch.manual_seed(1)
+    state = torch.get_rng_state()
+    first = make_probes(leaves)
+    assert torch.equal(torch.get_rng_state(), state)
+    torch.manual_seed(2)  # a different global seed gives the same probes
+    second = make_probes(leaves)
+    assert identical(first, second)
+    # the two probes of one call are different draws
+    assert not identical(first[0][0], first[1][0])
+    assert not identical(first[0][2], first[1][2])
+
+
+@pytest.mark.parametrize(
+    "example",
+    [
+        torch.zeros(2, 3, 4, 5).to(memory_format=torch.channels_last),
+        torch.zeros(4, 3).t(),
+        torch.arange(12).reshape(4, 3).t(),
+    ],
+    ids=["channels_last", "transposed", "transposed-int"],
+)
+def test_probes_keep_the_example_layout(example: torch.Tensor) -> None:
+    """The layout selects kernels (cuDNN NHWC vs NCHW): eager must run on the graph's own signature."""
+    for (p,) in make_probes([example]):
+        assert p.stride() == example.stride()
+        assert tensor_spec(p) == tensor_spec(example)
+        assert not torch.equal(p, example)
+
+
+# ---- verify() with a test double for the graph ----------------------------------------------------
+
+
+class FakeGraph:
+    """Stands in for CapturedGraph: replay_cloned(leaves) returns what ``produce`` makes of them."""
+
+    def __init__(self, produce) -> None:
+        self.produce = produce
+        self.seen: list[list] = []
+
+    def replay_cloned(self, leaves: list):
+        self.seen.append(leaves)
+        return self.produce(leaves)
+
+
+@pytest.fixture
+def no_cuda_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify() reruns eager on a fresh torch.cuda.Stream() when replay differs; without a GPU that rerun
+    becomes a plain eager call (verify._eager runs on the current stream when given None)."""
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *args, **kwargs: None)
+
+
+def small_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)).eval()
+
+
+def setup(model: nn.Module, *args, **kwargs):
+    flat = flatten_inputs(args, kwargs)
+
+    def eager(leaves):
+        a, k = flat.rebuild(leaves)
+        with torch.no_grad():
+            return model(*a, **k)
+
+    return flat, eager
+
+
+def ulps_off(out: torch.Tensor, ulps: float) -> torch.Tensor:
+    return out + out.abs().max() * ulps * EPS32
+
+
+@torch.no_grad()
+def test_graph_equal_to_eager_is_bit_identical() -> None:
+    model = small_model()
+    flat, eager = setup(model, torch.randn(3, 8))
+    graph = FakeGraph(eager)
+    report = verify(graph, model, flat)
+    assert report.status == BIT_IDENTICAL and report.passed
+    assert report.probes_differ and report.detail == ""
+    assert report.as_dict()["status"] == BIT_IDENTICAL
+    # the graph was fed the two probes, not the example
+    probes = make_probes(flat.leaves)
+    assert len(graph.seen) == 2 and identical(graph.seen, list(probes))
+
+
+@torch.no_grad()
+def test_verify_accepts_keyword_and_scalar_inputs() -> None:
+    class Scaled(nn.Module):
+        def forward(self, x: torch.Tensor, *, scale: float, bias: torch.Tensor) -> torch.Tensor:
+            return x * scale + bias
+
+    model = Scaled()
+    flat, eager = setup(model, torch.randn(2, 3), scale=2.5, bias=torch.randn(3))
+    report = verify(FakeGraph(eager), model, flat)
+    assert report.status == BIT_IDENTICAL and report.passed
+
+
+@torch.no_grad()
+def test_stale_graph_fails() -> None:
+    model = small_model()
+    x = torch.randn(3, 8)
+    flat, _ = setup(model, x)
+    frozen = model(x)
+    report = verify(FakeGraph(lambda leaves: frozen.clone()), model, flat)
+    assert report.status == FAILED and not report.passed
+    assert not report.probes_differ
+    assert "stale" in report.detail
+
+
+@torch.no_grad()
+def test_input_independent_output_is_not_called_stale() -> None:
+    class Const(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("c", torch.arange(4.0))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.c * 2
+
+    model = Const()
+    flat, eager = setup(model, torch.randn(4))
+    report = verify(FakeGraph(eager), model, flat)
+    assert report.status == BIT_IDENTICAL and report.passed
+    assert "do not depend on the inputs" in report.detail
+
+
+@torch.no_grad()
+def test_unexplained_difference_fails(no_cuda_stream) -> None:
+    model = small_model()
+    flat, eager = setup(model, torch.randn(3, 8))
+    graph = FakeGraph(lambda leaves: ulps_off(eager(leaves), 2))
+    report = verify(graph, model, flat)
+    assert report.status == FAILED and not report.passed
+    assert "eager is deterministic" in report.detail and "no capture-dependent branch" in report.detail
+    # the measured size is the size of the difference on the probes
+    probes = make_probes(flat.leaves)
+    expected = max(
+        (difference(eager(p), ulps_off(eager(p), 2), 64) for p in probes),
+        key=lambda d: d[0] - d[2],
+    )
+    assert (report.max_abs, report.max_rel, report.bound) == pytest.approx(expected)
+    assert 0 < report.max_abs <= report.bound  # small, and still refused: nothing explains it
+
+
+@torch.no_grad()
+def test_capture_branch_explains_a_small_difference(no_cuda_stream) -> None:
+    model = small_model()
+    flat, eager = setup(model, torch.randn(3, 8))
+
+    def graph() -> FakeGraph:
+        return FakeGraph(lambda leaves: ulps_off(eager(leaves), 2))
+
+    report = verify(graph(), model, flat, branches=["lib.py:1"])
+    assert report.status == CAPTURE_PATH and report.passed
+    assert report.branches == ["lib.py:1"]
+    assert "branches on is_current_stream_capturing()" in report.detail
+    assert 0 < report.max_abs <= report.bound
+
+    strict = verify(graph(), model, flat, mode="strict", branches=["lib.py:1"])
+    assert strict.status == CAPTURE_PATH and not strict.passed
+    assert "verify='strict' demands bit identity" in strict.detail
+
+    tight = verify(graph(), model, flat, tolerance_ulps=0.5, branches=["lib.py:1"])
+    assert tight.status == CAPTURE_PATH and not tight.passed
+    assert "exceeds the rounding bound" in tight.detail
+    assert tight.max_abs > tight.bound
+
+
+@torch.no_grad()
+def test_capture_branch_beyond_the_bound_fails(no_cuda_stream) -> None:
+    model = small_model()
+    flat, eager = setup(model, torch.randn(3, 8))
+    graph = FakeGraph(lambda leaves: ulps_off(eager(leaves), 1000))
+    report = verify(graph, model, flat, branches=["lib.py:1"])
+    assert report.status == CAPTURE_PATH and not report.passed
+    assert report.max_abs > report.bound
+    assert "exceeds the rounding bound" in report.detail
+
+
+class CaptureAware(nn.Module):
+    """Takes a slightly different path while a stream is capturing, like transformers' SDPA mask check."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.cuda.is_current_stream_capturing():
+            return (x * 3) / 3
+        return x * 1.0
+
+
+@torch.no_grad()
+def test_forced_capture_path_reproducing_the_graph_is_named(no_cuda_stream, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without a usable GPU the real query may raise; eager outside a capture is told "not capturing".
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    model = CaptureAware()
+    flat, eager = setup(model, torch.randn(1000))
+
+    def replay(leaves):
+        with pretend_capturing():
+            return eager(leaves)
+
+    assert not identical(eager(flat.leaves), replay(flat.leaves))  # the two paths really differ
+    report = verify(FakeGraph(replay), model, flat)
+    assert report.status == CAPTURE_PATH and report.passed
+    assert report.branches == []
+    assert "eager forced onto the capture path reproduces the graph bit for bit" in report.detail
+
+
+class Noisy(nn.Module):
+    def __init__(self, amount: float) -> None:
+        super().__init__()
+        self.amount = amount
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.rand_like(x) * self.amount * x.abs().max()
+
+
+@torch.no_grad()
+def test_eager_noise_within_the_bound_passes(no_cuda_stream) -> None:
+    model = Noisy(4 * EPS32)
+    flat, eager = setup(model, torch.randn(256))
+    report = verify(FakeGraph(eager), model, flat)
+    assert report.status == EAGER_NOISE and report.passed
+    assert "eager run twice" in report.detail
+    assert 0 < report.max_abs <= report.bound
+
+    strict = verify(FakeGraph(eager), model, flat, mode="strict")
+    assert strict.status == EAGER_NOISE and not strict.passed
+
+
+@torch.no_grad()
+def test_eager_noise_beyond_the_bound_fails(no_cuda_stream) -> None:
+    model = Noisy(1e-2)
+    flat, eager = setup(model, torch.randn(256))
+    report = verify(FakeGraph(eager), model, flat)
+    assert report.status == EAGER_NOISE and not report.passed
+    assert "exceeds the rounding bound" in report.detail
+
+
+@torch.no_grad()
+def test_verify_does_not_touch_the_example_inputs() -> None:
+    model = small_model()
+    x = torch.randn(3, 8)
+    before = x.clone()
+    flat, eager = setup(model, x)
+    verify(FakeGraph(eager), model, flat)
+    assert flat.leaves[0] is x and identical(x, before)
+
+
+def test_status_names_are_the_public_strings() -> None:
+    # graph_info()["graphs"][i]["verification"]["status"] and the demo compare against these strings
+    assert {BIT_IDENTICAL, EAGER_NOISE, CAPTURE_PATH, FAILED} == {
+        "bit-identical",
+        "eager-noise",
+        "capture-path",
+        "failed",
+    }
