@@ -30,6 +30,7 @@ log = logging.getLogger("launchless")
 _MODES = (False, True, "auto")
 _VERIFY = ("on", "strict", "off")
 _OUTPUTS = ("clone", "static")
+_ADDRESS_CHECKS = ("events", "full")
 _MAX_TRACKED = 4096
 _RUNTIME_STATE = frozenset(
     {
@@ -58,6 +59,7 @@ def _check_options(
     verify_mode: str,
     outputs: str,
     tolerance_ulps: float,
+    address_check: str,
 ) -> None:
     if not any(cuda_graph is m or (isinstance(m, str) and cuda_graph == m) for m in _MODES):
         raise ConfigError(
@@ -83,6 +85,11 @@ def _check_options(
         )
     if isinstance(tolerance_ulps, bool) or not isinstance(tolerance_ulps, (int, float)) or not tolerance_ulps >= 0:
         raise ConfigError(f"tolerance_ulps={tolerance_ulps!r} is not accepted; pass a number >= 0")
+    if address_check not in _ADDRESS_CHECKS:
+        raise ConfigError(
+            f"address_check={address_check!r} is not accepted; use 'events' (relocation events plus a spot check "
+            "of 8 tensors per call) or 'full' (every parameter and buffer on every call)"
+        )
 
 
 class GraphedModule(torch.nn.Module):
@@ -99,13 +106,15 @@ class GraphedModule(torch.nn.Module):
         verify: str = "on",
         tolerance_ulps: float = 64.0,
         outputs: str = "clone",
+        address_check: str = "events",
     ) -> None:
-        _check_options(cuda_graph, auto_after, max_graphs, warmup, verify, outputs, tolerance_ulps)
+        _check_options(cuda_graph, auto_after, max_graphs, warmup, verify, outputs, tolerance_ulps, address_check)
         super().__init__()
         self.model = model
         self.cuda_graph = cuda_graph
         self.auto_after, self.max_graphs, self.warmup = auto_after, max_graphs, warmup
         self.verify_mode, self.tolerance_ulps, self.outputs = verify, tolerance_ulps, outputs
+        self.address_check = address_check
         state_keys.install(self)
         self._init_runtime()
 
@@ -117,7 +126,7 @@ class GraphedModule(torch.nn.Module):
         self._refused: OrderedDict[Signature, tuple[dict, Exception]] = OrderedDict()
         self._logged: set[str] = set()
         self._eager_reasons: dict[str, int] = {}
-        self._watch = RelocationWatch(self.model)
+        self._watch = RelocationWatch(self.model, full=self.address_check == "full")
         self._pool: Any = None
         self._pools: list[Any] = []  # every pool holding this model's graphs (a failed capture retires one)
         self._lock = threading.RLock()
@@ -406,7 +415,18 @@ def _any_requires_grad(leaves: list) -> bool:
 
 
 def wrap(model: torch.nn.Module, cuda_graph: bool | str = "auto", **options: Any) -> GraphedModule:
-    """Wrap ``model`` so inference replays verified CUDA graphs. See GraphedModule for the options."""
+    """Wrap ``model`` so inference replays verified CUDA graphs, one per input signature.
+
+    cuda_graph: False (eager), True (capture at first sight; raise if the forward cannot be captured)
+        or "auto" (capture once a signature repeats; otherwise eager with one log line).
+    auto_after=3: calls of one signature before "auto" captures it.
+    max_graphs=8: graphs kept; least recently used evicted (one warning line).
+    warmup=3: eager runs on the capture stream before capturing.
+    verify="on" | "strict" | "off": prove each graph against eager on two probes before use.
+    tolerance_ulps=64: rounding bound for named eager-noise / capture-path differences.
+    outputs="clone" | "static": copies, or the graph's own buffers (overwritten by the next replay).
+    address_check="events" | "full": how parameter relocation is noticed (see launchless.relocation).
+    """
     if isinstance(model, GraphedModule):
         raise ConfigError("this model is already wrapped by launchless; use its .model to wrap again")
     if not isinstance(model, torch.nn.Module):

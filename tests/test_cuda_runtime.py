@@ -405,3 +405,49 @@ def test_torchvision_detector_error_names_the_copy_in_torchvision() -> None:
     assert "torchvision" in info.value.source and "FasterRCNN.forward" in str(info.value)
     with torch.no_grad():  # eager still works afterwards
         assert isinstance(w.model(*w.args, **w.kwargs), list)
+
+
+class NestedOutputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> dict:
+        y = self.lin(x)
+        return {"y": y, "more": [(y + 1,), {"z": y * 2}]}
+
+
+def test_nested_outputs_survive_the_next_replay() -> None:
+    model = NestedOutputs().cuda().eval()
+    m = ll.wrap(model, cuda_graph=True)
+    a, b = torch.randn(2, 8, device="cuda"), torch.randn(2, 8, device="cuda")
+    with torch.no_grad():
+        ya = m(a)
+        yb = m(b)
+        assert identical(ya, model(a)) and identical(yb, model(b))
+    assert m.graph_info()["graphs"][0]["verification"]["status"] == BIT_IDENTICAL
+
+
+class TakesAList(Mlp):
+    def forward(self, xs: list[torch.Tensor]) -> torch.Tensor:
+        return self.net(xs[0])
+
+
+def test_nested_input_requiring_grad_runs_eager() -> None:
+    model = TakesAList().cuda().eval().requires_grad_(False)
+    m = ll.wrap(model, cuda_graph=True)
+    x = torch.randn(2, 64, device="cuda", requires_grad=True)
+    y = m([x])
+    y.sum().backward()
+    assert x.grad is not None and m.graph_info()["graphs"] == []
+
+
+def test_full_address_check_sees_a_single_data_swap() -> None:
+    model = Mlp().cuda().eval()
+    m = ll.wrap(model, cuda_graph=True, address_check="full")
+    x = torch.randn(4, 64, device="cuda")
+    with torch.no_grad():
+        m(x)
+        model.net[0].bias.data = torch.randn(64, device="cuda")
+        assert identical(m(x), model(x))
+    assert m.graph_info()["invalidations"] == 1
