@@ -131,6 +131,7 @@ class CapturedGraph:
         pool_growth: int,
     ) -> None:
         self.graph = graph
+        self.device_index = torch.cuda.current_device()  # constructed under the capture's device guard
         self.static_leaves = static_leaves
         self.tensor_slots = tensor_slots
         self.slot_buffers = [(i, static_leaves[i]) for i in tensor_slots]

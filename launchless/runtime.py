@@ -167,9 +167,10 @@ class GraphedModule(torch.nn.Module):
 
     # ---- the call -----------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        model = self._modules["model"]  # not self.model: nn.Module.__getattr__ is slow on the replay path
         if self.cuda_graph is False:
-            return self.model(*args, **kwargs)
-        if self.model.training:
+            return model(*args, **kwargs)
+        if model.training:
             return self._eager(
                 "model is in training mode; call .eval() to replay graphs (wrap() captures inference only)",
                 args,
@@ -196,9 +197,9 @@ class GraphedModule(torch.nn.Module):
         if refused is not None:
             if self.cuda_graph is True:
                 raise refused[1]
-            return self.model(*args, **kwargs)
+            return model(*args, **kwargs)
         if self.cuda_graph == "auto" and self._count(sig) < self.auto_after:
-            return self.model(*args, **kwargs)
+            return model(*args, **kwargs)
         return self._capture_and_run(sig, flat, explicit=False)
 
     def _replay(self, sig: Signature, graph: _capture.CapturedGraph, leaves: list) -> Any:
@@ -211,9 +212,9 @@ class GraphedModule(torch.nn.Module):
 
     def _order_streams(self, graph: _capture.CapturedGraph) -> None:
         """Static buffers are shared: a replay on another stream must wait for the previous one."""
-        raw = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+        raw = torch._C._cuda_getCurrentRawStream(graph.device_index)
         if self._last_stream is None or self._last_stream[0] != raw:
-            current = torch.cuda.current_stream()
+            current = torch.cuda.current_stream(graph.device_index)
             if self._last_stream is not None:
                 current.wait_stream(self._last_stream[1])
             self._last_stream = (raw, current)

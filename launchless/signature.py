@@ -42,7 +42,7 @@ class Signature(NamedTuple):
     context: tuple
 
     def describe(self) -> str:
-        parts = [str(leaf) if isinstance(leaf, TensorSpec) else _describe_value(leaf) for leaf in self.leaves]
+        parts = [_describe_value(leaf) if leaf[0] == "value" else str(TensorSpec(*leaf)) for leaf in self.leaves]
         ctx = f", autocast={self.context[1]}" if self.context[0] else ""
         return f"({', '.join(parts)}{ctx})"
 
@@ -96,8 +96,9 @@ def tensor_spec(t: Tensor) -> TensorSpec:
 
 
 def _leaf_key(leaf: Any) -> Any:
+    """A plain tuple (the same fields as TensorSpec: building a NamedTuple per call costs more)."""
     if isinstance(leaf, Tensor):
-        return tensor_spec(leaf)
+        return (leaf.shape, leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad)
     try:
         hash(leaf)
     except TypeError as exc:
