@@ -129,9 +129,10 @@ class CapturedGraph:
         outputs: Any,
         capture_ms: float,
         pool_growth: int,
+        device_index: int = 0,  # the capture device: replays on another stream are ordered there
     ) -> None:
         self.graph = graph
-        self.device_index = torch.cuda.current_device()  # constructed under the capture's device guard
+        self.device_index = device_index
         self.static_leaves = static_leaves
         self.tensor_slots = tensor_slots
         self.slot_buffers = [(i, static_leaves[i]) for i in tensor_slots]
@@ -229,9 +230,8 @@ def capture(
         caller.wait_stream(stream)
         capture_ms = (time.perf_counter() - start) * 1e3
         _check_outputs(outputs)
-        return CapturedGraph(
-            graph, static_leaves, slots, outputs, capture_ms, torch.cuda.memory_reserved(device) - reserved
-        )
+        growth = torch.cuda.memory_reserved(device) - reserved
+        return CapturedGraph(graph, static_leaves, slots, outputs, capture_ms, growth, torch.cuda.current_device())
 
 
 def _abandon(
