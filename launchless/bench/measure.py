@@ -1,0 +1,105 @@
+"""Measure one (workload, mode) pair in this process and return its report row.
+
+Per pair: first-call latency (capture or compile plus the first run), the median and min per-call
+time with CUDA events after warm-up, peak GPU memory, the kernel floor (summed GPU time of the
+kernels, copies and memsets one call launches, from ``torch.profiler``) and correctness against eager
+on the same weights and inputs: bit-identical, or the measured maximum difference.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from .. import zoo
+from ..timing import cuda_time
+from ..verify import difference, identical
+from . import modes
+from .workloads import BenchWorkload
+
+PROFILE_CALLS = 10
+
+
+def kernel_floor_ms(call: Any, calls: int = PROFILE_CALLS) -> float | None:
+    """Summed device time per call of everything ``call`` runs on the GPU; None if the profiler saw none."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    total_us = sum(e.device_time_total for e in prof.events() if e.device_type == DeviceType.CUDA)
+    return total_us / 1e3 / calls if total_us > 0 else None
+
+
+def _labels(w: BenchWorkload, built: zoo.Workload) -> tuple[torch.Tensor, torch.Tensor]:
+    (x,) = built.args
+    generator = torch.Generator(device="cpu").manual_seed(1)
+    return x, torch.randint(0, 1000, (x.shape[0],), generator=generator).to(x.device)
+
+
+def _build(w: BenchWorkload) -> zoo.Workload:
+    built = zoo.build(w.zoo, batch=w.batch, device="cuda")
+    if w.kind == "training":
+        built.model.train()
+    return built
+
+
+def _compare(reference: Any, output: Any) -> dict:
+    if identical(reference, output):
+        return {"status": "bit-identical", "max_abs_diff": 0.0}
+    return {"status": "differs", "max_abs_diff": difference(reference, output, 0.0)[0]}
+
+
+def _eager_training_loss(w: BenchWorkload, steps: int) -> torch.Tensor:
+    """The loss eager reaches after ``steps`` steps from the same seed-built state on the same batch."""
+    built = _build(w)
+    x, y = _labels(w, built)
+    step = modes.train_step(built.model, modes.optimizer(built.model, w.optimizer))
+    for _ in range(steps):
+        loss = step(x, y)
+    return loss.detach().clone()
+
+
+def _clone(tree: Any) -> Any:
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, tree)
+
+
+def measure(w: BenchWorkload, mode: str, iters: int) -> dict:
+    """The report row for one pair; raises ModeUnavailable when the mode cannot run the workload."""
+    built = _build(w)
+    row: dict = {"workload": w.name, "mode": mode, "kind": w.kind, "status": "ok", "reason": None}
+    grad = torch.enable_grad() if w.kind == "training" else torch.no_grad()
+    with grad:
+        if w.kind == "inference":
+            args, kwargs = built.args, built.kwargs
+            reference = _clone(built.model(*args, **kwargs))
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        if w.kind == "inference":
+            prepared = modes.inference(mode, built.model, args, kwargs)
+        else:
+            x, y = _labels(w, built)
+            prepared = modes.training(mode, built.model, modes.optimizer(built.model, w.optimizer), x, y)
+        prepared.call()
+        torch.cuda.synchronize()
+        row["first_call_ms"] = (time.perf_counter() - start) * 1e3
+        output = _clone(prepared.call())
+        timing = cuda_time(prepared.call, warmup=5, iters=iters)
+        row.update(median_ms=timing.median_ms, min_ms=timing.min_ms, calls=timing.calls)
+        row["peak_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        row["kernel_floor_ms"] = kernel_floor_ms(prepared.call)
+    if w.kind == "inference":
+        row["correctness"] = (
+            {"status": "reference", "max_abs_diff": 0.0} if mode == "eager" else _compare(reference, output)
+        )
+    else:
+        row["correctness"] = _compare(_eager_training_loss(w, prepared.steps_in_prepare + 2), output)
+    return row

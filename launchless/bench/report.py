@@ -1,0 +1,393 @@
+"""Outputs of `launchless bench`: JSON (the record), Markdown (for the README / issues), a rich table
+(for the terminal) and a PNG chart, all from the same rows so the numbers can never disagree.
+
+A row is one (workload, mode) result from its own subprocess::
+
+    {"workload": str, "mode": str, "kind": "inference" | "training",
+     "status": "ok" | "skipped" | "error", "reason": str | None,
+     "median_ms", "min_ms", "first_call_ms", "peak_mem_mb", "kernel_floor_ms": float | None,
+     "calls": int | None,
+     "correctness": {"status": "bit-identical" | "differs" | "reference" | "n/a", "max_abs_diff": float | None},
+     "wall_s": float}
+
+Columns follow the order modes first appear in the rows; rows follow the order workloads first appear.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from launchless.bench import stats
+
+Row = Mapping[str, Any]
+
+_MISSING = "—"
+_ENV_FIELDS = (("date", None), ("gpu", "GPU"), ("driver", "driver"), ("torch", "torch"), ("triton", "triton"))
+
+
+# --- formatting -----------------------------------------------------------------------------------------------
+
+
+def _ms(value: float | None) -> str:
+    """Milliseconds with about three significant digits, never in exponent form."""
+    if value is None or not math.isfinite(value):
+        return _MISSING
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    if value >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def _x(value: float | None) -> str:
+    return _MISSING if value is None else f"{value:.2f}×"
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split()) if text is not None else "no reason given"
+
+
+def _cell(text: str) -> str:
+    """Markdown table cells cannot hold a pipe or a newline."""
+    return _one_line(text).replace("|", "\\|")
+
+
+def _env(environment: Mapping[str, Any], key: str) -> str:
+    value = environment.get(key)
+    return "n/a" if value in (None, "") else str(value)
+
+
+def header_line(environment: Mapping[str, Any]) -> str:
+    """Date, GPU, driver and versions on one line: every number is meaningless without them."""
+    parts = [_env(environment, "date")]
+    parts += [f"{label} {_env(environment, key)}" for key, label in _ENV_FIELDS[1:]]
+    parts.append(f"CUDA {_env(environment, 'cuda')}")
+    return " · ".join(parts)
+
+
+def _correctness_mark(row: Row) -> str | None:
+    """`=` bit-identical, `≠ 2.1e-06` differs by at most that much, `n/a` not compared; None for the reference."""
+    corr = row.get("correctness") or {}
+    status = corr.get("status")
+    if status == "reference":
+        return None
+    if status == "bit-identical":
+        return "="
+    if status == "differs":
+        diff = corr.get("max_abs_diff")
+        return "≠" if diff is None else f"≠ {diff:.1e}"
+    return "n/a"
+
+
+def _correctness_summary(workload: str, modes: Sequence[str], by_key: Mapping[tuple[str, str], Row]) -> str:
+    marks = []
+    for mode in modes:
+        row = by_key.get((workload, mode))
+        if row is None or row.get("status") != "ok":
+            continue
+        mark = _correctness_mark(row)
+        if mark is not None:
+            marks.append((mode, mark))
+    if not marks:
+        return _MISSING
+    if all(mark == "=" for _, mark in marks):
+        return "all ="
+    return ", ".join(f"{mode} {mark}" for mode, mark in marks)
+
+
+def _best_floor(workload: str, modes: Sequence[str], by_key: Mapping[tuple[str, str], Row]) -> tuple[float, str] | None:
+    floors = [(f, m) for m in modes if (f := stats.ok_floor(by_key.get((workload, m)))) is not None]
+    return min(floors, key=lambda fm: fm[0]) if floors else None
+
+
+def _status_word(row: Row | None) -> str | None:
+    """`skipped` / `error` / `—` (never ran) for rows without a usable median, None for a usable row."""
+    if row is None:
+        return _MISSING
+    if row.get("status") in ("skipped", "error"):
+        return str(row["status"])
+    return _MISSING if stats.ok_median(row) is None else None
+
+
+class _View:
+    """The rows digested once: orders, lookup, speed-ups and summary shared by every output."""
+
+    def __init__(self, rows: Sequence[Row]) -> None:
+        self.rows = list(rows)
+        self.modes = stats.ordered_modes(self.rows)
+        self.workloads = stats.ordered_workloads(self.rows)
+        self.by_key = stats.index(self.rows)
+        self.vs_eager = stats.speedups(self.rows, stats.EAGER)
+        self.vs_ro = stats.speedups(self.rows, stats.REDUCE_OVERHEAD)
+        self.floor_ratios = stats.floor_ratios(self.rows)
+        self.summary = stats.summary(self.rows)
+
+    def kind(self, workload: str) -> str:
+        for mode in self.modes:
+            row = self.by_key.get((workload, mode))
+            if row is not None and row.get("kind"):
+                return str(row["kind"])
+        return _MISSING
+
+    def speedup(self, workload: str, mode: str) -> float | None:
+        return self.vs_eager.get(mode, {}).get(workload)
+
+    def eager_floor(self, workload: str) -> float | None:
+        return stats.ok_floor(self.by_key.get((workload, stats.EAGER)))
+
+    def problems(self) -> list[Row]:
+        return [r for r in self.by_key.values() if r.get("status") != "ok"]
+
+    def summary_items(self) -> list[tuple[str, str]]:
+        """(mode, "1.52× vs eager (3), ...") per mode, counts = workloads the mean covers."""
+        items = []
+        for mode in self.modes:
+            parts = []
+            for key, table, baseline in (
+                ("geomean_vs_eager", self.vs_eager, stats.EAGER),
+                ("geomean_vs_reduce_overhead", self.vs_ro, stats.REDUCE_OVERHEAD),
+            ):
+                if mode != baseline and mode in self.summary[key]:
+                    parts.append(f"{_x(self.summary[key][mode])} vs {baseline} ({len(table[mode])})")
+            if mode in self.summary["floor_ratio"]:
+                n = len(self.floor_ratios[mode])
+                parts.append(f"median {_x(self.summary['floor_ratio'][mode])} its kernel floor ({n})")
+            if parts:
+                items.append((mode, ", ".join(parts)))
+        return items
+
+
+# --- JSON -----------------------------------------------------------------------------------------------------
+
+
+def write_json(path: str | Path, environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) -> None:
+    """The full record: environment, suite, every row as measured, and the summary derived from them."""
+    doc = {
+        "environment": dict(environment),
+        "suite": suite,
+        "rows": [dict(r) for r in rows],
+        "summary": stats.summary(rows),
+    }
+    Path(path).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+
+
+# --- Markdown -------------------------------------------------------------------------------------------------
+
+
+def _md_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(_cell(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in body]
+    return lines
+
+
+def _latency_cell(view: _View, workload: str, mode: str) -> str:
+    row = view.by_key.get((workload, mode))
+    word = _status_word(row)
+    if word is not None:
+        return word
+    text = _ms(stats.ok_median(row))
+    speedup = view.speedup(workload, mode)
+    return text if speedup is None else f"{text} ({_x(speedup)})"
+
+
+def _first_call_cell(view: _View, workload: str, mode: str) -> str:
+    row = view.by_key.get((workload, mode))
+    word = _status_word(row)
+    if word is not None:
+        return word
+    assert row is not None
+    mem = row.get("peak_mem_mb")
+    mem_text = _MISSING if mem is None else f"{mem:.0f}"
+    return f"{_ms(row.get('first_call_ms'))} ms / {mem_text} MB"
+
+
+def markdown(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) -> str:
+    """The report as Markdown: latency table, first-call/memory table, geomean summary, skips and errors."""
+    view = _View(rows)
+    lines = [f"# launchless bench: {suite}", "", header_line(environment), ""]
+
+    header = ["workload", "kind", *(f"{m} ms (× eager)" for m in view.modes)]
+    header += ["eager floor ms", "best floor ms", "correctness"]
+    body = []
+    for w in view.workloads:
+        best = _best_floor(w, view.modes, view.by_key)
+        body.append(
+            [
+                f"`{w}`",
+                view.kind(w),
+                *(_latency_cell(view, w, m) for m in view.modes),
+                _ms(view.eager_floor(w)),
+                _MISSING if best is None else f"{_ms(best[0])} ({best[1]})",
+                _correctness_summary(w, view.modes, view.by_key),
+            ]
+        )
+    lines += _md_table(header, body)
+    lines += [
+        "",
+        "Median ms per call (speed-up over eager, above 1 is faster). Floor: summed GPU kernel time per call "
+        "(torch.profiler), the launch-free limit. Correctness against the reference: `=` bit-identical, "
+        "`≠ d` differs by at most d, `n/a` not compared.",
+        "",
+        "## First call and peak memory",
+        "",
+        "First call includes capture or compilation.",
+        "",
+    ]
+    lines += _md_table(
+        ["workload", *(f"{m} first ms / peak MB" for m in view.modes)],
+        [[f"`{w}`", *(_first_call_cell(view, w, m) for m in view.modes)] for w in view.workloads],
+    )
+
+    lines += ["", "## Summary", "", "Geometric means over the workloads where both modes ran (count in brackets).", ""]
+    items = view.summary_items()
+    lines += [f"- **{mode}**: {text}" for mode, text in items] or ["- no mode has a baseline to compare with"]
+
+    lines += ["", "## Skipped and failed", ""]
+    problems = view.problems()
+    lines += [
+        f"- `{r['workload']}` · {r['mode']} · {r.get('status')}: {_one_line(r.get('reason'))}" for r in problems
+    ] or ["- none: every listed workload ran in every listed mode"]
+    return "\n".join(lines) + "\n"
+
+
+# --- rich -----------------------------------------------------------------------------------------------------
+
+
+def _rich_latency(view: _View, workload: str, mode: str) -> Text:
+    row = view.by_key.get((workload, mode))
+    word = _status_word(row)
+    if word is not None:
+        return Text(word, style={"error": "bold red", "skipped": "yellow"}.get(word, "dim"))
+    text = Text(_ms(stats.ok_median(row)))
+    speedup = view.speedup(workload, mode)
+    if speedup is not None:
+        text.append(f" ({_x(speedup)})", style="green" if speedup >= 1.0 else "red")
+    return text
+
+
+def rich_table(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) -> Table:
+    """The latency table for the terminal; speed-ups green at or above eager, red below."""
+    view = _View(rows)
+    caption = [header_line(environment)]
+    caption += [f"{mode}: {text}" for mode, text in view.summary_items()]
+    caption += [f"{r['workload']} · {r['mode']} · {r.get('status')}: {_one_line(r.get('reason'))}" for r in view.problems()]
+    table = Table(title=f"launchless bench: {suite}", caption="\n".join(caption), caption_justify="left")
+    table.add_column("workload", no_wrap=True)
+    table.add_column("kind")
+    for mode in view.modes:
+        table.add_column(f"{mode}\nms (× eager)", justify="right")
+    table.add_column("eager floor ms", justify="right")
+    table.add_column("best floor ms", justify="right")
+    table.add_column("correctness")
+    for w in view.workloads:
+        best = _best_floor(w, view.modes, view.by_key)
+        table.add_row(
+            w,
+            view.kind(w),
+            *(_rich_latency(view, w, m) for m in view.modes),
+            _ms(view.eager_floor(w)),
+            _MISSING if best is None else f"{_ms(best[0])} ({best[1]})",
+            _correctness_summary(w, view.modes, view.by_key),
+        )
+    return table
+
+
+# --- chart ----------------------------------------------------------------------------------------------------
+
+
+def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any]) -> None:
+    """Grouped bars of speed-up over eager (log scale), one group per workload, with the launch-free limit.
+
+    Bars grow up or down from the eager line at 1×, so a slowdown points down. The black tick per workload is
+    eager median / eager kernel floor: the speed-up a mode would reach if launches cost nothing. A mode
+    missing on a workload leaves a gap in its slot, never a shifted bar.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: only `bench` needs matplotlib
+    from matplotlib.figure import Figure
+
+    view = _View(rows)
+    modes = [m for m in view.modes if m != stats.EAGER and m in view.vs_eager]
+    workloads = [w for w in view.workloads if any(w in view.vs_eager[m] for m in modes) or view.eager_floor(w)]
+
+    fig = Figure(figsize=(max(6.0, 1.1 * len(workloads) * max(1, len(modes)) ** 0.5 + 2.5), 4.8), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    title = f"launchless bench: speed-up over eager\n{_env(environment, 'gpu')} · {_env(environment, 'date')}"
+    ax.set_title(title, fontsize=10)
+    if not workloads:
+        ax.text(0.5, 0.5, "no workload has both eager and another mode", ha="center", va="center")
+        ax.set_axis_off()
+        fig.savefig(path, format="png")
+        return
+
+    group = 0.8
+    width = group / max(1, len(modes))
+    cmap = fig.colorbar if False else None  # noqa: F841 - keep colours from the default cycle
+    colours = [f"C{i % 10}" for i in range(len(modes))]
+    values: list[float] = [1.0]
+    for i, mode in enumerate(modes):
+        xs, heights = [], []
+        for j, w in enumerate(workloads):
+            s = view.vs_eager[mode].get(w)
+            if s is not None:
+                xs.append(j - group / 2 + (i + 0.5) * width)
+                heights.append(s)
+        if not xs:
+            continue
+        values += heights
+        bars = ax.bar(xs, [h - 1.0 for h in heights], width=width, bottom=1.0, color=colours[i], label=mode)
+        for bar, h in zip(bars, heights, strict=True):
+            ax.annotate(
+                f"{h:.2f}",
+                (bar.get_x() + bar.get_width() / 2, h),
+                xytext=(0, 2 if h >= 1 else -2),
+                textcoords="offset points",
+                ha="center",
+                va="bottom" if h >= 1 else "top",
+                fontsize=6,
+            )
+    limit_label = "launch-free limit (eager / kernel floor)"
+    for j, w in enumerate(workloads):
+        floor = view.eager_floor(w)
+        eager = stats.ok_median(view.by_key.get((w, stats.EAGER)))
+        if floor is None or eager is None:
+            continue
+        limit = eager / floor
+        values.append(limit)
+        ax.hlines(limit, j - group / 2, j + group / 2, colors="black", linewidth=2, label=limit_label)
+        limit_label = "_nolegend_"
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+
+    ax.set_yscale("log")
+    low, high = min(values), max(values)
+    ax.set_ylim(low / 1.6, high * 1.6)
+    ax.set_ylabel("speed-up over eager (×, log scale)")
+    ax.set_xticks(range(len(workloads)))
+    ax.set_xticklabels(workloads, rotation=20 if len(workloads) > 4 else 0, ha="right" if len(workloads) > 4 else "center")
+    ax.set_xlim(-0.6, len(workloads) - 0.4)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+
+
+# --- all outputs ----------------------------------------------------------------------------------------------
+
+
+def write_all(out_dir: str | Path, environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) -> dict[str, Path]:
+    """bench.json, bench.md and bench.png in ``out_dir`` (created if needed); returns {"json", "md", "png"}: path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "bench.json", "md": out / "bench.md", "png": out / "bench.png"}
+    write_json(paths["json"], environment, suite, rows)
+    paths["md"].write_text(markdown(environment, suite, rows), encoding="utf-8")
+    chart(paths["png"], rows, environment)
+    return paths

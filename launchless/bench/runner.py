@@ -1,0 +1,99 @@
+"""Run the suite: one worker process per mode, a progress bar, then the table, JSON, markdown and chart."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+
+from ..environment import describe
+from . import report
+from .worker import empty_row
+
+POLL_S = 0.2
+
+
+def _read_rows(path: Path, seen: int) -> list[dict]:
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    return [json.loads(line) for line in lines[seen:] if line.strip()]
+
+
+WORKER = [sys.executable, "-m", "launchless.bench.worker"]
+
+
+def run_mode(
+    mode: str,
+    names: list[str],
+    iters: int,
+    timeout_s: float,
+    out: Path,
+    advance=lambda: None,
+    worker: list[str] = WORKER,
+) -> list[dict]:
+    """Measure ``names`` under ``mode``; a worker that hangs or dies costs only the workload it was on."""
+    rows: list[dict] = []
+    remaining = list(names)
+    while remaining:
+        jsonl = out / f"rows-{mode}-{len(rows)}.jsonl"
+        log = (out / f"worker-{mode}.log").open("a")
+        cmd = [
+            sys.executable,
+            "-m",
+            "launchless.bench.worker",
+            "--mode",
+            mode,
+            "--iters",
+            str(iters),
+            "--out",
+            str(jsonl),
+            "--workloads",
+            *remaining,
+        ]
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        started, done = time.monotonic(), 0
+        while remaining:
+            new = _read_rows(jsonl, done)
+            for row in new:
+                rows.append(row)
+                remaining.remove(row["workload"])
+                advance()
+            done += len(new)
+            if new:
+                started = time.monotonic()
+            elif proc.poll() is not None and not _read_rows(jsonl, done):
+                rows.append(empty_row(remaining.pop(0), mode, "error", f"worker exited with code {proc.returncode}"))
+                advance()
+                break
+            elif time.monotonic() - started > timeout_s:
+                proc.kill()
+                rows.append(empty_row(remaining.pop(0), mode, "error", f"timed out after {timeout_s:.0f} s"))
+                advance()
+                break
+            time.sleep(POLL_S)
+        proc.wait()
+        log.close()
+    return rows
+
+
+def run_suite(suite: str, names: list[str], modes: list[str], out_dir: str, iters: int, timeout_s: float) -> int:
+    console = Console()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    environment = describe()
+    rows: list[dict] = []
+    with Progress(console=console) as progress:
+        task = progress.add_task("benchmarking", total=len(names) * len(modes))
+        for mode in modes:
+            progress.update(task, description=f"mode {mode}")
+            rows += run_mode(mode, names, iters, timeout_s, out, lambda: progress.advance(task))
+    paths = report.write_all(out, environment, suite, rows)
+    console.print(report.rich_table(environment, suite, rows))
+    console.print("written: " + ", ".join(str(p) for p in paths.values()))
+    return 0

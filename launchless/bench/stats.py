@@ -1,0 +1,127 @@
+"""Pure numbers for `launchless bench`: speed-ups and their geometric means, computed one way for every output.
+
+Rows are the per-(workload, mode) dicts the bench subprocesses produce (see ``report``). Nothing here imports
+torch, so the report can be rebuilt from a saved ``bench.json`` on any machine.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+
+Row = Mapping[str, object]
+
+EAGER = "eager"
+REDUCE_OVERHEAD = "reduce-overhead"
+
+
+def geomean(values: Iterable[float | None]) -> float | None:
+    """Geometric mean of the positive, finite values; None when there are none.
+
+    Speed-ups are ratios, so they average geometrically (2x and 0.5x cancel). A missing (None) or
+    non-positive value is a workload that did not run, not a zero, so it is left out rather than
+    dragging the mean to 0.
+    """
+    logs = [math.log(v) for v in values if v is not None and math.isfinite(v) and v > 0]
+    if not logs:
+        return None
+    return math.exp(math.fsum(logs) / len(logs))
+
+
+def median_and_min(times_ms: Sequence[float]) -> tuple[float, float]:
+    """Median and minimum of per-call times: the median is the headline, the min shows the noise floor.
+
+    One helper so every mode reports the same statistic (for an even count, the mean of the two middle calls).
+    """
+    if not times_ms:
+        raise ValueError("median_and_min needs at least one time")
+    return float(statistics.median(times_ms)), float(min(times_ms))
+
+
+def ordered_modes(rows: Iterable[Row]) -> list[str]:
+    """Modes in the order they first appear in ``rows``: a stable column order for every table."""
+    return list(dict.fromkeys(str(r["mode"]) for r in rows))
+
+
+def ordered_workloads(rows: Iterable[Row]) -> list[str]:
+    """Workloads in the order they first appear in ``rows``."""
+    return list(dict.fromkeys(str(r["workload"]) for r in rows))
+
+
+def index(rows: Iterable[Row]) -> dict[tuple[str, str], Row]:
+    """Rows by (workload, mode); a repeated pair keeps its last row (a re-run replaces the earlier one)."""
+    return {(str(r["workload"]), str(r["mode"])): r for r in rows}
+
+
+def ok_median(row: Row | None) -> float | None:
+    """The row's median in ms if it ran and produced a usable (positive, finite) median, else None."""
+    if row is None or row.get("status") != "ok":
+        return None
+    median = row.get("median_ms")
+    if not isinstance(median, (int, float)) or not math.isfinite(median) or median <= 0:
+        return None
+    return float(median)
+
+
+def ok_floor(row: Row | None) -> float | None:
+    """The row's kernel floor in ms if it ran and the profiler measured one (positive, finite), else None."""
+    if ok_median(row) is None:
+        return None
+    assert row is not None
+    floor = row.get("kernel_floor_ms")
+    if not isinstance(floor, (int, float)) or not math.isfinite(floor) or floor <= 0:
+        return None
+    return float(floor)
+
+
+def speedups(rows: Sequence[Row], baseline_mode: str) -> dict[str, dict[str, float]]:
+    """{mode: {workload: baseline_median / mode_median}} over workloads where both rows are ``ok``.
+
+    A workload whose baseline did not run has no speed-ups at all (there is nothing to divide by); the
+    baseline mode itself is included (1.0) so a missing baseline is visible as a missing entry.
+    """
+    by_key = index(rows)
+    out: dict[str, dict[str, float]] = {}
+    for mode in ordered_modes(rows):
+        per_workload: dict[str, float] = {}
+        for workload in ordered_workloads(rows):
+            base = ok_median(by_key.get((workload, baseline_mode)))
+            this = ok_median(by_key.get((workload, mode)))
+            if base is not None and this is not None:
+                per_workload[workload] = base / this
+        if per_workload:
+            out[mode] = per_workload
+    return out
+
+
+def floor_ratios(rows: Sequence[Row]) -> dict[str, dict[str, float]]:
+    """{mode: {workload: median / kernel_floor}}: how far each mode is above its own launch-free time.
+
+    Each row is divided by its own floor (compile fuses kernels, so its floor differs from eager's);
+    1.0 means the GPU never waited on the host.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for row in index(rows).values():
+        median, floor = ok_median(row), ok_floor(row)
+        if median is not None and floor is not None:
+            out.setdefault(str(row["mode"]), {})[str(row["workload"])] = median / floor
+    return {mode: out[mode] for mode in ordered_modes(rows) if mode in out}
+
+
+def _geomeans(table: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    means = {mode: geomean(per_workload.values()) for mode, per_workload in table.items()}
+    return {mode: mean for mode, mean in means.items() if mean is not None}
+
+
+def summary(rows: Sequence[Row]) -> dict[str, dict[str, float]]:
+    """Headline numbers: per mode, geomean speed-up vs eager and vs reduce-overhead, and geomean median/floor.
+
+    Each mode's mean covers only the workloads where it and the baseline both ran, so a mode that fails
+    on a workload is not punished (or flattered) by a made-up number there; the report prints the counts.
+    """
+    return {
+        "geomean_vs_eager": _geomeans(speedups(rows, EAGER)),
+        "geomean_vs_reduce_overhead": _geomeans(speedups(rows, REDUCE_OVERHEAD)),
+        "floor_ratio": _geomeans(floor_ratios(rows)),
+    }

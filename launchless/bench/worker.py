@@ -1,0 +1,65 @@
+"""One mode, in its own process: measures the given workloads in turn and writes a JSON line per workload.
+
+The runner starts one worker per mode, so compile caches and allocator state never leak across modes;
+if a worker dies, the runner starts another for the workloads it had not reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+
+import torch
+
+from . import workloads
+from .measure import measure
+from .modes import ModeUnavailable
+
+ROW_KEYS = ("median_ms", "min_ms", "calls", "first_call_ms", "peak_mem_mb", "kernel_floor_ms")
+
+
+def empty_row(name: str, mode: str, status: str, reason: str | None) -> dict:
+    kind = workloads.get(name).kind
+    row = {"workload": name, "mode": mode, "kind": kind, "status": status, "reason": reason}
+    row.update(dict.fromkeys(ROW_KEYS))
+    row["correctness"] = {"status": "n/a", "max_abs_diff": None}
+    return row
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def run(mode: str, names: list[str], iters: int, out: str) -> None:
+    for name in names:
+        start = time.perf_counter()
+        try:
+            row = measure(workloads.get(name), mode, iters)
+        except ModeUnavailable as exc:
+            row = empty_row(name, mode, "skipped", str(exc))
+        except Exception as exc:  # one workload failing must not stop the suite
+            row = empty_row(name, mode, "error", _one_line(exc))
+        row["wall_s"] = time.perf_counter() - start
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        gc.collect()
+        torch.cuda.empty_cache()
+        if mode in ("compile", "reduce-overhead"):
+            torch._dynamo.reset()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", required=True)
+    parser.add_argument("--workloads", nargs="+", required=True)
+    parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--out", required=True)
+    a = parser.parse_args()
+    run(a.mode, a.workloads, a.iters, a.out)
+
+
+if __name__ == "__main__":
+    main()

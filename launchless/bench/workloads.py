@@ -1,0 +1,58 @@
+"""The benchmark's workloads: one small entry each, on top of ``launchless.zoo``.
+
+A training workload runs a whole step -- forward, cross-entropy on random labels, backward,
+optimizer -- on one fixed batch; an inference workload runs the zoo model's forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+QUICK = "quick"
+STANDARD = "standard"
+
+
+@dataclass(frozen=True)
+class BenchWorkload:
+    name: str
+    zoo: str
+    kind: str = "inference"  # "inference" | "training"
+    batch: int = 1
+    optimizer: str = "sgd"  # training only: "sgd" (momentum 0.9) | "adamw"
+    suites: tuple[str, ...] = (STANDARD,)
+
+
+_ALL = [
+    BenchWorkload("timm:resnet18", "timm:resnet18", suites=(QUICK, STANDARD)),
+    BenchWorkload("timm:mobilenetv3_small_100", "timm:mobilenetv3_small_100"),
+    BenchWorkload("timm:efficientnet_b0", "timm:efficientnet_b0"),
+    BenchWorkload("timm:convnext_atto", "timm:convnext_atto"),
+    BenchWorkload("timm:vit_tiny_patch16_224", "timm:vit_tiny_patch16_224"),
+    BenchWorkload("timm:resnet50@b8", "timm:resnet50", batch=8),
+    BenchWorkload("hf:bert-base", "hf:bert-base"),
+    BenchWorkload("hf:gpt2", "hf:gpt2", suites=(QUICK, STANDARD)),
+    BenchWorkload("hf:t5-small", "hf:t5-small"),
+    BenchWorkload("hf:xlnet-base", "hf:xlnet-base"),
+    BenchWorkload("tv:fasterrcnn_mobilenet_v3_large_fpn", "tv:fasterrcnn_mobilenet_v3_large_fpn"),
+    BenchWorkload("train:resnet18", "timm:resnet18", kind="training", suites=(QUICK, STANDARD)),
+    BenchWorkload("train:mobilenetv3_small_100", "timm:mobilenetv3_small_100", kind="training"),
+    BenchWorkload("train:resnet50@b8", "timm:resnet50", kind="training", batch=8),
+]
+WORKLOADS: dict[str, BenchWorkload] = {w.name: w for w in _ALL}
+
+
+class UnknownWorkload(ValueError):
+    pass
+
+
+def get(name: str) -> BenchWorkload:
+    try:
+        return WORKLOADS[name]
+    except KeyError:
+        raise UnknownWorkload(f"unknown workload {name!r}; choose from: {', '.join(WORKLOADS)}") from None
+
+
+def suite(name: str) -> list[BenchWorkload]:
+    if name not in (QUICK, STANDARD):
+        raise UnknownWorkload(f"unknown suite {name!r}; choose 'quick' or 'standard'")
+    return [w for w in _ALL if name in w.suites]
