@@ -43,19 +43,7 @@ def run_mode(
     while remaining:
         jsonl = out / f"rows-{mode}-{len(rows)}.jsonl"
         log = (out / f"worker-{mode}.log").open("a")
-        cmd = [
-            sys.executable,
-            "-m",
-            "launchless.bench.worker",
-            "--mode",
-            mode,
-            "--iters",
-            str(iters),
-            "--out",
-            str(jsonl),
-            "--workloads",
-            *remaining,
-        ]
+        cmd = [*worker, "--mode", mode, "--iters", str(iters), "--out", str(jsonl), "--workloads", *remaining]
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         started, done = time.monotonic(), 0
         while remaining:

@@ -1,0 +1,90 @@
+"""CPU tests of the benchmark's pure parts: workload registry, worker supervision, CLI refusals."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from launchless import cli, zoo
+from launchless.bench import modes, workloads
+from launchless.bench.runner import run_mode
+from launchless.bench.worker import empty_row
+
+FAKE_WORKER = r"""
+import argparse, json, sys, time
+p = argparse.ArgumentParser()
+for flag in ("--mode", "--iters", "--out"):
+    p.add_argument(flag)
+p.add_argument("--workloads", nargs="+")
+a = p.parse_args(sys.argv[1:])
+for name in a.workloads:
+    if name == "{crash}":
+        sys.exit(3)
+    if name == "{hang}":
+        time.sleep(30)
+    with open(a.out, "a") as f:
+        row = {{"workload": name, "mode": a.mode, "status": "ok", "pid": __import__("os").getpid()}}
+        f.write(json.dumps(row) + "\n")
+"""
+NAMES = ["timm:resnet18", "hf:gpt2", "train:resnet18"]
+
+
+def _worker(crash: str = "", hang: str = "") -> list[str]:
+    return [sys.executable, "-c", FAKE_WORKER.format(crash=crash, hang=hang)]
+
+
+def test_suites_and_registry() -> None:
+    assert [w.name for w in workloads.suite("quick")] == NAMES
+    standard = workloads.suite("standard")
+    assert len(standard) == len(workloads.WORKLOADS) == 14
+    assert {w.zoo for w in standard} <= set(zoo.names())
+    assert {w.kind for w in standard} == {"inference", "training"}
+    with pytest.raises(workloads.UnknownWorkload, match="choose from: timm:resnet18"):
+        workloads.get("nope")
+    with pytest.raises(workloads.UnknownWorkload, match="'quick' or 'standard'"):
+        workloads.suite("huge")
+
+
+def test_all_workloads_measured_in_order(tmp_path) -> None:
+    advanced = []
+    rows = run_mode("eager", NAMES, 3, 20, tmp_path, lambda: advanced.append(1), worker=_worker())
+    assert [r["workload"] for r in rows] == NAMES and len(advanced) == 3
+    assert len({r["pid"] for r in rows}) == 1  # one process per mode
+
+
+def test_a_crashed_worker_costs_one_workload(tmp_path) -> None:
+    rows = run_mode("compile", NAMES, 3, 20, tmp_path, worker=_worker(crash="hf:gpt2"))
+    assert [r["workload"] for r in rows] == NAMES
+    assert rows[1]["status"] == "error" and "exited with code 3" in rows[1]["reason"]
+    assert rows[0]["status"] == rows[2]["status"] == "ok" and rows[0]["pid"] != rows[2]["pid"]
+
+
+def test_a_hung_worker_times_out_and_the_rest_still_run(tmp_path) -> None:
+    rows = run_mode("hand-graph", NAMES, 3, 2, tmp_path, worker=_worker(hang="timm:resnet18"))
+    assert rows[0]["status"] == "error" and "timed out after 2 s" in rows[0]["reason"]
+    assert [r["status"] for r in rows[1:]] == ["ok", "ok"]
+
+
+def test_empty_row_has_every_report_field() -> None:
+    row = empty_row("train:resnet18", "launchless", "skipped", "why")
+    assert row["kind"] == "training" and row["reason"] == "why" and row["correctness"]["status"] == "n/a"
+    assert all(k in row for k in ("median_ms", "min_ms", "first_call_ms", "peak_mem_mb", "kernel_floor_ms"))
+
+
+def test_unavailable_modes_say_why() -> None:
+    with pytest.raises(modes.ModeUnavailable, match="graphed_step"):
+        modes.training("launchless", None, None, None, None)
+    with pytest.raises(modes.ModeUnavailable, match="unknown mode"):
+        modes.inference("warp-speed", None, (), {})
+
+
+def test_bench_cli(capsys) -> None:
+    assert cli.main(["bench", "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert "train:resnet50@b8" in listed and "reduce-overhead" in listed
+    assert cli.main(["bench", "--suite", "quick"]) == 2  # no GPU here: clear message, non-zero
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "--modes", "turbo"])
+    assert exc.value.code == 2 and "unknown mode(s) turbo" in capsys.readouterr().err

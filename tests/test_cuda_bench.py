@@ -1,0 +1,34 @@
+"""GPU checks of the benchmark's measurement: rows, kernel floor and correctness (`python -m pytest -m cuda`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from launchless.bench import workloads
+from launchless.bench.measure import measure
+from launchless.bench.modes import ModeUnavailable
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.mark.parametrize("mode", ["eager", "hand-graph", "launchless"])
+def test_inference_rows(mode: str) -> None:
+    pytest.importorskip("timm")
+    row = measure(workloads.get("timm:resnet18"), mode, iters=20)
+    print(row)
+    assert row["status"] == "ok" and row["calls"] == 20 and 0 < row["min_ms"] <= row["median_ms"]
+    assert row["first_call_ms"] > 0 and row["peak_mem_mb"] > 0
+    assert row["kernel_floor_ms"] is not None and 0 < row["kernel_floor_ms"] < 3 * row["median_ms"]
+    expected = "reference" if mode == "eager" else "bit-identical"
+    assert row["correctness"]["status"] == expected
+
+
+def test_whole_step_hand_graph_matches_eager_training() -> None:
+    pytest.importorskip("timm")
+    row = measure(workloads.get("train:resnet18"), "hand-graph", iters=20)
+    print(row)
+    assert row["status"] == "ok" and row["kernel_floor_ms"] is not None
+    assert row["correctness"]["status"] in ("bit-identical", "differs")
+    assert row["correctness"]["max_abs_diff"] < 1e-3  # same state trajectory as eager, up to backward atomics
+    with pytest.raises(ModeUnavailable):
+        measure(workloads.get("train:resnet18"), "launchless", iters=5)
