@@ -38,7 +38,7 @@ def test_unknown_model_exits_2_naming_the_choices(capsys: pytest.CaptureFixture[
     assert all(name in err for name in zoo.names())
 
 
-@pytest.mark.parametrize("argv", [[], ["bench"], ["demo", "--batch", "two"]])
+@pytest.mark.parametrize("argv", [[], ["bench", "--suite", "huge"], ["demo", "--batch", "two"]])
 def test_bad_command_lines_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(argv)

@@ -247,7 +247,13 @@ def markdown(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) ->
         [[f"`{w}`", *(_first_call_cell(view, w, m) for m in view.modes)] for w in view.workloads],
     )
 
-    lines += ["", "## Summary", "", "Geometric means over the workloads where both modes ran (count in brackets).", ""]
+    lines += [
+        "",
+        "## Summary",
+        "",
+        "Geometric means over the workloads where both modes ran (how many in parentheses).",
+        "",
+    ]
     items = view.summary_items()
     lines += [f"- **{mode}**: {text}" for mode, text in items] or ["- no mode has a baseline to compare with"]
 
@@ -279,7 +285,9 @@ def rich_table(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) 
     view = _View(rows)
     caption = [header_line(environment)]
     caption += [f"{mode}: {text}" for mode, text in view.summary_items()]
-    caption += [f"{r['workload']} · {r['mode']} · {r.get('status')}: {_one_line(r.get('reason'))}" for r in view.problems()]
+    caption += [
+        f"{r['workload']} · {r['mode']} · {r.get('status')}: {_one_line(r.get('reason'))}" for r in view.problems()
+    ]
     table = Table(title=f"launchless bench: {suite}", caption="\n".join(caption), caption_justify="left")
     table.add_column("workload", no_wrap=True)
     table.add_column("kind")
@@ -313,15 +321,17 @@ def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any])
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: only `bench` needs matplotlib
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     view = _View(rows)
     modes = [m for m in view.modes if m != stats.EAGER and m in view.vs_eager]
     workloads = [w for w in view.workloads if any(w in view.vs_eager[m] for m in modes) or view.eager_floor(w)]
 
-    fig = Figure(figsize=(max(6.0, 1.1 * len(workloads) * max(1, len(modes)) ** 0.5 + 2.5), 4.8), dpi=120)
+    fig = Figure(figsize=(max(7.0, 3.5 + 0.35 * len(workloads) * max(1, len(modes))), 4.8), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    title = f"launchless bench: speed-up over eager\n{_env(environment, 'gpu')} · {_env(environment, 'date')}"
+    where = " · ".join(str(environment[k]) for k in ("gpu", "date") if environment.get(k))
+    title = "launchless bench: speed-up over eager" + (f"\n{where}" if where else "")
     ax.set_title(title, fontsize=10)
     if not workloads:
         ax.text(0.5, 0.5, "no workload has both eager and another mode", ha="center", va="center")
@@ -331,7 +341,6 @@ def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any])
 
     group = 0.8
     width = group / max(1, len(modes))
-    cmap = fig.colorbar if False else None  # noqa: F841 - keep colours from the default cycle
     colours = [f"C{i % 10}" for i in range(len(modes))]
     values: list[float] = [1.0]
     for i, mode in enumerate(modes):
@@ -368,11 +377,16 @@ def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any])
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
 
     ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}×"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     low, high = min(values), max(values)
     ax.set_ylim(low / 1.6, high * 1.6)
     ax.set_ylabel("speed-up over eager (×, log scale)")
     ax.set_xticks(range(len(workloads)))
-    ax.set_xticklabels(workloads, rotation=20 if len(workloads) > 4 else 0, ha="right" if len(workloads) > 4 else "center")
+    ax.set_xticklabels(
+        workloads, rotation=20 if len(workloads) > 4 else 0, ha="right" if len(workloads) > 4 else "center"
+    )
     ax.set_xlim(-0.6, len(workloads) - 0.4)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()

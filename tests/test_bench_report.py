@@ -1,0 +1,386 @@
+"""CPU tests for the `launchless bench` outputs: stats, Markdown, JSON, rich table and chart from synthetic rows.
+
+Expected numbers are recomputed here from the synthetic medians (plain math), never copied from the code's output.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+import statistics
+
+import pytest
+from rich.console import Console
+
+from launchless.bench import report, stats
+
+ENV = {
+    "date": "2026-11-29T18:00:00+00:00",
+    "gpu": "NVIDIA H200",
+    "driver": "575.57.08",
+    "torch": "2.14.1+cu129",
+    "triton": "3.6.0",
+    "cuda": "12.9",
+    "python": "3.12.3",
+}
+SUITE = "quick"
+
+
+def row(
+    workload: str,
+    mode: str,
+    median: float | None = None,
+    *,
+    status: str = "ok",
+    reason: str | None = None,
+    floor: float | None = None,
+    corr: str = "bit-identical",
+    diff: float | None = None,
+    kind: str = "inference",
+    first: float | None = 50.0,
+    mem: float | None = 512.0,
+) -> dict:
+    ok = status == "ok"
+    return {
+        "workload": workload,
+        "mode": mode,
+        "kind": kind,
+        "status": status,
+        "reason": reason,
+        "median_ms": median if ok else None,
+        "min_ms": median * 0.95 if ok and median is not None else None,
+        "calls": 100 if ok else None,
+        "first_call_ms": first if ok else None,
+        "peak_mem_mb": mem if ok else None,
+        "kernel_floor_ms": floor if ok else None,
+        "correctness": {"status": corr if ok else "n/a", "max_abs_diff": diff},
+        "wall_s": 3.0,
+    }
+
+
+# Medians in ms per (workload, mode); None = no row at all for that pair.
+MEDIANS = {
+    "timm:resnet18": {"eager": 2.0, "compile": 1.6, "reduce-overhead": 0.8, "hand-graph": 0.7, "launchless": 0.72},
+    "hf:bert-base": {"eager": 4.0, "compile": None, "reduce-overhead": 1.5, "hand-graph": 1.3, "launchless": 1.25},
+    "train:resnet18": {"eager": 9.0, "compile": 7.5, "reduce-overhead": 6.0, "hand-graph": None, "launchless": 6.5},
+    "timm:vit_tiny": {"eager": None, "compile": 3.0, "reduce-overhead": 2.0, "hand-graph": 1.9, "launchless": 1.8},
+}
+FLOORS = {"timm:resnet18": 0.5, "hf:bert-base": None, "train:resnet18": 5.0, "timm:vit_tiny": 1.0}
+SKIP_REASON = "torch.compile: dynamic control flow in BertSelfAttention (modeling_bert.py:412)"
+ERROR_REASON = "CaptureError: aten::nonzero syncs with the host (vit.py:88)"
+HAND_SKIP_REASON = "hand-graph: optimizer.step cannot be captured without capturable=True"
+
+
+def make_rows() -> list[dict]:
+    rows = []
+    for workload, per_mode in MEDIANS.items():
+        kind = "training" if workload.startswith("train:") else "inference"
+        for mode, median in per_mode.items():
+            if median is None:
+                continue
+            corr = "reference" if mode == "eager" else ("differs" if mode == "compile" else "bit-identical")
+            diff = 2.1e-06 if corr == "differs" else None
+            floor = FLOORS[workload] if mode in ("eager", "launchless") else None
+            rows.append(row(workload, mode, median, floor=floor, corr=corr, diff=diff, kind=kind))
+    rows.append(row("hf:bert-base", "compile", status="skipped", reason=SKIP_REASON))
+    rows.append(row("timm:vit_tiny", "eager", status="error", reason=ERROR_REASON))
+    rows.append(row("train:resnet18", "hand-graph", status="skipped", reason=HAND_SKIP_REASON, kind="training"))
+    return rows
+
+
+def ran(workload: str, mode: str) -> float | None:
+    return MEDIANS[workload].get(mode)
+
+
+def expected_speedups(baseline: str, mode: str) -> dict[str, float]:
+    out = {}
+    for workload in MEDIANS:
+        base, this = ran(workload, baseline), ran(workload, mode)
+        if base is not None and this is not None:
+            out[workload] = base / this
+    return out
+
+
+def direct_geomean(values: list[float]) -> float:
+    return math.prod(values) ** (1 / len(values))
+
+
+# --- stats ----------------------------------------------------------------------------------------------------
+
+
+def test_geomean_matches_direct_computation() -> None:
+    values = [1.5, 0.25, 3.0, 7.0]
+    assert stats.geomean(values) == pytest.approx(direct_geomean(values), rel=1e-12)
+    assert stats.geomean([2.0, 0.5]) == pytest.approx(1.0)
+
+
+def test_geomean_ignores_missing_and_non_positive() -> None:
+    assert stats.geomean([None, 4.0, 0.0, -3.0, 9.0, float("nan")]) == pytest.approx(direct_geomean([4.0, 9.0]))
+    assert stats.geomean([]) is None
+    assert stats.geomean([None, 0.0, -1.0]) is None
+
+
+def test_median_and_min() -> None:
+    times = [3.0, 1.0, 2.5, 8.0, 2.0, 1.5]
+    median, low = stats.median_and_min(times)
+    assert median == statistics.median(times)
+    assert low == min(times)
+    assert stats.median_and_min([4.0]) == (4.0, 4.0)
+    with pytest.raises(ValueError):
+        stats.median_and_min([])
+
+
+def test_speedups_vs_eager_only_where_both_ran() -> None:
+    got = stats.speedups(make_rows(), "eager")
+    for mode in ("eager", "compile", "reduce-overhead", "hand-graph", "launchless"):
+        want = expected_speedups("eager", mode)
+        assert got[mode].keys() == want.keys(), mode
+        for workload, value in want.items():
+            assert got[mode][workload] == pytest.approx(value), (mode, workload)
+    # eager errored on vit_tiny, so no mode has a speed-up there; bert compile was skipped.
+    assert all("timm:vit_tiny" not in per_workload for per_workload in got.values())
+    assert "hf:bert-base" not in got["compile"]
+
+
+def test_speedups_vs_reduce_overhead() -> None:
+    got = stats.speedups(make_rows(), "reduce-overhead")
+    want = expected_speedups("reduce-overhead", "launchless")
+    assert set(want) == set(MEDIANS)  # reduce-overhead ran everywhere, so vit_tiny counts here
+    assert got["launchless"] == pytest.approx(want)
+
+
+def test_summary_values() -> None:
+    rows = make_rows()
+    summ = stats.summary(rows)
+    assert set(summ) == {"geomean_vs_eager", "geomean_vs_reduce_overhead", "floor_ratio"}
+    for mode in ("compile", "reduce-overhead", "hand-graph", "launchless"):
+        want = direct_geomean(list(expected_speedups("eager", mode).values()))
+        assert summ["geomean_vs_eager"][mode] == pytest.approx(want), mode
+        want_ro = direct_geomean(list(expected_speedups("reduce-overhead", mode).values()))
+        assert summ["geomean_vs_reduce_overhead"][mode] == pytest.approx(want_ro), mode
+    assert summ["geomean_vs_eager"]["eager"] == pytest.approx(1.0)
+    # floor ratio: each row's median over its own floor, only where a floor was measured.
+    for mode in ("eager", "launchless"):
+        ratios = [
+            MEDIANS[w][mode] / FLOORS[w] for w in MEDIANS if MEDIANS[w].get(mode) is not None and FLOORS[w] is not None
+        ]
+        assert summ["floor_ratio"][mode] == pytest.approx(direct_geomean(ratios)), mode
+    assert "compile" not in summ["floor_ratio"]  # no compile row has a floor
+
+
+def test_summary_of_nothing_is_empty() -> None:
+    assert stats.summary([]) == {"geomean_vs_eager": {}, "geomean_vs_reduce_overhead": {}, "floor_ratio": {}}
+    only_skips = [row("a", "eager", status="skipped", reason="no GPU")]
+    assert stats.summary(only_skips)["geomean_vs_eager"] == {}
+
+
+def test_only_ok_rows_count_even_with_a_median() -> None:
+    """A pair that errored after timing (say, failed correctness) still carries numbers; they must not count."""
+    failed = row("w", "launchless", 0.25, floor=0.2) | {"status": "error", "reason": "output differs"}
+    rows = [row("w", "eager", 1.0), failed, row("w", "compile", 0.5)]
+    assert stats.speedups(rows, "eager") == {"eager": {"w": 1.0}, "compile": {"w": 1.0 / 0.5}}
+    assert "launchless" not in stats.summary(rows)["floor_ratio"]
+
+
+def test_repeated_pair_keeps_the_last_row() -> None:
+    rows = [row("w", "eager", 1.0), row("w", "launchless", 0.8), row("w", "launchless", 0.4)]
+    assert stats.speedups(rows, "eager")["launchless"] == {"w": pytest.approx(1.0 / 0.4)}
+
+
+def test_mode_order_is_first_appearance() -> None:
+    rows = [row("w1", "launchless", 1.0), row("w1", "eager", 2.0), row("w2", "compile", 1.0), row("w2", "eager", 1.0)]
+    assert stats.ordered_modes(rows) == ["launchless", "eager", "compile"]
+    assert stats.ordered_workloads(rows) == ["w1", "w2"]
+
+
+# --- Markdown -------------------------------------------------------------------------------------------------
+
+
+def md_table_rows(md: str, first_cell: str) -> list[list[str]]:
+    """Cells of the Markdown table rows whose first cell is ``first_cell``."""
+    out = []
+    for line in md.splitlines():
+        if line.startswith("|"):
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+            if cells and cells[0] == first_cell:
+                out.append(cells)
+    return out
+
+
+def test_markdown_header_has_environment() -> None:
+    md = report.markdown(ENV, SUITE, make_rows())
+    header = md.splitlines()[2]
+    for key in ("date", "gpu", "driver", "torch", "triton", "cuda"):
+        assert ENV[key] in header, key
+    assert SUITE in md.splitlines()[0]
+
+
+def test_markdown_main_table() -> None:
+    rows = make_rows()
+    md = report.markdown(ENV, SUITE, rows)
+    modes = stats.ordered_modes(rows)
+    header = md_table_rows(md, "workload")[0]
+    # stable column order: modes as they first appear in the rows
+    assert [h.split(" ")[0] for h in header[2 : 2 + len(modes)]] == modes
+    for workload in MEDIANS:
+        cells = md_table_rows(md, f"`{workload}`")
+        assert len(cells) == 2, workload  # main table and first-call table
+        main = dict(zip(header, cells[0], strict=True))
+        for mode in modes:
+            cell = main[f"{mode} ms (× eager)"]
+            speedup = expected_speedups("eager", mode).get(workload)
+            if speedup is not None:
+                assert f"({speedup:.2f}×)" in cell, (workload, mode, cell)
+            elif ran(workload, mode) is None:
+                assert cell in ("—", "skipped", "error"), (workload, mode, cell)
+    bert = dict(zip(header, md_table_rows(md, "`hf:bert-base`")[0], strict=True))
+    assert bert["compile ms (× eager)"] == "skipped"
+    vit = dict(zip(header, md_table_rows(md, "`timm:vit_tiny`")[0], strict=True))
+    assert vit["eager ms (× eager)"] == "error"
+    assert "×" not in vit["launchless ms (× eager)"]  # no eager baseline, so no speed-up
+    train = dict(zip(header, md_table_rows(md, "`train:resnet18`")[0], strict=True))
+    assert train["kind"] == "training"
+
+
+def test_markdown_floor_and_correctness_columns() -> None:
+    md = report.markdown(ENV, SUITE, make_rows())
+    header = md_table_rows(md, "workload")[0]
+    res = dict(zip(header, md_table_rows(md, "`timm:resnet18`")[0], strict=True))
+    assert float(res["eager floor ms"]) == pytest.approx(FLOORS["timm:resnet18"])
+    assert res["best floor ms"].endswith("(eager)")  # eager and launchless share the floor; first wins
+    assert "compile ≠ 2.1e-06" in res["correctness"]
+    assert "launchless =" in res["correctness"]
+    bert = dict(zip(header, md_table_rows(md, "`hf:bert-base`")[0], strict=True))
+    assert bert["eager floor ms"] == "—"  # no floor measured
+    assert bert["correctness"] == "all ="
+
+
+def test_markdown_first_call_table() -> None:
+    rows = [row("w", "eager", 1.0, first=12.5, mem=300.0), row("w", "launchless", 0.5, first=480.0, mem=1234.0)]
+    md = report.markdown(ENV, SUITE, rows)
+    cells = md_table_rows(md, "`w`")[1]
+    assert cells[1:] == ["12.5 ms / 300 MB", "480 ms / 1234 MB"]
+
+
+def test_markdown_summary_and_skips() -> None:
+    rows = make_rows()
+    md = report.markdown(ENV, SUITE, rows)
+    summary_part = md.split("## Summary")[1].split("## Skipped")[0]
+    for mode in ("compile", "reduce-overhead", "hand-graph", "launchless"):
+        line = next(ln for ln in summary_part.splitlines() if ln.startswith(f"- **{mode}**"))
+        speedups = expected_speedups("eager", mode)
+        assert f"{direct_geomean(list(speedups.values())):.2f}× vs eager ({len(speedups)})" in line, line
+    skips = md.split("## Skipped and failed")[1]
+    for reason in (SKIP_REASON, ERROR_REASON, HAND_SKIP_REASON):
+        assert reason in skips
+    assert "`timm:vit_tiny` · eager · error" in skips
+    assert len([ln for ln in skips.splitlines() if ln.startswith("- ")]) == 3
+
+
+def test_markdown_reason_made_one_line_and_pipe_safe() -> None:
+    rows = [row("w", "eager", 1.0), row("w", "compile", status="error", reason="Traceback\n  a | b\nBoom")]
+    md = report.markdown(ENV, SUITE, rows)
+    assert "- `w` · compile · error: Traceback a | b Boom" in md
+    # the table row still has one cell per column
+    header = md_table_rows(md, "workload")[0]
+    assert len(md_table_rows(md, "`w`")[0]) == len(header)
+
+
+def test_markdown_without_problems_or_gpu() -> None:
+    md = report.markdown({}, SUITE, [row("w", "eager", 1.0), row("w", "launchless", 0.5)])
+    assert "none: every listed workload ran" in md
+    assert "GPU n/a" in md
+
+
+# --- JSON -----------------------------------------------------------------------------------------------------
+
+
+def test_json_round_trips_with_summary(tmp_path) -> None:
+    rows = make_rows()
+    path = tmp_path / "bench.json"
+    report.write_json(path, ENV, SUITE, rows)
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    assert set(doc) == {"environment", "suite", "rows", "summary"}
+    assert doc["environment"] == ENV
+    assert doc["suite"] == SUITE
+    assert doc["rows"] == rows
+    want = direct_geomean(list(expected_speedups("eager", "launchless").values()))
+    assert doc["summary"]["geomean_vs_eager"]["launchless"] == pytest.approx(want)
+    assert doc["summary"] == json.loads(json.dumps(stats.summary(rows)))
+
+
+# --- chart ----------------------------------------------------------------------------------------------------
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_chart_writes_png_with_missing_modes(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "bench.png"
+    report.chart(path, make_rows(), ENV)
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC)
+    assert len(data) > 1000
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [],
+        [row("w", "eager", 1.0)],
+        [row("w", "eager", 1.0, floor=0.25)],
+        [row("w", "eager", status="error", reason="x"), row("w", "launchless", 0.5)],
+        [row("w", "launchless", 0.5), row("w", "eager", 1.0), row("v", "eager", 2.0), row("v", "compile", 4.0)],
+    ],
+    ids=["empty", "eager-only", "eager-floor-only", "no-baseline", "slowdown"],
+)
+def test_chart_degenerate_inputs(tmp_path, rows: list[dict]) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "bench.png"
+    report.chart(path, rows, {})
+    assert path.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_write_all(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    rows = make_rows()
+    paths = report.write_all(tmp_path / "out", ENV, SUITE, rows)
+    assert {p.name for p in paths.values()} == {"bench.json", "bench.md", "bench.png"}
+    assert json.loads(paths["json"].read_text(encoding="utf-8"))["rows"] == rows
+    assert paths["md"].read_text(encoding="utf-8") == report.markdown(ENV, SUITE, rows)
+    assert paths["png"].read_bytes().startswith(PNG_MAGIC)
+
+
+# --- rich -----------------------------------------------------------------------------------------------------
+
+
+def render(table) -> str:
+    console = Console(record=True, width=200)
+    console.print(table)
+    return console.export_text()
+
+
+def test_rich_table_renders_workloads_and_modes() -> None:
+    rows = make_rows()
+    text = render(report.rich_table(ENV, SUITE, rows))
+    for workload in MEDIANS:
+        assert workload in text
+    for mode in stats.ordered_modes(rows):
+        assert mode in text
+    speedup = expected_speedups("eager", "launchless")["timm:resnet18"]
+    assert f"({speedup:.2f}×)" in text
+    assert ENV["gpu"] in text
+    assert "skipped" in text and "error" in text
+
+
+def test_rich_table_colours_speedups() -> None:
+    rows = [row("w", "eager", 1.0), row("w", "fast", 0.5), row("w", "slow", 2.0)]
+    console = Console(record=True, width=200, color_system="standard", force_terminal=True, file=io.StringIO())
+    console.print(report.rich_table(ENV, SUITE, rows))
+    text = console.export_text(styles=True)
+    green, red = "\x1b[32m", "\x1b[31m"
+    assert f"{green} ({1.0 / 0.5:.2f}×)" in text  # faster than eager
+    assert f"{green} ({1.0:.2f}×)" in text  # eager itself: 1.0 counts as not slower
+    assert f"{red} ({1.0 / 2.0:.2f}×)" in text  # slower than eager
