@@ -71,7 +71,7 @@ def run_mode(
 
 
 def run_suite(suite: str, names: list[str], modes: list[str], out_dir: str, iters: int, timeout_s: float) -> int:
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 220)  # logs and pipes get the whole table
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     environment = describe()
