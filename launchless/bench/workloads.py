@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-QUICK = "quick"  # within 3 minutes on an H200 with all five modes (2 workloads: 143 s measured)
+QUICK = "quick"  # meant to finish within 3 minutes on an H200 with all five modes
 STANDARD = "standard"
 
 
