@@ -95,7 +95,8 @@ def measure(w: BenchWorkload, mode: str, iters: int) -> dict:
         timing = cuda_time(prepared.call, warmup=5, iters=iters)
         row.update(median_ms=timing.median_ms, min_ms=timing.min_ms, calls=timing.calls)
         row["peak_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
-        row["kernel_floor_ms"] = kernel_floor_ms(prepared.call)
+        floor = row["kernel_floor_ms"] = kernel_floor_ms(prepared.call)
+        row["floor_ratio"] = timing.median_ms / floor if floor else None
     if w.kind == "inference":
         row["correctness"] = (
             {"status": "reference", "max_abs_diff": 0.0} if mode == "eager" else _compare(reference, output)
