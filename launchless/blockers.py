@@ -208,6 +208,15 @@ class _FunctionWatch(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _meta_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` whose parameters and buffers live on ``meta``, never duplicating their data."""
+    memo: dict[int, object] = {}
+    for t in (*model.parameters(), *model.buffers()):
+        meta = t.detach().to("meta")
+        memo[id(t)] = torch.nn.Parameter(meta, t.requires_grad) if isinstance(t, torch.nn.Parameter) else meta
+    return copy.deepcopy(model, memo)
+
+
 def _to_meta(value: object) -> object:
     return value.detach().to("meta") if isinstance(value, torch.Tensor) else value
 
@@ -226,7 +235,7 @@ def dry_run(model: torch.nn.Module, args: tuple, kwargs: dict) -> Blocker | None
 
     if isinstance(model, GraphedModule):
         model = model.model
-    meta_model = copy.deepcopy(model).to("meta")
+    meta_model = _meta_copy(model)
     margs, mkwargs = tree_map(_to_meta, (args, kwargs))
     watch = _DispatchWatch()
     try:
