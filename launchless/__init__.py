@@ -8,6 +8,7 @@ y = m(x)                                # replays a verified graph per input sig
 from .blockers import Blocker, dry_run
 from .errors import CaptureError, ConfigError, LaunchlessError, NoCudaError, VerificationError
 from .runtime import GraphedModule, wrap
+from .train import GraphedStep, graphed_step
 
 __version__ = "0.1.0"
 
@@ -16,10 +17,12 @@ __all__ = [
     "CaptureError",
     "ConfigError",
     "GraphedModule",
+    "GraphedStep",
     "LaunchlessError",
     "NoCudaError",
     "VerificationError",
     "__version__",
     "dry_run",
+    "graphed_step",
     "wrap",
 ]

@@ -182,18 +182,26 @@ def _versions(static_leaves: list, slots: list[int]) -> list[int]:
 
 
 def capture(
-    fn: Callable[..., Any], flat: FlatInputs, *, device: torch.device, pool: Any, warmup: int = 3
+    fn: Callable[..., Any],
+    flat: FlatInputs,
+    *,
+    device: torch.device,
+    pool: Any,
+    warmup: int = 3,
+    stream: torch.cuda.Stream | None = None,
 ) -> CapturedGraph:
     """Warm up ``fn`` on a side stream, capture it there, and return the replayable graph.
 
-    Raises ``CaptureFailed`` with the original exception; the process stays usable either way.
+    ``stream``: capture on this stream (training passes the stream its eager warm-up steps ran on);
+    by default a new side stream. Raises ``CaptureFailed`` with the original exception; the process
+    stays usable either way.
     """
     with CAPTURE_LOCK, torch.cuda.device(device):
         static_leaves = [_static_like(x, device) if isinstance(x, torch.Tensor) else x for x in flat.leaves]
         slots = [i for i, x in enumerate(static_leaves) if isinstance(x, torch.Tensor)]
         args, kwargs = flat.rebuild(static_leaves)
         caller = torch.cuda.current_stream(device)
-        stream = torch.cuda.Stream(device)
+        stream = stream or torch.cuda.Stream(device)
         stream.wait_stream(caller)
         before = _versions(static_leaves, slots)
         with torch.cuda.stream(stream), _capture_autocast():

@@ -1,0 +1,70 @@
+"""Make an optimizer safe to replay inside a captured training step.
+
+A graph freezes every Python number it reads. So the learning rate becomes a one-element device
+tensor that schedulers update in place (PyTorch's schedulers ``fill_`` tensor learning rates), Adam
+and AdamW switch to ``capturable=True`` with their step counters on the device, and the remaining
+hyperparameters are remembered so that a change to them (which the graph would ignore) is noticed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_CAPTURABLE = (torch.optim.Adam, torch.optim.AdamW)
+_SUPPORTED = (torch.optim.SGD, *_CAPTURABLE)
+
+
+class OptimizerNotCapturable(Exception):
+    """The optimizer cannot run inside a graph; the message says why (shown in the fallback line)."""
+
+
+# lr is a device tensor; the rest is bookkeeping that schedulers add to a group and never read in step()
+_NOT_FROZEN = {"params", "lr", "initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"}
+
+
+def _hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    return [{k: v for k, v in g.items() if k not in _NOT_FROZEN} for g in optimizer.param_groups]
+
+
+class CapturableOptimizer:
+    """Prepares ``optimizer`` once and answers, before each replay, whether the graph still matches it."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+        if not isinstance(optimizer, _SUPPORTED):
+            raise OptimizerNotCapturable(
+                f"{type(optimizer).__name__} is not known to be capturable (supported: SGD, Adam, AdamW)"
+            )
+        self.optimizer = optimizer
+        for group in optimizer.param_groups:
+            if isinstance(optimizer, _CAPTURABLE):
+                group["capturable"] = True
+            if not isinstance(group["lr"], torch.Tensor):
+                group["lr"] = torch.tensor(float(group["lr"]), device=device)
+        for state in optimizer.state.values():
+            step = state.get("step")
+            if isinstance(step, torch.Tensor) and step.device != device:
+                state["step"] = step.to(device)
+        self.lrs = [g["lr"] for g in optimizer.param_groups]
+        self.hyperparameters = _hyperparameters(optimizer)
+
+    def sync(self) -> str | None:
+        """Bring a learning rate set as a Python number back into the device tensor; report other changes.
+
+        Returns None when the graph still applies, else why it no longer does.
+        """
+        for group, lr in zip(self.optimizer.param_groups, self.lrs, strict=True):
+            if group["lr"] is not lr:
+                lr.fill_(float(group["lr"]))
+                group["lr"] = lr
+        now = _hyperparameters(self.optimizer)
+        if now != self.hyperparameters:
+            keys = sorted(
+                {k for old, new in zip(self.hyperparameters, now, strict=True) for k in new if old.get(k) != new.get(k)}
+            )
+            return (
+                f"optimizer hyperparameter(s) {', '.join(keys)} change between steps (a graph freezes them; "
+                "e.g. OneCycleLR(cycle_momentum=True)); only lr may change"
+            )
+        return None

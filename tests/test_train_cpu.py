@@ -1,0 +1,108 @@
+"""CPU tests of the training capture's host-side logic (the GPU behaviour is in test_cuda_train.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import launchless as ll
+from launchless.train.optim import CapturableOptimizer, OptimizerNotCapturable
+from launchless.train.snapshot import Snapshot, state_tensors
+from launchless.train.step import _deferred_schedulers
+
+CPU = torch.device("cpu")
+
+
+def _setup(opt_cls=torch.optim.SGD, **opt_kwargs):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    opt = opt_cls(model.parameters(), lr=0.1, **opt_kwargs)
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return model, opt, step
+
+
+def test_cpu_model_trains_eager_with_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    model, opt, step = _setup()
+    ref_model, _, ref_step = _setup()
+    graphed = ll.graphed_step(step, model=model, optimizer=opt)
+    x, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(4):
+            assert torch.equal(graphed(x, y), ref_step(x, y))
+    assert [r.getMessage() for r in caplog.records].count(
+        "launchless: training runs eager: the model's parameters are not all on a CUDA device, so there is nothing "
+        "to capture"
+    ) == 1
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), ref_model.parameters(), strict=True))
+    info = graphed.graph_info()
+    assert info["level"] == "eager" and "CUDA" in info["eager_reason"] and info["graphs"] == []
+
+
+def test_decorator_form_and_bad_option() -> None:
+    model, opt, step = _setup()
+    decorated = ll.graphed_step(model=model, optimizer=opt)(step)
+    assert isinstance(decorated, ll.GraphedStep)
+    with pytest.raises(ValueError, match="capture_after=1 is not accepted; pass >= 2"):
+        ll.graphed_step(step, model=model, optimizer=opt, capture_after=1)
+
+
+def test_learning_rate_becomes_a_tensor_that_schedulers_update_in_place() -> None:
+    _, opt, step = _setup()
+    prepared = CapturableOptimizer(opt, CPU)
+    lr = opt.param_groups[0]["lr"]
+    assert isinstance(lr, torch.Tensor) and float(lr) == pytest.approx(0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    step(torch.randn(6, 4), torch.zeros(6, dtype=torch.long))
+    scheduler.step()
+    assert opt.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(0.05)
+    opt.param_groups[0]["lr"] = 0.3  # a user setting a plain number: copied into the graph's tensor
+    assert prepared.sync() is None and opt.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(0.3)
+    opt.param_groups[0]["momentum"] = 0.5
+    assert "hyperparameter(s) momentum change between steps" in prepared.sync()
+
+
+def test_adam_becomes_capturable_and_unknown_optimizers_are_refused() -> None:
+    _, adam, _ = _setup(torch.optim.AdamW)
+    CapturableOptimizer(adam, CPU)
+    assert adam.param_groups[0]["capturable"] is True
+    _, rms, _ = _setup(torch.optim.RMSprop)
+    with pytest.raises(OptimizerNotCapturable, match="RMSprop is not known to be capturable"):
+        CapturableOptimizer(rms, CPU)
+
+
+def test_snapshot_restores_in_place() -> None:
+    model, opt, step = _setup(momentum=0.9)
+    x, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    step(x, y)  # creates the momentum buffers
+    tensors = state_tensors(model, opt)
+    pointers = [t.data_ptr() for t in tensors]
+    snap = Snapshot(tensors)
+    first = step(x, y)
+    assert not torch.equal(model[0].weight, snap.values[0])
+    snap.restore()
+    assert [t.data_ptr() for t in tensors] == pointers
+    assert all(torch.equal(t, v) for t, v in zip(tensors, snap.values, strict=True))
+    assert torch.equal(step(x, y), first)  # the same step from the same state (BatchNorm stats included)
+
+
+def test_scheduler_steps_are_deferred_while_capturing() -> None:
+    _, opt, _ = _setup()
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    calls: list = []
+    with _deferred_schedulers(calls):
+        scheduler.step()
+    assert calls == [scheduler] and scheduler.last_epoch == 0
+    opt.step()
+    scheduler.step()
+    assert scheduler.last_epoch == 1  # restored afterwards
