@@ -88,3 +88,25 @@ def test_bench_cli(capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         cli.main(["bench", "--modes", "turbo"])
     assert exc.value.code == 2 and "unknown mode(s) turbo" in capsys.readouterr().err
+
+
+def test_merge_partial_runs(tmp_path) -> None:
+    import json
+    from pathlib import Path
+
+    from launchless.bench.runner import merge
+
+    full = json.loads(Path("benchmarks/results/2026-11-29-bench-quick.json").read_text())
+    halves = []
+    for i, workload in enumerate(["timm:resnet18", "train:resnet18"]):
+        part = dict(full, rows=[r for r in full["rows"] if r["workload"] == workload])
+        halves.append(tmp_path / f"part{i}.json")
+        halves[-1].write_text(json.dumps(part))
+    assert merge([str(p) for p in halves], str(tmp_path / "merged")) == 0
+    merged = json.loads((tmp_path / "merged" / "bench.json").read_text())
+    assert len(merged["rows"]) == len(full["rows"]) and merged["summary"] == full["summary"]
+    assert (tmp_path / "merged" / "bench.md").read_text().count("`train:resnet18`") >= 1
+    other = dict(full, environment=dict(full["environment"], gpu="Other GPU"))
+    halves[1].write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="different GPUs"):
+        merge([str(p) for p in halves], str(tmp_path / "bad"))

@@ -85,3 +85,23 @@ def run_suite(suite: str, names: list[str], modes: list[str], out_dir: str, iter
     console.print(report.rich_table(environment, suite, rows))
     console.print("written: " + ", ".join(str(p) for p in paths.values()))
     return 0
+
+
+def merge(paths: list[str], out_dir: str) -> int:
+    """One report from several partial runs (a standard suite split over device calls by --workloads).
+
+    Rows of a later file replace the same (workload, mode) of an earlier one; the environment is the
+    first file's, and the GPU must be the same in all of them.
+    """
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    gpus = {run["environment"].get("gpu") for run in runs}
+    if len(gpus) > 1:
+        raise ValueError(f"refusing to merge runs from different GPUs: {sorted(map(str, gpus))}")
+    rows: dict[tuple[str, str], dict] = {}
+    for run in runs:
+        rows.update({(r["workload"], r["mode"]): r for r in run["rows"]})
+    environment = dict(runs[0]["environment"], merged_from=[str(p) for p in paths])
+    suite = "+".join(dict.fromkeys(run["suite"] for run in runs))
+    paths_out = report.write_all(Path(out_dir), environment, suite, list(rows.values()))
+    Console().print("written: " + ", ".join(str(p) for p in paths_out.values()))
+    return 0
