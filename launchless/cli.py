@@ -23,6 +23,13 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--iters", type=int, default=100, help="timed calls per (workload, mode)")
     bench.add_argument("--timeout", type=float, default=300, help="seconds one workload may take in one mode")
     bench.add_argument("--list", action="store_true", help="list workloads and modes and exit")
+    bench.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="BENCH_JSON",
+        help="write one report from partial runs' bench.json (no GPU needed)",
+    )
+    _add_train_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.command == "demo":
@@ -37,13 +44,80 @@ def main(argv: list[str] | None = None) -> int:
         return demo_module.run(args.model, args.batch, args.iters)
     if args.command == "bench":
         return _bench(parser, args)
+    if args.command == "train":
+        return _train(parser, args)
     return 2
+
+
+def _add_train_parser(sub: argparse._SubParsersAction) -> None:
+    train = sub.add_parser(
+        "train",
+        help="train a timm image classifier on an ImageFolder, optionally with a whole-step CUDA graph",
+        description="Train a timm model (random init) on an ImageFolder directory with train/ and val/ sub-folders. "
+        "--cuda-graph captures the whole training step with launchless.graphed_step.",
+    )
+    train.add_argument("--model", default="timm:resnet18", help="timm model name, with or without 'timm:'")
+    data = train.add_mutually_exclusive_group()
+    data.add_argument("--data", metavar="DIR", help="ImageFolder root holding train/<class>/... and val/<class>/...")
+    data.add_argument(
+        "--tiny-data", action="store_true", help="generate a tiny 3-class image set into <out>/tiny-data and use it"
+    )
+    train.add_argument("--epochs", type=int, default=5)
+    train.add_argument("--batch", type=int, default=32, help="batch size (the last partial training batch is dropped)")
+    train.add_argument("--lr", type=float, default=None, help="learning rate (default 0.05 for sgd, 1e-3 for adamw)")
+    train.add_argument("--amp", choices=("bf16", "fp16", "off"), default="off", help="autocast dtype, or off")
+    train.add_argument("--cuda-graph", action="store_true", help="capture and replay the whole step as a CUDA graph")
+    train.add_argument("--out", default="train-out", help="folder for checkpoint.pt and metrics.json")
+    train.add_argument("--size", type=int, default=None, help="image size (default 32 with --tiny-data, else 224)")
+    train.add_argument("--workers", type=int, default=2, help="data-loader worker processes")
+    train.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+    train.add_argument("--seed", type=int, default=0)
+
+
+def _train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .errors import ConfigError
+    from .train.data import make_tiny_imagefolder
+    from .train.trainer import train
+
+    if not args.data and not args.tiny_data:
+        parser.error("train needs --data DIR (an ImageFolder with train/ and val/) or --tiny-data")
+    size = args.size if args.size is not None else (32 if args.tiny_data else 224)
+    try:
+        data = args.data
+        if args.tiny_data:
+            data = make_tiny_imagefolder(
+                Path(args.out) / "tiny-data", classes=3, per_class=64, size=size, seed=args.seed
+            )
+        train(
+            args.model,
+            data,
+            epochs=args.epochs,
+            batch=args.batch,
+            lr=args.lr,
+            amp=args.amp,
+            cuda_graph=args.cuda_graph,
+            out=args.out,
+            size=size,
+            workers=args.workers,
+            seed=args.seed,
+            optimizer=args.optimizer,
+        )
+    except ConfigError as exc:
+        print(f"launchless train: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .bench import workloads
     from .bench.modes import MODES
 
+    if args.merge:
+        from .bench.runner import merge
+
+        return merge(args.merge, args.out)
     if args.list:
         for w in workloads.WORKLOADS.values():
             print(f"{w.name:40s} {w.kind:9s} batch {w.batch}  suites: {', '.join(w.suites)}")

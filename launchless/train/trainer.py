@@ -1,0 +1,333 @@
+"""`launchless train`: a small image-classification trainer for timm models, optionally one CUDA graph per step.
+
+The step function (zero_grad, forward under autocast, cross-entropy, backward, optimizer step) returns
+device tensors only -- the loss and the number of correct predictions -- so it can be captured whole by
+``launchless.graphed_step``. Metrics are accumulated on the device and read back once per epoch; the
+cosine learning-rate schedule steps once per epoch, outside the step. With ``cuda_graph=False`` the loop
+is identical, only the step is not wrapped.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from ..errors import ConfigError
+from .data import loaders
+from .step import graphed_step
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
+OPTIMIZERS = ("sgd", "adamw")
+DEFAULT_LR = {"sgd": 0.05, "adamw": 1e-3}
+
+
+def timm_name(model_name: str) -> str:
+    """``"timm:resnet18"`` or ``"resnet18"`` -> ``"resnet18"``; another prefix is refused."""
+    prefix, sep, rest = model_name.partition(":")
+    if not sep:
+        return model_name
+    if prefix != "timm" or not rest:
+        raise ConfigError(
+            f"model {model_name!r}: launchless train builds timm models only; pass a timm name, e.g. "
+            "'timm:resnet18' or 'resnet18'"
+        )
+    return rest
+
+
+def check_model(model_name: str) -> str:
+    """The timm name of ``model_name``; a clear error when timm is missing or does not know the name."""
+    try:
+        import timm
+    except ImportError as exc:
+        raise ConfigError(
+            "launchless train needs timm; install it with: pip install 'launchless[zoo]' (or pip install timm)"
+        ) from exc
+    name = timm_name(model_name)
+    if not timm.is_model(name):
+        close = difflib.get_close_matches(name, timm.list_models(), n=3, cutoff=0.6)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ConfigError(
+            f"unknown timm model {name!r}{hint}; list the model names with: "
+            "python -c \"import timm; print(timm.list_models('*resnet*'))\" (any wildcard pattern works)"
+        )
+    return name
+
+
+def build_model(model_name: str, num_classes: int) -> torch.nn.Module:
+    """A randomly initialised timm model with a ``num_classes`` head."""
+    import timm
+
+    return timm.create_model(check_model(model_name), pretrained=False, num_classes=num_classes)
+
+
+def _check_args(epochs: int, batch: int, lr: float | None, amp: str, optimizer: str, size: int) -> None:
+    if amp not in AMP_DTYPES:
+        raise ConfigError(f"amp={amp!r} is not accepted; pass one of: {' | '.join(AMP_DTYPES)} (e.g. --amp bf16)")
+    if optimizer not in OPTIMIZERS:
+        raise ConfigError(f"optimizer={optimizer!r} is not accepted; pass one of: {' | '.join(OPTIMIZERS)}")
+    if epochs < 1:
+        raise ConfigError(f"epochs={epochs}: pass --epochs 1 or more")
+    if batch < 1:
+        raise ConfigError(f"batch={batch}: pass --batch 1 or more")
+    if lr is not None and not lr > 0:
+        raise ConfigError(f"lr={lr}: pass a positive learning rate (default {DEFAULT_LR[optimizer]} for {optimizer})")
+    if size < 8:
+        raise ConfigError(f"size={size}: pass an image size of at least 8 pixels (--size)")
+
+
+def _pick_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device} was asked for but no CUDA device is visible; leave device unset for CPU")
+    return device
+
+
+class Fp16Scaling:
+    """The fp16 ``GradScaler`` of a step, safe against a call that stopped part-way.
+
+    ``GradScaler.step`` reads its inf/NaN check on the host, which a CUDA graph cannot record: graphed_step's
+    capture attempt runs the step up to that read, aborts, and runs the batch eager. The aborted call leaves
+    the scaler mid-step -- gradients marked unscaled, an inf check recorded by the aborted capture -- and the
+    next ``scaler.step`` would skip unscaling and apply the gradients still multiplied by the scale. So a call
+    that finds the previous one unfinished starts from a new scaler holding the last completed state.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.scaler = torch.amp.GradScaler(device.type)
+        self._unfinished = False
+
+    def backward_and_step(self, loss: torch.Tensor, opt: torch.optim.Optimizer) -> None:
+        if self._unfinished:
+            fresh = torch.amp.GradScaler(self.device.type)
+            fresh.load_state_dict(self.scaler.state_dict())
+            self.scaler = fresh
+        self._unfinished = True
+        self.scaler.scale(loss).backward()
+        self.scaler.step(opt)
+        self.scaler.update()
+        self._unfinished = False
+
+
+def make_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    device: torch.device,
+    amp: str,
+    scaling: Fp16Scaling | None = None,
+):
+    """The training step ``step(x, y) -> (loss, correct)``; both are device tensors (no host sync inside).
+
+    ``scaling`` (fp16 only) scales the loss with a GradScaler; its host-side inf check makes graphed_step
+    run the step eager, with one log line.
+    """
+    dtype = AMP_DTYPES[amp] or torch.bfloat16  # the dtype is unused when autocast is disabled
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        opt.zero_grad(set_to_none=True)
+        # cache_enabled=False: no weight cast outlives the autocast region (what CUDA graphs with AMP ask for);
+        # eager runs the same way, so the graphed and the eager step compute the same thing.
+        with torch.autocast(device.type, dtype=dtype, enabled=amp != "off", cache_enabled=False):
+            logits = model(x)
+            loss = F.cross_entropy(logits, y)
+        if scaling is not None:
+            scaling.backward_and_step(loss, opt)
+        else:
+            loss.backward()
+            opt.step()
+        correct = (logits.argmax(dim=1) == y).sum()
+        return loss.detach().float(), correct
+
+    return step
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module, loader: torch.utils.data.DataLoader, device: torch.device, amp: str
+) -> tuple[float, float]:
+    """Mean loss and accuracy over ``loader`` in eval mode; one host sync at the end."""
+    model.eval()
+    dtype = AMP_DTYPES[amp] or torch.bfloat16
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), dtype=torch.long, device=device)
+    seen = 0
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=dtype, enabled=amp != "off"):
+            logits = model(x)
+        loss_sum += F.cross_entropy(logits.float(), y, reduction="sum")
+        correct += (logits.argmax(dim=1) == y).sum()
+        seen += y.shape[0]
+    loss_total, correct_total = torch.stack([loss_sum.double(), correct.double()]).tolist()
+    return loss_total / max(seen, 1), correct_total / max(seen, 1)
+
+
+def train(
+    model_name: str,
+    data: str | Path,
+    epochs: int = 5,
+    batch: int = 32,
+    lr: float | None = None,
+    amp: str = "off",
+    cuda_graph: bool = False,
+    out: str | Path = "train-out",
+    size: int = 32,
+    workers: int = 2,
+    seed: int = 0,
+    optimizer: str = "sgd",
+    *,
+    device: str | torch.device | None = None,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Train ``model_name`` (a timm name) on the ImageFolder ``data`` (``train/`` and ``val/``).
+
+    ``lr`` None picks 0.05 for SGD, 1e-3 for AdamW. ``device`` None picks CUDA when available, else CPU
+    (where ``cuda_graph=True`` runs eager: graphed_step logs why). Writes ``out/checkpoint.pt`` and
+    ``out/metrics.json`` and returns the metrics: ``epochs`` (one dict per epoch), ``total_wall_s``,
+    ``final_train_loss``, ``final_val_acc``, ``graph_level`` (None without ``cuda_graph``), ``device``.
+    """
+    _check_args(epochs, batch, lr, amp, optimizer, size)
+    lr = DEFAULT_LR[optimizer] if lr is None else float(lr)
+    check_model(model_name)  # a bad model name fails before the data is read
+    dev = _pick_device(device)
+    console = console or Console()
+    out = Path(out)
+    args = {
+        "model": model_name,
+        "data": str(data),
+        "epochs": epochs,
+        "batch": batch,
+        "lr": lr,
+        "amp": amp,
+        "cuda_graph": cuda_graph,
+        "size": size,
+        "workers": workers,
+        "seed": seed,
+        "optimizer": optimizer,
+        "device": str(dev),
+    }
+
+    torch.manual_seed(seed)
+    train_loader, val_loader, num_classes = loaders(
+        data, batch, size, workers=workers, pin_memory=dev.type == "cuda", seed=seed
+    )
+    model = build_model(model_name, num_classes).to(dev).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    if optimizer == "sgd":
+        opt: torch.optim.Optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=5e-4)
+    else:
+        opt = torch.optim.AdamW(params, lr=lr)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)
+    scaling = Fp16Scaling(dev) if amp == "fp16" else None
+    step = make_step(model, opt, dev, amp, scaling)
+    if cuda_graph:
+        step = graphed_step(step, model=model, optimizer=opt)
+
+    console.print(
+        f"launchless train: {timm_name(model_name)} ({sum(p.numel() for p in params):,} parameters) on {dev}, "
+        f"{optimizer} lr {lr:g}, amp {amp}, cuda graph {'on' if cuda_graph else 'off'}\n"
+        f"data: {num_classes} classes, {len(train_loader.dataset)} train / {len(val_loader.dataset)} val images "
+        f"at {size}px, batch {batch}, {len(train_loader)} steps per epoch"
+    )
+    history: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("", total=len(train_loader))
+        for epoch in range(1, epochs + 1):
+            progress.reset(task, total=len(train_loader), description=f"epoch {epoch}/{epochs}")
+            epoch_start = time.perf_counter()
+            epoch_lr = float(opt.param_groups[0]["lr"])
+            model.train()
+            loss_sum = torch.zeros((), device=dev)
+            correct_sum = torch.zeros((), dtype=torch.long, device=dev)
+            seen = steps = 0
+            for x, y in train_loader:
+                x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+                loss, correct = step(x, y)
+                loss_sum += loss
+                correct_sum += correct
+                seen += y.shape[0]
+                steps += 1
+                progress.advance(task)
+            sched.step()  # per epoch, outside the step: a graphed step keeps reading the lr tensor it updates
+            # the epoch's one host sync for the training metrics
+            loss_total, correct_total = torch.stack([loss_sum.double(), correct_sum.double()]).tolist()
+            train_loss, train_acc = loss_total / steps, correct_total / seen
+            val_loss, val_acc = evaluate(model, val_loader, dev, amp)
+            wall = time.perf_counter() - epoch_start
+            history.append(
+                {
+                    "epoch": epoch,
+                    "lr": epoch_lr,
+                    "train_loss": train_loss,
+                    "train_acc": train_acc,
+                    "val_loss": val_loss,
+                    "val_acc": val_acc,
+                    "wall_s": wall,
+                    "steps": steps,
+                    "images_per_s": seen / wall,
+                }
+            )
+            progress.console.print(
+                f"epoch {epoch}/{epochs}  train loss {train_loss:.4f}  train acc {train_acc:.3f}  "
+                f"val loss {val_loss:.4f}  val acc {val_acc:.3f}  {wall:.2f} s"
+            )
+    total = time.perf_counter() - start
+
+    info = step.graph_info() if cuda_graph else None
+    console.print(f"total wall time {total:.2f} s over {epochs} epoch(s)")
+    if info is not None:
+        why = f" ({info['eager_reason']})" if info["eager_reason"] else ""
+        fallbacks = "; ".join(f["reason"] for f in info["fallbacks"])
+        console.print(
+            f"cuda graph level: {info['level']}{why}"
+            + (f"; {sum(g['replays'] for g in info['graphs'])} replays" if info["graphs"] else "")
+            + (f"; fallbacks: {fallbacks}" if fallbacks else "")
+        )
+
+    out.mkdir(parents=True, exist_ok=True)
+    opt_state = opt.state_dict()
+    for group in opt_state["param_groups"]:  # copies; a graphed step keeps lr in a device tensor
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"] = float(group["lr"])
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizer": opt_state,
+            "epoch": epochs,
+            "args": args,
+            "classes": list(train_loader.dataset.classes),
+            "grad_scaler": scaling.scaler.state_dict() if scaling is not None else None,
+        },
+        out / "checkpoint.pt",
+    )
+    result = {
+        "epochs": history,
+        "total_wall_s": total,
+        "final_train_loss": history[-1]["train_loss"],
+        "final_val_acc": history[-1]["val_acc"],
+        "graph_level": info["level"] if info is not None else None,
+        "device": str(dev),
+    }
+    (out / "metrics.json").write_text(
+        json.dumps({**result, "args": args, "graph_info": info}, indent=2, default=str) + "\n"
+    )
+    console.print(f"wrote {out / 'checkpoint.pt'} and {out / 'metrics.json'}", markup=False)
+    return result
