@@ -106,3 +106,19 @@ def test_scheduler_steps_are_deferred_while_capturing() -> None:
     opt.step()
     scheduler.step()
     assert scheduler.last_epoch == 1  # restored afterwards
+
+
+def test_grad_scaler_is_refused_before_it_changes_state() -> None:
+    from launchless.capture import CaptureFailed
+    from launchless.train.step import _refuse_scaler_sync
+
+    model, opt, _ = _setup()
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(F.cross_entropy(model(torch.randn(6, 4)), torch.zeros(6, dtype=torch.long))).backward()
+    scaled = [p.grad.clone() for p in model.parameters()]
+    with _refuse_scaler_sync(), pytest.raises(CaptureFailed, match="host sync to skip steps with inf"):
+        scaler.step(opt)
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), scaled, strict=True))  # untouched
+    scale = float(scaler.get_scale())
+    scaler.step(opt)  # outside capture the scaler still unscales before stepping (its state was not advanced)
+    assert all(torch.allclose(p.grad, g / scale) for p, g in zip(model.parameters(), scaled, strict=True))

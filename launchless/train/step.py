@@ -51,6 +51,30 @@ def _deferred_schedulers(calls: list[LRScheduler]) -> Iterator[None]:
         LRScheduler.step = original  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def _refuse_scaler_sync() -> Iterator[None]:
+    """GradScaler's unscale_ leads to a host sync (skip-on-inf) and changes the scaler's Python state on
+    the way; refuse it before it touches anything, so the eager retry of this batch starts clean.
+    (Fused optimizers take the scaler's device-side path, which never calls unscale_ from step.)"""
+    original = torch.amp.GradScaler.unscale_
+
+    def refuse(self: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
+        if not self.is_enabled():
+            return original(self, optimizer)
+        raise _capture.CaptureFailed(
+            "capture",
+            None,
+            "GradScaler.unscale_ needs a host sync to skip steps with inf/NaN gradients (use bf16, or a fused "
+            "optimizer, to capture the whole step)",
+        )
+
+    torch.amp.GradScaler.unscale_ = refuse  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.amp.GradScaler.unscale_ = original  # type: ignore[method-assign]
+
+
 class _Graph:
     def __init__(self, graph: _capture.CapturedGraph, schedulers: list[LRScheduler]) -> None:
         self.graph = graph
@@ -172,7 +196,7 @@ class GraphedStep:
             if self._pool is None:
                 self._pool = _capture.new_pool()
             try:
-                with _deferred_schedulers(schedulers):
+                with _deferred_schedulers(schedulers), _refuse_scaler_sync():
                     graph = _capture.capture(
                         self.fn, flat, device=device, pool=self._pool, warmup=0, stream=self._stream
                     )
