@@ -92,44 +92,17 @@ def _pick_device(device: str | torch.device | None) -> torch.device:
     return device
 
 
-class Fp16Scaling:
-    """The fp16 ``GradScaler`` of a step, safe against a call that stopped part-way.
-
-    ``GradScaler.step`` reads its inf/NaN check on the host, which a CUDA graph cannot record: graphed_step's
-    capture attempt runs the step up to that read, aborts, and runs the batch eager. The aborted call leaves
-    the scaler mid-step -- gradients marked unscaled, an inf check recorded by the aborted capture -- and the
-    next ``scaler.step`` would skip unscaling and apply the gradients still multiplied by the scale. So a call
-    that finds the previous one unfinished starts from a new scaler holding the last completed state.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.scaler = torch.amp.GradScaler(device.type)
-        self._unfinished = False
-
-    def backward_and_step(self, loss: torch.Tensor, opt: torch.optim.Optimizer) -> None:
-        if self._unfinished:
-            fresh = torch.amp.GradScaler(self.device.type)
-            fresh.load_state_dict(self.scaler.state_dict())
-            self.scaler = fresh
-        self._unfinished = True
-        self.scaler.scale(loss).backward()
-        self.scaler.step(opt)
-        self.scaler.update()
-        self._unfinished = False
-
-
 def make_step(
     model: torch.nn.Module,
     opt: torch.optim.Optimizer,
     device: torch.device,
     amp: str,
-    scaling: Fp16Scaling | None = None,
+    scaler: torch.amp.GradScaler | None = None,
 ):
     """The training step ``step(x, y) -> (loss, correct)``; both are device tensors (no host sync inside).
 
-    ``scaling`` (fp16 only) scales the loss with a GradScaler; its host-side inf check makes graphed_step
-    run the step eager, with one log line.
+    ``scaler`` (fp16 only) scales the loss; its host-side inf check makes graphed_step refuse the capture
+    (before the scaler changes state) and run the step eager, with one log line.
     """
     dtype = AMP_DTYPES[amp] or torch.bfloat16  # the dtype is unused when autocast is disabled
 
@@ -140,8 +113,10 @@ def make_step(
         with torch.autocast(device.type, dtype=dtype, enabled=amp != "off", cache_enabled=False):
             logits = model(x)
             loss = F.cross_entropy(logits, y)
-        if scaling is not None:
-            scaling.backward_and_step(loss, opt)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
         else:
             loss.backward()
             opt.step()
@@ -228,8 +203,8 @@ def train(
     else:
         opt = torch.optim.AdamW(params, lr=lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)
-    scaling = Fp16Scaling(dev) if amp == "fp16" else None
-    step = make_step(model, opt, dev, amp, scaling)
+    scaler = torch.amp.GradScaler(dev.type) if amp == "fp16" else None
+    step = make_step(model, opt, dev, amp, scaler)
     if cuda_graph:
         step = graphed_step(step, model=model, optimizer=opt)
 
@@ -314,7 +289,7 @@ def train(
             "epoch": epochs,
             "args": args,
             "classes": list(train_loader.dataset.classes),
-            "grad_scaler": scaling.scaler.state_dict() if scaling is not None else None,
+            "grad_scaler": scaler.state_dict() if scaler is not None else None,
         },
         out / "checkpoint.pt",
     )
