@@ -131,6 +131,8 @@ class GraphedStep:
         except UnhashableInput as exc:
             self._log_once(f"launchless: training step runs eager: {exc}")
             return self.fn(*batch, **kwargs)
+        if not self.model.training:  # train/eval changes what the step computes: its own graph
+            sig = sig._replace(context=(*sig.context, "eval"))
         entry = self._graphs.get(sig)
         if entry is not None:
             changed = self._optim.sync() if self._optim else None
