@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 
 from launchless import zoo
 from launchless.cli import main
-
-
-@pytest.fixture(autouse=True)
-def keep_root_logging():
-    """main() calls logging.basicConfig; leave the root logger as the test found it."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    for h in list(root.handlers):
-        if h not in handlers:
-            root.removeHandler(h)
-    root.setLevel(level)
 
 
 def test_demo_list_prints_every_workload(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import pytest
@@ -19,18 +18,6 @@ pytest.importorskip("torchvision")
 from launchless.train.trainer import train  # noqa: E402
 
 pytestmark = pytest.mark.zoo
-
-
-@pytest.fixture(autouse=True)
-def keep_root_logging():
-    """main() calls logging.basicConfig; leave the root logger as the test found it."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    for h in list(root.handlers):
-        if h not in handlers:
-            root.removeHandler(h)
-    root.setLevel(level)
 
 
 @pytest.fixture(scope="module")
