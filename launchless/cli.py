@@ -120,7 +120,7 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return merge(args.merge, args.out)
     if args.list:
         for w in workloads.WORKLOADS.values():
-            print(f"{w.name:40s} {w.kind:9s} batch {w.batch}  suites: {', '.join(w.suites)}")
+            print(f"{w.name:40s} {w.kind:9s} batch {w.batch}  suites: {', '.join(w.suites) or '(run by name)'}")
         print("modes: " + ", ".join(MODES))
         return 0
     try:

@@ -6,7 +6,6 @@ import pytest
 
 from launchless.bench import workloads
 from launchless.bench.measure import measure
-from launchless.bench.modes import ModeUnavailable
 
 pytestmark = pytest.mark.cuda
 
@@ -30,5 +29,6 @@ def test_whole_step_hand_graph_matches_eager_training() -> None:
     assert row["status"] == "ok" and row["kernel_floor_ms"] is not None
     assert row["correctness"]["status"] in ("bit-identical", "differs")
     assert row["correctness"]["max_abs_diff"] < 1e-3  # same state trajectory as eager, up to backward atomics
-    with pytest.raises(ModeUnavailable):
-        measure(workloads.get("train:resnet18"), "launchless", iters=5)
+    row = measure(workloads.get("train:resnet18"), "launchless", iters=20)  # graphed_step
+    print(row)
+    assert row["status"] == "ok" and row["correctness"]["max_abs_diff"] < 1e-3

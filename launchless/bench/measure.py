@@ -59,7 +59,7 @@ def _eager_training_loss(w: BenchWorkload, steps: int) -> torch.Tensor:
     """The loss eager reaches after ``steps`` steps from the same seed-built state on the same batch."""
     built = _build(w)
     x, y = _labels(w, built)
-    step = modes.train_step(built.model, modes.optimizer(built.model, w.optimizer))
+    step = modes.train_step(built.model, modes.optimizer(built.model, w.optimizer), amp=w.amp)
     for _ in range(steps):
         loss = step(x, y)
     return loss.detach().clone()
@@ -87,7 +87,7 @@ def measure(w: BenchWorkload, mode: str, iters: int) -> dict:
             prepared = modes.inference(mode, built.model, args, kwargs)
         else:
             x, y = _labels(w, built)
-            prepared = modes.training(mode, built.model, modes.optimizer(built.model, w.optimizer), x, y)
+            prepared = modes.training(mode, built.model, modes.optimizer(built.model, w.optimizer), x, y, w.amp)
         prepared.call()
         torch.cuda.synchronize()
         row["first_call_ms"] = (time.perf_counter() - start) * 1e3

@@ -19,6 +19,7 @@ class BenchWorkload:
     kind: str = "inference"  # "inference" | "training"
     batch: int = 1
     optimizer: str = "sgd"  # training only: "sgd" (momentum 0.9) | "adamw"
+    amp: str | None = None  # training only: "bf16" autocast
     suites: tuple[str, ...] = (STANDARD,)
 
 
@@ -37,6 +38,14 @@ _ALL = [
     BenchWorkload("train:resnet18", "timm:resnet18", kind="training", suites=(QUICK, STANDARD)),
     BenchWorkload("train:mobilenetv3_small_100", "timm:mobilenetv3_small_100", kind="training"),
     BenchWorkload("train:resnet50@b8", "timm:resnet50", kind="training", batch=8),
+    BenchWorkload(
+        "train:mobilenetv3_small_100-adamw",
+        "timm:mobilenetv3_small_100",
+        kind="training",
+        optimizer="adamw",
+        suites=(),
+    ),
+    BenchWorkload("train:resnet50@b8-bf16", "timm:resnet50", kind="training", batch=8, amp="bf16", suites=()),
 ]
 WORKLOADS: dict[str, BenchWorkload] = {w.name: w for w in _ALL}
 
