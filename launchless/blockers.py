@@ -33,8 +33,8 @@ COPY = "CPU<->GPU copy"
 DATA_DEPENDENT = "data-dependent shape"
 CAPTURE_ERROR = "capture error"
 
-_HOST_SYNC_OPS = {"_local_scalar_dense", "item", "equal", "is_nonzero", "allclose"}
-_DATA_DEPENDENT_OPS = {
+HOST_SYNC_OPS = {"_local_scalar_dense", "item", "equal", "is_nonzero", "allclose"}
+DATA_DEPENDENT_OPS = {
     "nonzero",
     "nonzero_static",
     "masked_select",
@@ -162,9 +162,9 @@ def _devices(args: tuple, kwargs: dict) -> set[str]:
 def classify_op(func: object, args: tuple, kwargs: dict) -> str | None:
     """The blocker kind of one aten op on device tensors, or None when a capture can record it."""
     name = _op_name(func)
-    if name in _HOST_SYNC_OPS:
+    if name in HOST_SYNC_OPS:
         return HOST_SYNC
-    if name in _DATA_DEPENDENT_OPS:
+    if name in DATA_DEPENDENT_OPS:
         return DATA_DEPENDENT
     if name in _COPY_OPS and len(_devices(args, kwargs)) > 1:
         return COPY

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from ..blockers import _DATA_DEPENDENT_OPS, _HOST_SYNC_OPS, COPY, DATA_DEPENDENT, HOST_SYNC
+from ..blockers import COPY, DATA_DEPENDENT, DATA_DEPENDENT_OPS, HOST_SYNC, HOST_SYNC_OPS
 
 CPU_NODE = "CPU computation"
 INPUT_MUTATION = "input mutation"
@@ -129,9 +129,9 @@ def diagnose(gm: fx.GraphModule) -> list[GraphBlocker]:
         args_dev = (
             set().union(*(_devices(a.meta.get("val")) for a in node.all_input_nodes)) if node.all_input_nodes else set()
         )
-        if name in _HOST_SYNC_OPS:
+        if name in HOST_SYNC_OPS:
             add(HOST_SYNC, node)
-        elif name in _DATA_DEPENDENT_OPS:
+        elif name in DATA_DEPENDENT_OPS:
             add(DATA_DEPENDENT, node)
         elif "rng_state" in name or name in ("seed", "manual_seed"):
             add(RNG_STATE, node)
