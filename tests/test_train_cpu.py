@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import launchless as ll
+from launchless.train import hooks
 from launchless.train.optim import CapturableOptimizer, OptimizerNotCapturable
 from launchless.train.snapshot import Snapshot, state_tensors
-from launchless.train.step import _deferred_schedulers
 
 CPU = torch.device("cpu")
 
@@ -62,6 +62,7 @@ def test_learning_rate_becomes_a_tensor_that_schedulers_update_in_place() -> Non
     prepared = CapturableOptimizer(opt, CPU)
     lr = opt.param_groups[0]["lr"]
     assert isinstance(lr, torch.Tensor) and float(lr) == pytest.approx(0.1)
+    assert opt.param_groups[0]["fused"] is True and opt.param_groups[0]["foreach"] is False  # reads lr on device
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     step(torch.randn(6, 4), torch.zeros(6, dtype=torch.long))
     scheduler.step()
@@ -100,7 +101,7 @@ def test_scheduler_steps_are_deferred_while_capturing() -> None:
     _, opt, _ = _setup()
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     calls: list = []
-    with _deferred_schedulers(calls):
+    with hooks.deferred_schedulers(calls):
         scheduler.step()
     assert calls == [scheduler] and scheduler.last_epoch == 0
     opt.step()
@@ -110,15 +111,62 @@ def test_scheduler_steps_are_deferred_while_capturing() -> None:
 
 def test_grad_scaler_is_refused_before_it_changes_state() -> None:
     from launchless.capture import CaptureFailed
-    from launchless.train.step import _refuse_scaler_sync
 
     model, opt, _ = _setup()
     scaler = torch.amp.GradScaler("cpu")
     scaler.scale(F.cross_entropy(model(torch.randn(6, 4)), torch.zeros(6, dtype=torch.long))).backward()
     scaled = [p.grad.clone() for p in model.parameters()]
-    with _refuse_scaler_sync(), pytest.raises(CaptureFailed, match="host sync to skip steps with inf"):
+    with hooks.refuse_scaler_sync(), pytest.raises(CaptureFailed, match="host sync to skip steps with inf"):
         scaler.step(opt)
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), scaled, strict=True))  # untouched
     scale = float(scaler.get_scale())
     scaler.step(opt)  # outside capture the scaler still unscales before stepping (its state was not advanced)
     assert all(torch.allclose(p.grad, g / scale) for p, g in zip(model.parameters(), scaled, strict=True))
+
+
+def test_zero_grad_zeroes_in_place_while_capturing() -> None:
+    model, opt, step = _setup()
+    step(torch.randn(6, 4), torch.zeros(6, dtype=torch.long))
+    grads = [p.grad for p in model.parameters()]
+    with hooks.zero_grad_in_place():
+        opt.zero_grad(set_to_none=True)
+        model.zero_grad()
+    assert all(p.grad is g and not g.any() for p, g in zip(model.parameters(), grads, strict=True))
+    opt.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in model.parameters())  # restored afterwards
+
+
+def test_optimizer_and_scaler_calls_are_deferred_and_replayable() -> None:
+    model, opt, _ = _setup()
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    x, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    calls: list = []
+    before = [p.detach().clone() for p in model.parameters()]
+    with hooks.deferred_optimizer(opt, calls):
+        scaler.scale(F.cross_entropy(model(x), y)).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.step()
+    assert len(calls) == 3 and "step" not in vars(opt)  # the instance patch is gone
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before, strict=True))
+    for call in calls[:2]:  # scaler.step(opt): unscale, then the real optimizer step
+        call()
+    assert not all(torch.equal(a, b) for a, b in zip(model.parameters(), before, strict=True))
+
+
+def test_snapshot_restores_gradients_and_their_tensors() -> None:
+    model, opt, step = _setup(momentum=0.9)
+    x, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    step(x, y)
+    params = list(model.parameters())
+    grads = [p.grad for p in params]
+    snap = Snapshot(state_tensors(model, opt), params=params)
+    saved = [g.clone() for g in grads]
+    step(x * 2, y)  # set_to_none: new gradient tensors
+    assert any(p.grad is not g for p, g in zip(params, grads, strict=True))
+    snap.restore()
+    assert all(p.grad is g and torch.equal(g, s) for p, g, s in zip(params, grads, saved, strict=True))
+    state = snap.current()
+    step(x, y)
+    snap.load(state)
+    assert all(p.grad is g and torch.equal(g, s) for p, g, s in zip(params, grads, saved, strict=True))

@@ -2,15 +2,19 @@
 
 A graph freezes every Python number it reads. So the learning rate becomes a one-element device
 tensor that schedulers update in place (PyTorch's schedulers ``fill_`` tensor learning rates), Adam
-and AdamW switch to ``capturable=True`` with their step counters on the device, and the remaining
+and AdamW switch to ``capturable=True`` with their step counters on the device, SGD switches to its
+fused kernel (its for-loop and foreach updates read a tensor learning rate on the host; the fused one
+takes it on the device, and also takes GradScaler's skip-on-inf as a device tensor), and the remaining
 hyperparameters are remembered so that a change to them (which the graph would ignore) is noticed.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
+from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 _CAPTURABLE = (torch.optim.Adam, torch.optim.AdamW)
 _SUPPORTED = (torch.optim.SGD, *_CAPTURABLE)
@@ -22,6 +26,7 @@ class OptimizerNotCapturable(Exception):
 
 # lr is a device tensor; the rest is bookkeeping that schedulers add to a group and never read in step()
 _NOT_FROZEN = {"params", "lr", "initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"}
+log = logging.getLogger("launchless")
 
 
 def _hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
@@ -37,6 +42,8 @@ class CapturableOptimizer:
                 f"{type(optimizer).__name__} is not known to be capturable (supported: SGD, Adam, AdamW)"
             )
         self.optimizer = optimizer
+        if isinstance(optimizer, torch.optim.SGD):
+            _use_fused_sgd(optimizer)
         for group in optimizer.param_groups:
             if isinstance(optimizer, _CAPTURABLE):
                 group["capturable"] = True
@@ -68,3 +75,23 @@ class CapturableOptimizer:
                 "e.g. OneCycleLR(cycle_momentum=True)); only lr may change"
             )
         return None
+
+
+def _use_fused_sgd(optimizer: torch.optim.SGD) -> None:
+    """SGD's foreach/for-loop update calls ``add_(alpha=-lr)``, a host read of a tensor lr; fused does not."""
+    groups = optimizer.param_groups
+    if all(g.get("fused") for g in groups):
+        return
+    params = [p for g in groups for p in g["params"]]
+    supported = _get_fused_kernels_supported_devices()
+    if any(g.get("differentiable") for g in groups) or not all(
+        p.device.type in supported and p.is_floating_point() for p in params
+    ):
+        raise OptimizerNotCapturable(
+            "SGD needs its fused kernel to read a device learning rate, which takes floating-point parameters "
+            f"on {'/'.join(supported)} and differentiable=False"
+        )
+    for g in groups:
+        g["fused"], g["foreach"] = True, False
+    optimizer._step_supports_amp_scaling = True  # GradScaler then passes found_inf on the device
+    log.info("launchless: SGD runs its fused kernel (fused=True) so the learning rate can live on the GPU")

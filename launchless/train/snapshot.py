@@ -25,11 +25,20 @@ def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> l
 
 
 class Snapshot:
-    """Values of ``tensors`` plus scheduler state and the RNG state, restorable in place."""
+    """Values of ``tensors`` and of the ``.grad`` of ``params`` (which gradient accumulation reads),
+    plus scheduler state and the RNG state, restorable in place."""
 
-    def __init__(self, tensors: Iterable[torch.Tensor], device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        tensors: Iterable[torch.Tensor],
+        device: torch.device | None = None,
+        params: Iterable[torch.Tensor] = (),
+    ) -> None:
         self.tensors = list(tensors)
         self.values = [t.detach().clone() for t in self.tensors]
+        self.params = list(params)
+        self.grads = [p.grad for p in self.params]
+        self.grad_values = [None if g is None else g.detach().clone() for g in self.grads]
         self.schedulers: list[Any] = []
         self.scheduler_states: list[dict] = []
         self.rng = torch.cuda.get_rng_state(device) if device is not None else None
@@ -41,14 +50,33 @@ class Snapshot:
             self.schedulers.append(s)
             self.scheduler_states.append(s.state_dict())
 
+    def add_tensors(self, tensors: Iterable[torch.Tensor]) -> None:
+        """State found only by running the step (a GradScaler's scale); unchanged since, as capture runs nothing."""
+        for t in tensors:
+            self.tensors.append(t)
+            self.values.append(t.detach().clone())
+
     def restore(self) -> None:
-        with torch.no_grad():
-            for t, v in zip(self.tensors, self.values, strict=True):
-                t.copy_(v)
+        self.load([*self.values, *self.grad_values])
         for s, state in zip(self.schedulers, self.scheduler_states, strict=True):
             s.load_state_dict(state)
         if self.rng is not None:
             torch.cuda.set_rng_state(self.rng, self.device)
 
-    def current(self) -> list[torch.Tensor]:
-        return [t.detach().clone() for t in self.tensors]
+    def load(self, values: list[torch.Tensor | None]) -> None:
+        """Put ``values`` (from ``current()``) back into the same tensors; ``.grad`` gets its saved tensor."""
+        n = len(self.tensors)
+        with torch.no_grad():
+            for t, v in zip(self.tensors, values[:n], strict=True):
+                t.copy_(v)
+            for p, g, v in zip(self.params, self.grads, values[n:], strict=True):
+                p.grad = g
+                if g is not None and v is not None:
+                    g.copy_(v)
+                elif g is not None:
+                    g.zero_()
+
+    def current(self) -> list[torch.Tensor | None]:
+        """State values now; a missing gradient reads as None."""
+        grads = [None if p.grad is None else p.grad.detach().clone() for p in self.params]
+        return [*(t.detach().clone() for t in self.tensors), *grads]

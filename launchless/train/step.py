@@ -5,9 +5,15 @@ warm-up) until its batch signature has been seen ``capture_after`` times; then i
 from then on, replayed. Capturing executes nothing, so the capturing call replays once to apply
 its batch: no batch is applied twice or skipped.
 
-Training fails soft: anything that stops capture or verification -- a host sync (``loss.item()``),
-a data-dependent shape, an optimizer that cannot run in a graph, DDP -- makes that signature (or
-the whole step) run eager from then on, with one log line naming the reason and the source line.
+Training fails soft, in levels: when the whole step cannot be captured or verified (an optimizer
+that needs a host sync, GradScaler's skip-on-inf with a non-fused optimizer), forward+backward is
+captured and the optimizer and scaler calls run eager after each replay; when that fails too (a
+host sync such as ``loss.item()``, a data-dependent shape, DDP), that signature (or the whole step)
+runs eager -- each with one log line naming the reason and the source line.
+
+All graphs share one set of gradient tensors (``zero_grad(set_to_none=True)`` zeroes them in place
+while capturing) so that gradient accumulation across signatures -- a micro-step without the
+optimizer and a full step -- reads and writes the same memory.
 
 Learning-rate schedulers called inside the step are deferred during capture and called after each
 replay, so they keep stepping; the learning rate lives in a device tensor they update in place.
@@ -18,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,57 +34,26 @@ from .. import capture as _capture
 from ..blockers import classify_message, locate_exception
 from ..signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
 from ..verify import difference, identical
+from . import hooks
 from .optim import CapturableOptimizer, OptimizerNotCapturable
 from .snapshot import Snapshot, state_tensors
 
 log = logging.getLogger("launchless")
 
 
-@contextlib.contextmanager
-def _deferred_schedulers(calls: list[LRScheduler]) -> Iterator[None]:
-    """While capturing, scheduler.step() is recorded instead of run (a graph would freeze its result)."""
-    original = LRScheduler.step
-
-    def record(self: LRScheduler, *args: Any, **kwargs: Any) -> None:
-        if args or kwargs:
-            raise _capture.CaptureFailed("capture", None, "scheduler.step() with arguments cannot be replayed")
-        calls.append(self)
-
-    LRScheduler.step = record  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        LRScheduler.step = original  # type: ignore[method-assign]
-
-
-@contextlib.contextmanager
-def _refuse_scaler_sync() -> Iterator[None]:
-    """GradScaler's unscale_ leads to a host sync (skip-on-inf) and changes the scaler's Python state on
-    the way; refuse it before it touches anything, so the eager retry of this batch starts clean.
-    (Fused optimizers take the scaler's device-side path, which never calls unscale_ from step.)"""
-    original = torch.amp.GradScaler.unscale_
-
-    def refuse(self: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
-        if not self.is_enabled():
-            return original(self, optimizer)
-        raise _capture.CaptureFailed(
-            "capture",
-            None,
-            "GradScaler.unscale_ needs a host sync to skip steps with inf/NaN gradients (use bf16, or a fused "
-            "optimizer, to capture the whole step)",
-        )
-
-    torch.amp.GradScaler.unscale_ = refuse  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        torch.amp.GradScaler.unscale_ = original  # type: ignore[method-assign]
+WHOLE_STEP = "whole-step graph"
+FORWARD_BACKWARD = "forward+backward graph, eager optimizer"
 
 
 class _Graph:
-    def __init__(self, graph: _capture.CapturedGraph, schedulers: list[LRScheduler]) -> None:
-        self.graph = graph
-        self.schedulers = schedulers
+    def __init__(
+        self,
+        graph: _capture.CapturedGraph,
+        schedulers: list[LRScheduler],
+        level: str,
+        deferred: list[Callable[[], Any]],
+    ) -> None:
+        self.graph, self.schedulers, self.level, self.deferred = graph, schedulers, level, deferred
 
 
 class GraphedStep:
@@ -90,6 +65,7 @@ class GraphedStep:
         *,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler | None = None,
         capture_after: int = 3,
         max_graphs: int = 8,
         verify: bool = True,
@@ -100,7 +76,7 @@ class GraphedStep:
                 f"capture_after={capture_after} is not accepted; pass >= 2: the eager steps before capture create "
                 "the optimizer state and warm up the capture stream"
             )
-        self.fn, self.model, self.optimizer = fn, model, optimizer
+        self.fn, self.model, self.optimizer, self.scaler = fn, model, optimizer, scaler
         self.capture_after, self.max_graphs = capture_after, max_graphs
         self.verify, self.tolerance_ulps = verify, tolerance_ulps
         self._graphs: OrderedDict[Signature, _Graph] = OrderedDict()
@@ -114,13 +90,18 @@ class GraphedStep:
         self._pool: Any = None
         self._reports: dict[Signature, dict] = {}
         self._params: list[torch.Tensor] = []
-        self._static_grads: list[torch.Tensor | None] = []
+        self._grads: list[torch.Tensor] = []  # shared by every graph: accumulation crosses signatures
 
     # ---- the call --------------------------------------------------------------------------------
     def __call__(self, *batch: Any, **kwargs: Any) -> Any:
         if not self._checked:  # at the first call: the model may be moved to the GPU after wrapping
             self._checked = True
             self._eager_reason = self._whole_run_reason()
+            if self._eager_reason is None:  # before the first step, so that every step has the same numerics
+                try:
+                    self._optim = CapturableOptimizer(self.optimizer, self._device())
+                except OptimizerNotCapturable as exc:
+                    self._eager_reason = str(exc)
             if self._eager_reason:
                 self._log_once(f"launchless: training runs eager: {self._eager_reason}")
         if self._eager_reason is not None:
@@ -174,56 +155,101 @@ class GraphedStep:
         caller.wait_stream(self._stream)
         return out
 
+    def _install_grads(self) -> None:
+        """Point every ``.grad`` at the graphs' tensors, carrying over what eager code left there."""
+        with torch.no_grad():
+            for p, g in zip(self._params, self._grads, strict=True):
+                if p.grad is not g:
+                    if p.grad is None:  # None and zeros accumulate alike
+                        g.zero_()
+                    else:
+                        g.copy_(p.grad)
+                    p.grad = g
+
     def _replay(self, entry: _Graph, flat: FlatInputs) -> Any:
+        self._install_grads()
         out = entry.graph.replay_cloned(flat.leaves)
-        for p, g in zip(self._params, self._static_grads, strict=True):
-            if p.grad is not g:  # user code set grads to None between steps: the graph still owns them
-                p.grad = g
+        for call in entry.deferred:
+            call()
         for scheduler in entry.schedulers:
             scheduler.step()
         return out
 
     # ---- capture and verification --------------------------------------------------------------------
     def _capture(self, sig: Signature, flat: FlatInputs) -> Any:
-        device = self._device()
-        try:
-            self._optim = self._optim or CapturableOptimizer(self.optimizer, device)
-        except OptimizerNotCapturable as exc:
-            self._eager_reason = str(exc)
-            self._log_once(f"launchless: training runs eager: {exc}")
-            return self._eager(flat)
-        schedulers: list[LRScheduler] = []
         with _capture.CAPTURE_LOCK:
-            before = Snapshot(state_tensors(self.model, self.optimizer), device=device)
-            if self._pool is None:
-                self._pool = _capture.new_pool()
-            try:
-                with _deferred_schedulers(schedulers), _refuse_scaler_sync():
-                    graph = _capture.capture(
-                        self.fn, flat, device=device, pool=self._pool, warmup=0, stream=self._stream
-                    )
-            except _capture.CaptureFailed as fail:
-                if fail.stage == "capture":
-                    self._pool = None
-                before.restore()
-                return self._refuse(sig, flat, fail)
-            self._params = [p for p in self.model.parameters() if p.requires_grad]
-            self._static_grads = [p.grad for p in self._params]
-            entry = _Graph(graph, list(dict.fromkeys(schedulers)))
-            before.add_schedulers(entry.schedulers)  # not stepped yet: capture only recorded the calls
-            if self.verify:
-                report, out = self._verify(entry, flat, before)
-            else:
-                report, out = {"status": "skipped", "passed": True}, self._replay(entry, flat)
-            self._reports[sig] = report
-            if not report["passed"]:
-                before.restore()
-                return self._refuse(sig, flat, None, f"verification failed ({report['detail']})")
-            self._graphs[sig] = entry
-            while len(self._graphs) > self.max_graphs:
-                self._graphs.popitem(last=False)
-                self._log_once(f"launchless: more than max_graphs={self.max_graphs} step signatures; evicting")
-            return out
+            if not self._grads:
+                self._params = [p for p in self.model.parameters() if p.requires_grad]
+                self._grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self._params]
+            self._install_grads()
+            whole_reason = ""
+            for level in (WHOLE_STEP, FORWARD_BACKWARD):
+                entry, outcome = self._try_level(level, flat)
+                if entry is not None:
+                    self._reports[sig] = outcome
+                    self._graphs[sig] = entry
+                    if level == FORWARD_BACKWARD:
+                        self._log_once(
+                            f"launchless: training step {sig.describe()} runs {level} "
+                            f"(whole step not captured: {whole_reason})"
+                        )
+                    while len(self._graphs) > self.max_graphs:
+                        self._graphs.popitem(last=False)
+                        self._log_once(f"launchless: more than max_graphs={self.max_graphs} step signatures; evicting")
+                    return outcome.pop("_out")
+                whole_reason = whole_reason or outcome["reason"]
+            why = (
+                outcome["reason"]
+                if outcome["reason"] == whole_reason
+                else (f"{outcome['reason']} (whole step: {whole_reason})")
+            )
+            self._refused[sig] = why
+            self._log_once(f"launchless: training step {sig.describe()} runs eager: {why}")
+            return self._eager(flat)
+
+    def _try_level(self, level: str, flat: FlatInputs) -> tuple[_Graph | None, dict]:
+        """Capture and verify at one level; on failure the state is as before and the reason is returned."""
+        device = self._device()
+        before = Snapshot(state_tensors(self.model, self.optimizer), device=device, params=self._params)
+        if self._pool is None:
+            self._pool = _capture.new_pool()
+        schedulers: list[LRScheduler] = []
+        deferred: list[Callable[[], Any]] = []
+        scalers: set[torch.amp.GradScaler] = set()
+        try:
+            with contextlib.ExitStack() as patches:
+                patches.enter_context(hooks.deferred_schedulers(schedulers))
+                patches.enter_context(hooks.zero_grad_in_place())
+                patches.enter_context(hooks.watch_scalers(scalers))
+                if level == WHOLE_STEP:
+                    patches.enter_context(hooks.refuse_scaler_sync())
+                else:
+                    patches.enter_context(hooks.deferred_optimizer(self.optimizer, deferred))
+                graph = _capture.capture(self.fn, flat, device=device, pool=self._pool, warmup=0, stream=self._stream)
+        except _capture.CaptureFailed as fail:
+            if fail.stage == "capture":
+                self._pool = None
+            for scaler in scalers:
+                hooks.reset_scaler(scaler)
+            before.restore()
+            return None, {"reason": _failure_reason(fail)}
+        if any(p.grad is not g for p, g in zip(self._params, self._grads, strict=True)):
+            before.restore()
+            return None, {
+                "reason": "the step replaces .grad tensors itself (e.g. p.grad = None); use optimizer.zero_grad()"
+            }
+        entry = _Graph(graph, list(dict.fromkeys(schedulers)), level, deferred)
+        before.add_schedulers(entry.schedulers)  # not stepped yet: capture only recorded the calls
+        for scaler in {*scalers, *([self.scaler] if self.scaler is not None else [])}:
+            before.add_tensors(hooks.scaler_tensors(scaler))
+        if self.verify:
+            report, out = self._verify(entry, flat, before)
+        else:
+            report, out = {"status": "skipped", "passed": True}, self._replay(entry, flat)
+        if not report["passed"]:
+            before.restore()
+            return None, {"reason": f"verification failed ({report['detail']})"}
+        return entry, {**report, "_out": out}
 
     def _verify(self, entry: _Graph, flat: FlatInputs, before: Snapshot) -> tuple[dict, Any]:
         """Graph step and eager step from the same state on the same batch must agree."""
@@ -232,17 +258,17 @@ class GraphedStep:
         before.restore()
         graph_out = self._replay(entry, flat)
         graph_state = before.current()
-        same = identical(eager_out, graph_out) and identical(eager_state, graph_state)
         report = {"status": "bit-identical", "passed": True, "max_abs_diff": 0.0}
-        if same:
+        if identical(eager_out, graph_out) and identical(eager_state, graph_state):
             return report, graph_out
         diff = max(difference(eager_state, graph_state, 0.0)[0], difference(eager_out, graph_out, 0.0)[0])
-        after_graph = before.current()
+        if diff == 0.0:  # equal values; only the sign of a zero differs (0 + -0 is +0 in a zeroed gradient)
+            report["status"] = "identical values"
+            return report, graph_out
         before.restore()
         again_out, again_state = self._eager(flat), before.current()
         noise = max(difference(eager_state, again_state, 0.0)[0], difference(eager_out, again_out, 0.0)[0])
-        for t, v in zip(before.tensors, after_graph, strict=True):  # keep the graph's step applied
-            t.detach().copy_(v)
+        before.load(graph_state)  # keep the graph's step applied
         report.update(max_abs_diff=diff, eager_noise=noise)
         if noise > 0 and diff <= 2 * noise:
             report.update(status="eager-noise", detail=f"eager run twice differs by {noise:.3g}")
@@ -254,17 +280,6 @@ class GraphedStep:
             )
         return report, graph_out
 
-    def _refuse(self, sig: Signature, flat: FlatInputs, fail: _capture.CaptureFailed | None, why: str = "") -> Any:
-        if fail is not None:
-            cause = fail.cause
-            where = locate_exception(cause) if cause is not None else None
-            kind = classify_message(str(cause)) if cause is not None else "capture error"
-            first = str(cause or fail).strip().splitlines()[0] if str(cause or fail).strip() else kind
-            why = f"{kind}: {first}" + (f" at {where}" if where else "")
-        self._refused[sig] = why
-        self._log_once(f"launchless: training step {sig.describe()} runs eager: {why}")
-        return self._eager(flat)
-
     def _log_once(self, message: str) -> None:
         if message not in self._logged:
             self._logged.add(message)
@@ -272,13 +287,20 @@ class GraphedStep:
 
     def graph_info(self) -> dict:
         """Which level runs: captured signatures with replays and verification, eager fallbacks and why."""
-        level = "eager" if self._eager_reason else ("whole-step graph" if self._graphs else "eager (warming up)")
+        levels = sorted({e.level for e in self._graphs.values()})
+        if self._eager_reason:
+            level = "eager"
+        elif not self._graphs:
+            level = "eager (warming up)" if not self._refused else "eager"
+        else:
+            level = " + ".join(levels)
         return {
             "level": level,
             "eager_reason": self._eager_reason,
             "graphs": [
                 {
                     "signature": s.describe(),
+                    "level": e.level,
                     "replays": e.graph.replays,
                     "verification": {k: v for k, v in self._reports.get(s, {}).items() if not k.startswith("_")},
                 }
@@ -295,3 +317,12 @@ def graphed_step(
     if fn is None:
         return lambda f: GraphedStep(f, model=model, optimizer=optimizer, **options)
     return GraphedStep(fn, model=model, optimizer=optimizer, **options)
+
+
+def _failure_reason(fail: _capture.CaptureFailed) -> str:
+    cause = fail.cause
+    where = locate_exception(cause) if cause is not None else None
+    kind = classify_message(str(cause)) if cause is not None else "capture error"
+    text = str(cause or fail).strip()
+    first = text.splitlines()[0] if text else kind
+    return f"{kind}: {first}" + (f" at {where}" if where else "")

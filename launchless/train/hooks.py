@@ -1,0 +1,132 @@
+"""What a training step may not do while it is being captured, and what is deferred to replay time.
+
+Capturing runs the user's step once with these patches in place:
+
+- ``LRScheduler.step`` is recorded, not run (a graph would freeze its result); replays call it.
+- ``zero_grad(set_to_none=True)`` zeroes in place instead: the graph writes gradients into the
+  tensors it saw at capture, so they must not be dropped and reallocated.
+- Whole step: ``GradScaler.unscale_`` (its skip-on-inf is a host sync) is refused before it touches
+  anything. Forward+backward level: ``optimizer.step`` and ``GradScaler.step/unscale_/update`` are
+  recorded and run eager after each replay.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+
+from .. import capture as _capture
+
+_SCALER = torch.amp.GradScaler
+
+
+@contextlib.contextmanager
+def _patched(owner: Any, name: str, replacement: Any) -> Iterator[None]:
+    had_own = name in vars(owner)
+    original = vars(owner).get(name)
+    setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        if had_own:
+            setattr(owner, name, original)
+        else:
+            delattr(owner, name)
+
+
+@contextlib.contextmanager
+def deferred_schedulers(calls: list[LRScheduler]) -> Iterator[None]:
+    def record(self: LRScheduler, *args: Any, **kwargs: Any) -> None:
+        if args or kwargs:
+            raise _capture.CaptureFailed("capture", None, "scheduler.step() with arguments cannot be replayed")
+        calls.append(self)
+
+    with _patched(LRScheduler, "step", record):
+        yield
+
+
+@contextlib.contextmanager
+def zero_grad_in_place() -> Iterator[None]:
+    optimizer_zero, module_zero = torch.optim.Optimizer.zero_grad, torch.nn.Module.zero_grad
+
+    def optimizer_in_place(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
+        optimizer_zero(self, set_to_none=False)
+
+    def module_in_place(self: torch.nn.Module, set_to_none: bool = True) -> None:
+        module_zero(self, set_to_none=False)
+
+    with (
+        _patched(torch.optim.Optimizer, "zero_grad", optimizer_in_place),
+        _patched(torch.nn.Module, "zero_grad", module_in_place),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def watch_scalers(seen: set[torch.amp.GradScaler]) -> Iterator[None]:
+    """Remember which GradScalers the step uses: their scale and growth tracker are training state."""
+    original = _SCALER.scale
+
+    def scale(self: torch.amp.GradScaler, outputs: Any) -> Any:
+        if self.is_enabled():
+            seen.add(self)
+        return original(self, outputs)
+
+    with _patched(_SCALER, "scale", scale):
+        yield
+
+
+@contextlib.contextmanager
+def refuse_scaler_sync() -> Iterator[None]:
+    """(Fused optimizers take the scaler's device-side path, which never calls unscale_ from step.)"""
+    original = _SCALER.unscale_
+
+    def refuse(self: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
+        if not self.is_enabled():
+            return original(self, optimizer)
+        raise _capture.CaptureFailed(
+            "capture",
+            None,
+            "GradScaler.unscale_ needs a host sync to skip steps with inf/NaN gradients (use bf16, or a fused "
+            "optimizer, to capture the whole step)",
+        )
+
+    with _patched(_SCALER, "unscale_", refuse):
+        yield
+
+
+@contextlib.contextmanager
+def deferred_optimizer(optimizer: torch.optim.Optimizer, calls: list[Callable[[], Any]]) -> Iterator[None]:
+    """Record optimizer and scaler calls for eager replay after the forward+backward graph."""
+
+    def recorder(original: Callable[..., Any], bound: Any = None) -> Callable[..., Any]:
+        def record(*args: Any, **kwargs: Any) -> None:
+            if bound is None and isinstance(args[0], _SCALER) and not args[0].is_enabled():
+                return original(*args, **kwargs)
+            calls.append(functools.partial(original, *args, **kwargs))
+            return None
+
+        return record
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(optimizer, "step", recorder(optimizer.step, bound=optimizer)))
+        for name in ("step", "unscale_", "update"):
+            stack.enter_context(_patched(_SCALER, name, recorder(getattr(_SCALER, name))))
+        yield
+
+
+def scaler_tensors(scaler: torch.amp.GradScaler) -> list[torch.Tensor]:
+    return [t for t in (getattr(scaler, "_scale", None), getattr(scaler, "_growth_tracker", None)) if t is not None]
+
+
+def reset_scaler(scaler: torch.amp.GradScaler) -> None:
+    """A capture that failed between scaler.step and scaler.update leaves the scaler's bookkeeping 'stepped'."""
+    refresh = getattr(torch.amp.grad_scaler, "_refresh_per_optimizer_state", None)
+    if refresh is not None:
+        scaler._per_optimizer_states = collections.defaultdict(refresh)
