@@ -6,6 +6,8 @@ import argparse
 import logging
 import sys
 
+from .bench.workloads import SUITES
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="launchless", description="Safe, automatic CUDA graphs for PyTorch.")
@@ -16,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--iters", type=int, default=100)
     demo.add_argument("--list", action="store_true", help="list the workload names and exit")
     bench = sub.add_parser("bench", help="eager vs torch.compile vs reduce-overhead vs hand graph vs launchless")
-    bench.add_argument("--suite", choices=("quick", "standard"), default="quick")
+    bench.add_argument("--suite", choices=SUITES, default="quick")
     bench.add_argument("--workloads", nargs="+", help="workload names (default: the suite's); see --list")
     bench.add_argument("--modes", nargs="+", help="modes to run (default: all)")
     bench.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md, bench.png")

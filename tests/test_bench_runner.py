@@ -37,12 +37,20 @@ def _worker(crash: str = "", hang: str = "") -> list[str]:
 def test_suites_and_registry() -> None:
     assert [w.name for w in workloads.suite("quick")] == ["timm:resnet18", "train:resnet18"]
     standard = workloads.suite("standard")
-    assert len(standard) == 14 and len(workloads.WORKLOADS) == 16  # two variants run only when named
+    assert len(standard) == 14 and len(workloads.WORKLOADS) == 17
+    training = [w.name for w in workloads.suite("training")]  # the training issue's per-step comparison
+    assert training == [
+        "train:resnet18",
+        "train:mobilenetv3_small_100-adamw",
+        "train:resnet50@b8-bf16",
+        "train:bert-base@b8",
+    ]
+    assert workloads.get("train:bert-base@b8").task == "sequence-classification"
     assert {w.zoo for w in standard} <= set(zoo.names())
     assert {w.kind for w in standard} == {"inference", "training"}
     with pytest.raises(workloads.UnknownWorkload, match="choose from: timm:resnet18"):
         workloads.get("nope")
-    with pytest.raises(workloads.UnknownWorkload, match="'quick' or 'standard'"):
+    with pytest.raises(workloads.UnknownWorkload, match="choose from: quick, standard, training"):
         workloads.suite("huge")
 
 

@@ -32,3 +32,12 @@ def test_whole_step_hand_graph_matches_eager_training() -> None:
     row = measure(workloads.get("train:resnet18"), "launchless", iters=20)  # graphed_step
     print(row)
     assert row["status"] == "ok" and row["correctness"]["max_abs_diff"] < 1e-3
+
+
+def test_bert_fine_tuning_step_with_scheduler_in_every_graph_mode() -> None:
+    pytest.importorskip("transformers")
+    w = workloads.get("train:bert-base@b8")
+    for mode in ("hand-graph", "launchless"):
+        row = measure(w, mode, iters=10)
+        print(row)
+        assert row["status"] == "ok" and row["correctness"]["max_abs_diff"] < 1e-3, row

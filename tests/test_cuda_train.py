@@ -1,4 +1,9 @@
-"""GPU behaviour of graphed_step (issue: training capture). Run with ``python -m pytest -m cuda``."""
+"""GPU behaviour of graphed_step (issue: training capture). Run with ``python -m pytest -m cuda``.
+
+Each test trains a graphed copy and an eager copy of one model from the same state on the same
+batches. The eager copy's optimizer is prepared the same way (``CapturableOptimizer``: tensor lr,
+capturable Adam, fused SGD) so that both run the same numerics; the graphed copy must then track it.
+"""
 
 from __future__ import annotations
 
@@ -11,29 +16,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import launchless as ll
+from launchless.train.optim import CapturableOptimizer
 from launchless.verify import identical
 
 pytestmark = pytest.mark.cuda
-
-
-def _pair(build, opt_factory, *, step_body=None):
-    """Two identical (model, optimizer, step) triples: one to graph, one as the eager reference."""
-    out = []
-    torch.manual_seed(0)
-    base = build().cuda().train()
-    for _ in range(2):
-        model = copy.deepcopy(base)
-        opt = opt_factory(model)
-
-        def step(x, y, model=model, opt=opt):
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss
-
-        out.append((model, opt, step_body(model, opt) if step_body else step))
-    return out
+DEV = torch.device("cuda")
 
 
 def _mlp() -> nn.Module:
@@ -44,35 +31,91 @@ def _batch(n: int = 16):
     return torch.randn(n, 32, device="cuda"), torch.randint(0, 10, (n,), device="cuda")
 
 
+def _plain_step(model, opt, **_):
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+def _pair(build, opt_factory, body=_plain_step, **extra):
+    """(model, optimizer, step) twice from one state: [0] is to be graphed, [1] is the eager reference."""
+    torch.manual_seed(0)
+    base = build().cuda().train()
+    out = []
+    for i in range(2):
+        model = copy.deepcopy(base)
+        opt = opt_factory(model)
+        if i == 1:
+            CapturableOptimizer(opt, DEV)  # same numerics as the graphed copy
+        ctx = {k: (f() if callable(f) else f) for k, f in extra.items()}
+        out.append((model, opt, body(model, opt, **ctx), ctx))
+    return out
+
+
+def _run(graphed, eager, batches, seeds=True):
+    for i, batch in enumerate(batches):
+        if seeds:
+            torch.manual_seed(i)
+        lg = graphed(*batch)
+        if seeds:
+            torch.manual_seed(i)
+        le = eager(*batch)
+        assert identical(lg, le), (i, float(lg), float(le))  # NaN equals NaN (skipped fp16 steps)
+
+
+def _same_state(a: nn.Module, b: nn.Module, exact: bool = True) -> None:
+    for (k, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        if exact:
+            assert torch.equal(x, y), k  # parameters, BN statistics, num_batches_tracked
+        else:
+            assert torch.allclose(x.float(), y.float(), rtol=1e-4, atol=1e-5), k
+
+
+SGD = lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)  # noqa: E731
+
+
 @pytest.mark.parametrize(
     "opt_factory",
     [
-        lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4),
-        lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3),
+        SGD,
+        lambda m: torch.optim.SGD(m.parameters(), lr=0.1, foreach=False),
+        lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.05),
         lambda m: torch.optim.Adam(m.parameters(), lr=1e-3, foreach=True),
+        lambda m: torch.optim.Adam(m.parameters(), lr=1e-3, fused=True),
     ],
-    ids=["sgd-nesterov", "adamw", "adam-foreach"],
+    ids=["sgd-nesterov-wd", "sgd-for-loop", "adamw", "adam-foreach", "adam-fused"],
 )
-def test_whole_step_replays_and_tracks_eager(opt_factory) -> None:
-    (gm, gopt, gstep), (em, _eopt, estep) = _pair(_mlp, opt_factory)
+def test_whole_step_replays_bit_identical_to_eager(opt_factory) -> None:
+    (gm, gopt, gstep, _), (em, eopt, estep, _) = _pair(_mlp, opt_factory)
     graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
     x, y = _batch()
-    for i in range(8):
-        torch.manual_seed(i)
-        lg = graphed(x, y)
-        torch.manual_seed(i)
-        le = estep(x, y)
-        assert torch.allclose(lg, le, rtol=1e-5, atol=1e-6), (i, float(lg), float(le))
+    _run(graphed, estep, [(x, y)] * 8)  # dropout draws the same numbers in the graph
     info = graphed.graph_info()
-    print(info)
-    assert info["level"] == "whole-step graph" and info["graphs"][0]["replays"] >= 5
+    assert info["level"] == "whole-step graph" and info["graphs"][0]["replays"] >= 5, info
     assert info["graphs"][0]["verification"]["passed"]
-    for a, b in zip(gm.state_dict().values(), em.state_dict().values(), strict=True):
-        assert torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-5)  # BN stats and num_batches_tracked too
+    _same_state(gm, em)
+    for pg, pe in zip(gm.parameters(), em.parameters(), strict=True):  # momentum buffers, Adam moments, steps
+        sg, se = gopt.state[pg], eopt.state[pe]
+        assert sg.keys() == se.keys() and all(torch.equal(sg[k], se[k]) for k in sg), list(sg)
 
 
-def test_scheduler_inside_the_step_keeps_stepping() -> None:
-    def body(model, opt):
+def test_new_batches_each_step_and_two_shapes_share_one_pool() -> None:
+    (gm, gopt, gstep, _), (em, _, estep, _) = _pair(_mlp, SGD)
+    graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
+    batches = [_batch(16 if i % 2 else 8) for i in range(12)]  # multi-scale: two signatures alternate
+    _run(graphed, estep, batches)
+    info = graphed.graph_info()
+    assert len(info["graphs"]) == 2 and all(g["replays"] >= 3 for g in info["graphs"]), info
+    _same_state(gm, em)
+
+
+def test_scheduler_inside_the_step_keeps_stepping_and_replays_use_the_new_lr() -> None:
+    def body(model, opt, **_):
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
 
         def step(x, y):
@@ -85,53 +128,259 @@ def test_scheduler_inside_the_step_keeps_stepping() -> None:
 
         return step
 
-    (gm, gopt, gstep), _ = _pair(_mlp, lambda m: torch.optim.SGD(m.parameters(), lr=0.1), step_body=body)
+    (gm, gopt, gstep, _), (em, _, estep, _) = _pair(_mlp, lambda m: torch.optim.SGD(m.parameters(), lr=0.1), body)
     graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
     x, y = _batch()
-    for _ in range(6):
-        graphed(x, y)
+    _run(graphed, estep, [(x, y)] * 7)
     assert graphed.graph_info()["level"] == "whole-step graph"
-    assert float(gopt.param_groups[0]["lr"]) == pytest.approx(0.1 * 0.5**6)
-    before = gm[0].weight.detach().clone()
-    graphed(x, y)  # a replay must use the current (tiny) lr: the step moves the weights by little
-    moved = (gm[0].weight - before).abs().max().item()
-    assert 0 < moved < 1e-2
+    assert float(gopt.param_groups[0]["lr"]) == pytest.approx(0.1 * 0.5**7)
+    _same_state(gm, em)  # every replayed step used the lr the scheduler had set
 
 
-def test_item_in_the_step_falls_back_with_one_line(caplog: pytest.LogCaptureFixture) -> None:
-    def body(model, opt):
-        def step(x, y):
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            print_value = loss.item()  # the host sync under test
-            return torch.tensor(print_value)
-
-        return step
-
-    (gm, gopt, gstep), _ = _pair(_mlp, lambda m: torch.optim.SGD(m.parameters(), lr=0.1), step_body=body)
+def test_linear_warmup_scheduler_outside_the_step() -> None:
+    (gm, gopt, gstep, _), (em, eopt, estep, _) = _pair(_mlp, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3))
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, (s + 1) / 5)) for o in (gopt, eopt)]
     graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
     x, y = _batch()
-    with caplog.at_level(logging.INFO, logger="launchless"):
-        for _ in range(6):
-            graphed(x, y)
-    lines = [r.getMessage() for r in caplog.records if "runs eager" in r.getMessage()]
-    assert len(lines) == 1 and "test_cuda_train.py" in lines[0], lines
-    assert graphed.graph_info()["fallbacks"]
+    for i in range(9):
+        torch.manual_seed(i)
+        lg = graphed(x, y)
+        torch.manual_seed(i)
+        assert torch.equal(lg, estep(x, y))
+        for s in scheds:
+            s.step()
+    assert graphed.graph_info()["graphs"][0]["replays"] >= 6
+    _same_state(gm, em)
 
 
-def test_set_to_none_between_steps_keeps_static_grads() -> None:
-    (gm, gopt, gstep), (em, _eopt, estep) = _pair(_mlp, lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
+def test_set_to_none_outside_the_step_keeps_eager_semantics() -> None:
+    (gm, gopt, gstep, _), (em, eopt, estep, _) = _pair(_mlp, SGD)
     graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
     x, y = _batch()
     for i in range(6):
         torch.manual_seed(i)
         graphed(x, y)
-        gopt.zero_grad(set_to_none=True)  # user code outside the step
+        assert all(p.grad is not None for p in gm.parameters())  # the step's gradients, as in eager
+        gopt.zero_grad(set_to_none=True)  # user code outside the step frees them...
         torch.manual_seed(i)
         estep(x, y)
-    assert all(p.grad is not None for p in gm.parameters())
-    assert identical(list(gm.parameters()), list(em.parameters())) or all(
-        torch.allclose(a, b, atol=1e-5) for a, b in zip(gm.parameters(), em.parameters(), strict=True)
+        eopt.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in gm.parameters())
+    assert graphed.graph_info()["graphs"][0]["replays"] >= 3  # ...and the graph keeps working
+    _same_state(gm, em)
+
+
+def test_gradient_accumulation_micro_step_and_full_step_are_two_signatures() -> None:
+    def body(model, opt, **_):
+        def step(x, y, *, update: bool):
+            loss = F.cross_entropy(model(x), y) / 4
+            loss.backward()
+            if update:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            return loss
+
+        return step
+
+    (gm, gopt, gstep, _), (em, _, estep, _) = _pair(_mlp, SGD, body)
+    graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
+    x, y = _batch()
+    for i in range(24):
+        kwargs = {"update": i % 4 == 3}
+        torch.manual_seed(i)
+        lg = graphed(x, y, **kwargs)
+        torch.manual_seed(i)
+        assert torch.equal(lg, estep(x, y, **kwargs)), i
+    info = graphed.graph_info()
+    assert len(info["graphs"]) == 2, info
+    _same_state(gm, em)
+
+
+def test_clip_grad_norm_and_ema_inside_the_step() -> None:
+    def body(model, opt, *, ema):
+        def step(x, y):
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5, foreach=True)
+            opt.step()
+            with torch.no_grad():
+                torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 0.01)
+            return loss
+
+        return step
+
+    (gm, gopt, gstep, gctx), (em, _, estep, ectx) = _pair(_mlp, SGD, body, ema=lambda: copy.deepcopy(_mlp()).cuda())
+    ectx["ema"].load_state_dict(gctx["ema"].state_dict())
+    graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
+    x, y = _batch()
+    _run(graphed, estep, [(x, y)] * 8)
+    assert graphed.graph_info()["level"] == "whole-step graph"
+    _same_state(gm, em)
+    _same_state(gctx["ema"], ectx["ema"])
+
+
+def test_bf16_autocast_step() -> None:
+    def body(model, opt, **_):
+        def step(x, y):
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        return step
+
+    (gm, gopt, gstep, _), (em, _, estep, _) = _pair(_mlp, SGD, body)
+    graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
+    x, y = _batch()
+    _run(graphed, estep, [(x, y)] * 8)
+    assert graphed.graph_info()["level"] == "whole-step graph"
+    _same_state(gm, em)
+
+
+def _fp16_body(model, opt, *, scaler):
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss
+
+    return step
+
+
+@pytest.mark.parametrize(
+    ("opt_factory", "level"),
+    [
+        (SGD, "whole-step graph"),  # fused SGD takes found_inf on the device
+        (lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3), "forward+backward graph, eager optimizer"),
+        (lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True), "whole-step graph"),
+    ],
+    ids=["sgd", "adamw-foreach", "adamw-fused"],
+)
+def test_fp16_grad_scaler(opt_factory, level, caplog: pytest.LogCaptureFixture) -> None:
+    (gm, gopt, gstep, gctx), (em, _, estep, ectx) = _pair(
+        _mlp, opt_factory, _fp16_body, scaler=lambda: torch.amp.GradScaler("cuda", init_scale=2.0**16)
     )
+    graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt, scaler=gctx["scaler"])
+    x, y = _batch()
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        _run(graphed, estep, [(x, y)] * 8)
+        x_inf = x.clone()
+        x_inf[0, 0] = float("inf")  # a step with inf gradients must be skipped and the scale halved
+        _run(graphed, estep, [(x_inf, y)] + [(x, y)] * 2)
+    info = graphed.graph_info()
+    assert info["level"] == level, info
+    assert torch.equal(gctx["scaler"]._scale, ectx["scaler"]._scale)
+    assert torch.equal(gctx["scaler"]._growth_tracker, ectx["scaler"]._growth_tracker)
+    _same_state(gm, em)
+    if level != "whole-step graph":
+        lines = [r.getMessage() for r in caplog.records if "forward+backward" in r.getMessage()]
+        assert len(lines) == 1 and "GradScaler.unscale_" in lines[0], lines
+
+
+def test_item_in_the_step_falls_back_to_eager_with_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    def body(model, opt, **_):
+        def step(x, y):
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            value = loss.item()  # the host sync under test
+            return torch.tensor(value)
+
+        return step
+
+    (gm, gopt, gstep, _), (em, _, estep, _) = _pair(_mlp, SGD, body)
+    graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
+    x, y = _batch()
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        _run(graphed, estep, [(x, y)] * 6)
+    lines = [r.getMessage() for r in caplog.records if "runs eager" in r.getMessage()]
+    assert len(lines) == 1 and "test_cuda_train.py" in lines[0] and "loss.item()" in lines[0], lines
+    info = graphed.graph_info()
+    assert info["level"] == "eager" and info["fallbacks"], info
+    _same_state(gm, em)  # no batch applied twice, none skipped
+
+
+def test_hyperparameter_change_goes_eager_with_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    (gm, gopt, gstep, _), (em, eopt, estep, _) = _pair(_mlp, SGD)
+    graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
+    x, y = _batch()
+    _run(graphed, estep, [(x, y)] * 4)
+    for o in (gopt, eopt):
+        o.param_groups[0]["momentum"] = 0.5
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        _run(graphed, estep, [(x, y)] * 3)
+    assert graphed.graph_info()["level"] == "eager"
+    assert sum("momentum" in r.getMessage() for r in caplog.records) == 1
+    _same_state(gm, em)
+
+
+def test_eval_mode_calls_get_their_own_signature() -> None:
+    (gm, gopt, gstep, _), (em, _, estep, _) = _pair(_mlp, SGD)
+    graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
+    x, y = _batch()
+    _run(graphed, estep, [(x, y)] * 4)
+    gm.eval(), em.eval()
+    _run(graphed, estep, [(x, y)] * 4)
+    gm.train(), em.train()
+    _run(graphed, estep, [(x, y)] * 2)
+    assert len(graphed.graph_info()["graphs"]) == 2
+    _same_state(gm, em)
+
+
+def test_real_timm_resnet18_sgd_step() -> None:
+    timm = pytest.importorskip("timm")
+    (gm, gopt, gstep, _), (em, _, estep, _) = _pair(
+        lambda: timm.create_model("resnet18", num_classes=10),
+        lambda m: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9),
+    )
+    graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
+    batches = [(torch.randn(2, 3, 64, 64, device="cuda"), torch.randint(0, 10, (2,), device="cuda")) for _ in range(6)]
+    for i, (x, y) in enumerate(batches):
+        lg, le = graphed(x, y), estep(x, y)
+        assert torch.allclose(lg, le, rtol=1e-4, atol=1e-5), (i, float(lg), float(le))  # cuDNN backward atomics
+    info = graphed.graph_info()
+    assert info["level"] == "whole-step graph" and info["graphs"][0]["verification"]["passed"], info
+    _same_state(gm, em, exact=False)
+
+
+def test_real_bert_fine_tuning_step_with_warmup() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, num_labels=3
+    )
+
+    def body(model, opt, **_):
+        sched = transformers.get_linear_schedule_with_warmup(opt, num_warmup_steps=3, num_training_steps=20)
+
+        def step(ids, mask, labels):
+            opt.zero_grad(set_to_none=True)
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            return loss
+
+        return step
+
+    (gm, gopt, gstep, _), (em, _, estep, _) = _pair(
+        lambda: transformers.BertForSequenceClassification(config),
+        lambda m: torch.optim.AdamW(m.parameters(), lr=5e-5),
+        body,
+    )
+    graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
+    ids = torch.randint(0, config.vocab_size, (4, 32), device="cuda")
+    mask = torch.ones_like(ids)
+    labels = torch.randint(0, 3, (4,), device="cuda")
+    _run(graphed, estep, [(ids, mask, labels)] * 8)
+    info = graphed.graph_info()
+    assert info["level"] == "whole-step graph", info
+    assert float(gopt.param_groups[0]["lr"]) == pytest.approx(5e-5 * (20 - 8) / 17)
+    _same_state(gm, em, exact=False)

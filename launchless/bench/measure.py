@@ -16,7 +16,7 @@ import torch
 from .. import zoo
 from ..timing import cuda_time
 from ..verify import difference, identical
-from . import modes
+from . import modes, training
 from .workloads import BenchWorkload
 
 PROFILE_CALLS = 10
@@ -36,33 +36,14 @@ def kernel_floor_ms(call: Any, calls: int = PROFILE_CALLS) -> float | None:
     return total_us / 1e3 / calls if total_us > 0 else None
 
 
-def _labels(w: BenchWorkload, built: zoo.Workload) -> tuple[torch.Tensor, torch.Tensor]:
-    (x,) = built.args
-    generator = torch.Generator(device="cpu").manual_seed(1)
-    return x, torch.randint(0, 1000, (x.shape[0],), generator=generator).to(x.device)
-
-
 def _build(w: BenchWorkload) -> zoo.Workload:
-    built = zoo.build(w.zoo, batch=w.batch, device="cuda")
-    if w.kind == "training":
-        built.model.train()
-    return built
+    return zoo.build(w.zoo, batch=w.batch, device="cuda")
 
 
 def _compare(reference: Any, output: Any) -> dict:
     if identical(reference, output):
         return {"status": "bit-identical", "max_abs_diff": 0.0}
     return {"status": "differs", "max_abs_diff": difference(reference, output, 0.0)[0]}
-
-
-def _eager_training_loss(w: BenchWorkload, steps: int) -> torch.Tensor:
-    """The loss eager reaches after ``steps`` steps from the same seed-built state on the same batch."""
-    built = _build(w)
-    x, y = _labels(w, built)
-    step = modes.train_step(built.model, modes.optimizer(built.model, w.optimizer), amp=w.amp)
-    for _ in range(steps):
-        loss = step(x, y)
-    return loss.detach().clone()
 
 
 def _clone(tree: Any) -> Any:
@@ -73,7 +54,7 @@ def _clone(tree: Any) -> Any:
 
 def measure(w: BenchWorkload, mode: str, iters: int) -> dict:
     """The report row for one pair; raises ModeUnavailable when the mode cannot run the workload."""
-    built = _build(w)
+    built = _build(w) if w.kind == "inference" else None
     row: dict = {"workload": w.name, "mode": mode, "kind": w.kind, "status": "ok", "reason": None}
     grad = torch.enable_grad() if w.kind == "training" else torch.no_grad()
     with grad:
@@ -86,8 +67,7 @@ def measure(w: BenchWorkload, mode: str, iters: int) -> dict:
         if w.kind == "inference":
             prepared = modes.inference(mode, built.model, args, kwargs)
         else:
-            x, y = _labels(w, built)
-            prepared = modes.training(mode, built.model, modes.optimizer(built.model, w.optimizer), x, y, w.amp)
+            prepared = training.training(mode, training.setup(w))
         prepared.call()
         torch.cuda.synchronize()
         row["first_call_ms"] = (time.perf_counter() - start) * 1e3
@@ -102,5 +82,5 @@ def measure(w: BenchWorkload, mode: str, iters: int) -> dict:
             {"status": "reference", "max_abs_diff": 0.0} if mode == "eager" else _compare(reference, output)
         )
     else:
-        row["correctness"] = _compare(_eager_training_loss(w, prepared.steps_in_prepare + 2), output)
+        row["correctness"] = _compare(training.eager_loss_after(w, prepared.steps_in_prepare + 2), output)
     return row

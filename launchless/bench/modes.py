@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 
 MODES = ("eager", "compile", "reduce-overhead", "hand-graph", "launchless")
@@ -85,79 +84,4 @@ def inference(mode: str, model: torch.nn.Module, args: tuple, kwargs: dict) -> P
         wrapped = launchless.wrap(model, cuda_graph=True)
         wrapped.capture_graph(*args, **kwargs)
         return Prepared(lambda: wrapped(*args, **kwargs))
-    raise ModeUnavailable(f"unknown mode {mode!r}")
-
-
-def optimizer(model: torch.nn.Module, name: str) -> torch.optim.Optimizer:
-    if name == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    return torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
-
-
-def train_step(
-    model: torch.nn.Module, opt: torch.optim.Optimizer, *, mark: bool = False, amp: str | None = None
-) -> Callable[..., Any]:
-    """The user's step: zero_grad, forward (bf16 autocast when ``amp="bf16"``), loss, backward, optimizer
-    step; returns the loss."""
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if mark:
-            torch.compiler.cudagraph_mark_step_begin()
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp == "bf16", cache_enabled=False):
-            loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    return step
-
-
-def training(
-    mode: str,
-    model: torch.nn.Module,
-    opt: torch.optim.Optimizer,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    amp: str | None = None,
-) -> Prepared:
-    if mode == "eager":
-        step = train_step(model, opt, amp=amp)
-        return Prepared(lambda: step(x, y))
-    if mode in ("compile", "reduce-overhead"):
-        step = train_step(_compiled(model, mode), opt, mark=mode == "reduce-overhead", amp=amp)
-        return Prepared(lambda: step(x, y))
-    if mode == "hand-graph":
-        step = train_step(model, opt, amp=amp)
-        warmup = 3
-        # Whole-step capture: warm-up steps are real steps; grads and optimizer state then live at fixed addresses.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                step(x, y)
-        torch.cuda.current_stream().wait_stream(stream)
-        static_x, static_y = x.clone(), y.clone()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            loss = step(static_x, static_y)
-
-        def replay() -> torch.Tensor:
-            static_x.copy_(x, non_blocking=True)
-            static_y.copy_(y, non_blocking=True)
-            graph.replay()
-            return loss
-
-        return Prepared(replay, steps_in_prepare=warmup)
-    if mode == "launchless":
-        import launchless
-
-        graphed = launchless.graphed_step(train_step(model, opt, amp=amp), model=model, optimizer=opt)
-        for _ in range(graphed.capture_after):  # real steps: eager, then capture + verification
-            graphed(x, y)
-        info = graphed.graph_info()
-        if info["level"] != "whole-step graph":
-            reasons = [info["eager_reason"], *(f["reason"] for f in info["fallbacks"])]
-            raise ModeUnavailable("graphed_step runs eager: " + "; ".join(r for r in reasons if r))
-        return Prepared(lambda: graphed(x, y), steps_in_prepare=graphed.capture_after)
     raise ModeUnavailable(f"unknown mode {mode!r}")

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 QUICK = "quick"  # meant to finish within 3 minutes on an H200 with all five modes
 STANDARD = "standard"
+TRAINING = "training"  # the per-step training comparison: SGD, AdamW, bf16, a scheduled BERT fine-tune
+SUITES = (QUICK, STANDARD, TRAINING)
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,8 @@ class BenchWorkload:
     batch: int = 1
     optimizer: str = "sgd"  # training only: "sgd" (momentum 0.9) | "adamw"
     amp: str | None = None  # training only: "bf16" autocast
+    task: str = "image-classification"  # training only: or "sequence-classification" (BERT, seq tokens)
+    seq: int = 128
     suites: tuple[str, ...] = (STANDARD,)
 
 
@@ -35,7 +39,7 @@ _ALL = [
     BenchWorkload("hf:t5-small", "hf:t5-small"),
     BenchWorkload("hf:xlnet-base", "hf:xlnet-base"),
     BenchWorkload("tv:fasterrcnn_mobilenet_v3_large_fpn", "tv:fasterrcnn_mobilenet_v3_large_fpn"),
-    BenchWorkload("train:resnet18", "timm:resnet18", kind="training", suites=(QUICK, STANDARD)),
+    BenchWorkload("train:resnet18", "timm:resnet18", kind="training", suites=(QUICK, STANDARD, TRAINING)),
     BenchWorkload("train:mobilenetv3_small_100", "timm:mobilenetv3_small_100", kind="training"),
     BenchWorkload("train:resnet50@b8", "timm:resnet50", kind="training", batch=8),
     BenchWorkload(
@@ -43,9 +47,18 @@ _ALL = [
         "timm:mobilenetv3_small_100",
         kind="training",
         optimizer="adamw",
-        suites=(),
+        suites=(TRAINING,),
     ),
-    BenchWorkload("train:resnet50@b8-bf16", "timm:resnet50", kind="training", batch=8, amp="bf16", suites=()),
+    BenchWorkload("train:resnet50@b8-bf16", "timm:resnet50", kind="training", batch=8, amp="bf16", suites=(TRAINING,)),
+    BenchWorkload(  # BERT-base fine-tuning: AdamW with a linear-warmup schedule stepped every step
+        "train:bert-base@b8",
+        "hf:bert-base",
+        kind="training",
+        batch=8,
+        optimizer="adamw",
+        task="sequence-classification",
+        suites=(TRAINING,),
+    ),
 ]
 WORKLOADS: dict[str, BenchWorkload] = {w.name: w for w in _ALL}
 
@@ -62,6 +75,6 @@ def get(name: str) -> BenchWorkload:
 
 
 def suite(name: str) -> list[BenchWorkload]:
-    if name not in (QUICK, STANDARD):
-        raise UnknownWorkload(f"unknown suite {name!r}; choose 'quick' or 'standard'")
+    if name not in SUITES:
+        raise UnknownWorkload(f"unknown suite {name!r}; choose from: {', '.join(SUITES)}")
     return [w for w in _ALL if name in w.suites]

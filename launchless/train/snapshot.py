@@ -76,7 +76,7 @@ class Snapshot:
                 elif g is not None:
                     g.zero_()
 
-    def current(self) -> list[torch.Tensor | None]:
-        """State values now; a missing gradient reads as None."""
-        grads = [None if p.grad is None else p.grad.detach().clone() for p in self.params]
+    def current(self) -> list[torch.Tensor]:
+        """State values now; a missing gradient reads as zeros (the next backward writes the same into both)."""
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in self.params]
         return [*(t.detach().clone() for t in self.tensors), *grads]

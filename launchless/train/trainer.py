@@ -101,8 +101,9 @@ def make_step(
 ):
     """The training step ``step(x, y) -> (loss, correct)``; both are device tensors (no host sync inside).
 
-    ``scaler`` (fp16 only) scales the loss; its host-side inf check makes graphed_step refuse the capture
-    (before the scaler changes state) and run the step eager, with one log line.
+    ``scaler`` (fp16 only) scales the loss. With SGD (run fused by graphed_step) the scaler's skip-on-inf
+    stays on the device and the whole step is captured; with AdamW graphed_step captures forward+backward
+    and runs the scaler and optimizer eager (one log line says so).
     """
     dtype = AMP_DTYPES[amp] or torch.bfloat16  # the dtype is unused when autocast is disabled
 
@@ -206,7 +207,7 @@ def train(
     scaler = torch.amp.GradScaler(dev.type) if amp == "fp16" else None
     step = make_step(model, opt, dev, amp, scaler)
     if cuda_graph:
-        step = graphed_step(step, model=model, optimizer=opt)
+        step = graphed_step(step, model=model, optimizer=opt, scaler=scaler)
 
     console.print(
         f"launchless train: {timm_name(model_name)} ({sum(p.numel() for p in params):,} parameters) on {dev}, "

@@ -1,0 +1,150 @@
+"""Training workloads in every mode: the same model, optimizer, batch, loss and scheduler for each.
+
+A task builds the pieces; ``train_step`` is the user's step (zero_grad, forward under optional bf16
+autocast, loss, backward, optimizer, scheduler). reduce-overhead marks each step and uses
+``set_to_none=True``. hand-graph captures the whole step the way an expert would by hand: warm-up
+steps on a side stream, the learning rate as a device tensor (so a scheduler, stepped after each
+replay, still acts), AdamW with ``capturable=True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .. import zoo
+from .modes import ModeUnavailable, Prepared, _compiled
+from .workloads import BenchWorkload
+
+LossFn = Callable[[Callable[..., Any], tuple], torch.Tensor]
+
+
+@dataclass
+class TrainingSetup:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    batch: tuple[torch.Tensor, ...]
+    loss: LossFn
+    scheduler: Any = None  # an LRScheduler stepped once per step
+    amp: str | None = None
+
+
+def _classify_loss(model: Callable[..., Any], batch: tuple) -> torch.Tensor:
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+def _sequence_loss(model: Callable[..., Any], batch: tuple) -> torch.Tensor:
+    ids, mask, labels = batch
+    return model(input_ids=ids, attention_mask=mask, labels=labels).loss
+
+
+def _optimizer(model: torch.nn.Module, name: str, lr: float) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    device = next(model.parameters()).device
+    return torch.optim.AdamW(model.parameters(), lr=torch.tensor(lr, device=device), capturable=True)
+
+
+def setup(w: BenchWorkload) -> TrainingSetup:
+    """Seeded: every mode (and the eager reference) starts from the same state on the same batch."""
+    torch.manual_seed(0)
+    generator = torch.Generator(device="cpu").manual_seed(1)
+    if w.task == "sequence-classification":
+        import transformers
+
+        config = transformers.BertConfig(attn_implementation="sdpa", num_labels=2)
+        model = transformers.BertForSequenceClassification(config).cuda().train()
+        ids = torch.randint(config.vocab_size, (w.batch, w.seq), generator=generator).cuda()
+        labels = torch.randint(2, (w.batch,), generator=generator).cuda()
+        batch: tuple = (ids, torch.ones_like(ids), labels)
+        opt = _optimizer(model, w.optimizer, 2e-5)
+        scheduler = transformers.get_linear_schedule_with_warmup(opt, num_warmup_steps=100, num_training_steps=10_000)
+        return TrainingSetup(model, opt, batch, _sequence_loss, scheduler, w.amp)
+    built = zoo.build(w.zoo, batch=w.batch, device="cuda")
+    model = built.model.train()
+    (x,) = built.args
+    y = torch.randint(0, 1000, (x.shape[0],), generator=generator).to(x.device)
+    lr = 0.01 if w.optimizer == "sgd" else 1e-3
+    return TrainingSetup(model, _optimizer(model, w.optimizer, lr), (x, y), _classify_loss, None, w.amp)
+
+
+def train_step(s: TrainingSetup, model: Callable[..., Any], *, mark: bool = False, schedule: bool = True):
+    def step(*batch: torch.Tensor) -> torch.Tensor:
+        if mark:
+            torch.compiler.cudagraph_mark_step_begin()
+        s.optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=s.amp == "bf16", cache_enabled=False):
+            loss = s.loss(model, batch)
+        loss.backward()
+        s.optimizer.step()
+        if schedule and s.scheduler is not None:
+            s.scheduler.step()
+        return loss
+
+    return step
+
+
+def _hand_graph(s: TrainingSetup, warmup: int = 3) -> Prepared:
+    for group in s.optimizer.param_groups:  # a scheduler must reach the graph: lr lives on the device
+        if s.scheduler is not None and not isinstance(group["lr"], torch.Tensor):
+            raise ModeUnavailable("hand-graph: a scheduled float lr would be frozen in the graph")
+    step = train_step(s, s.model, schedule=False)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):  # real steps: they create the gradients and optimizer state the graph reuses
+            step(*s.batch)
+            if s.scheduler is not None:
+                s.scheduler.step()
+    torch.cuda.current_stream().wait_stream(stream)
+    static = [t.clone() for t in s.batch]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss = step(*static)
+
+    def replay() -> torch.Tensor:
+        for st, t in zip(static, s.batch, strict=True):
+            st.copy_(t, non_blocking=True)
+        graph.replay()
+        if s.scheduler is not None:
+            s.scheduler.step()
+        return loss
+
+    return Prepared(replay, steps_in_prepare=warmup)
+
+
+def training(mode: str, s: TrainingSetup) -> Prepared:
+    if mode == "eager":
+        step = train_step(s, s.model)
+        return Prepared(lambda: step(*s.batch))
+    if mode in ("compile", "reduce-overhead"):
+        step = train_step(s, _compiled(s.model, mode), mark=mode == "reduce-overhead")
+        return Prepared(lambda: step(*s.batch))
+    if mode == "hand-graph":
+        return _hand_graph(s)
+    if mode == "launchless":
+        import launchless
+
+        graphed = launchless.graphed_step(train_step(s, s.model), model=s.model, optimizer=s.optimizer)
+        for _ in range(graphed.capture_after):  # real steps: eager, then capture + verification
+            graphed(*s.batch)
+        info = graphed.graph_info()
+        if info["level"] == "eager":
+            reasons = [info["eager_reason"], *(f["reason"] for f in info["fallbacks"])]
+            raise ModeUnavailable("graphed_step runs eager: " + "; ".join(r for r in reasons if r))
+        return Prepared(lambda: graphed(*s.batch), steps_in_prepare=graphed.capture_after)
+    raise ModeUnavailable(f"unknown mode {mode!r}")
+
+
+def eager_loss_after(w: BenchWorkload, steps: int) -> torch.Tensor:
+    """The loss eager reaches after ``steps`` steps from the same state on the same batch."""
+    s = setup(w)
+    step = train_step(s, s.model)
+    for _ in range(steps):
+        loss = step(*s.batch)
+    return loss.detach().clone()
