@@ -37,7 +37,7 @@ def _worker(crash: str = "", hang: str = "") -> list[str]:
 def test_suites_and_registry() -> None:
     assert [w.name for w in workloads.suite("quick")] == ["timm:resnet18", "train:resnet18"]
     standard = workloads.suite("standard")
-    assert len(standard) == 14 and len(workloads.WORKLOADS) == 17
+    assert len(standard) == 14 and len(workloads.WORKLOADS) == 17  # plain-SGD training variants run by name
     training = [w.name for w in workloads.suite("training")]  # the training issue's per-step comparison
     assert training == [
         "train:resnet18",

@@ -40,16 +40,18 @@ _ALL = [
     BenchWorkload("hf:xlnet-base", "hf:xlnet-base"),
     BenchWorkload("tv:fasterrcnn_mobilenet_v3_large_fpn", "tv:fasterrcnn_mobilenet_v3_large_fpn"),
     BenchWorkload("train:resnet18", "timm:resnet18", kind="training", suites=(QUICK, STANDARD, TRAINING)),
-    BenchWorkload("train:mobilenetv3_small_100", "timm:mobilenetv3_small_100", kind="training"),
-    BenchWorkload("train:resnet50@b8", "timm:resnet50", kind="training", batch=8),
+    BenchWorkload("train:mobilenetv3_small_100", "timm:mobilenetv3_small_100", kind="training", suites=()),
+    BenchWorkload("train:resnet50@b8", "timm:resnet50", kind="training", batch=8, suites=()),
     BenchWorkload(
         "train:mobilenetv3_small_100-adamw",
         "timm:mobilenetv3_small_100",
         kind="training",
         optimizer="adamw",
-        suites=(TRAINING,),
+        suites=(STANDARD, TRAINING),
     ),
-    BenchWorkload("train:resnet50@b8-bf16", "timm:resnet50", kind="training", batch=8, amp="bf16", suites=(TRAINING,)),
+    BenchWorkload(
+        "train:resnet50@b8-bf16", "timm:resnet50", kind="training", batch=8, amp="bf16", suites=(STANDARD, TRAINING)
+    ),
     BenchWorkload(  # BERT-base fine-tuning: AdamW with a linear-warmup schedule stepped every step
         "train:bert-base@b8",
         "hf:bert-base",
