@@ -46,8 +46,8 @@ def _sequence_loss(model: Callable[..., Any], batch: tuple) -> torch.Tensor:
 def _optimizer(model: torch.nn.Module, name: str, lr: float) -> torch.optim.Optimizer:
     if name == "sgd":
         return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    device = next(model.parameters()).device
-    return torch.optim.AdamW(model.parameters(), lr=torch.tensor(lr, device=device), capturable=True)
+    # a float lr: a scheduler built on a tensor lr reads its base value back with .item() every step
+    return torch.optim.AdamW(model.parameters(), lr=lr, capturable=True)
 
 
 def setup(w: BenchWorkload) -> TrainingSetup:
@@ -90,9 +90,10 @@ def train_step(s: TrainingSetup, model: Callable[..., Any], *, mark: bool = Fals
 
 
 def _hand_graph(s: TrainingSetup, warmup: int = 3) -> Prepared:
-    for group in s.optimizer.param_groups:  # a scheduler must reach the graph: lr lives on the device
-        if s.scheduler is not None and not isinstance(group["lr"], torch.Tensor):
-            raise ModeUnavailable("hand-graph: a scheduled float lr would be frozen in the graph")
+    if s.scheduler is not None:  # the scheduler must reach the graph: lr moves to the device, filled in place
+        device = next(s.model.parameters()).device
+        for group in s.optimizer.param_groups:
+            group["lr"] = torch.tensor(float(group["lr"]), device=device)
     step = train_step(s, s.model, schedule=False)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
