@@ -224,7 +224,11 @@ def capture(
         graph = torch.cuda.CUDAGraph()
         start = time.perf_counter()
         with torch.cuda.stream(stream), _capture_autocast():
-            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            try:
+                graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            except Exception as exc:  # e.g. a pool whose graphs are all gone: its generator state is set already
+                _abandon(graph, device, pool, generator, rng_before, ended=True)
+                raise CaptureFailed("capture", exc, str(exc)) from exc
             try:
                 outputs = fn(*args, **kwargs)
             except BaseException as exc:

@@ -272,6 +272,8 @@ class GraphedModule(torch.nn.Module):
             self._reports[sig] = report
             if not report.passed:
                 del graph
+                if not self._graphs:  # its pool has no graph left: PyTorch refuses to capture into it again
+                    self._pool = None
                 return self._refuse(sig, flat, verification_error(self._name(), sig, report), "verification", explicit)
             if report.status not in (BIT_IDENTICAL, SKIPPED):
                 self._log_once(

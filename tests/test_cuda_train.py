@@ -42,15 +42,15 @@ def _plain_step(model, opt, **_):
     return step
 
 
-def _pair(build, opt_factory, body=_plain_step, **extra):
-    """(model, optimizer, step) twice from one state: [0] is to be graphed, [1] is the eager reference."""
+def _pair(build, opt_factory, body=_plain_step, copies=2, prepare_reference=True, **extra):
+    """(model, optimizer, step, extra) per copy from one state: [0] is to be graphed, the rest run eager."""
     torch.manual_seed(0)
     base = build().cuda().train()
     out = []
-    for i in range(2):
+    for i in range(copies):
         model = copy.deepcopy(base)
         opt = opt_factory(model)
-        if i == 1:
+        if i > 0 and prepare_reference:
             CapturableOptimizer(opt, DEV)  # same numerics as the graphed copy
         ctx = {k: (f() if callable(f) else f) for k, f in extra.items()}
         out.append((model, opt, body(model, opt, **ctx), ctx))
@@ -138,18 +138,22 @@ def test_scheduler_inside_the_step_keeps_stepping_and_replays_use_the_new_lr() -
 
 
 def test_linear_warmup_scheduler_outside_the_step() -> None:
-    (gm, gopt, gstep, _), (em, eopt, estep, _) = _pair(_mlp, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3))
+    (gm, gopt, gstep, _), (em, eopt, estep, _) = _pair(
+        _mlp, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3), prepare_reference=False
+    )
     scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, (s + 1) / 5)) for o in (gopt, eopt)]
+    CapturableOptimizer(eopt, DEV)  # after the scheduler, as graphed_step does at its first call
     graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
     x, y = _batch()
     for i in range(9):
         torch.manual_seed(i)
         lg = graphed(x, y)
         torch.manual_seed(i)
-        assert torch.equal(lg, estep(x, y))
+        assert torch.equal(lg, estep(x, y)), i
         for s in scheds:
             s.step()
     assert graphed.graph_info()["graphs"][0]["replays"] >= 6
+    assert float(gopt.param_groups[0]["lr"]) == float(eopt.param_groups[0]["lr"]) == pytest.approx(1e-3)
     _same_state(gm, em)
 
 
@@ -215,9 +219,11 @@ def test_clip_grad_norm_and_ema_inside_the_step() -> None:
     graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
     x, y = _batch()
     _run(graphed, estep, [(x, y)] * 8)
-    assert graphed.graph_info()["level"] == "whole-step graph"
+    info = graphed.graph_info()
+    assert info["level"] == "whole-step graph"
+    assert info["extra_state_tensors"] >= 4  # the EMA weights were found, saved and restored by verification
     _same_state(gm, em)
-    _same_state(gctx["ema"], ectx["ema"])
+    _same_state(gctx["ema"], ectx["ema"])  # updated once per step, also on the capturing step
 
 
 def test_bf16_autocast_step() -> None:
@@ -241,11 +247,11 @@ def test_bf16_autocast_step() -> None:
 
 
 def _fp16_body(model, opt, *, scaler):
-    def step(x, y):
+    def step(x, y, boost):
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.float16):
             loss = F.cross_entropy(model(x), y)
-        scaler.scale(loss).backward()
+        scaler.scale(loss * boost).backward()
         scaler.step(opt)
         scaler.update()
         return loss
@@ -268,11 +274,14 @@ def test_fp16_grad_scaler(opt_factory, level, caplog: pytest.LogCaptureFixture) 
     )
     graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt, scaler=gctx["scaler"])
     x, y = _batch()
+    one, huge = torch.tensor(1.0, device="cuda"), torch.tensor(1e38, device="cuda")
     with caplog.at_level(logging.INFO, logger="launchless"):
-        _run(graphed, estep, [(x, y)] * 8)
-        x_inf = x.clone()
-        x_inf[0, 0] = float("inf")  # a step with inf gradients must be skipped and the scale halved
-        _run(graphed, estep, [(x_inf, y)] + [(x, y)] * 2)
+        _run(graphed, estep, [(x, y, one)] * 8)
+        before = [p.detach().clone() for p in gm.parameters()]
+        _run(graphed, estep, [(x, y, huge)])  # inf gradients: the step is skipped and the scale halved
+        assert all(torch.equal(a, b) for a, b in zip(gm.parameters(), before, strict=True))
+        assert float(gctx["scaler"].get_scale()) == 2.0**15
+        _run(graphed, estep, [(x, y, one)] * 2)
     info = graphed.graph_info()
     assert info["level"] == level, info
     assert torch.equal(gctx["scaler"]._scale, ectx["scaler"]._scale)
@@ -334,20 +343,28 @@ def test_eval_mode_calls_get_their_own_signature() -> None:
     _same_state(gm, em)
 
 
+def _max_diff(a: nn.Module, b: nn.Module) -> float:
+    return max(
+        (x.float() - y.float()).abs().max().item() for x, y in zip(a.state_dict().values(), b.state_dict().values())
+    )
+
+
 def test_real_timm_resnet18_sgd_step() -> None:
     timm = pytest.importorskip("timm")
-    (gm, gopt, gstep, _), (em, _, estep, _) = _pair(
+    (gm, gopt, gstep, _), (em, _, estep, _), (fm, _, fstep, _) = _pair(
         lambda: timm.create_model("resnet18", num_classes=10),
         lambda m: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9),
+        copies=3,
     )
     graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
     batches = [(torch.randn(2, 3, 64, 64, device="cuda"), torch.randint(0, 10, (2,), device="cuda")) for _ in range(6)]
-    for i, (x, y) in enumerate(batches):
-        lg, le = graphed(x, y), estep(x, y)
-        assert torch.allclose(lg, le, rtol=1e-4, atol=1e-5), (i, float(lg), float(le))  # cuDNN backward atomics
+    for x, y in batches:
+        graphed(x, y), estep(x, y), fstep(x, y)
     info = graphed.graph_info()
     assert info["level"] == "whole-step graph" and info["graphs"][0]["verification"]["passed"], info
-    _same_state(gm, em, exact=False)
+    noise = _max_diff(em, fm)  # cuDNN's backward uses atomics: two eager runs already differ
+    print("graph vs eager", _max_diff(gm, em), "eager vs eager", noise, info["graphs"][0]["verification"])
+    assert _max_diff(gm, em) <= max(10 * noise, 1e-6)
 
 
 def test_real_bert_fine_tuning_step_with_warmup() -> None:

@@ -170,3 +170,25 @@ def test_snapshot_restores_gradients_and_their_tensors() -> None:
     step(x, y)
     snap.load(state)
     assert all(p.grad is g and torch.equal(g, s) for p, g, s in zip(params, grads, saved, strict=True))
+
+
+def test_mutation_log_finds_state_outside_the_model_and_optimizer() -> None:
+    model, opt, step = _setup(momentum=0.9)
+    ema = [p.detach().clone() for p in model.parameters()]
+    x, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    step(x, y)
+    log = hooks.MutationLog()
+    with log:
+        step(x, y)
+        with torch.no_grad():
+            torch._foreach_lerp_(ema, list(model.parameters()), 0.1)
+
+    def ptr(t: torch.Tensor) -> int:
+        return t.untyped_storage().data_ptr()
+
+    found = {ptr(t) for t in log.state()}
+    assert all(ptr(t) in found for t in ema)  # the EMA copy: written in place, created before
+    assert all(ptr(p) in found for p in model.parameters())  # the optimizer's in-place update
+    assert ptr(model[1].running_mean) in found and ptr(model[1].num_batches_tracked) in found
+    allowed = {ptr(t) for t in [*state_tensors(model, opt), *ema]} | {ptr(p.grad) for p in model.parameters()}
+    assert found <= allowed  # no temporary of the step is reported

@@ -8,6 +8,7 @@ Capturing runs the user's step once with these patches in place:
 - Whole step: ``GradScaler.unscale_`` (its skip-on-inf is a host sync) is refused before it touches
   anything. Forward+backward level: ``optimizer.step`` and ``GradScaler.step/unscale_/update`` are
   recorded and run eager after each replay.
+- ``MutationLog`` notes every pre-existing tensor the step writes, so verification saves it too.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import capture as _capture
 
@@ -130,3 +132,53 @@ def reset_scaler(scaler: torch.amp.GradScaler) -> None:
     refresh = getattr(torch.amp.grad_scaler, "_refresh_per_optimizer_state", None)
     if refresh is not None:
         scaler._per_optimizer_states = collections.defaultdict(refresh)
+
+
+# ops that update BatchNorm running statistics in place without saying so in their schema
+_UNANNOTATED_WRITES = {
+    name: ("running_mean", "running_var")
+    for name in ("aten::native_batch_norm", "aten::cudnn_batch_norm", "aten::miopen_batch_norm")
+}
+
+
+class MutationLog(TorchDispatchMode):
+    """Records tensors that existed before the capture and that the step writes in place.
+
+    The user's step may update state launchless was not told about (an EMA copy of the weights, a
+    second model's BatchNorm statistics); verification runs the step twice from one state, so every
+    such tensor must be saved and restored too, or it would be updated twice.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fresh: set[int] = set()  # storages created during the capture
+        self.mutated: dict[int, torch.Tensor] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        schema = func._schema
+        unannotated = _UNANNOTATED_WRITES.get(schema.name, ())
+        for i, arg in enumerate(schema.arguments):
+            written = arg.alias_info is not None and arg.alias_info.is_write
+            if not written and arg.name not in unannotated:
+                continue
+            value = args[i] if i < len(args) else kwargs.get(arg.name)
+            for t in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(t, torch.Tensor) and _storage(t) not in self.fresh:
+                    self.mutated.setdefault(id(t), t)
+        if not any(r.alias_info is not None for r in schema.returns):
+            for t in out if isinstance(out, (list, tuple)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.fresh.add(_storage(t))
+        return out
+
+    def state(self) -> list[torch.Tensor]:
+        return [t for t in self.mutated.values() if _storage(t) not in self.fresh]
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # no plain storage (sparse, nested): not tracked
+        return -1

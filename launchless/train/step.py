@@ -43,6 +43,7 @@ log = logging.getLogger("launchless")
 
 WHOLE_STEP = "whole-step graph"
 FORWARD_BACKWARD = "forward+backward graph, eager optimizer"
+NOISE_FACTOR = 4.0  # a replay may differ from eager by this multiple of the largest eager-vs-eager difference
 
 
 class _Graph:
@@ -91,6 +92,7 @@ class GraphedStep:
         self._reports: dict[Signature, dict] = {}
         self._params: list[torch.Tensor] = []
         self._grads: list[torch.Tensor] = []  # shared by every graph: accumulation crosses signatures
+        self._extra_state = 0  # tensors the step writes outside the model and optimizer (found while capturing)
 
     # ---- the call --------------------------------------------------------------------------------
     def __call__(self, *batch: Any, **kwargs: Any) -> Any:
@@ -216,6 +218,7 @@ class GraphedStep:
         schedulers: list[LRScheduler] = []
         deferred: list[Callable[[], Any]] = []
         scalers: set[torch.amp.GradScaler] = set()
+        writes = hooks.MutationLog()
         try:
             with contextlib.ExitStack() as patches:
                 patches.enter_context(hooks.deferred_schedulers(schedulers))
@@ -225,7 +228,10 @@ class GraphedStep:
                     patches.enter_context(hooks.refuse_scaler_sync())
                 else:
                     patches.enter_context(hooks.deferred_optimizer(self.optimizer, deferred))
-                graph = _capture.capture(self.fn, flat, device=device, pool=self._pool, warmup=0, stream=self._stream)
+                with writes:
+                    graph = _capture.capture(
+                        self.fn, flat, device=device, pool=self._pool, warmup=0, stream=self._stream
+                    )
         except _capture.CaptureFailed as fail:
             if fail.stage == "capture":
                 self._pool = None
@@ -240,14 +246,24 @@ class GraphedStep:
             }
         entry = _Graph(graph, list(dict.fromkeys(schedulers)), level, deferred)
         before.add_schedulers(entry.schedulers)  # not stepped yet: capture only recorded the calls
-        for scaler in {*scalers, *([self.scaler] if self.scaler is not None else [])}:
-            before.add_tensors(hooks.scaler_tensors(scaler))
+        known = {_key(t) for t in [*before.tensors, *self._grads]}
+        for t in [
+            *writes.state(),  # e.g. an EMA of the weights: saved too, or verification would update it twice
+            *(t for s in {*scalers, *([self.scaler] if self.scaler else [])} for t in hooks.scaler_tensors(s)),
+        ]:
+            if _key(t) not in known:
+                known.add(_key(t))
+                before.add_tensors([t])
+        self._extra_state = max(self._extra_state, len(before.tensors) - len(state_tensors(self.model, self.optimizer)))
         if self.verify:
             report, out = self._verify(entry, flat, before)
         else:
             report, out = {"status": "skipped", "passed": True}, self._replay(entry, flat)
         if not report["passed"]:
             before.restore()
+            del entry, graph
+            if not self._graphs:  # its pool has no graph left: PyTorch refuses to capture into it again
+                self._pool = None
             return None, {"reason": f"verification failed ({report['detail']})"}
         return entry, {**report, "_out": out}
 
@@ -265,12 +281,14 @@ class GraphedStep:
         if diff == 0.0:  # equal values; only the sign of a zero differs (0 + -0 is +0 in a zeroed gradient)
             report["status"] = "identical values"
             return report, graph_out
-        before.restore()
-        again_out, again_state = self._eager(flat), before.current()
-        noise = max(difference(eager_state, again_state, 0.0)[0], difference(eager_out, again_out, 0.0)[0])
+        noise = 0.0
+        for _ in range(2):  # nondeterministic kernels (atomics in backward) differ by a random amount each run
+            before.restore()
+            again_out, again_state = self._eager(flat), before.current()
+            noise = max(noise, difference(eager_state, again_state, 0.0)[0], difference(eager_out, again_out, 0.0)[0])
         before.load(graph_state)  # keep the graph's step applied
         report.update(max_abs_diff=diff, eager_noise=noise)
-        if noise > 0 and diff <= 2 * noise:
+        if noise > 0 and diff <= NOISE_FACTOR * noise:
             report.update(status="eager-noise", detail=f"eager run twice differs by {noise:.3g}")
         else:
             report.update(
@@ -307,6 +325,7 @@ class GraphedStep:
                 for s, e in self._graphs.items()
             ],
             "fallbacks": [{"signature": s.describe(), "reason": r} for s, r in self._refused.items()],
+            "extra_state_tensors": self._extra_state,
         }
 
 
@@ -326,3 +345,7 @@ def _failure_reason(fail: _capture.CaptureFailed) -> str:
     text = str(cause or fail).strip()
     first = text.splitlines()[0] if text else kind
     return f"{kind}: {first}" + (f" at {where}" if where else "")
+
+
+def _key(t: torch.Tensor) -> tuple:
+    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
