@@ -344,9 +344,8 @@ def test_eval_mode_calls_get_their_own_signature() -> None:
 
 
 def _max_diff(a: nn.Module, b: nn.Module) -> float:
-    return max(
-        (x.float() - y.float()).abs().max().item() for x, y in zip(a.state_dict().values(), b.state_dict().values())
-    )
+    pairs = zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    return max((x.float() - y.float()).abs().max().item() for x, y in pairs)
 
 
 def test_real_timm_resnet18_sgd_step() -> None:
