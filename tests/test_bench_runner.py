@@ -61,6 +61,13 @@ def test_all_workloads_measured_in_order(tmp_path) -> None:
     assert len({r["pid"] for r in rows}) == 1  # one process per mode
 
 
+def test_rows_left_by_an_earlier_run_in_the_same_folder_are_ignored(tmp_path) -> None:
+    stale = {"workload": "timm:vit_tiny_patch16_224", "mode": "eager", "status": "ok", "pid": -1}
+    (tmp_path / "rows-eager-0.jsonl").write_text(json.dumps(stale) + "\n")
+    rows = run_mode("eager", NAMES, 3, 20, tmp_path, worker=_worker())
+    assert [r["workload"] for r in rows] == NAMES and all(r["pid"] != -1 for r in rows)
+
+
 def test_a_crashed_worker_costs_one_workload(tmp_path) -> None:
     rows = run_mode("compile", NAMES, 3, 20, tmp_path, worker=_worker(crash="hf:gpt2"))
     assert [r["workload"] for r in rows] == NAMES

@@ -42,6 +42,7 @@ def run_mode(
     remaining = list(names)
     while remaining:
         jsonl = out / f"rows-{mode}-{len(rows)}.jsonl"
+        jsonl.unlink(missing_ok=True)  # rows left in --out by an earlier run are not this run's
         log = (out / f"worker-{mode}.log").open("a")
         cmd = [*worker, "--mode", mode, "--iters", str(iters), "--out", str(jsonl), "--workloads", *remaining]
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
