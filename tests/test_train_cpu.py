@@ -124,16 +124,21 @@ def test_grad_scaler_is_refused_before_it_changes_state() -> None:
     assert all(torch.allclose(p.grad, g / scale) for p, g in zip(model.parameters(), scaled, strict=True))
 
 
-def test_zero_grad_zeroes_in_place_while_capturing() -> None:
-    model, opt, step = _setup()
-    step(torch.randn(6, 4), torch.zeros(6, dtype=torch.long))
+def test_mutation_log_tells_whether_the_step_reads_the_gradients_it_found() -> None:
+    model, _, step = _setup()
+    x, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    step(x, y)
     grads = [p.grad for p in model.parameters()]
-    with hooks.zero_grad_in_place():
-        opt.zero_grad(set_to_none=True)
-        model.zero_grad()
-    assert all(p.grad is g and not g.any() for p, g in zip(model.parameters(), grads, strict=True))
-    opt.zero_grad(set_to_none=True)
-    assert all(p.grad is None for p in model.parameters())  # restored afterwards
+    full = hooks.MutationLog(watch=grads)
+    with full:
+        step(x, y)  # zero_grad(set_to_none=True) first: fresh gradients, the old ones are never read
+    assert not any(full.was_read(g) for g in grads)
+    grads = [p.grad for p in model.parameters()]
+    micro = hooks.MutationLog(watch=grads)
+    with micro:
+        F.cross_entropy(model(x), y).backward()  # accumulation into the existing gradients
+    assert all(micro.was_read(g) for g in grads)
+    assert all(p.grad is g for p, g in zip(model.parameters(), grads, strict=True))
 
 
 def test_optimizer_and_scaler_calls_are_deferred_and_replayable() -> None:

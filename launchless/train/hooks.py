@@ -3,12 +3,11 @@
 Capturing runs the user's step once with these patches in place:
 
 - ``LRScheduler.step`` is recorded, not run (a graph would freeze its result); replays call it.
-- ``zero_grad(set_to_none=True)`` zeroes in place instead: the graph writes gradients into the
-  tensors it saw at capture, so they must not be dropped and reallocated.
 - Whole step: ``GradScaler.unscale_`` (its skip-on-inf is a host sync) is refused before it touches
   anything. Forward+backward level: ``optimizer.step`` and ``GradScaler.step/unscale_/update`` are
   recorded and run eager after each replay.
-- ``MutationLog`` notes every pre-existing tensor the step writes, so verification saves it too.
+- ``MutationLog`` notes every pre-existing tensor the step writes, so verification saves it too,
+  and whether the step reads the gradients it found (gradient accumulation).
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from typing import Any
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import capture as _capture
@@ -50,23 +50,6 @@ def deferred_schedulers(calls: list[LRScheduler]) -> Iterator[None]:
         calls.append(self)
 
     with _patched(LRScheduler, "step", record):
-        yield
-
-
-@contextlib.contextmanager
-def zero_grad_in_place() -> Iterator[None]:
-    optimizer_zero, module_zero = torch.optim.Optimizer.zero_grad, torch.nn.Module.zero_grad
-
-    def optimizer_in_place(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
-        optimizer_zero(self, set_to_none=False)
-
-    def module_in_place(self: torch.nn.Module, set_to_none: bool = True) -> None:
-        module_zero(self, set_to_none=False)
-
-    with (
-        _patched(torch.optim.Optimizer, "zero_grad", optimizer_in_place),
-        _patched(torch.nn.Module, "zero_grad", module_in_place),
-    ):
         yield
 
 
@@ -149,13 +132,19 @@ class MutationLog(TorchDispatchMode):
     such tensor must be saved and restored too, or it would be updated twice.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, watch: list[torch.Tensor] = ()) -> None:
         super().__init__()
         self.fresh: set[int] = set()  # storages created during the capture
         self.mutated: dict[int, torch.Tensor] = {}
+        self.watched = {_storage(t) for t in watch}  # e.g. incoming gradients: does the step read them?
+        self.read: set[int] = set()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if self.watched:
+            for t in pytree.tree_leaves((args, kwargs)):
+                if isinstance(t, torch.Tensor) and (ptr := _storage(t)) in self.watched:
+                    self.read.add(ptr)
         out = func(*args, **kwargs)
         schema = func._schema
         unannotated = _UNANNOTATED_WRITES.get(schema.name, ())
@@ -172,6 +161,9 @@ class MutationLog(TorchDispatchMode):
                 if isinstance(t, torch.Tensor):
                     self.fresh.add(_storage(t))
         return out
+
+    def was_read(self, t: torch.Tensor) -> bool:
+        return _storage(t) in self.read
 
     def state(self) -> list[torch.Tensor]:
         return [t for t in self.mutated.values() if _storage(t) not in self.fresh]

@@ -76,6 +76,11 @@ class Snapshot:
                 elif g is not None:
                     g.zero_()
 
+    def live(self) -> list[torch.Tensor]:
+        """The state tensors themselves (not copies), laid out like ``current()``."""
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad.detach() for p in self.params]
+        return [*(t.detach() for t in self.tensors), *grads]
+
     def current(self) -> list[torch.Tensor]:
         """State values now; a missing gradient reads as zeros (the next backward writes the same into both)."""
         grads = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in self.params]

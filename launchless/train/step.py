@@ -11,9 +11,11 @@ captured and the optimizer and scaler calls run eager after each replay; when th
 host sync such as ``loss.item()``, a data-dependent shape, DDP), that signature (or the whole step)
 runs eager -- each with one log line naming the reason and the source line.
 
-All graphs share one set of gradient tensors (``zero_grad(set_to_none=True)`` zeroes them in place
-while capturing) so that gradient accumulation across signatures -- a micro-step without the
-optimizer and a full step -- reads and writes the same memory.
+Gradients: each graph leaves ``.grad`` pointing at the tensors it wrote (a step that starts with
+``zero_grad(set_to_none=True)`` gets fresh ones from the pool, as eager does: no zeroing, no extra
+accumulation kernels). A graph that reads the gradients it found (a gradient-accumulation micro-step)
+gets them copied into the tensors it was captured with when other code replaced them, so a
+micro-step and a full step -- two signatures -- accumulate like eager.
 
 Learning-rate schedulers called inside the step are deferred during capture and called after each
 replay, so they keep stepping; the learning rate lives in a device tensor they update in place.
@@ -55,6 +57,10 @@ class _Graph:
         deferred: list[Callable[[], Any]],
     ) -> None:
         self.graph, self.schedulers, self.level, self.deferred = graph, schedulers, level, deferred
+        self.grads_in: list[torch.Tensor | None] = []  # .grad when captured: what the graph reads and writes
+        self.grads_out: list[torch.Tensor | None] = []  # .grad after the step: what a replay leaves behind
+        self.reads: list[int] = []  # parameters whose incoming gradient the graph reads (accumulation)
+        self.spot: list[int] = []  # parameters checked to tell whether .grad was changed since the last replay
 
 
 class GraphedStep:
@@ -91,7 +97,7 @@ class GraphedStep:
         self._pool: Any = None
         self._reports: dict[Signature, dict] = {}
         self._params: list[torch.Tensor] = []
-        self._grads: list[torch.Tensor] = []  # shared by every graph: accumulation crosses signatures
+        self._grads_owner: _Graph | None = None  # the graph whose gradient tensors .grad points at
         self._extra_state = 0  # tensors the step writes outside the model and optimizer (found while capturing)
 
     # ---- the call --------------------------------------------------------------------------------
@@ -152,25 +158,31 @@ class GraphedStep:
         caller = torch.cuda.current_stream(device)
         self._stream.wait_stream(caller)
         args, kwargs = flat.rebuild(flat.leaves)
+        self._grads_owner = None  # an eager step leaves its own gradients
         with torch.cuda.stream(self._stream):
             out = self.fn(*args, **kwargs)
         caller.wait_stream(self._stream)
         return out
 
-    def _install_grads(self) -> None:
-        """Point every ``.grad`` at the graphs' tensors, carrying over what eager code left there."""
-        with torch.no_grad():
-            for p, g in zip(self._params, self._grads, strict=True):
-                if p.grad is not g:
-                    if p.grad is None:  # None and zeros accumulate alike
-                        g.zero_()
-                    else:
-                        g.copy_(p.grad)
-                    p.grad = g
+    def _grads_are(self, grads: list[torch.Tensor | None], entry: _Graph) -> bool:
+        """Cheap check that ``.grad`` still points at ``grads`` (as after the last replay of ``entry``)."""
+        if self._grads_owner is not entry:
+            return False
+        return all(self._params[i].grad is grads[i] for i in entry.spot)
 
     def _replay(self, entry: _Graph, flat: FlatInputs) -> Any:
-        self._install_grads()
+        if entry.reads and not self._grads_are(entry.grads_in, entry):
+            with torch.no_grad():
+                for i in entry.reads:  # the graph accumulates into the tensors it was captured with
+                    p, g = self._params[i], entry.grads_in[i]
+                    if p.grad is not g:
+                        g.zero_() if p.grad is None else g.copy_(p.grad)
+                        p.grad = g
         out = entry.graph.replay_cloned(flat.leaves)
+        if not self._grads_are(entry.grads_out, entry):
+            for p, g in zip(self._params, entry.grads_out, strict=True):
+                p.grad = g
+            self._grads_owner = entry
         for call in entry.deferred:
             call()
         for scheduler in entry.schedulers:
@@ -180,10 +192,7 @@ class GraphedStep:
     # ---- capture and verification --------------------------------------------------------------------
     def _capture(self, sig: Signature, flat: FlatInputs) -> Any:
         with _capture.CAPTURE_LOCK:
-            if not self._grads:
-                self._params = [p for p in self.model.parameters() if p.requires_grad]
-                self._grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self._params]
-            self._install_grads()
+            self._params = self._params or [p for p in self.model.parameters() if p.requires_grad]
             whole_reason = ""
             for level in (WHOLE_STEP, FORWARD_BACKWARD):
                 entry, outcome = self._try_level(level, flat)
@@ -218,11 +227,11 @@ class GraphedStep:
         schedulers: list[LRScheduler] = []
         deferred: list[Callable[[], Any]] = []
         scalers: set[torch.amp.GradScaler] = set()
-        writes = hooks.MutationLog()
+        grads_in = [p.grad for p in self._params]
+        writes = hooks.MutationLog(watch=[g for g in grads_in if g is not None])
         try:
             with contextlib.ExitStack() as patches:
                 patches.enter_context(hooks.deferred_schedulers(schedulers))
-                patches.enter_context(hooks.zero_grad_in_place())
                 patches.enter_context(hooks.watch_scalers(scalers))
                 if level == WHOLE_STEP:
                     patches.enter_context(hooks.refuse_scaler_sync())
@@ -239,14 +248,13 @@ class GraphedStep:
                 hooks.reset_scaler(scaler)
             before.restore()
             return None, {"reason": _failure_reason(fail)}
-        if any(p.grad is not g for p, g in zip(self._params, self._grads, strict=True)):
-            before.restore()
-            return None, {
-                "reason": "the step replaces .grad tensors itself (e.g. p.grad = None); use optimizer.zero_grad()"
-            }
         entry = _Graph(graph, list(dict.fromkeys(schedulers)), level, deferred)
+        entry.grads_in, entry.grads_out = grads_in, [p.grad for p in self._params]
+        entry.reads = [i for i, g in enumerate(grads_in) if g is not None and writes.was_read(g)]
+        n = len(self._params)
+        entry.spot = sorted({0, n - 1, *range(0, n, max(1, n // 8))}) if n else []
         before.add_schedulers(entry.schedulers)  # not stepped yet: capture only recorded the calls
-        known = {_key(t) for t in [*before.tensors, *self._grads]}
+        known = {_key(t) for t in [*before.tensors, *(g for g in grads_in if g is not None)]}
         for t in [
             *writes.state(),  # e.g. an EMA of the weights: saved too, or verification would update it twice
             *(t for s in {*scalers, *([self.scaler] if self.scaler else [])} for t in hooks.scaler_tensors(s)),
@@ -273,20 +281,25 @@ class GraphedStep:
         eager_state = before.current()
         before.restore()
         graph_out = self._replay(entry, flat)
-        graph_state = before.current()
         report = {"status": "bit-identical", "passed": True, "max_abs_diff": 0.0}
-        if identical(eager_out, graph_out) and identical(eager_state, graph_state):
+        live = before.live()  # compared in place: no third copy of the model and optimizer state
+        if identical(eager_out, graph_out) and identical(eager_state, live):
             return report, graph_out
-        diff = max(difference(eager_state, graph_state, 0.0)[0], difference(eager_out, graph_out, 0.0)[0])
-        if diff == 0.0:  # equal values; only the sign of a zero differs (0 + -0 is +0 in a zeroed gradient)
+        diff = max(difference(eager_state, live, 0.0)[0], difference(eager_out, graph_out, 0.0)[0])
+        if diff == 0.0:  # equal values; only the sign of a zero differs
             report["status"] = "identical values"
             return report, graph_out
+        del live
+        graph_state = before.current()
         noise = 0.0
         for _ in range(2):  # nondeterministic kernels (atomics in backward) differ by a random amount each run
             before.restore()
             again_out, again_state = self._eager(flat), before.current()
             noise = max(noise, difference(eager_state, again_state, 0.0)[0], difference(eager_out, again_out, 0.0)[0])
-        before.load(graph_state)  # keep the graph's step applied
+        before.load(graph_state)  # keep the graph's step applied...
+        for p, g in zip(self._params, entry.grads_out, strict=True):  # ...and its gradients (untouched since)
+            p.grad = g
+        self._grads_owner = entry
         report.update(max_abs_diff=diff, eager_noise=noise)
         if noise > 0 and diff <= NOISE_FACTOR * noise:
             report.update(status="eager-noise", detail=f"eager run twice differs by {noise:.3g}")
