@@ -197,3 +197,54 @@ def test_mutation_log_finds_state_outside_the_model_and_optimizer() -> None:
     assert ptr(model[1].running_mean) in found and ptr(model[1].num_batches_tracked) in found
     allowed = {ptr(t) for t in [*state_tensors(model, opt), *ema]} | {ptr(p.grad) for p in model.parameters()}
     assert found <= allowed  # no temporary of the step is reported
+
+
+def test_mutation_log_names_a_read_only_teacher_but_not_trained_or_updated_state() -> None:
+    model, _, step = _setup()
+    teacher = nn.Linear(4, 3).eval().requires_grad_(False)
+    ema = nn.Linear(8, 3).requires_grad_(False)
+    x, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    log = hooks.MutationLog()
+    with log:
+        step(x, y)
+        with torch.no_grad():  # an EMA of the trained weights: written, so it is state, not a teacher
+            torch._foreach_lerp_(list(ema.parameters()), [model[3].weight, model[3].bias], 0.1)
+    assert log.foreign_parameters(model) == []
+    log = hooks.MutationLog()
+    with log:
+        step(x, y)
+        with torch.no_grad():
+            teacher(x)
+    foreign = log.foreign_parameters(model)
+    assert {t.untyped_storage().data_ptr() for t in foreign} == {
+        p.untyped_storage().data_ptr() for p in teacher.parameters()
+    }
+
+
+def test_distributed_model_trains_eager_with_one_line(tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model, opt, _ = _setup()
+        ddp = nn.parallel.DistributedDataParallel(model)
+
+        def step(x, y):
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(ddp(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        graphed = ll.graphed_step(step, model=ddp, optimizer=opt)
+        x, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+        with caplog.at_level(logging.INFO, logger="launchless"):
+            for _ in range(4):
+                graphed(x, y)
+        lines = [r.getMessage() for r in caplog.records if "runs eager" in r.getMessage()]
+        assert lines == [
+            "launchless: training runs eager: DistributedDataParallel steps are not captured yet (multi-GPU "
+            "capture is a later issue)"
+        ]
+    finally:
+        dist.destroy_process_group()

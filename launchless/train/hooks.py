@@ -138,13 +138,15 @@ class MutationLog(TorchDispatchMode):
         self.mutated: dict[int, torch.Tensor] = {}
         self.watched = {_storage(t) for t in watch}  # e.g. incoming gradients: does the step read them?
         self.read: set[int] = set()
+        self.parameters: dict[int, torch.Tensor] = {}  # every nn.Parameter the step uses, by storage
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if self.watched:
-            for t in pytree.tree_leaves((args, kwargs)):
-                if isinstance(t, torch.Tensor) and (ptr := _storage(t)) in self.watched:
-                    self.read.add(ptr)
+        for t in pytree.tree_leaves((args, kwargs)):
+            if isinstance(t, torch.nn.Parameter):
+                self.parameters.setdefault(_storage(t), t)
+            if self.watched and isinstance(t, torch.Tensor) and (ptr := _storage(t)) in self.watched:
+                self.read.add(ptr)
         out = func(*args, **kwargs)
         schema = func._schema
         unannotated = _UNANNOTATED_WRITES.get(schema.name, ())
@@ -161,6 +163,12 @@ class MutationLog(TorchDispatchMode):
                 if isinstance(t, torch.Tensor):
                     self.fresh.add(_storage(t))
         return out
+
+    def foreign_parameters(self, model: torch.nn.Module) -> list[torch.Tensor]:
+        """Parameters the step reads but neither holds in ``model`` nor writes: e.g. a distillation teacher."""
+        own = {_storage(p) for p in model.parameters()}
+        written = {_storage(t) for t in self.mutated.values()}
+        return [t for ptr, t in self.parameters.items() if ptr not in own and ptr not in written]
 
     def was_read(self, t: torch.Tensor) -> bool:
         return _storage(t) in self.read

@@ -142,6 +142,12 @@ class GraphedStep:
     def _whole_run_reason(self) -> str | None:
         if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
             return "DistributedDataParallel steps are not captured yet (multi-GPU capture is a later issue)"
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            return (
+                f"distributed training (world size {dist.get_world_size()}) is not captured yet (multi-GPU capture "
+                "is a later issue)"
+            )
         devices = {p.device for p in self.model.parameters()}
         if not devices or any(d.type != "cuda" for d in devices):
             return "the model's parameters are not all on a CUDA device, so there is nothing to capture"
@@ -209,6 +215,9 @@ class GraphedStep:
                         self._log_once(f"launchless: more than max_graphs={self.max_graphs} step signatures; evicting")
                     return outcome.pop("_out")
                 whole_reason = whole_reason or outcome["reason"]
+                if self._eager_reason:  # nothing of this run is captured (e.g. distillation)
+                    self._log_once(f"launchless: training runs eager: {self._eager_reason}")
+                    return self._eager(flat)
             why = (
                 outcome["reason"]
                 if outcome["reason"] == whole_reason
@@ -248,6 +257,18 @@ class GraphedStep:
                 hooks.reset_scaler(scaler)
             before.restore()
             return None, {"reason": _failure_reason(fail)}
+        foreign = writes.foreign_parameters(self.model)
+        if foreign:  # checked at the first capture: the whole run then trains eager
+            before.restore()
+            self._eager_reason = (
+                f"the step reads {len(foreign)} parameter tensor(s) outside `model` that it does not train (a "
+                "distillation teacher?); distillation runs train eager. If they belong to the trained model, pass "
+                "the module that holds them as model="
+            )
+            del graph
+            if not self._graphs:
+                self._pool = None
+            return None, {"reason": self._eager_reason}
         entry = _Graph(graph, list(dict.fromkeys(schedulers)), level, deferred)
         entry.grads_in, entry.grads_out = grads_in, [p.grad for p in self._params]
         entry.reads = [i for i, g in enumerate(grads_in) if g is not None and writes.was_read(g)]
