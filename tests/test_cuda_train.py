@@ -400,3 +400,62 @@ def test_real_bert_fine_tuning_step_with_warmup() -> None:
     assert info["level"] == "whole-step graph", info
     assert float(gopt.param_groups[0]["lr"]) == pytest.approx(5e-5 * (20 - 8) / 17)
     _same_state(gm, em, exact=False)
+
+
+@pytest.mark.parametrize(
+    ("blocker", "text"),
+    [
+        (lambda x, y, loss: x[y > 4].sum(), "x[y > 4]"),  # data-dependent shape (boolean mask)
+        (lambda x, y, loss: loss.detach().cpu(), ".cpu()"),  # copy to the host
+    ],
+    ids=["boolean-mask", "cpu-copy"],
+)
+def test_other_blockers_fall_back_to_eager_with_their_line(blocker, text, caplog) -> None:
+    def body(model, opt, **_):
+        def step(x, y):
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            extra = blocker(x, y, loss)
+            return loss + 0 * extra.to(loss.device)
+
+        return step
+
+    (gm, gopt, gstep, _), (em, _, estep, _) = _pair(_mlp, SGD, body)
+    graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
+    x, y = _batch()
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        _run(graphed, estep, [(x, y)] * 6)
+    lines = [r.getMessage() for r in caplog.records if "runs eager" in r.getMessage()]
+    assert len(lines) == 1 and "test_cuda_train.py" in lines[0], lines
+    assert graphed.graph_info()["level"] == "eager"
+    _same_state(gm, em)
+
+
+def test_distillation_trains_eager_with_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(1)
+    teacher = _mlp().cuda().eval().requires_grad_(False)
+
+    def body(model, opt, **_):
+        def step(x, y):
+            opt.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                soft = teacher(x).softmax(-1)
+            logits = model(x)
+            loss = F.cross_entropy(logits, y) + F.kl_div(logits.log_softmax(-1), soft, reduction="batchmean")
+            loss.backward()
+            opt.step()
+            return loss
+
+        return step
+
+    (gm, gopt, gstep, _), (em, _, estep, _) = _pair(_mlp, SGD, body)
+    graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
+    x, y = _batch()
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        _run(graphed, estep, [(x, y)] * 6)
+    lines = [r.getMessage() for r in caplog.records if "runs eager" in r.getMessage()]
+    assert len(lines) == 1 and "distillation" in lines[0], lines
+    assert graphed.graph_info()["level"] == "eager"
+    _same_state(gm, em)
