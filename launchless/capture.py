@@ -189,16 +189,21 @@ def capture(
     pool: Any,
     warmup: int = 3,
     stream: torch.cuda.Stream | None = None,
+    static: frozenset[int] = frozenset(),
 ) -> CapturedGraph:
     """Warm up ``fn`` on a side stream, capture it there, and return the replayable graph.
 
     ``stream``: capture on this stream (training passes the stream its eager warm-up steps ran on);
-    by default a new side stream. Raises ``CaptureFailed`` with the original exception; the process
-    stays usable either way.
+    by default a new side stream. ``static``: indices of leaves the graph reads in place (parameters and
+    buffers handed over by the compiler): no placeholder, no copy; the caller checks their addresses.
+    Raises ``CaptureFailed`` with the original exception; the process stays usable either way.
     """
     with CAPTURE_LOCK, torch.cuda.device(device):
-        static_leaves = [_static_like(x, device) if isinstance(x, torch.Tensor) else x for x in flat.leaves]
-        slots = [i for i, x in enumerate(static_leaves) if isinstance(x, torch.Tensor)]
+        static_leaves = [
+            _static_like(x, device) if isinstance(x, torch.Tensor) and i not in static else x
+            for i, x in enumerate(flat.leaves)
+        ]
+        slots = [i for i, x in enumerate(static_leaves) if isinstance(x, torch.Tensor) and i not in static]
         args, kwargs = flat.rebuild(static_leaves)
         caller = torch.cuda.current_stream(device)
         stream = stream or torch.cuda.Stream(device)

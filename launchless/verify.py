@@ -81,10 +81,14 @@ def _probe(example: torch.Tensor, kind: int, gen: dict[torch.device, torch.Gener
     return torch.empty_like(example).copy_(x)
 
 
-def make_probes(leaves: list) -> tuple[list, list]:
-    """Two probe inputs like ``leaves``; non-tensor leaves are kept (they are part of the signature)."""
+def make_probes(leaves: list, keep: frozenset[int] = frozenset()) -> tuple[list, list]:
+    """Two probe inputs like ``leaves``; non-tensor leaves are kept (they are part of the signature), and
+    so are the tensors at ``keep`` (parameters a compiled graph reads in place)."""
     gen: dict[torch.device, torch.Generator] = {}
-    return tuple([_probe(x, k, gen) if isinstance(x, torch.Tensor) else x for x in leaves] for k in (0, 1))
+    return tuple(
+        [_probe(x, k, gen) if isinstance(x, torch.Tensor) and i not in keep else x for i, x in enumerate(leaves)]
+        for k in (0, 1)
+    )
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
@@ -164,10 +168,11 @@ def verify(
     mode: str = "on",
     tolerance_ulps: float = 64.0,
     branches: list[str] | None = None,
+    keep: frozenset[int] = frozenset(),
 ) -> VerifyReport:
     """Run the two-probe protocol against eager; never raises for a mismatch, it reports it."""
     branches = list(branches or [])
-    probes = make_probes(flat.leaves)
+    probes = make_probes(flat.leaves, keep)
     eager = [_eager(fn, flat, p) for p in probes]
     graphed = [graph.replay_cloned(p) for p in probes]
     eager_differ = not identical(eager[0], eager[1])

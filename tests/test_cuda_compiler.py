@@ -1,0 +1,125 @@
+"""GPU behaviour of the torch.compile backend (issue: compiler path). Run with ``python -m pytest -m cuda``."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from launchless.compiler import backend as ll_backend
+
+pytestmark = pytest.mark.cuda
+
+
+def _compiled(model: nn.Module, **options):
+    torch._dynamo.reset()
+    return torch.compile(model, backend=ll_backend.make_backend(**options))
+
+
+def _graphs() -> list[ll_backend.CompiledGraphs]:
+    return sorted(ll_backend._registry, key=lambda g: int(g.name.split()[-1]))
+
+
+@torch.no_grad()
+def test_resnet18_replays_inductor_kernels_bit_identically_without_copying_parameters() -> None:
+    timm = pytest.importorskip("timm")
+    model = timm.create_model("resnet18").cuda().eval()
+    x = torch.randn(1, 3, 224, 224, device="cuda")
+    compiled = _compiled(model)
+    outs = [compiled(x) for _ in range(4)]
+    (graphs,) = [g for g in _graphs() if g.graph_info()["graphs"]]
+    info = graphs.graph_info()
+    assert info["graphs"][0]["replays"] >= 3 and info["graphs"][0]["verification"] == "bit-identical", info
+    captured, _ = next(iter(graphs._graphs.values()))
+    assert len(captured.tensor_slots) == 1 and info["static_inputs"] >= 60  # only the image is copied
+    reference = graphs.compiled(*_inputs(graphs, x))  # Inductor's callable itself, without the graph
+    assert torch.equal(outs[-1], outs[-2])
+    assert torch.equal(outs[-1], reference[0] if isinstance(reference, (list, tuple)) else reference)
+
+
+def _inputs(graphs: ll_backend.CompiledGraphs, x: torch.Tensor) -> list:
+    """The flat inputs Dynamo passed last time: static ones from the captured graph, the image in its slot."""
+    captured, _ = next(iter(graphs._graphs.values()))
+    leaves = list(captured.static_leaves)
+    for i in captured.tensor_slots:
+        leaves[i] = x
+    return leaves
+
+
+@torch.no_grad()
+def test_parameters_moved_are_captured_again() -> None:
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).cuda().eval()
+    x = torch.randn(8, 16, device="cuda")
+    compiled = _compiled(model)
+    for _ in range(3):
+        compiled(x)
+    fresh = {k: torch.randn_like(v) for k, v in model.state_dict().items()}
+    model.load_state_dict(fresh, assign=True)  # new tensors at new addresses
+    for _ in range(3):
+        out = compiled(x)
+    assert torch.equal(out, model(x))
+    assert any(g.graph_info()["graphs"] for g in _graphs())
+
+
+@torch.no_grad()
+def test_graph_break_gives_two_graphs_each_captured() -> None:
+    class Broken(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.a(x).relu()
+            torch._dynamo.graph_break()
+            return self.b(y)
+
+    model = Broken().cuda().eval()
+    x = torch.randn(4, 16, device="cuda")
+    compiled = _compiled(model)
+    for _ in range(4):
+        out = compiled(x)
+    assert torch.allclose(out, model(x), rtol=1e-5, atol=1e-6)
+    captured = [g for g in _graphs() if g.graph_info()["graphs"]]
+    assert len(captured) == 2, [g.graph_info() for g in _graphs()]
+
+
+@torch.no_grad()
+def test_dynamic_shapes_one_graph_per_shape_with_eviction(caplog: pytest.LogCaptureFixture) -> None:
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).cuda().eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=ll_backend.make_backend(max_graphs=2), dynamic=True)
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        for batch in (2, 3, 5, 2, 3, 5, 2, 3, 5):
+            x = torch.randn(batch, 16, device="cuda")
+            assert torch.allclose(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+    graphs = [g for g in _graphs() if g.graph_info()["graphs"]]
+    assert len(graphs) == 1 and len(graphs[0].graph_info()["graphs"]) == 2
+    assert sum("evicting" in r.getMessage() for r in caplog.records) == 1
+
+
+@torch.no_grad()
+def test_a_cpu_input_runs_compiled_with_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    class Mixed(nn.Module):
+        def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+            return x * scale.to(x.device)
+
+    x, scale = torch.randn(4, device="cuda"), torch.tensor(2.0)
+    compiled = _compiled(Mixed())
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(4):
+            assert torch.equal(compiled(x, scale), x * 2)
+    lines = [r.getMessage() for r in caplog.records if "without a CUDA graph" in r.getMessage()]
+    assert len(lines) == 1, lines
+
+
+def test_training_graph_runs_compiled_with_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    model = nn.Linear(8, 2).cuda()
+    x = torch.randn(4, 8, device="cuda")
+    compiled = _compiled(model)
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(3):
+            compiled(x).sum().backward()
+    assert model.weight.grad is not None
+    assert sum("needs autograd" in r.getMessage() for r in caplog.records) == 1
