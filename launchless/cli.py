@@ -17,7 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--batch", type=int, default=1)
     demo.add_argument("--iters", type=int, default=100)
     demo.add_argument("--list", action="store_true", help="list the workload names and exit")
-    bench = sub.add_parser("bench", help="eager vs torch.compile vs reduce-overhead vs hand graph vs launchless")
+    bench = sub.add_parser(
+        "bench", help="eager vs torch.compile vs reduce-overhead vs hand graph vs launchless (runtime and compiler)"
+    )
     bench.add_argument("--suite", choices=SUITES, default="quick")
     bench.add_argument("--workloads", nargs="+", help="workload names (default: the suite's); see --list")
     bench.add_argument("--modes", nargs="+", help="modes to run (default: all)")

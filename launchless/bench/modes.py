@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-MODES = ("eager", "compile", "reduce-overhead", "hand-graph", "launchless")
+MODES = ("eager", "compile", "reduce-overhead", "hand-graph", "launchless", "launchless-compile")
 
 
 class ModeUnavailable(Exception):
@@ -78,6 +78,11 @@ def inference(mode: str, model: torch.nn.Module, args: tuple, kwargs: dict) -> P
         return Prepared(marked)
     if mode == "hand-graph":
         return Prepared(hand_graph(model, args, kwargs))
+    if mode == "launchless-compile":  # torch.compile(backend="launchless"): Inductor kernels in launchless graphs
+        from launchless.compiler.backend import launchless_backend
+
+        compiled = torch.compile(model, backend=launchless_backend)
+        return Prepared(lambda: compiled(*args, **kwargs))
     if mode == "launchless":
         import launchless
 

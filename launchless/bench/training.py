@@ -139,6 +139,8 @@ def training(mode: str, s: TrainingSetup) -> Prepared:
             reasons = [info["eager_reason"], *(f["reason"] for f in info["fallbacks"])]
             raise ModeUnavailable("graphed_step runs eager: " + "; ".join(r for r in reasons if r))
         return Prepared(lambda: graphed(*s.batch), steps_in_prepare=graphed.capture_after)
+    if mode == "launchless-compile":
+        raise ModeUnavailable("launchless-compile graphs inference; whole training steps are the launchless mode's")
     raise ModeUnavailable(f"unknown mode {mode!r}")
 
 

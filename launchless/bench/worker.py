@@ -47,7 +47,7 @@ def run(mode: str, names: list[str], iters: int, out: str) -> None:
             f.write(json.dumps(row) + "\n")
         gc.collect()
         torch.cuda.empty_cache()
-        if mode in ("compile", "reduce-overhead"):
+        if mode in ("compile", "reduce-overhead", "launchless-compile"):
             torch._dynamo.reset()
 
 
