@@ -190,12 +190,14 @@ def capture(
     warmup: int = 3,
     stream: torch.cuda.Stream | None = None,
     static: frozenset[int] = frozenset(),
+    keep_graph: bool = False,
 ) -> CapturedGraph:
     """Warm up ``fn`` on a side stream, capture it there, and return the replayable graph.
 
     ``stream``: capture on this stream (training passes the stream its eager warm-up steps ran on);
     by default a new side stream. ``static``: indices of leaves the graph reads in place (parameters and
     buffers handed over by the compiler): no placeholder, no copy; the caller checks their addresses.
+    ``keep_graph``: keep the graph's template (for pointer indirection) next to its instance.
     Raises ``CaptureFailed`` with the original exception; the process stays usable either way.
     """
     with CAPTURE_LOCK, torch.cuda.device(device):
@@ -226,7 +228,7 @@ def capture(
         reserved = torch.cuda.memory_reserved(device)
         generator = torch.cuda.default_generators[device.index if device.index is not None else 0]
         rng_before = generator.clone_state()
-        graph = torch.cuda.CUDAGraph()
+        graph = torch.cuda.CUDAGraph(keep_graph=True) if keep_graph else torch.cuda.CUDAGraph()
         start = time.perf_counter()
         with torch.cuda.stream(stream), _capture_autocast():
             try:
@@ -244,6 +246,8 @@ def capture(
             except Exception as exc:
                 _abandon(graph, device, pool, generator, rng_before, ended=True)
                 raise CaptureFailed("capture", exc, str(exc)) from exc
+            if keep_graph:  # the template stays readable (pointer indirection); replays need the instance
+                graph.instantiate()
         caller.wait_stream(stream)
         capture_ms = (time.perf_counter() - start) * 1e3
         _check_outputs(outputs)

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.cuda
 
 def _compiled(model: nn.Module, **options):
     torch._dynamo.reset()
+    options.setdefault("selective", False)  # these tests are about capture; selection has its own tests
     return torch.compile(model, backend=ll_backend.make_backend(**options))
 
 
@@ -32,7 +33,7 @@ def test_resnet18_replays_inductor_kernels_bit_identically_without_copying_param
     (graphs,) = [g for g in _graphs() if g.graph_info()["graphs"]]
     info = graphs.graph_info()
     assert info["graphs"][0]["replays"] >= 3 and info["graphs"][0]["verification"] == "bit-identical", info
-    captured, _ = next(iter(graphs._graphs.values()))
+    captured = next(iter(graphs._graphs.values())).graph
     assert len(captured.tensor_slots) == 1 and info["static_inputs"] >= 60  # only the image is copied
     reference = graphs.compiled(*_inputs(graphs, x))  # Inductor's callable itself, without the graph
     assert torch.equal(outs[-1], outs[-2])
@@ -41,7 +42,7 @@ def test_resnet18_replays_inductor_kernels_bit_identically_without_copying_param
 
 def _inputs(graphs: ll_backend.CompiledGraphs, x: torch.Tensor) -> list:
     """The flat inputs Dynamo passed last time: static ones from the captured graph, the image in its slot."""
-    captured, _ = next(iter(graphs._graphs.values()))
+    captured = next(iter(graphs._graphs.values())).graph
     leaves = list(captured.static_leaves)
     for i in captured.tensor_slots:
         leaves[i] = x
@@ -89,7 +90,7 @@ def test_graph_break_gives_two_graphs_each_captured() -> None:
 def test_dynamic_shapes_one_graph_per_shape_with_eviction(caplog: pytest.LogCaptureFixture) -> None:
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).cuda().eval()
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend=ll_backend.make_backend(max_graphs=2), dynamic=True)
+    compiled = torch.compile(model, backend=ll_backend.make_backend(max_graphs=2, selective=False), dynamic=True)
     with caplog.at_level(logging.INFO, logger="launchless"):
         for batch in (2, 3, 5, 2, 3, 5, 2, 3, 5):
             x = torch.randn(batch, 16, device="cuda")
@@ -123,3 +124,61 @@ def test_training_graph_runs_compiled_with_one_line(caplog: pytest.LogCaptureFix
             compiled(x).sum().backward()
     assert model.weight.grad is not None
     assert sum("needs autograd" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_pointer_indirection_reads_new_inputs_in_place_bit_identically() -> None:
+    from launchless import capture as cap
+    from launchless.compiler.indirection import IndirectGraph, unavailable_reason
+    from launchless.signature import flatten_inputs
+
+    if unavailable_reason():
+        pytest.skip(unavailable_reason())
+    weight = torch.randn(256, 256, device="cuda")
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ weight) + y.sin()
+
+    x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
+    flat = flatten_inputs((x, y), {})
+    graph = cap.capture(fn, flat, device=torch.device("cuda"), pool=cap.new_pool(), keep_graph=True)
+    indirect = IndirectGraph(graph)
+    assert indirect.pi.patched_nodes >= 2
+    for _ in range(3):
+        nx, ny = torch.randn_like(x), torch.randn_like(y)  # new addresses each time
+        assert torch.equal(indirect.replay_cloned([nx, ny]), fn(nx, ny))
+    assert indirect.copied_bytes == 0
+    odd = torch.randn(64 * 256 + 1, device="cuda")[1:].view(64, 256)  # 4-byte aligned only: copied instead
+    assert torch.equal(indirect.replay_cloned([odd, y]), fn(odd, y)) and indirect.copied_bytes == odd.nbytes
+    indirect.reset()
+    assert torch.equal(graph.replay_cloned([x, y]), fn(x, y))  # the copying path still works afterwards
+
+
+@torch.no_grad()
+def test_selective_graphs_measure_decide_and_reuse_the_cached_decision(tmp_path, monkeypatch) -> None:
+    from launchless.compiler import select
+    from launchless.compiler.decisions import choose
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 3, 3, padding=1)).cuda().eval()
+    x = torch.randn(1, 3, 512, 512, device="cuda")  # a large input: copying it costs
+    compiled = _compiled(model, selective=True, cache_dir=str(tmp_path))
+    for _ in range(4):
+        out = compiled(x)
+    assert torch.allclose(out, model(x), rtol=1e-4, atol=1e-5)
+    (info,) = [g.graph_info() for g in _graphs() if g.graph_info()["graphs"]]
+    chosen = info["graphs"][0]
+    print(chosen)
+    assert set(chosen["times_ms"]) >= {"no-graph", "graph"} and chosen["variant"] in chosen["times_ms"]
+    assert chosen["variant"] == choose(chosen["times_ms"])  # the measured times decided
+    assert len(list(tmp_path.glob("*.json"))) == 1  # the decision is on disk
+
+    calls = []
+    original = select.measure
+    monkeypatch.setattr(select, "measure", lambda *a, **k: calls.append(1) or original(*a, **k))
+    compiled = _compiled(model, selective=True, cache_dir=str(tmp_path))  # a new compile: the cache decides
+    for _ in range(4):
+        compiled(x)
+    assert calls == []
+    compiled = _compiled(model, selective=True, cache_dir=str(tmp_path), reprofile=True)
+    for _ in range(4):
+        compiled(x)
+    assert calls == [1]

@@ -27,6 +27,9 @@ from .. import capture as _capture
 from ..blockers import classify_message, locate_exception
 from ..signature import Signature, UnhashableInput, flatten_inputs, signature_of
 from ..verify import verify
+from . import select
+from .decisions import Decision, DecisionCache, DecisionKey, DriftMonitor, graph_hash
+from .indirection import IndirectGraph, IndirectionUnavailable, unavailable_reason
 
 log = logging.getLogger("launchless")
 _ptrs_equal = torch._C._tensors_data_ptrs_at_indices_equal
@@ -50,8 +53,35 @@ def static_input_indices(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> f
     return frozenset(static)
 
 
+class _Entry:
+    """What runs for one input signature: the chosen variant, its replay, and the static addresses."""
+
+    def __init__(self, graph: _capture.CapturedGraph, ptrs: list[int], decision: Decision, report: Any) -> None:
+        self.graph, self.ptrs, self.decision, self.report = graph, ptrs, decision, report
+        self.indirect: IndirectGraph | None = None
+        self.pi_reason: str | None = None
+        self.device: torch.device | None = None
+        self.monitor = DriftMonitor(decision)
+
+    def replay(self, leaves: list) -> Any:
+        if self.decision.variant == "graph+pi" and self.indirect is not None:
+            return self.indirect.replay_cloned(leaves)
+        return self.graph.replay_cloned(leaves)
+
+    def copied_bytes(self) -> int:
+        """Bytes copied into placeholders per replay of the chosen variant."""
+        if self.decision.variant == "no-graph":
+            return 0
+        if self.decision.variant == "graph+pi" and self.indirect is not None:
+            return self.indirect.copied_bytes // max(1, self.indirect.replays)
+        return sum(self.graph.static_leaves[i].nbytes for i in self.graph.tensor_slots)
+
+
 class CompiledGraphs:
-    """One compiled FX graph and its CUDA graphs, one per input signature (LRU, ``max_graphs``)."""
+    """One compiled FX graph and its CUDA graphs, one per input signature (LRU, ``max_graphs``).
+
+    With ``selective`` (default) each signature's variant -- no graph, graph, graph with pointer
+    indirection -- is measured once and cached on disk; ``cache`` None keeps decisions in memory."""
 
     def __init__(
         self,
@@ -62,10 +92,16 @@ class CompiledGraphs:
         capture_after: int = 2,
         max_graphs: int = 8,
         verify_mode: str = "on",
+        selective: bool = True,
+        indirection: bool = True,
+        cache: DecisionCache | None = None,
+        graph_key: str = "",
     ) -> None:
         self.compiled, self.static, self.name = compiled, static, name
+        self.selective, self.cache, self.graph_key = selective, cache, graph_key
+        self.indirection = indirection and unavailable_reason() is None
         self.capture_after, self.max_graphs, self.verify_mode = capture_after, max_graphs, verify_mode
-        self._graphs: OrderedDict[Signature, tuple[_capture.CapturedGraph, list[int]]] = OrderedDict()
+        self._graphs: OrderedDict[Signature, _Entry] = OrderedDict()
         self._seen: dict[Signature, int] = {}
         self._refused: dict[Signature, str] = {}
         self._reports: dict[Signature, Any] = {}
@@ -86,10 +122,13 @@ class CompiledGraphs:
             return self.compiled(*args)
         entry = self._graphs.get(sig)
         if entry is not None:
-            graph, ptrs = entry
-            if self._static_unmoved(args, ptrs):
+            if entry.decision.variant == "no-graph":
+                return self.compiled(*args)
+            if self._static_unmoved(args, entry.ptrs):
                 self._graphs.move_to_end(sig)
-                return graph.replay_cloned(flat.leaves)
+                if entry.monitor.should_sample():
+                    return self._sampled(sig, entry, flat, args)
+                return entry.replay(flat.leaves)
             self._graphs.clear()  # a parameter moved (.to(), load_state_dict(assign=True)): capture again
             self._seen.clear()
             self._log_once(f"launchless: {self.name}: parameters moved; its graphs are captured again")
@@ -119,26 +158,94 @@ class CompiledGraphs:
                 self._pool = _capture.new_pool()
             try:
                 graph = _capture.capture(
-                    self.compiled, flat, device=device, pool=self._pool, warmup=1, static=self.static
+                    self.compiled,
+                    flat,
+                    device=device,
+                    pool=self._pool,
+                    warmup=1,
+                    static=self.static,
+                    keep_graph=self.indirection,
                 )
             except _capture.CaptureFailed as fail:
                 if fail.stage == "capture":
                     self._pool = None
                 return self._refuse(sig, args, _reason(fail))
             report = verify(graph, self.compiled, flat, mode=self.verify_mode, keep=self.static)
-            self._reports[sig] = report
             if not report.passed:
                 del graph
                 if not self._graphs:
                     self._pool = None
                 return self._refuse(sig, args, f"verification failed ({report.status}: {report.detail})")
             ptrs = [t.data_ptr() for t in self._static_leaves(args)]
-            self._graphs[sig] = (graph, ptrs)
+            entry = _Entry(graph, ptrs, Decision("graph", {"graph": 0.0}), report)
+            entry.device = device
+            runners = {"no-graph": lambda: self.compiled(*args), "graph": lambda: graph.replay_cloned(flat.leaves)}
+            if self.indirection:
+                self._add_indirection(entry, flat, runners)
+            entry.decision = self._decide(sig, runners, device)
+            entry.monitor = DriftMonitor(entry.decision)
+            if entry.indirect is not None and entry.decision.variant != "graph+pi":
+                entry.indirect.reset()
+            self._graphs[sig] = entry
             self._seen.pop(sig, None)
             while len(self._graphs) > self.max_graphs:
                 self._graphs.popitem(last=False)
                 self._log_once(f"launchless: {self.name}: more than max_graphs={self.max_graphs} shapes; evicting")
-            return graph.replay_cloned(flat.leaves)
+            return self.compiled(*args) if entry.decision.variant == "no-graph" else entry.replay(flat.leaves)
+
+    def _add_indirection(self, entry: _Entry, flat: Any, runners: dict) -> None:
+        """Pointer indirection for this graph, verified like the graph itself; on failure, why not."""
+        try:
+            entry.indirect = IndirectGraph(entry.graph)
+        except IndirectionUnavailable as exc:
+            entry.pi_reason = str(exc)
+            return
+        report = verify(entry.indirect, self.compiled, flat, mode=self.verify_mode, keep=self.static)
+        entry.indirect.reset()
+        if not report.passed:
+            entry.pi_reason = f"verification failed ({report.status}: {report.detail})"
+            entry.indirect = None
+            return
+        indirect = entry.indirect
+        runners["graph+pi"] = lambda: indirect.replay_cloned(flat.leaves)
+
+    def _decide(self, sig: Signature, runners: dict, device: torch.device) -> Decision:
+        if not self.selective:
+            return Decision("graph", {})
+        key = DecisionKey.current(self.graph_key, sig.describe())
+        cached = self.cache.get(key) if self.cache is not None else None
+        if cached is not None and cached.variant in runners:
+            return cached
+        decision = select.measure(runners, device)
+        if self.cache is not None:
+            self.cache.put(key, decision)
+        return decision
+
+    def _sampled(self, sig: Signature, entry: _Entry, flat: Any, args: Sequence[Any]) -> Any:
+        """A production call timed with CUDA events; a drifted variant is decided again."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = entry.replay(flat.leaves)
+        end.record()
+        end.synchronize()
+        entry.monitor.record(start.elapsed_time(end))
+        if entry.monitor.drifted():
+            old = entry.decision.variant
+            runners = {
+                "no-graph": lambda: self.compiled(*args),
+                "graph": lambda: entry.graph.replay_cloned(flat.leaves),
+            }
+            if entry.indirect is not None:
+                entry.indirect.reset()
+                runners["graph+pi"] = lambda: entry.indirect.replay_cloned(flat.leaves)
+            entry.decision = select.measure(runners, entry.device)
+            if self.cache is not None:
+                self.cache.put(DecisionKey.current(self.graph_key, sig.describe()), entry.decision)
+            entry.monitor.reset(entry.decision)
+            if entry.indirect is not None and entry.decision.variant != "graph+pi":
+                entry.indirect.reset()
+            self._log_once(f"launchless: {self.name} {sig.describe()}: {old} drifted; now {entry.decision.variant}")
+        return out
 
     def _refuse(self, sig: Signature, args: Sequence[Any], why: str) -> Any:
         self._refused[sig] = why
@@ -151,12 +258,21 @@ class CompiledGraphs:
             log.info(message)
 
     def graph_info(self) -> dict:
+        """Per signature: the variant chosen and the times that chose it, verification, bytes copied."""
         return {
             "name": self.name,
             "static_inputs": len(self.static),
             "graphs": [
-                {"signature": s.describe(), "replays": g.replays, "verification": self._reports[s].status}
-                for s, (g, _) in self._graphs.items()
+                {
+                    "signature": s.describe(),
+                    "variant": e.decision.variant,
+                    "times_ms": dict(e.decision.times_ms),
+                    "replays": e.graph.replays + (e.indirect.replays if e.indirect else 0),
+                    "verification": e.report.status,
+                    "indirection": "verified" if e.indirect is not None else e.pi_reason,
+                    "bytes_copied_per_replay": e.copied_bytes(),
+                }
+                for s, e in self._graphs.items()
             ],
             "fallbacks": [{"signature": s.describe(), "reason": r} for s, r in self._refused.items()],
         }
@@ -174,8 +290,17 @@ _counter = 0
 _registry: weakref.WeakSet[CompiledGraphs] = weakref.WeakSet()  # for explain(): what each graph does
 
 
-def make_backend(inner: Compiler = inductor_without_graphs, **options: Any) -> Callable[..., Any]:
-    """A Dynamo backend; ``options`` go to ``CompiledGraphs`` (capture_after, max_graphs, verify_mode)."""
+def make_backend(
+    inner: Compiler = inductor_without_graphs,
+    *,
+    cache_dir: str | None = None,
+    reprofile: bool = False,
+    **options: Any,
+) -> Callable[..., Any]:
+    """A Dynamo backend. ``options`` go to ``CompiledGraphs`` (capture_after, max_graphs, verify_mode,
+    selective, indirection); decisions are cached in ``cache_dir`` (default: ``decisions.default_cache_dir``)
+    and measured again with ``reprofile=True``."""
+    cache = DecisionCache(cache_dir, reprofile=reprofile)
 
     def backend(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
         global _counter
@@ -193,7 +318,14 @@ def make_backend(inner: Compiler = inductor_without_graphs, **options: Any) -> C
                 name,
             )
             return compiled
-        graphs = CompiledGraphs(compiled, static_input_indices(gm, example_inputs), name=name, **options)
+        graphs = CompiledGraphs(
+            compiled,
+            static_input_indices(gm, example_inputs),
+            name=name,
+            cache=cache,
+            graph_key=graph_hash(gm),
+            **options,
+        )
         _registry.add(graphs)
         return graphs
 

@@ -1,0 +1,45 @@
+"""Selective graphs (GraCE's SCG): per graph, run no-graph / graph / graph+PI on the real inputs, keep the fastest.
+
+A graph is not always faster (GraCE saw 29 of 116 slow down): when a graph is short, or its inputs
+are large, copying them in can cost more than the launches it saves. Each variant is timed with CUDA
+events on the inputs of the call that captured it, with the CUDA random state restored between
+runs; the decision is cached on disk (``decisions.DecisionCache``) under the graph's hash, the input
+signature, the GPU, driver and library versions, so later processes reuse it without measuring.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .decisions import Decision, choose
+
+Variant = Callable[[], Any]
+
+
+def time_ms(call: Variant, device: torch.device, warmup: int = 3, runs: int = 15) -> float:
+    """Median ms of ``call`` over ``runs`` CUDA-event-timed calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def measure(variants: dict[str, Variant], device: torch.device, margin: float = 0.03) -> Decision:
+    """Time every variant (random state restored after each) and decide."""
+    rng = torch.cuda.get_rng_state(device)
+    times = {}
+    for name, call in variants.items():
+        times[name] = time_ms(call, device)
+        torch.cuda.set_rng_state(rng, device)
+    return Decision(variant=choose(times, margin), times_ms=times)
