@@ -5,12 +5,23 @@ m = ll.wrap(model, cuda_graph="auto")   # False | True | "auto"
 y = m(x)                                # replays a verified graph per input signature
 """
 
+from typing import Any
+
 from .blockers import Blocker, dry_run
 from .errors import CaptureError, ConfigError, LaunchlessError, NoCudaError, VerificationError
 from .runtime import GraphedModule, wrap
 from .train import GraphedStep, graphed_step
 
 __version__ = "0.1.0"
+
+
+def explain(model: Any, *inputs: Any, calls: int = 4, **kwargs: Any) -> Any:
+    """What ``torch.compile(model, backend="launchless")`` does with each graph of ``model``, and why
+    (see ``launchless.compiler.explain``); imported lazily because it loads torch.compile."""
+    from .compiler.explain import explain as _explain
+
+    return _explain(model, *inputs, calls=calls, **kwargs)
+
 
 __all__ = [
     "Blocker",
@@ -23,6 +34,7 @@ __all__ = [
     "VerificationError",
     "__version__",
     "dry_run",
+    "explain",
     "graphed_step",
     "wrap",
 ]

@@ -34,6 +34,13 @@ def main(argv: list[str] | None = None) -> int:
         help="write one report from partial runs' bench.json (no GPU needed)",
     )
     _add_train_parser(sub)
+    doctor = sub.add_parser(
+        "doctor", help="compile a model with the launchless backend and explain each graph: blockers, variant, coverage"
+    )
+    doctor.add_argument("--model", default="timm:resnet18", help="a launchless.zoo workload name")
+    doctor.add_argument("--batch", type=int, default=1)
+    doctor.add_argument("--reprofile", action="store_true", help="measure the graph variants again (ignore the cache)")
+    doctor.add_argument("--clear-cache", action="store_true", help="delete the cached graph decisions and exit")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.command == "demo":
@@ -50,7 +57,34 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(parser, args)
     if args.command == "train":
         return _train(parser, args)
+    if args.command == "doctor":
+        return _doctor(parser, args)
     return 2
+
+
+def _doctor(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from .compiler.decisions import DecisionCache
+
+    if args.clear_cache:
+        cache = DecisionCache()
+        print(f"removed {cache.clear()} cached decision(s) from {cache.directory}")
+        return 0
+    import torch
+
+    from . import zoo
+
+    if args.model not in zoo.names():
+        parser.error(f"unknown model {args.model!r}; choose one of: {', '.join(zoo.names())}")
+    if not torch.cuda.is_available():
+        print("launchless doctor: no CUDA device here; it explains CUDA graphs, so run it on a machine with a GPU")
+        return 2
+    if args.reprofile:
+        DecisionCache().clear()
+    from .compiler.explain import explain
+
+    workload = zoo.build(args.model, batch=args.batch, device="cuda")
+    print(explain(workload.model.eval(), *workload.args, **workload.kwargs))
+    return 0
 
 
 def _add_train_parser(sub: argparse._SubParsersAction) -> None:

@@ -182,3 +182,17 @@ def test_selective_graphs_measure_decide_and_reuse_the_cached_decision(tmp_path,
     for _ in range(4):
         compiled(x)
     assert calls == [1]
+
+
+def test_explain_resnet18_reports_coverage_kernels_and_the_chosen_variant(tmp_path, monkeypatch) -> None:
+    timm = pytest.importorskip("timm")
+    import launchless as ll
+
+    monkeypatch.setenv("LAUNCHLESS_CACHE_DIR", str(tmp_path))
+    model = timm.create_model("resnet18").cuda().eval()
+    explanation = ll.explain(model, torch.randn(1, 3, 224, 224, device="cuda"))
+    print(explanation)
+    (graph,) = explanation.graphs
+    assert graph.blockers == [] and graph.info["graphs"][0]["variant"] in ("graph", "graph+pi")
+    assert graph.kernels and graph.kernels > 20
+    assert explanation.coverage is not None and explanation.coverage > 0.9

@@ -1,0 +1,151 @@
+"""``launchless.explain(model, *inputs)``: what the compiler path does with each graph of a model, and why.
+
+Per FX graph Dynamo produced: its size, the capture blockers found in it (with the user's source
+line), whether it was captured, the variant the selective-graph step chose with the times that chose
+it, pointer indirection's verdict, bytes copied per replay, and its kernel count. Over the model:
+coverage, the share of one call's kernels that run inside graphs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+
+from . import backend as _backend
+from .diagnose import diagnose
+
+
+@dataclass
+class GraphReport:
+    name: str
+    nodes: int
+    blockers: list[str]
+    info: dict | None  # CompiledGraphs.graph_info(); None when the graph was not graph-eligible
+    kernels: int | None = None  # kernel nodes in its captured CUDA graph(s)
+    note: str = ""
+
+
+@dataclass
+class Explanation:
+    graphs: list[GraphReport] = field(default_factory=list)
+    kernels_per_call: int | None = None  # all kernels of one call (inside and outside graphs)
+
+    @property
+    def coverage(self) -> float | None:
+        """Share of one call's kernels that run inside CUDA graphs."""
+        inside = sum(g.kernels or 0 for g in self.graphs)
+        if not self.kernels_per_call:
+            return None
+        return min(1.0, inside / self.kernels_per_call)
+
+    def table(self) -> Any:
+        from rich.table import Table
+
+        cov = self.coverage
+        caption = (
+            f"coverage: {cov:.0%} of {self.kernels_per_call} kernels per call in graphs" if cov is not None else ""
+        )
+        table = Table(title="launchless explain", caption=caption)
+        for column in ("graph", "nodes", "kernels", "variant (ms)", "copied/replay", "blockers / notes"):
+            table.add_column(column)
+        for g in self.graphs:
+            variants, copied = _variants(g.info)
+            notes = "\n".join([*g.blockers, *([g.note] if g.note else [])]) or "none"
+            table.add_row(g.name, str(g.nodes), str(g.kernels or "—"), variants, copied, notes)
+        return table
+
+    def __str__(self) -> str:
+        from rich.console import Console
+
+        console = Console(width=140, record=True)
+        with console.capture() as captured:
+            console.print(self.table())
+        return captured.get()
+
+
+def _variants(info: dict | None) -> tuple[str, str]:
+    if not info or not info["graphs"]:
+        reasons = [f["reason"] for f in (info or {}).get("fallbacks", [])]
+        return ("no graph" + (f": {reasons[0]}" if reasons else ""), "—")
+    lines, copied = [], []
+    for g in info["graphs"]:
+        times = ", ".join(f"{k} {v:.3f}" for k, v in g["times_ms"].items())
+        lines.append(f"{g['variant']}" + (f" ({times})" if times else ""))
+        if g["indirection"] not in (None, "verified"):
+            lines.append(f"PI: {g['indirection']}")
+        copied.append(f"{g['bytes_copied_per_replay']:,} B")
+    return "\n".join(lines), "\n".join(copied)
+
+
+def _aten_blockers(gm: fx.GraphModule, example_inputs: list) -> list[str]:
+    """Diagnosis on the aten graph (traced with fake tensors, node metadata kept for source lines)."""
+    from torch.fx import traceback as fx_traceback
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def run(*args: Any) -> Any:
+        with fx_traceback.preserve_node_meta():
+            return fx.Interpreter(gm).run(*args)
+
+    try:
+        aten = make_fx(run, tracing_mode="fake")(*example_inputs)
+    except Exception as exc:  # diagnosis is best effort; the capture itself still decides
+        return [f"(not diagnosed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"]
+    return [b.describe() for b in diagnose(aten)]
+
+
+def _kernel_nodes(entry: Any) -> int | None:
+    indirect = getattr(entry, "indirect", None)
+    try:
+        from cuda.bindings import driver
+
+        result = driver.cuGraphGetNodes(entry.graph.graph.raw_cuda_graph(), 0)
+        return int(result[2]) if result[0] == driver.CUresult.CUDA_SUCCESS else None
+    except Exception:
+        return indirect.pi.patched_nodes if indirect is not None else None
+
+
+def _kernels_per_call(call: Callable[[], Any]) -> int | None:
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA and "memcpy" not in e.name.lower()]
+    return len(kernels) or None
+
+
+def explain(model: Callable[..., Any], *inputs: Any, calls: int = 4, **kwargs: Any) -> Explanation:
+    """Compile ``model`` with the launchless backend, run it ``calls`` times, and report per graph."""
+    recorded: list[tuple[fx.GraphModule, list, Any]] = []
+    inner_backend = _backend.make_backend()
+
+    def recording(gm: fx.GraphModule, example_inputs: list) -> Any:
+        compiled = inner_backend(gm, example_inputs)
+        recorded.append((gm, list(example_inputs), compiled))
+        return compiled
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=recording)
+    with torch.no_grad():
+        for _ in range(calls):
+            compiled(*inputs, **kwargs)
+        explanation = Explanation()
+        for i, (gm, example_inputs, runner) in enumerate(recorded, 1):
+            nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function" or n.op == "call_method")
+            report = GraphReport(f"graph {i}", nodes, _aten_blockers(gm, example_inputs), None)
+            if isinstance(runner, _backend.CompiledGraphs):
+                report.info = runner.graph_info()
+                counts = [_kernel_nodes(e) for e in runner._graphs.values()]
+                report.kernels = max((c for c in counts if c is not None), default=None)
+            else:
+                report.note = "runs compiled without a CUDA graph (no CUDA input, or autograd)"
+            explanation.graphs.append(report)
+        if torch.cuda.is_available():
+            explanation.kernels_per_call = _kernels_per_call(lambda: compiled(*inputs, **kwargs))
+    return explanation

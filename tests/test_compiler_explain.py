@@ -1,0 +1,64 @@
+"""CPU tests of launchless.explain and `launchless doctor` (the GPU side is in test_cuda_compiler.py)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import launchless as ll
+from launchless import cli
+from launchless.compiler import backend as _backend
+from launchless.compiler import explain as _explain
+
+
+class _Breaks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x).relu()
+        torch._dynamo.graph_break()
+        return self.b(y)
+
+
+def test_explain_reports_each_graph_of_a_model(monkeypatch) -> None:
+    original = _backend.make_backend
+    monkeypatch.setattr(_backend, "make_backend", lambda **kw: original(lambda gm, ex: gm.forward, **kw))
+    explanation = ll.explain(_Breaks(), torch.randn(3, 4))
+    assert [g.name for g in explanation.graphs] == ["graph 1", "graph 2"]  # the graph break splits it
+    assert all(g.info is None and "without a CUDA graph" in g.note for g in explanation.graphs)  # CPU inputs
+    assert all(g.nodes >= 1 and g.blockers == [] for g in explanation.graphs)
+    text = str(explanation)
+    assert "graph 1" in text and "graph 2" in text and "launchless explain" in text
+
+
+def test_aten_diagnosis_names_the_host_sync_of_a_dynamo_graph() -> None:
+    seen = []
+
+    def record(gm, example_inputs):
+        seen.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch._dynamo.config.capture_scalar_outputs = True
+    try:
+
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            return x * x.sum().item()
+
+        torch.compile(fn, backend=record)(torch.randn(3))
+    finally:
+        torch._dynamo.config.capture_scalar_outputs = False
+    blockers = _explain._aten_blockers(*seen[0])
+    assert any("host sync" in b for b in blockers), blockers
+
+
+def test_doctor_without_cuda_says_so_and_clears_the_cache(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("LAUNCHLESS_CACHE_DIR", str(tmp_path))
+    (tmp_path / "x.json").write_text("{}")
+    assert cli.main(["doctor", "--clear-cache"]) == 0
+    assert "removed 1 cached decision(s)" in capsys.readouterr().out and not list(tmp_path.iterdir())
+    if not torch.cuda.is_available():
+        assert cli.main(["doctor", "--model", "timm:resnet18"]) == 2
+        assert "no CUDA device here" in capsys.readouterr().out
