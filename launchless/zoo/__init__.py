@@ -98,6 +98,24 @@ def _tv_detector(arch: str, batch: int, size: int = 320) -> tuple[torch.nn.Modul
     return model, lambda: (([torch.rand(3, size, size) for _ in range(batch)],), {})
 
 
+def _raft(batch: int, size: int = 128) -> tuple[torch.nn.Module, Callable[[], Inputs]]:
+    from torchvision.models.optical_flow import raft_small
+
+    model = raft_small(weights=None)
+    return model, lambda: ((torch.rand(batch, 3, size, size), torch.rand(batch, 3, size, size)), {})
+
+
+def _hf_pixels(
+    model_cls: str, config_cls: str, size: int, batch: int, **config: Any
+) -> tuple[torch.nn.Module, Callable[[], Inputs]]:
+    """A transformers vision model from its default config (no pretrained backbone), on pixel_values."""
+    import transformers
+
+    cfg = getattr(transformers, config_cls)(**config)
+    model = getattr(transformers, model_cls)(cfg)
+    return model, lambda: ((), {"pixel_values": torch.rand(batch, 3, size, size)})
+
+
 # --- registry: one entry per workload ------------------------------------------------------------
 
 _REGISTRY: dict[str, _Spec] = {
@@ -147,6 +165,42 @@ _REGISTRY: dict[str, _Spec] = {
     ),
     "tv:fasterrcnn_mobilenet_v3_large_fpn": _Spec(
         "torchvision", "torchvision", partial(_tv_detector, "fasterrcnn_mobilenet_v3_large_fpn")
+    ),
+    # Models a host->device copy keeps out of plain capture (DESIGN.md): the compiler path's CGCT cases.
+    **{
+        f"tv:{arch}": _Spec("torchvision", "torchvision", partial(_tv_detector, arch))
+        for arch in (
+            "fasterrcnn_resnet50_fpn",
+            "retinanet_resnet50_fpn",
+            "fcos_resnet50_fpn",
+            "maskrcnn_resnet50_fpn",
+            "ssdlite320_mobilenet_v3_large",
+        )
+    },
+    "tv:raft_small": _Spec("torchvision", "torchvision", _raft),
+    "hf:mistral-tiny": _Spec(
+        "transformers",
+        "transformers",
+        partial(
+            _hf,
+            "MistralForCausalLM",
+            "MistralConfig",
+            64,
+            flags={"use_cache": False},
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        ),
+    ),
+    "hf:rt-detr": _Spec(
+        "transformers", "transformers", partial(_hf_pixels, "RTDetrForObjectDetection", "RTDetrConfig", 320)
+    ),
+    "hf:mask2former": _Spec(  # its loss module imports scipy at construction
+        "transformers",
+        "scipy",
+        partial(_hf_pixels, "Mask2FormerForUniversalSegmentation", "Mask2FormerConfig", 256),
     ),
 }
 
