@@ -38,7 +38,10 @@ def _worker(crash: str = "", hang: str = "") -> list[str]:
 def test_suites_and_registry() -> None:
     assert [w.name for w in workloads.suite("quick")] == ["timm:resnet18", "train:resnet18"]
     standard = workloads.suite("standard")
-    assert len(standard) == 14 and len(workloads.WORKLOADS) == 17  # plain-SGD training variants run by name
+    assert len(standard) == 14 and len(workloads.WORKLOADS) == 26  # plain-SGD training variants run by name
+    compiler = workloads.suite("compiler")  # inference workloads plus the models host copies keep out of capture
+    assert {w.kind for w in compiler} == {"inference"} and len(compiler) == 20
+    assert {w.zoo for w in compiler} <= set(zoo.names())
     training = [w.name for w in workloads.suite("training")]  # the training issue's per-step comparison
     assert training == [
         "train:resnet18",
@@ -51,7 +54,7 @@ def test_suites_and_registry() -> None:
     assert {w.kind for w in standard} == {"inference", "training"}
     with pytest.raises(workloads.UnknownWorkload, match="choose from: timm:resnet18"):
         workloads.get("nope")
-    with pytest.raises(workloads.UnknownWorkload, match="choose from: quick, standard, training"):
+    with pytest.raises(workloads.UnknownWorkload, match="choose from: quick, standard, training, compiler"):
         workloads.suite("huge")
 
 
