@@ -1,0 +1,206 @@
+"""CPU tests of CGCT rewriting: aten graphs traced with fake CUDA tensors, and real-CPU differential checks."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import fx, nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+from launchless.blockers import COPY
+from launchless.compiler.diagnose import INPUT_MUTATION, diagnose
+from launchless.compiler.rewrite import (
+    ATTRIBUTE,
+    CONSTANT,
+    CONSTRUCT,
+    constant_guards,
+    constants_still_valid,
+    differential_check,
+    rewrite,
+)
+
+aten = torch.ops.aten
+
+
+def _trace(fn, *shapes) -> fx.GraphModule:
+    """An aten graph of ``fn`` whose node values are fake tensors on cuda (works without a GPU)."""
+    with FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv()):
+        inputs = [torch.empty(s, device="cuda") for s in shapes]
+        return make_fx(fn, tracing_mode="real")(*inputs)
+
+
+def _cross_device_copies(gm: fx.GraphModule) -> list[str]:
+    """Nodes whose value and inputs' values live on different devices."""
+    found = []
+    for node in gm.graph.nodes:
+        devices = {
+            a.meta["val"].device.type for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)
+        }
+        out = node.meta.get("val")
+        if isinstance(out, torch.Tensor) and devices and devices != {out.device.type}:
+            found.append(node.name)
+    return found
+
+
+def _node(gm: fx.GraphModule, target) -> fx.Node:
+    return next(n for n in gm.graph.nodes if n.target is target)
+
+
+def _moved_buffers(gm: fx.GraphModule) -> list[str]:
+    return [name for name, _ in gm.named_buffers() if name.startswith("_launchless_const_")]
+
+
+class _Anchors(nn.Module):
+    """A detector-style CPU anchor table, read twice and used only on the GPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.arange(8.0).reshape(2, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.table.to(x.device) + self.table.cuda().sum(0)
+
+
+def test_arange_copied_to_the_gpu_is_built_there_and_nothing_blocks_capture() -> None:
+    gm = _trace(lambda x: x + torch.arange(4).cuda(), (4,))
+    assert [b.kind for b in diagnose(gm)] == [COPY]
+    report = rewrite(gm)
+    assert [a.kind for a in report.applied] == [CONSTRUCT] and report.skipped == []
+    arange = _node(gm, aten.arange.default)
+    assert arange.kwargs["device"] == torch.device("cuda", 0)
+    assert arange.meta["val"].device.type == "cuda" and arange.meta["val"].dtype == torch.int64
+    assert _cross_device_copies(gm) == [] and _node(gm, aten.add.Tensor).args[1] is arange  # the copy is gone
+    assert diagnose(gm) == []
+
+
+def test_pure_cpu_ops_on_a_constructor_move_with_it_and_keep_their_dtype() -> None:
+    gm = _trace(lambda x: x + torch.arange(4).float().mul(2).cuda(), (4,))
+    report = rewrite(gm)
+    assert report.applied[0].moved == ("arange", "_to_copy", "mul")
+    values = [n.meta["val"] for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    assert {v.device.type for v in values} == {"cuda"}
+    assert _node(gm, aten.mul.Tensor).meta["val"].dtype == torch.float32
+    assert diagnose(gm) == []
+
+
+def test_a_copy_into_a_device_tensor_reads_a_constructor_built_on_the_device() -> None:
+    def fn(x, y):
+        y.copy_(torch.arange(4.0))  # copy_(dst, src): the host side is the second argument
+        return x + y
+
+    gm = _trace(fn, (4,), (4,))
+    report = rewrite(gm)
+    assert [a.kind for a in report.applied] == [CONSTRUCT]
+    assert _node(gm, aten.copy_.default).args[1] is _node(gm, aten.arange.default)  # the write itself stays
+    assert _cross_device_copies(gm) == []
+    assert [b.kind for b in diagnose(gm)] == [INPUT_MUTATION]
+
+
+def test_a_tensor_literal_is_copied_to_the_device_once_at_compile_time() -> None:
+    gm = _trace(lambda x: x + torch.tensor([1.0, 2.0, 3.0, 4.0]).to(x.device), (4,))
+    report = rewrite(gm)
+    assert [a.kind for a in report.applied] == [CONSTANT]
+    moved = gm._launchless_const_0
+    assert moved.device.type == "cuda" and moved.shape == (4,) and moved.dtype == torch.float32
+    assert [n.target for n in gm.graph.nodes if n.op == "get_attr"] == ["_launchless_const_0"]
+    assert _cross_device_copies(gm) == [] and diagnose(gm) == []
+    assert constants_still_valid(gm)
+
+
+def test_a_module_attribute_is_moved_once_and_guarded_against_in_place_changes() -> None:
+    model = _Anchors()
+    gm = _trace(model, (2, 4))
+    report = rewrite(gm)
+    assert [a.kind for a in report.applied] == [ATTRIBUTE, ATTRIBUTE]
+    assert _moved_buffers(gm) == ["_launchless_const_0"]  # two reads, one device copy
+    assert diagnose(gm) == []
+    (guard,) = constant_guards(gm)
+    assert guard.source is model.table and constants_still_valid(gm)
+    model.table.mul_(2)
+    assert not constants_still_valid(gm)
+
+
+@pytest.mark.parametrize(
+    ("fn", "reason"),
+    [
+        (lambda x: x + (x.cpu() * 2).to(x.device), "depends on graph input x_1"),
+        (lambda x: x + torch.full((4,), x.sum().item()).cuda(), "depends on a host sync"),
+        (lambda x: x + torch.randn(4).cuda(), "randn in randn draws random numbers"),
+        (lambda x: x[:2] + (lambda a: a[a > 1])(torch.arange(4.0)).cuda(), "data-dependent output shape"),
+        (lambda x: (lambda a: (x + a.cuda(), a * 2))(torch.arange(4)), "also used on the host by mul"),
+        (lambda x: (lambda a: (x + a.cuda(), a))(torch.arange(4)), "returned on the host"),
+    ],
+    ids=["input", "item", "random", "data-dependent", "host-use", "returned"],
+)
+def test_a_copy_that_is_not_provably_safe_is_left_alone_with_its_reason(fn, reason) -> None:
+    gm = _trace(fn, (4,))
+    before = gm.code
+    report = rewrite(gm)
+    assert report.applied == [] and gm.code == before
+    copy_node = next(s for s in report.skipped if "_to_copy" in s.target)
+    assert reason in copy_node.reason and reason in report.describe()
+
+
+def test_a_host_sync_is_reported_as_not_rewritable() -> None:
+    gm = _trace(lambda x: x * x.sum().item(), (4,))
+    before = gm.code
+    report = rewrite(gm)
+    assert report.applied == [] and gm.code == before
+    (sync,) = report.skipped
+    assert "_local_scalar_dense" in sync.target and "host sync" in sync.reason
+
+
+def test_the_report_carries_the_user_source_line() -> None:
+    gm = _trace(lambda x: x + torch.arange(4).cuda(), (4,))
+    _node(gm, aten._to_copy.default).meta["stack_trace"] = (
+        '  File "/home/me/model.py", line 12, in forward\n    return x + torch.arange(4).cuda()\n'
+    )
+    report = rewrite(gm)
+    where = "/home/me/model.py:12 in forward: `return x + torch.arange(4).cuda()`"
+    assert report.applied[0].source == where and where in report.describe()
+
+
+def _cpu_graph(table: torch.Tensor) -> fx.GraphModule:
+    """A real-CPU graph whose `.to(device, copy=True)` calls stand in for host->device copies."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x * table.to(x.device, copy=True) + torch.arange(4.0).to(x.device, copy=True)
+
+    return make_fx(fn)(torch.randn(4))
+
+
+def test_differential_check_passes_a_correct_rewrite_on_real_cpu_tensors() -> None:
+    table = torch.randn(4)
+    gm = _cpu_graph(table)
+    original = copy.deepcopy(gm)
+    assert rewrite(gm).applied == []  # no cross-device copy: nothing to do unless the target is named
+    report = rewrite(gm, "cpu")
+    assert [a.kind for a in report.applied] == [ATTRIBUTE, CONSTRUCT]
+    assert not any(n.target is aten._to_copy.default for n in gm.graph.nodes)
+    assert gm._launchless_const_0 is not table and torch.equal(gm._launchless_const_0, table)
+    assert differential_check(original, gm, lambda: [torch.randn(4)]) == (True, 0.0)
+
+
+def test_differential_check_fails_a_wrong_rewrite_that_the_guard_cannot_see() -> None:
+    table = torch.randn(4)
+    gm = _cpu_graph(table)
+    original = copy.deepcopy(gm)
+    rewrite(gm, "cpu")
+    gm._launchless_const_0.add_(0.5)  # a broken compile-time copy; its source is untouched
+    identical, diff = differential_check(original, gm, lambda: [torch.ones(4)])
+    assert not identical and diff == pytest.approx(0.5)
+    assert constants_still_valid(gm)
+
+
+def test_guards_of_a_deep_copy_still_watch_the_original_source() -> None:
+    table = torch.randn(4)
+    gm = _cpu_graph(table)
+    rewrite(gm, "cpu")
+    clone = copy.deepcopy(gm)
+    assert len(constant_guards(clone)) == 1 and constants_still_valid(clone)
+    table.add_(1)
+    assert not constants_still_valid(gm) and not constants_still_valid(clone)
