@@ -68,3 +68,25 @@ def test_the_backend_is_found_by_name() -> None:
     except Exception as exc:  # the entry point exists only when the package is installed (pip install -e .)
         pytest.skip(f"launchless is not installed as a package here: {exc}")
     assert found is launchless_backend
+
+
+def test_cgct_traces_a_dynamo_graph_to_aten_with_source_lines_and_leaves_cpu_graphs_alone() -> None:
+    from launchless.compiler.cgct import aten_graph, try_rewrite
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + torch.arange(x.shape[0])
+
+    seen = []
+
+    def record(gm, example_inputs):
+        seen.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=record)(torch.randn(4))
+    gm, inputs = seen[0]
+    aten = aten_graph(gm, inputs)
+    arange = [n for n in aten.graph.nodes if "arange" in str(n.target)]
+    assert arange and "val" in arange[0].meta and "test_compiler_backend.py" in arange[0].meta.get("stack_trace", "")
+    result = try_rewrite(gm, inputs, frozenset(), lambda g, ex: g.forward)
+    assert result.compiled is None and result.why_not.startswith("no rewritable host copy")  # nothing crosses devices

@@ -196,3 +196,27 @@ def test_explain_resnet18_reports_coverage_kernels_and_the_chosen_variant(tmp_pa
     assert graph.blockers == [] and graph.info["graphs"][0]["variant"] in ("graph", "graph+pi")
     assert graph.kernels and graph.kernels > 20
     assert explanation.coverage is not None and explanation.coverage > 0.9
+
+
+@torch.no_grad()
+def test_cgct_rewrites_a_host_constructor_so_the_graph_captures(caplog: pytest.LogCaptureFixture) -> None:
+    class Offsets(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            offsets = torch.arange(x.shape[1], dtype=torch.float32)  # built on the host...
+            return self.fc(x) + offsets.to(x.device)  # ...and copied to the GPU on every call
+
+    model = Offsets().cuda().eval()
+    x = torch.randn(4, 8, device="cuda")
+    compiled = _compiled(model)
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(4):
+            out = compiled(x)
+    assert torch.allclose(out, model(x), rtol=1e-5, atol=1e-6)
+    (graphs,) = [g for g in _graphs() if g.cgct is not None]
+    info = graphs.graph_info()
+    print(info, [r.getMessage() for r in caplog.records])
+    assert info["cgct"]["applied"] and info["graphs"], info  # rewritten, proven, then captured

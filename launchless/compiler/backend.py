@@ -24,10 +24,11 @@ import torch
 from torch import fx
 
 from .. import capture as _capture
-from ..blockers import classify_message, locate_exception
+from ..blockers import COPY, classify_message, locate_exception
 from ..signature import Signature, UnhashableInput, flatten_inputs, signature_of
 from ..verify import verify
 from . import select
+from .cgct import CgctResult, try_rewrite
 from .decisions import Decision, DecisionCache, DecisionKey, DriftMonitor, graph_hash
 from .indirection import IndirectGraph, IndirectionUnavailable, unavailable_reason
 
@@ -107,7 +108,9 @@ class CompiledGraphs:
         self._reports: dict[Signature, Any] = {}
         self._logged: set[str] = set()
         self._pool: Any = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self.source: tuple[fx.GraphModule, list, Compiler] | None = None  # for CGCT; dropped after one try
+        self.cgct: CgctResult | None = None
         order = sorted(static)
         self._pick_static = operator.itemgetter(*order) if len(order) > 1 else None
         self._static_order = order
@@ -169,6 +172,10 @@ class CompiledGraphs:
             except _capture.CaptureFailed as fail:
                 if fail.stage == "capture":
                     self._pool = None
+                if self.source is not None and classify_message(str(fail.cause or fail)) == COPY:
+                    if self._apply_cgct():
+                        return self._capture(sig, flat, args)  # once more, with the rewritten graph
+                    return self._refuse(sig, args, f"{_reason(fail)}; CGCT: {self.cgct.why_not}")
                 return self._refuse(sig, args, _reason(fail))
             report = verify(graph, self.compiled, flat, mode=self.verify_mode, keep=self.static)
             if not report.passed:
@@ -192,6 +199,18 @@ class CompiledGraphs:
                 self._graphs.popitem(last=False)
                 self._log_once(f"launchless: {self.name}: more than max_graphs={self.max_graphs} shapes; evicting")
             return self.compiled(*args) if entry.decision.variant == "no-graph" else entry.replay(flat.leaves)
+
+    def _apply_cgct(self) -> bool:
+        """Rewrite the host copies that stopped capture (once per graph); True when the graph was replaced."""
+        gm, example_inputs, inner = self.source
+        self.source = None
+        self.cgct = try_rewrite(gm, example_inputs, self.static, inner)
+        if self.cgct.compiled is None:
+            return False
+        self.compiled = self.cgct.compiled
+        applied = "; ".join(a.describe() for a in self.cgct.report.applied)
+        self._log_once(f"launchless: {self.name}: CGCT rewrote host copies, proven bit-identical: {applied}")
+        return True
 
     def _add_indirection(self, entry: _Entry, flat: Any, runners: dict) -> None:
         """Pointer indirection for this graph, verified like the graph itself; on failure, why not."""
@@ -275,6 +294,12 @@ class CompiledGraphs:
                 for s, e in self._graphs.items()
             ],
             "fallbacks": [{"signature": s.describe(), "reason": r} for s, r in self._refused.items()],
+            "cgct": None
+            if self.cgct is None
+            else {
+                "applied": [a.describe() for a in (self.cgct.report.applied if self.cgct.report else [])],
+                "why_not": self.cgct.why_not,
+            },
         }
 
 
@@ -295,6 +320,7 @@ def make_backend(
     *,
     cache_dir: str | None = None,
     reprofile: bool = False,
+    cgct: bool = True,
     **options: Any,
 ) -> Callable[..., Any]:
     """A Dynamo backend. ``options`` go to ``CompiledGraphs`` (capture_after, max_graphs, verify_mode,
@@ -326,6 +352,8 @@ def make_backend(
             graph_key=graph_hash(gm),
             **options,
         )
+        if cgct:
+            graphs.source = (gm, list(example_inputs), inner)
         _registry.add(graphs)
         return graphs
 
