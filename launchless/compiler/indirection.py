@@ -78,12 +78,22 @@ class _KernelNode:
     sites: list[_Site] = field(default_factory=list)
 
 
+def _address(handle: Any) -> int:
+    """The integer behind a cuda-bindings handle or pointer field (they expose int() or getPtr())."""
+    if handle is None:
+        return 0
+    try:
+        return int(handle)
+    except TypeError:
+        return int(handle.getPtr())
+
+
 def _function(driver: Any, params: Any) -> Any:
     func = getattr(params, "func", None)
-    if func is not None and int(func):
+    if func is not None and _address(func):
         return func
     kern = getattr(params, "kern", None)
-    if kern is not None and int(kern):
+    if kern is not None and _address(kern):
         (func,) = _check(driver.cuKernelGetFunction(kern), "cuKernelGetFunction")
         return func
     raise IndirectionUnavailable("a kernel node names neither a function nor a library kernel")
@@ -102,7 +112,7 @@ def _param_layout(driver: Any, func: Any) -> list[tuple[int, int]]:
 def _read_kernel(driver: Any, node: Any, ranges: list[tuple[int, int, int]]) -> _KernelNode | None:
     """The node's parameter buffers, copied, with every word pointing into a placeholder; None if none."""
     (params,) = _check(driver.cuGraphKernelNodeGetParams(node), "cuGraphKernelNodeGetParams")
-    table = int(params.kernelParams)
+    table = _address(params.kernelParams)
     if not table:
         raise IndirectionUnavailable("a kernel takes its parameters through `extra` (a packed buffer)")
     layout = _param_layout(driver, _function(driver, params))
@@ -128,10 +138,10 @@ def _touches(driver: Any, node: Any, kind: Any, ranges: list[tuple[int, int, int
     types = driver.CUgraphNodeType
     if kind == types.CU_GRAPH_NODE_TYPE_MEMSET:
         (p,) = _check(driver.cuGraphMemsetNodeGetParams(node), "cuGraphMemsetNodeGetParams")
-        addresses = [int(p.dst)]
+        addresses = [_address(p.dst)]
     elif kind == types.CU_GRAPH_NODE_TYPE_MEMCPY:
         (p,) = _check(driver.cuGraphMemcpyNodeGetParams(node), "cuGraphMemcpyNodeGetParams")
-        addresses = [int(p.srcDevice), int(p.dstDevice)]
+        addresses = [_address(p.srcDevice), _address(p.dstDevice)]
     else:  # a child graph is not walked: assume it might
         return kind == types.CU_GRAPH_NODE_TYPE_GRAPH
     return any(start <= a < start + nbytes for a in addresses for _, start, nbytes in ranges)
