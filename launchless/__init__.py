@@ -15,12 +15,12 @@ from .train import GraphedStep, graphed_step
 __version__ = "0.1.0"
 
 
-def explain(model: Any, *inputs: Any, calls: int = 4, **kwargs: Any) -> Any:
+def explain(model: Any, *inputs: Any, calls: int = 4, backend_options: dict | None = None, **kwargs: Any) -> Any:
     """What ``torch.compile(model, backend="launchless")`` does with each graph of ``model``, and why
     (see ``launchless.compiler.explain``); imported lazily because it loads torch.compile."""
     from .compiler.explain import explain as _explain
 
-    return _explain(model, *inputs, calls=calls, **kwargs)
+    return _explain(model, *inputs, calls=calls, backend_options=backend_options, **kwargs)
 
 
 __all__ = [

@@ -120,10 +120,17 @@ def _kernels_per_call(call: Callable[[], Any]) -> int | None:
     return len(kernels) or None
 
 
-def explain(model: Callable[..., Any], *inputs: Any, calls: int = 4, **kwargs: Any) -> Explanation:
-    """Compile ``model`` with the launchless backend, run it ``calls`` times, and report per graph."""
+def explain(
+    model: Callable[..., Any],
+    *inputs: Any,
+    calls: int = 4,
+    backend_options: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> Explanation:
+    """Compile ``model`` with the launchless backend (``backend_options`` go to ``make_backend``, e.g.
+    ``cgct=False``), run it ``calls`` times, and report per graph."""
     recorded: list[tuple[fx.GraphModule, list, Any]] = []
-    inner_backend = _backend.make_backend()
+    inner_backend = _backend.make_backend(**(backend_options or {}))
 
     def recording(gm: fx.GraphModule, example_inputs: list) -> Any:
         compiled = inner_backend(gm, example_inputs)
@@ -141,6 +148,9 @@ def explain(model: Callable[..., Any], *inputs: Any, calls: int = 4, **kwargs: A
             report = GraphReport(f"graph {i}", nodes, _aten_blockers(gm, example_inputs), None)
             if isinstance(runner, _backend.CompiledGraphs):
                 report.info = runner.graph_info()
+                cgct = report.info.get("cgct")
+                if cgct:
+                    report.note = "; ".join(cgct["applied"]) or f"CGCT not applied: {cgct['why_not']}"
                 counts = [_kernel_nodes(e) for e in runner._graphs.values()]
                 report.kernels = max((c for c in counts if c is not None), default=None)
             else:
