@@ -24,7 +24,7 @@ import torch
 import launchless as ll
 from launchless import zoo
 from launchless.bench.workloads import COMPILER, WORKLOADS
-from launchless.environment import describe_environment
+from launchless.environment import describe as describe_environment
 
 BLOCKED = [w.zoo for w in WORKLOADS.values() if w.suites == (COMPILER,)]
 
