@@ -90,3 +90,90 @@ def test_cgct_traces_a_dynamo_graph_to_aten_with_source_lines_and_leaves_cpu_gra
     assert arange and "val" in arange[0].meta and "test_compiler_backend.py" in arange[0].meta.get("stack_trace", "")
     result = try_rewrite(gm, inputs, frozenset(), lambda g, ex: g.forward)
     assert result.compiled is None and result.why_not.startswith("no rewritable host copy")  # nothing crosses devices
+
+
+class _FakeCaptured:
+    """Test double of a captured graph: 'replays' by calling the compiled function (tests only)."""
+
+    def __init__(self, fn, flat, static) -> None:
+        self.fn, self.static_leaves = fn, list(flat.leaves)
+        self.tensor_slots = [i for i, x in enumerate(flat.leaves) if isinstance(x, torch.Tensor) and i not in static]
+        self.replays = 0
+
+    def replay_cloned(self, leaves):
+        self.replays += 1
+        return self.fn(*leaves)
+
+
+class _Report:
+    status, passed, detail = "bit-identical", True, ""
+
+
+def _graphs_on_fakes(monkeypatch, tmp_path, times=None, **options):
+    """A CompiledGraphs whose capture, verification, device and timing are stand-ins: its bookkeeping runs."""
+    from launchless.compiler import backend, select
+    from launchless.compiler.decisions import Decision, DecisionCache, choose
+
+    measured = []
+
+    def measure(runners, device, margin=0.03):
+        measured.append(sorted(runners))
+        t = times or {"no-graph": 2.0, "graph": 1.0}
+        return Decision(
+            choose({k: v for k, v in t.items() if k in runners}), {k: v for k, v in t.items() if k in runners}
+        )
+
+    monkeypatch.setattr(backend, "capture_device", lambda leaves: torch.device("cpu"))
+    monkeypatch.setattr(backend._capture, "capture", lambda fn, flat, *, static, **kw: _FakeCaptured(fn, flat, static))
+    monkeypatch.setattr(backend, "verify", lambda *a, **k: _Report())
+    monkeypatch.setattr(select, "measure", measure)
+    weight = torch.nn.Parameter(torch.randn(3))
+    compiled = backend.CompiledGraphs(
+        lambda x, w: x * w,
+        frozenset({1}),
+        name="graph 1",
+        cache=DecisionCache(tmp_path),
+        graph_key="k",
+        indirection=False,
+        **options,
+    )
+    return compiled, weight, measured
+
+
+def test_capture_after_the_second_call_with_the_measured_variant(monkeypatch, tmp_path) -> None:
+    compiled, w, measured = _graphs_on_fakes(monkeypatch, tmp_path)
+    x = torch.randn(3)
+    for _ in range(4):
+        assert torch.equal(compiled(x, w), x * w)
+    (graph,) = compiled.graph_info()["graphs"]
+    assert graph["variant"] == "graph" and graph["times_ms"] == {"no-graph": 2.0, "graph": 1.0}
+    assert graph["replays"] == 3 and measured == [["graph", "no-graph"]]
+    assert graph["bytes_copied_per_replay"] == x.nbytes  # the batch is copied, the parameter is not
+
+
+def test_a_cached_decision_is_reused_and_a_slower_graph_is_not_used(monkeypatch, tmp_path) -> None:
+    compiled, w, measured = _graphs_on_fakes(monkeypatch, tmp_path, times={"no-graph": 1.0, "graph": 1.5})
+    x = torch.randn(3)
+    for _ in range(3):
+        compiled(x, w)
+    assert compiled.graph_info()["graphs"][0]["variant"] == "no-graph" and len(measured) == 1
+    again, w2, measured2 = _graphs_on_fakes(monkeypatch, tmp_path)  # same cache, same key: decided already
+    for _ in range(3):
+        again(x, w2)
+    assert measured2 == [] and again.graph_info()["graphs"][0]["variant"] == "no-graph"
+
+
+def test_moved_parameters_and_too_many_shapes_each_log_once(monkeypatch, tmp_path, caplog) -> None:
+    compiled, w, _ = _graphs_on_fakes(monkeypatch, tmp_path, max_graphs=1)
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(3):  # captured and replayed
+            compiled(torch.randn(3), w)
+        moved = torch.nn.Parameter(torch.randn(3))  # w replaced (load_state_dict(assign=True) does this)
+        for _ in range(4):
+            x = torch.randn(3)
+            assert torch.equal(compiled(x, moved), x * moved)
+        for n in (4, 4, 3, 3, 4, 4):  # two shapes, room for one graph
+            compiled(torch.randn(n), torch.nn.Parameter(torch.randn(n)) if n == 4 else moved)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("evicting" in m for m in messages) == 1
+    assert sum("parameters moved" in m for m in messages) == 1

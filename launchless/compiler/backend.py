@@ -54,6 +54,16 @@ def static_input_indices(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> f
     return frozenset(static)
 
 
+def capture_device(leaves: Sequence[Any]) -> torch.device | None:
+    """The one CUDA device all tensor inputs live on, or None (a CPU input, or several devices)."""
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        return None
+    (device,) = devices
+    return device if device.type == "cuda" else None
+
+
 class _Entry:
     """What runs for one input signature: the chosen variant, its replay, and the static addresses."""
 
@@ -62,7 +72,7 @@ class _Entry:
         self.indirect: IndirectGraph | None = None
         self.pi_reason: str | None = None
         self.device: torch.device | None = None
-        self.monitor = DriftMonitor(decision)
+        self.monitor: DriftMonitor | None = None  # only for measured decisions
 
     def replay(self, leaves: list) -> Any:
         if self.decision.variant == "graph+pi" and self.indirect is not None:
@@ -129,7 +139,7 @@ class CompiledGraphs:
                 return self.compiled(*args)
             if self._static_unmoved(args, entry.ptrs):
                 self._graphs.move_to_end(sig)
-                if entry.monitor.should_sample():
+                if entry.monitor is not None and entry.monitor.should_sample():
                     return self._sampled(sig, entry, flat, args)
                 return entry.replay(flat.leaves)
             self._graphs.clear()  # a parameter moved (.to(), load_state_dict(assign=True)): capture again
@@ -151,11 +161,9 @@ class CompiledGraphs:
         return not ptrs or _ptrs_equal(self._static_leaves(args), ptrs, self._static_index)
 
     def _capture(self, sig: Signature, flat: Any, args: Sequence[Any]) -> Any:
-        tensors = [x for x in flat.leaves if isinstance(x, torch.Tensor)]
-        devices = {t.device for t in tensors if t.is_cuda}
-        if len(devices) != 1 or any(not t.is_cuda for t in tensors):
+        device = capture_device(flat.leaves)
+        if device is None:
             return self._refuse(sig, args, "its inputs are not all on one CUDA device (nothing to capture)")
-        device = devices.pop()
         with self._lock, _capture.CAPTURE_LOCK:
             if self._pool is None:
                 self._pool = _capture.new_pool()
@@ -184,13 +192,14 @@ class CompiledGraphs:
                     self._pool = None
                 return self._refuse(sig, args, f"verification failed ({report.status}: {report.detail})")
             ptrs = [t.data_ptr() for t in self._static_leaves(args)]
-            entry = _Entry(graph, ptrs, Decision("graph", {"graph": 0.0}), report)
+            entry = _Entry(graph, ptrs, Decision("graph", {}), report)
             entry.device = device
             runners = {"no-graph": lambda: self.compiled(*args), "graph": lambda: graph.replay_cloned(flat.leaves)}
             if self.indirection:
                 self._add_indirection(entry, flat, runners)
             entry.decision = self._decide(sig, runners, device)
-            entry.monitor = DriftMonitor(entry.decision)
+            if entry.decision.variant in entry.decision.times_ms:
+                entry.monitor = DriftMonitor(entry.decision)
             if entry.indirect is not None and entry.decision.variant != "graph+pi":
                 entry.indirect.reset()
             self._graphs[sig] = entry
