@@ -37,9 +37,9 @@ class Explanation:
     @property
     def coverage(self) -> float | None:
         """Share of one call's kernels that run inside CUDA graphs."""
+        if not self.kernels_per_call or any(g.kernels is None and g.info and g.info["graphs"] for g in self.graphs):
+            return None  # a captured graph whose kernels could not be counted (needs cuda-bindings)
         inside = sum(g.kernels or 0 for g in self.graphs)
-        if not self.kernels_per_call:
-            return None
         return min(1.0, inside / self.kernels_per_call)
 
     def table(self) -> Any:
