@@ -311,16 +311,13 @@ class GraphedStep:
             report["status"] = "identical values"
             return report, graph_out
         del live
-        graph_state = before.current()
         noise = 0.0
         for _ in range(2):  # nondeterministic kernels (atomics in backward) differ by a random amount each run
             before.restore()
-            again_out, again_state = self._eager(flat), before.current()
-            noise = max(noise, difference(eager_state, again_state, 0.0)[0], difference(eager_out, again_out, 0.0)[0])
-        before.load(graph_state)  # keep the graph's step applied...
-        for p, g in zip(self._params, entry.grads_out, strict=True):  # ...and its gradients (untouched since)
-            p.grad = g
-        self._grads_owner = entry
+            again_out = self._eager(flat)
+            noise = max(noise, difference(eager_state, before.live(), 0.0)[0], difference(eager_out, again_out, 0.0)[0])
+        before.restore()  # the step kept is a replay: compared in place above, so no copy of its state is held
+        graph_out = self._replay(entry, flat)
         report.update(max_abs_diff=diff, eager_noise=noise)
         if noise > 0 and diff <= NOISE_FACTOR * noise:
             report.update(status="eager-noise", detail=f"eager run twice differs by {noise:.3g}")
