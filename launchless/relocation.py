@@ -62,6 +62,13 @@ def _install() -> None:
         _installed = True
 
 
+def epoch() -> int:
+    """The process-wide relocation counter: it moves when any module's tensors may have moved."""
+    if not _installed:
+        _install()
+    return _epoch
+
+
 class RelocationWatch:
     """Answers "did anything the graphs read move since the last call?" cheaply, on every call."""
 

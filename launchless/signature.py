@@ -10,7 +10,7 @@ per-call cost.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, NamedTuple
 
 import torch
@@ -125,3 +125,13 @@ def autocast_context(device_type: str = "cuda") -> tuple:
 
 def signature_of(flat: FlatInputs) -> Signature:
     return Signature(flat.structure, tuple(map(_leaf_key, flat.leaves)), autocast_context())
+
+
+def signature_of_leaves(structure: Any, leaves: Iterable[Any]) -> Signature:
+    """A signature over chosen leaves: the compiler path leaves out parameters, which Dynamo guards itself."""
+    return Signature(structure, tuple(map(_leaf_key, leaves)), autocast_context())
+
+
+def positional_rebuilder(count: int) -> Callable[[list], tuple[tuple, dict]]:
+    """``rebuild`` for a FlatInputs whose leaves are exactly ``count`` positional arguments."""
+    return _rebuild_fast(count, ())

@@ -24,8 +24,9 @@ import torch
 from torch import fx
 
 from .. import capture as _capture
+from .. import relocation
 from ..blockers import COPY, classify_message, locate_exception
-from ..signature import Signature, UnhashableInput, flatten_inputs, signature_of
+from ..signature import FlatInputs, Signature, UnhashableInput, positional_rebuilder, signature_of_leaves
 from ..verify import verify
 from . import select
 from .cgct import CgctResult, try_rewrite
@@ -73,6 +74,8 @@ class _Entry:
         self.pi_reason: str | None = None
         self.device: torch.device | None = None
         self.monitor: DriftMonitor | None = None  # only for measured decisions
+        self.epoch = relocation.epoch()  # parameters are compared in full only when this moved
+        self.spot_ptrs: list[int] | None = None
 
     def replay(self, leaves: list) -> Any:
         if self.decision.variant == "graph+pi" and self.indirect is not None:
@@ -122,22 +125,36 @@ class CompiledGraphs:
         self.source: tuple[fx.GraphModule, list, Compiler] | None = None  # for CGCT; dropped after one try
         self.cgct: CgctResult | None = None
         order = sorted(static)
-        self._pick_static = operator.itemgetter(*order) if len(order) > 1 else None
-        self._static_order = order
+        self._pick_static = _picker(order)
         self._static_index = list(range(len(order)))
+        spot = sorted({round(i * (len(order) - 1) / 7) for i in range(8)}) if order else []
+        self._spot_positions = spot  # positions within the static inputs checked on every call
+        self._pick_spot = _picker([order[i] for i in spot])
+        self._spot_index = list(range(len(spot)))
+        self._arity = -1
+        self._pick_dynamic: Callable[[Sequence[Any]], list] = list
+        self._rebuild: Callable[[list], tuple[tuple, dict]] = positional_rebuilder(0)
+
+    def _key(self, args: tuple) -> Signature:
+        """The signature of the inputs that change: Dynamo guards parameters' shapes and dtypes itself."""
+        if len(args) != self._arity:
+            self._arity = len(args)
+            self._pick_dynamic = _picker([i for i in range(len(args)) if i not in self.static])
+            self._rebuild = positional_rebuilder(len(args))
+        return signature_of_leaves(("compiled", self._arity), self._pick_dynamic(args))
 
     def __call__(self, *args: Any) -> Any:
-        flat = flatten_inputs(args, {})
         try:
-            sig = signature_of(flat)
+            sig = self._key(args)
         except UnhashableInput as exc:
             self._log_once(f"launchless: {self.name} runs without a CUDA graph: {exc}")
             return self.compiled(*args)
+        flat = FlatInputs(list(args), ("fast", len(args), ()), self._rebuild)
         entry = self._graphs.get(sig)
         if entry is not None:
             if entry.decision.variant == "no-graph":
                 return self.compiled(*args)
-            if self._static_unmoved(args, entry.ptrs):
+            if self._static_unmoved(args, entry):
                 self._graphs.move_to_end(sig)
                 if entry.monitor is not None and entry.monitor.should_sample():
                     return self._sampled(sig, entry, flat, args)
@@ -153,12 +170,21 @@ class CompiledGraphs:
         return self._capture(sig, flat, args)
 
     def _static_leaves(self, args: Sequence[Any]) -> list:
-        if self._pick_static is not None:
-            return list(self._pick_static(args))
-        return [args[i] for i in self._static_order]
+        return self._pick_static(args)
 
-    def _static_unmoved(self, args: Sequence[Any], ptrs: list[int]) -> bool:
-        return not ptrs or _ptrs_equal(self._static_leaves(args), ptrs, self._static_index)
+    def _static_unmoved(self, args: Sequence[Any], entry: _Entry) -> bool:
+        """Parameters still where the graph reads them: a spot check of 8 per call, all of them after any
+        event that can move them (``Module._apply``, parameter/buffer registration) -- as the runtime does."""
+        if not entry.ptrs:
+            return True
+        if entry.epoch == relocation.epoch():
+            spot = [entry.ptrs[i] for i in self._spot_positions] if entry.spot_ptrs is None else entry.spot_ptrs
+            entry.spot_ptrs = spot
+            return _ptrs_equal(self._pick_spot(args), spot, self._spot_index)
+        if _ptrs_equal(self._static_leaves(args), entry.ptrs, self._static_index):
+            entry.epoch = relocation.epoch()
+            return True
+        return False
 
     def _capture(self, sig: Signature, flat: Any, args: Sequence[Any]) -> Any:
         device = capture_device(flat.leaves)
@@ -318,6 +344,17 @@ def _reason(fail: _capture.CaptureFailed) -> str:
     kind = classify_message(text) if cause is not None else "capture error"
     where = locate_exception(cause) if cause is not None else None
     return f"{kind}: {text.splitlines()[0] if text else kind}" + (f" at {where}" if where else "")
+
+
+def _picker(indices: list[int]) -> Callable[[Sequence[Any]], list]:
+    """A fast ``lambda seq: [seq[i] for i in indices]`` (operator.itemgetter, always returning a list)."""
+    if not indices:
+        return lambda seq: []
+    if len(indices) == 1:
+        (i,) = indices
+        return lambda seq: [seq[i]]
+    get = operator.itemgetter(*indices)
+    return lambda seq: list(get(seq))
 
 
 _counter = 0
