@@ -111,7 +111,8 @@ class _Report:
 
 def _graphs_on_fakes(monkeypatch, tmp_path, times=None, **options):
     """A CompiledGraphs whose capture, verification, device and timing are stand-ins: its bookkeeping runs."""
-    from launchless.compiler import backend, select
+    from launchless.compiler import compiled_graphs as graphs_module
+    from launchless.compiler import select
     from launchless.compiler.decisions import Decision, DecisionCache, choose
 
     measured = []
@@ -123,12 +124,14 @@ def _graphs_on_fakes(monkeypatch, tmp_path, times=None, **options):
             choose({k: v for k, v in t.items() if k in runners}), {k: v for k, v in t.items() if k in runners}
         )
 
-    monkeypatch.setattr(backend, "capture_device", lambda leaves: torch.device("cpu"))
-    monkeypatch.setattr(backend._capture, "capture", lambda fn, flat, *, static, **kw: _FakeCaptured(fn, flat, static))
-    monkeypatch.setattr(backend, "verify", lambda *a, **k: _Report())
+    monkeypatch.setattr(graphs_module, "capture_device", lambda leaves: torch.device("cpu"))
+    monkeypatch.setattr(
+        graphs_module._capture, "capture", lambda fn, flat, *, static, **kw: _FakeCaptured(fn, flat, static)
+    )
+    monkeypatch.setattr(graphs_module, "verify", lambda *a, **k: _Report())
     monkeypatch.setattr(select, "measure", measure)
     weight = torch.nn.Parameter(torch.randn(3))
-    compiled = backend.CompiledGraphs(
+    compiled = graphs_module.CompiledGraphs(
         lambda x, w: x * w,
         frozenset({1}),
         name="graph 1",

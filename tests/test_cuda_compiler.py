@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from launchless.compiler import backend as ll_backend
+from launchless.compiler.compiled_graphs import CompiledGraphs
 
 pytestmark = pytest.mark.cuda
 
@@ -19,7 +20,7 @@ def _compiled(model: nn.Module, **options):
     return torch.compile(model, backend=ll_backend.make_backend(**options))
 
 
-def _graphs() -> list[ll_backend.CompiledGraphs]:
+def _graphs() -> list[CompiledGraphs]:
     return sorted(ll_backend._registry, key=lambda g: int(g.name.split()[-1]))
 
 
@@ -40,7 +41,7 @@ def test_resnet18_replays_inductor_kernels_bit_identically_without_copying_param
     assert torch.equal(outs[-1], reference[0] if isinstance(reference, (list, tuple)) else reference)
 
 
-def _inputs(graphs: ll_backend.CompiledGraphs, x: torch.Tensor) -> list:
+def _inputs(graphs: CompiledGraphs, x: torch.Tensor) -> list:
     """The flat inputs Dynamo passed last time: static ones from the captured graph, the image in its slot."""
     captured = next(iter(graphs._graphs.values())).graph
     leaves = list(captured.static_leaves)

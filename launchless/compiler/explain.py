@@ -16,6 +16,7 @@ import torch
 from torch import fx
 
 from . import backend as _backend
+from .compiled_graphs import CompiledGraphs
 from .diagnose import diagnose
 
 
@@ -146,7 +147,7 @@ def explain(
         for i, (gm, example_inputs, runner) in enumerate(recorded, 1):
             nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function" or n.op == "call_method")
             report = GraphReport(f"graph {i}", nodes, _aten_blockers(gm, example_inputs), None)
-            if isinstance(runner, _backend.CompiledGraphs):
+            if isinstance(runner, CompiledGraphs):
                 report.info = runner.graph_info()
                 cgct = report.info.get("cgct")
                 if cgct:

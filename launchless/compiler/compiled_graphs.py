@@ -1,0 +1,336 @@
+"""The graphs of one compiled FX graph: capture per input signature, verification, variant choice, replay.
+
+Parameters and buffers (inputs Dynamo marks as static addresses) are read in place -- no placeholder,
+no copy -- and spot-checked per call (all of them after an event that can move them), as the runtime
+does. Per signature the variant (no graph, graph, graph with pointer indirection) is measured once and
+cached on disk; a production sample in 1000 re-decides when it drifts. A capture that fails on a host
+copy gets one CGCT attempt. Everything that keeps a graph from being used is one log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from .. import capture as _capture
+from .. import relocation
+from ..blockers import COPY, classify_message, locate_exception
+from ..signature import FlatInputs, Signature, UnhashableInput, positional_rebuilder, signature_of_leaves
+from ..verify import verify
+from . import select
+from .cgct import CgctResult, try_rewrite
+from .decisions import Decision, DecisionCache, DecisionKey, DriftMonitor
+from .indirection import IndirectGraph, IndirectionUnavailable, unavailable_reason
+
+log = logging.getLogger("launchless")
+_ptrs_equal = torch._C._tensors_data_ptrs_at_indices_equal
+Compiler = Callable[[fx.GraphModule, list], Callable[..., Any]]
+
+
+def capture_device(leaves: Sequence[Any]) -> torch.device | None:
+    """The one CUDA device all tensor inputs live on, or None (a CPU input, or several devices)."""
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        return None
+    (device,) = devices
+    return device if device.type == "cuda" else None
+
+
+class _Entry:
+    """What runs for one input signature: the chosen variant, its replay, and the static addresses."""
+
+    def __init__(self, graph: _capture.CapturedGraph, ptrs: list[int], decision: Decision, report: Any) -> None:
+        self.graph, self.ptrs, self.decision, self.report = graph, ptrs, decision, report
+        self.indirect: IndirectGraph | None = None
+        self.pi_reason: str | None = None
+        self.device: torch.device | None = None
+        self.monitor: DriftMonitor | None = None  # only for measured decisions
+        self.epoch = relocation.epoch()  # parameters are compared in full only when this moved
+        self.spot_ptrs: list[int] | None = None
+
+    def replay(self, leaves: list) -> Any:
+        if self.decision.variant == "graph+pi" and self.indirect is not None:
+            return self.indirect.replay_cloned(leaves)
+        return self.graph.replay_cloned(leaves)
+
+    def copied_bytes(self) -> int:
+        """Bytes copied into placeholders per replay of the chosen variant."""
+        if self.decision.variant == "no-graph":
+            return 0
+        if self.decision.variant == "graph+pi" and self.indirect is not None:
+            return self.indirect.copied_bytes // max(1, self.indirect.replays)
+        return sum(self.graph.static_leaves[i].nbytes for i in self.graph.tensor_slots)
+
+
+class CompiledGraphs:
+    """One compiled FX graph and its CUDA graphs, one per input signature (LRU, ``max_graphs``).
+
+    With ``selective`` (default) each signature's variant -- no graph, graph, graph with pointer
+    indirection -- is measured once and cached on disk; ``cache`` None keeps decisions in memory."""
+
+    def __init__(
+        self,
+        compiled: Callable[..., Any],
+        static: frozenset[int],
+        *,
+        name: str,
+        capture_after: int = 2,
+        max_graphs: int = 8,
+        verify_mode: str = "on",
+        selective: bool = True,
+        indirection: bool = True,
+        cache: DecisionCache | None = None,
+        graph_key: str = "",
+    ) -> None:
+        self.compiled, self.static, self.name = compiled, static, name
+        self.selective, self.cache, self.graph_key = selective, cache, graph_key
+        self.indirection = indirection and unavailable_reason() is None
+        self.capture_after, self.max_graphs, self.verify_mode = capture_after, max_graphs, verify_mode
+        self._graphs: OrderedDict[Signature, _Entry] = OrderedDict()
+        self._seen: dict[Signature, int] = {}
+        self._refused: dict[Signature, str] = {}
+        self._reports: dict[Signature, Any] = {}
+        self._logged: set[str] = set()
+        self._pool: Any = None
+        self._lock = threading.RLock()
+        self.source: tuple[fx.GraphModule, list, Compiler] | None = None  # for CGCT; dropped after one try
+        self.cgct: CgctResult | None = None
+        order = sorted(static)
+        self._pick_static = _picker(order)
+        self._static_index = list(range(len(order)))
+        spot = sorted({round(i * (len(order) - 1) / 7) for i in range(8)}) if order else []
+        self._spot_positions = spot  # positions within the static inputs checked on every call
+        self._pick_spot = _picker([order[i] for i in spot])
+        self._spot_index = list(range(len(spot)))
+        self._arity = -1
+        self._pick_dynamic: Callable[[Sequence[Any]], list] = list
+        self._rebuild: Callable[[list], tuple[tuple, dict]] = positional_rebuilder(0)
+
+    def _key(self, args: tuple) -> Signature:
+        """The signature of the inputs that change: Dynamo guards parameters' shapes and dtypes itself."""
+        if len(args) != self._arity:
+            self._arity = len(args)
+            self._pick_dynamic = _picker([i for i in range(len(args)) if i not in self.static])
+            self._rebuild = positional_rebuilder(len(args))
+        return signature_of_leaves(("compiled", self._arity), self._pick_dynamic(args))
+
+    def __call__(self, *args: Any) -> Any:
+        try:
+            sig = self._key(args)
+        except UnhashableInput as exc:
+            self._log_once(f"launchless: {self.name} runs without a CUDA graph: {exc}")
+            return self.compiled(*args)
+        flat = FlatInputs(list(args), ("fast", len(args), ()), self._rebuild)
+        entry = self._graphs.get(sig)
+        if entry is not None:
+            if entry.decision.variant == "no-graph":
+                return self.compiled(*args)
+            if self._static_unmoved(args, entry):
+                self._graphs.move_to_end(sig)
+                if entry.monitor is not None and entry.monitor.should_sample():
+                    return self._sampled(sig, entry, flat, args)
+                return entry.replay(flat.leaves)
+            self._graphs.clear()  # a parameter moved (.to(), load_state_dict(assign=True)): capture again
+            self._seen.clear()
+            self._log_once(f"launchless: {self.name}: parameters moved; its graphs are captured again")
+        if sig in self._refused:
+            return self.compiled(*args)
+        self._seen[sig] = count = self._seen.get(sig, 0) + 1
+        if count < self.capture_after:
+            return self.compiled(*args)  # the first call compiles and autotunes; capture comes after
+        return self._capture(sig, flat, args)
+
+    def _static_leaves(self, args: Sequence[Any]) -> list:
+        return self._pick_static(args)
+
+    def _static_unmoved(self, args: Sequence[Any], entry: _Entry) -> bool:
+        """Parameters still where the graph reads them: a spot check of 8 per call, all of them after any
+        event that can move them (``Module._apply``, parameter/buffer registration) -- as the runtime does."""
+        if not entry.ptrs:
+            return True
+        if entry.epoch == relocation.epoch():
+            spot = [entry.ptrs[i] for i in self._spot_positions] if entry.spot_ptrs is None else entry.spot_ptrs
+            entry.spot_ptrs = spot
+            return _ptrs_equal(self._pick_spot(args), spot, self._spot_index)
+        if _ptrs_equal(self._static_leaves(args), entry.ptrs, self._static_index):
+            entry.epoch = relocation.epoch()
+            return True
+        return False
+
+    def _capture(self, sig: Signature, flat: Any, args: Sequence[Any]) -> Any:
+        device = capture_device(flat.leaves)
+        if device is None:
+            return self._refuse(sig, args, "its inputs are not all on one CUDA device (nothing to capture)")
+        with self._lock, _capture.CAPTURE_LOCK:
+            if self._pool is None:
+                self._pool = _capture.new_pool()
+            try:
+                graph = _capture.capture(
+                    self.compiled,
+                    flat,
+                    device=device,
+                    pool=self._pool,
+                    warmup=1,
+                    static=self.static,
+                    keep_graph=self.indirection,
+                )
+            except _capture.CaptureFailed as fail:
+                if fail.stage == "capture":
+                    self._pool = None
+                if self.source is not None and classify_message(str(fail.cause or fail)) == COPY:
+                    if self._apply_cgct():
+                        return self._capture(sig, flat, args)  # once more, with the rewritten graph
+                    return self._refuse(sig, args, f"{_reason(fail)}; CGCT: {self.cgct.why_not}")
+                return self._refuse(sig, args, _reason(fail))
+            report = verify(graph, self.compiled, flat, mode=self.verify_mode, keep=self.static)
+            if not report.passed:
+                del graph
+                if not self._graphs:
+                    self._pool = None
+                return self._refuse(sig, args, f"verification failed ({report.status}: {report.detail})")
+            ptrs = [t.data_ptr() for t in self._static_leaves(args)]
+            entry = _Entry(graph, ptrs, Decision("graph", {}), report)
+            entry.device = device
+            runners = {"no-graph": lambda: self.compiled(*args), "graph": lambda: graph.replay_cloned(flat.leaves)}
+            if self.indirection:
+                self._add_indirection(entry, flat, runners)
+            entry.decision = self._decide(sig, runners, device)
+            if entry.decision.variant in entry.decision.times_ms:
+                entry.monitor = DriftMonitor(entry.decision)
+            if entry.indirect is not None and entry.decision.variant != "graph+pi":
+                entry.indirect.reset()
+            self._graphs[sig] = entry
+            self._seen.pop(sig, None)
+            while len(self._graphs) > self.max_graphs:
+                self._graphs.popitem(last=False)
+                self._log_once(f"launchless: {self.name}: more than max_graphs={self.max_graphs} shapes; evicting")
+            return self.compiled(*args) if entry.decision.variant == "no-graph" else entry.replay(flat.leaves)
+
+    def _apply_cgct(self) -> bool:
+        """Rewrite the host copies that stopped capture (once per graph); True when the graph was replaced."""
+        gm, example_inputs, inner = self.source
+        self.source = None
+        self.cgct = try_rewrite(gm, example_inputs, self.static, inner)
+        if self.cgct.compiled is None:
+            return False
+        self.compiled = self.cgct.compiled
+        applied = "; ".join(a.describe() for a in self.cgct.report.applied)
+        self._log_once(f"launchless: {self.name}: CGCT rewrote host copies, proven bit-identical: {applied}")
+        return True
+
+    def _add_indirection(self, entry: _Entry, flat: Any, runners: dict) -> None:
+        """Pointer indirection for this graph, verified like the graph itself; on failure, why not."""
+        try:
+            entry.indirect = IndirectGraph(entry.graph)
+        except IndirectionUnavailable as exc:
+            entry.pi_reason = str(exc)
+            return
+        report = verify(entry.indirect, self.compiled, flat, mode=self.verify_mode, keep=self.static)
+        entry.indirect.reset()
+        if not report.passed:
+            entry.pi_reason = f"verification failed ({report.status}: {report.detail})"
+            entry.indirect = None
+            return
+        indirect = entry.indirect
+        runners["graph+pi"] = lambda: indirect.replay_cloned(flat.leaves)
+
+    def _decide(self, sig: Signature, runners: dict, device: torch.device) -> Decision:
+        if not self.selective:
+            return Decision("graph", {})
+        key = DecisionKey.current(self.graph_key, sig.describe())
+        cached = self.cache.get(key) if self.cache is not None else None
+        if cached is not None and cached.variant in runners:
+            return cached
+        decision = select.measure(runners, device)
+        if self.cache is not None:
+            self.cache.put(key, decision)
+        return decision
+
+    def _sampled(self, sig: Signature, entry: _Entry, flat: Any, args: Sequence[Any]) -> Any:
+        """A production call timed with CUDA events; a drifted variant is decided again."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = entry.replay(flat.leaves)
+        end.record()
+        end.synchronize()
+        entry.monitor.record(start.elapsed_time(end))
+        if entry.monitor.drifted():
+            old = entry.decision.variant
+            runners = {
+                "no-graph": lambda: self.compiled(*args),
+                "graph": lambda: entry.graph.replay_cloned(flat.leaves),
+            }
+            if entry.indirect is not None:
+                entry.indirect.reset()
+                runners["graph+pi"] = lambda: entry.indirect.replay_cloned(flat.leaves)
+            entry.decision = select.measure(runners, entry.device)
+            if self.cache is not None:
+                self.cache.put(DecisionKey.current(self.graph_key, sig.describe()), entry.decision)
+            entry.monitor.reset(entry.decision)
+            if entry.indirect is not None and entry.decision.variant != "graph+pi":
+                entry.indirect.reset()
+            self._log_once(f"launchless: {self.name} {sig.describe()}: {old} drifted; now {entry.decision.variant}")
+        return out
+
+    def _refuse(self, sig: Signature, args: Sequence[Any], why: str) -> Any:
+        self._refused[sig] = why
+        self._log_once(f"launchless: {self.name} {sig.describe()} runs without a CUDA graph: {why}")
+        return self.compiled(*args)
+
+    def _log_once(self, message: str) -> None:
+        if message not in self._logged:
+            self._logged.add(message)
+            log.info(message)
+
+    def graph_info(self) -> dict:
+        """Per signature: the variant chosen and the times that chose it, verification, bytes copied."""
+        return {
+            "name": self.name,
+            "static_inputs": len(self.static),
+            "graphs": [
+                {
+                    "signature": s.describe(),
+                    "variant": e.decision.variant,
+                    "times_ms": dict(e.decision.times_ms),
+                    "replays": e.graph.replays + (e.indirect.replays if e.indirect else 0),
+                    "verification": e.report.status,
+                    "indirection": "verified" if e.indirect is not None else e.pi_reason,
+                    "bytes_copied_per_replay": e.copied_bytes(),
+                }
+                for s, e in self._graphs.items()
+            ],
+            "fallbacks": [{"signature": s.describe(), "reason": r} for s, r in self._refused.items()],
+            "cgct": None
+            if self.cgct is None
+            else {
+                "applied": [a.describe() for a in (self.cgct.report.applied if self.cgct.report else [])],
+                "why_not": self.cgct.why_not,
+            },
+        }
+
+
+def _reason(fail: _capture.CaptureFailed) -> str:
+    cause = fail.cause
+    text = str(cause or fail).strip()
+    kind = classify_message(text) if cause is not None else "capture error"
+    where = locate_exception(cause) if cause is not None else None
+    return f"{kind}: {text.splitlines()[0] if text else kind}" + (f" at {where}" if where else "")
+
+
+def _picker(indices: list[int]) -> Callable[[Sequence[Any]], list]:
+    """A fast ``lambda seq: [seq[i] for i in indices]`` (operator.itemgetter, always returning a list)."""
+    if not indices:
+        return lambda seq: []
+    if len(indices) == 1:
+        (i,) = indices
+        return lambda seq: [seq[i]]
+    get = operator.itemgetter(*indices)
+    return lambda seq: list(get(seq))
