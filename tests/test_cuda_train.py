@@ -292,6 +292,21 @@ def test_fp16_grad_scaler(opt_factory, level, caplog: pytest.LogCaptureFixture) 
         assert len(lines) == 1 and "GradScaler.unscale_" in lines[0], lines
 
 
+def _eager_with_one_line(body, caplog: pytest.LogCaptureFixture) -> str:
+    """Train 6 steps graphed and eager; the graphed copy must fall back with exactly one line, lose no step."""
+    (gm, gopt, gstep, _), (em, _, estep, _) = _pair(_mlp, SGD, body)
+    graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
+    x, y = _batch()
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        _run(graphed, estep, [(x, y)] * 6)
+    lines = [r.getMessage() for r in caplog.records if "runs eager" in r.getMessage()]
+    assert len(lines) == 1, lines
+    info = graphed.graph_info()
+    assert info["level"] == "eager", info
+    _same_state(gm, em)  # no batch applied twice, none skipped
+    return lines[0]
+
+
 def test_item_in_the_step_falls_back_to_eager_with_one_line(caplog: pytest.LogCaptureFixture) -> None:
     def body(model, opt, **_):
         def step(x, y):
@@ -304,16 +319,8 @@ def test_item_in_the_step_falls_back_to_eager_with_one_line(caplog: pytest.LogCa
 
         return step
 
-    (gm, gopt, gstep, _), (em, _, estep, _) = _pair(_mlp, SGD, body)
-    graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
-    x, y = _batch()
-    with caplog.at_level(logging.INFO, logger="launchless"):
-        _run(graphed, estep, [(x, y)] * 6)
-    lines = [r.getMessage() for r in caplog.records if "runs eager" in r.getMessage()]
-    assert len(lines) == 1 and "test_cuda_train.py" in lines[0] and "loss.item()" in lines[0], lines
-    info = graphed.graph_info()
-    assert info["level"] == "eager" and info["fallbacks"], info
-    _same_state(gm, em)  # no batch applied twice, none skipped
+    line = _eager_with_one_line(body, caplog)
+    assert "test_cuda_train.py" in line and "loss.item()" in line, line
 
 
 def test_hyperparameter_change_goes_eager_with_one_line(caplog: pytest.LogCaptureFixture) -> None:
@@ -422,15 +429,8 @@ def test_other_blockers_fall_back_to_eager_with_their_line(blocker, text, caplog
 
         return step
 
-    (gm, gopt, gstep, _), (em, _, estep, _) = _pair(_mlp, SGD, body)
-    graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
-    x, y = _batch()
-    with caplog.at_level(logging.INFO, logger="launchless"):
-        _run(graphed, estep, [(x, y)] * 6)
-    lines = [r.getMessage() for r in caplog.records if "runs eager" in r.getMessage()]
-    assert len(lines) == 1 and "test_cuda_train.py" in lines[0], lines
-    assert graphed.graph_info()["level"] == "eager"
-    _same_state(gm, em)
+    line = _eager_with_one_line(body, caplog)
+    assert "test_cuda_train.py" in line and text in line, line
 
 
 def test_distillation_trains_eager_with_one_line(caplog: pytest.LogCaptureFixture) -> None:
@@ -450,12 +450,4 @@ def test_distillation_trains_eager_with_one_line(caplog: pytest.LogCaptureFixtur
 
         return step
 
-    (gm, gopt, gstep, _), (em, _, estep, _) = _pair(_mlp, SGD, body)
-    graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
-    x, y = _batch()
-    with caplog.at_level(logging.INFO, logger="launchless"):
-        _run(graphed, estep, [(x, y)] * 6)
-    lines = [r.getMessage() for r in caplog.records if "runs eager" in r.getMessage()]
-    assert len(lines) == 1 and "distillation" in lines[0], lines
-    assert graphed.graph_info()["level"] == "eager"
-    _same_state(gm, em)
+    assert "distillation" in _eager_with_one_line(body, caplog)
