@@ -451,3 +451,21 @@ def test_distillation_trains_eager_with_one_line(caplog: pytest.LogCaptureFixtur
         return step
 
     assert "distillation" in _eager_with_one_line(body, caplog)
+
+
+def test_unfreezing_a_layer_captures_the_step_again(caplog: pytest.LogCaptureFixture) -> None:
+    (gm, gopt, gstep, _), (em, _, estep, _) = _pair(_mlp, SGD)
+    for m in (gm, em):
+        m[0].requires_grad_(False)  # the first layer starts frozen
+    graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
+    x, y = _batch()
+    _run(graphed, estep, [(x, y)] * 4)
+    frozen = gm[0].weight.detach().clone()
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        for m in (gm, em):
+            m.requires_grad_(True)  # unfrozen: the step now computes and applies its gradients too
+        _run(graphed, estep, [(x, y)] * 5, seeds=True)
+    assert not torch.equal(gm[0].weight, frozen)
+    assert sum("frozen or unfrozen" in r.getMessage() for r in caplog.records) == 1
+    assert graphed.graph_info()["level"] == "whole-step graph"
+    _same_state(gm, em)

@@ -98,6 +98,7 @@ class GraphedStep:
         self._reports: dict[Signature, dict] = {}
         self._params: list[torch.Tensor] = []
         self._grads_owner: _Graph | None = None  # the graph whose gradient tensors .grad points at
+        self._trainable_spot: list[tuple[torch.Tensor, bool]] = []  # (parameter, requires_grad when captured)
         self._extra_state = 0  # tensors the step writes outside the model and optimizer (found while capturing)
 
     # ---- the call --------------------------------------------------------------------------------
@@ -123,6 +124,12 @@ class GraphedStep:
         if not self.model.training:  # train/eval changes what the step computes: its own graph
             sig = sig._replace(context=(*sig.context, "eval"))
         entry = self._graphs.get(sig)
+        if entry is not None and self._trainable_changed():
+            self._graphs.clear()  # (un)freezing changes which gradients the step computes: capture again
+            self._seen.clear()
+            self._params = []
+            self._grads_owner = entry = None
+            self._log_once("launchless: parameters were frozen or unfrozen; the training step is captured again")
         if entry is not None:
             changed = self._optim.sync() if self._optim else None
             if changed is None:
@@ -138,6 +145,10 @@ class GraphedStep:
         if count < self.capture_after:
             return self._eager(flat)
         return self._capture(sig, flat)
+
+    def _trainable_changed(self) -> bool:
+        """A spot check of 8 parameters spread over the model: unfreezing a backbone flips many at once."""
+        return any(p.requires_grad is not flag for p, flag in self._trainable_spot)
 
     def _whole_run_reason(self) -> str | None:
         if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
@@ -198,7 +209,11 @@ class GraphedStep:
     # ---- capture and verification --------------------------------------------------------------------
     def _capture(self, sig: Signature, flat: FlatInputs) -> Any:
         with _capture.CAPTURE_LOCK:
-            self._params = self._params or [p for p in self.model.parameters() if p.requires_grad]
+            if not self._params:
+                self._params = [p for p in self.model.parameters() if p.requires_grad]
+                every = list(self.model.parameters())
+                picks = sorted({round(i * (len(every) - 1) / 7) for i in range(8)}) if every else []
+                self._trainable_spot = [(every[i], every[i].requires_grad) for i in picks]
             whole_reason = ""
             for level in (WHOLE_STEP, FORWARD_BACKWARD):
                 entry, outcome = self._try_level(level, flat)
