@@ -8,8 +8,9 @@ its batch: no batch is applied twice or skipped.
 Training fails soft, in levels: when the whole step cannot be captured or verified (an optimizer
 that needs a host sync, GradScaler's skip-on-inf with a non-fused optimizer), forward+backward is
 captured and the optimizer and scaler calls run eager after each replay; when that fails too (a
-host sync such as ``loss.item()``, a data-dependent shape, DDP), that signature (or the whole step)
-runs eager -- each with one log line naming the reason and the source line.
+host sync such as ``loss.item()``, a data-dependent shape), that signature runs eager; distillation
+(parameters read outside ``model``) and distributed runs train eager throughout -- each with one log
+line naming the reason and the source line. Freezing or unfreezing parameters captures again.
 
 Gradients: each graph leaves ``.grad`` pointing at the tensors it wrote (a step that starts with
 ``zero_grad(set_to_none=True)`` gets fresh ones from the pool, as eager does: no zeroing, no extra
