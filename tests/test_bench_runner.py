@@ -117,12 +117,15 @@ def test_merge_partial_runs(tmp_path) -> None:
     halves = []
     for i, workload in enumerate(["timm:resnet18", "train:resnet18"]):
         part = dict(full, rows=[r for r in full["rows"] if r["workload"] == workload])
+        part["environment"] = dict(full["environment"], wall_s=100.0 + i)
         halves.append(tmp_path / f"part{i}.json")
         halves[-1].write_text(json.dumps(part))
     assert merge([str(p) for p in halves], str(tmp_path / "merged")) == 0
     merged = json.loads((tmp_path / "merged" / "bench.json").read_text())
     assert len(merged["rows"]) == len(full["rows"]) and merged["summary"] == full["summary"]
     assert (tmp_path / "merged" / "bench.md").read_text().count("`train:resnet18`") >= 1
+    assert merged["environment"]["wall_s"] == 201.0  # the run's time is the sum of its parts
+    assert "run took 201 s" in (tmp_path / "merged" / "bench.md").read_text()
     other = dict(full, environment=dict(full["environment"], gpu="Other GPU"))
     halves[1].write_text(json.dumps(other))
     with pytest.raises(ValueError, match="different GPUs"):

@@ -71,6 +71,8 @@ def header_line(environment: Mapping[str, Any]) -> str:
     parts = [_env(environment, "date")]
     parts += [f"{label} {_env(environment, key)}" for key, label in _ENV_FIELDS[1:]]
     parts.append(f"CUDA {_env(environment, 'cuda')}")
+    if environment.get("wall_s") is not None:  # the whole run (summed over merged runs)
+        parts.append(f"run took {float(environment['wall_s']):.0f} s")
     return " · ".join(parts)
 
 

@@ -77,11 +77,13 @@ def run_suite(suite: str, names: list[str], modes: list[str], out_dir: str, iter
     out.mkdir(parents=True, exist_ok=True)
     environment = describe()
     rows: list[dict] = []
+    started = time.monotonic()
     with Progress(console=console) as progress:
         task = progress.add_task("benchmarking", total=len(names) * len(modes))
         for mode in modes:
             progress.update(task, description=f"mode {mode}")
             rows += run_mode(mode, names, iters, timeout_s, out, lambda: progress.advance(task))
+    environment["wall_s"] = round(time.monotonic() - started, 1)
     paths = report.write_all(out, environment, suite, rows)
     console.print(report.rich_table(environment, suite, rows))
     console.print("written: " + ", ".join(str(p) for p in paths.values()))
@@ -101,7 +103,9 @@ def merge(paths: list[str], out_dir: str) -> int:
     rows: dict[tuple[str, str], dict] = {}
     for run in runs:
         rows.update({(r["workload"], r["mode"]): r for r in run["rows"]})
+    walls = [run["environment"].get("wall_s") for run in runs]
     environment = dict(runs[0]["environment"], merged_from=[str(p) for p in paths])
+    environment["wall_s"] = sum(walls) if all(w is not None for w in walls) else None
     suite = "+".join(dict.fromkeys(run["suite"] for run in runs))
     paths_out = report.write_all(Path(out_dir), environment, suite, list(rows.values()))
     Console().print("written: " + ", ".join(str(p) for p in paths_out.values()))
