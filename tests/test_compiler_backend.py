@@ -180,3 +180,18 @@ def test_moved_parameters_and_too_many_shapes_each_log_once(monkeypatch, tmp_pat
     messages = [r.getMessage() for r in caplog.records]
     assert sum("evicting" in m for m in messages) == 1
     assert sum("parameters moved" in m for m in messages) == 1
+
+
+def test_a_graph_the_compiler_rejects_runs_as_the_fx_graph_with_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    model, x = _Net(), torch.randn(2, 4)
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("Unhandled FakeTensor Device Propagation for aten.cat.default, found two different devices")
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=make_backend(broken))
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(3):
+            assert torch.equal(compiled(x), model(x))
+    lines = [r.getMessage() for r in caplog.records if "did not compile" in r.getMessage()]
+    assert len(lines) == 1 and "two different devices" in lines[0] and "CGCT: no rewritable host copy" in lines[0]

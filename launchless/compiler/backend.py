@@ -42,6 +42,28 @@ def static_input_indices(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> f
     return frozenset(static)
 
 
+def _compile_or_rescue(
+    name: str, gm: fx.GraphModule, example_inputs: list, inner: Compiler, cgct: bool
+) -> Callable[..., Any]:
+    """Compile; a graph Inductor rejects (e.g. "found two different devices cuda:0, cpu") gets one CGCT
+    attempt, then runs as the plain FX graph -- a compile error must not stop the user's model."""
+    try:
+        return inner(gm, example_inputs)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    if cgct:
+        from .cgct import try_rewrite
+
+        result = try_rewrite(gm, example_inputs, static_input_indices(gm, example_inputs), inner)
+        if result.compiled is not None:
+            rewrites = "; ".join(a.describe() for a in result.report.applied)
+            log.info("launchless: %s did not compile (%s); CGCT rewrote it and it compiled: %s", name, error, rewrites)
+            return result.compiled
+        error += f"; CGCT: {result.why_not}"
+    log.info("launchless: %s did not compile (%s); it runs as the plain FX graph, without a CUDA graph", name, error)
+    return gm.forward
+
+
 _counter = 0
 _registry: weakref.WeakSet[CompiledGraphs] = weakref.WeakSet()  # for explain(): what each graph does
 
@@ -63,7 +85,7 @@ def make_backend(
         global _counter
         _counter += 1
         name = f"graph {_counter}"
-        compiled = inner(gm, example_inputs)
+        compiled = _compile_or_rescue(name, gm, example_inputs, inner, cgct)
         tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
         if not any(t.is_cuda for t in tensors):
             log.info("launchless: %s has no CUDA input; it runs compiled, without a CUDA graph", name)
