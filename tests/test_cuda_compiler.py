@@ -16,6 +16,7 @@ pytestmark = pytest.mark.cuda
 
 def _compiled(model: nn.Module, **options):
     torch._dynamo.reset()
+    ll_backend._registry.clear()  # _graphs() lists this test's graphs only
     options.setdefault("selective", False)  # these tests are about capture; selection has its own tests
     return torch.compile(model, backend=ll_backend.make_backend(**options))
 
@@ -91,6 +92,7 @@ def test_graph_break_gives_two_graphs_each_captured() -> None:
 def test_dynamic_shapes_one_graph_per_shape_with_eviction(caplog: pytest.LogCaptureFixture) -> None:
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).cuda().eval()
     torch._dynamo.reset()
+    ll_backend._registry.clear()
     compiled = torch.compile(model, backend=ll_backend.make_backend(max_graphs=2, selective=False), dynamic=True)
     with caplog.at_level(logging.INFO, logger="launchless"):
         for batch in (2, 3, 5, 2, 3, 5, 2, 3, 5):
