@@ -99,14 +99,20 @@ def _aten_blockers(gm: fx.GraphModule, example_inputs: list) -> list[str]:
 
 
 def _kernel_nodes(entry: Any) -> int | None:
-    indirect = getattr(entry, "indirect", None)
+    """Kernel nodes in the entry's CUDA graph (its template is kept when pointer indirection is available)."""
     try:
         from cuda.bindings import driver
 
-        result = driver.cuGraphGetNodes(entry.graph.graph.raw_cuda_graph(), 0)
-        return int(result[2]) if result[0] == driver.CUresult.CUDA_SUCCESS else None
-    except Exception:
-        return indirect.pi.patched_nodes if indirect is not None else None
+        ok = driver.CUresult.CUDA_SUCCESS
+        raw = entry.graph.graph.raw_cuda_graph()
+        err, _, count = driver.cuGraphGetNodes(raw, 0)
+        err2, nodes, _ = driver.cuGraphGetNodes(raw, count)
+        if err != ok or err2 != ok:
+            return None
+        kernel = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
+        return sum(1 for n in nodes if driver.cuGraphNodeGetType(n)[1] == kernel)
+    except Exception:  # no cuda-bindings, or no template kept
+        return None
 
 
 def _kernels_per_call(call: Callable[[], Any]) -> int | None:
