@@ -147,6 +147,14 @@ def classify_message(message: str) -> str:
     return CAPTURE_ERROR
 
 
+def describe_failure(cause: BaseException | None, message: str) -> str:
+    """ "<kind>: <first line> at <user's line>" for a failed capture (``message`` when there is no cause)."""
+    text = str(cause or message).strip()
+    kind = classify_message(text) if cause is not None else CAPTURE_ERROR
+    where = locate_exception(cause) if cause is not None else None
+    return f"{kind}: {text.splitlines()[0] if text else kind}" + (f" at {where}" if where else "")
+
+
 def _op_name(func: object) -> str:
     return getattr(func, "__name__", str(func)).split(".")[0]
 

@@ -21,7 +21,7 @@ from torch import fx
 
 from .. import capture as _capture
 from .. import relocation
-from ..blockers import COPY, classify_message, locate_exception
+from ..blockers import COPY, classify_message, describe_failure
 from ..signature import FlatInputs, Signature, UnhashableInput, positional_rebuilder, signature_of_leaves
 from ..verify import verify
 from . import select
@@ -97,7 +97,6 @@ class CompiledGraphs:
         self._graphs: OrderedDict[Signature, _Entry] = OrderedDict()
         self._seen: dict[Signature, int] = {}
         self._refused: dict[Signature, str] = {}
-        self._reports: dict[Signature, Any] = {}
         self._logged: set[str] = set()
         self._pool: Any = None
         self._lock = threading.RLock()
@@ -185,11 +184,12 @@ class CompiledGraphs:
             except _capture.CaptureFailed as fail:
                 if fail.stage == "capture":
                     self._pool = None
+                why = describe_failure(fail.cause, str(fail))
                 if self.source is not None and classify_message(str(fail.cause or fail)) == COPY:
                     if self._apply_cgct():
                         return self._capture(sig, flat, args)  # once more, with the rewritten graph
-                    return self._refuse(sig, args, f"{_reason(fail)}; CGCT: {self.cgct.why_not}")
-                return self._refuse(sig, args, _reason(fail))
+                    why += f"; CGCT: {self.cgct.why_not}"
+                return self._refuse(sig, args, why)
             report = verify(graph, self.compiled, flat, mode=self.verify_mode, keep=self.static)
             if not report.passed:
                 del graph
@@ -315,14 +315,6 @@ class CompiledGraphs:
                 "why_not": self.cgct.why_not,
             },
         }
-
-
-def _reason(fail: _capture.CaptureFailed) -> str:
-    cause = fail.cause
-    text = str(cause or fail).strip()
-    kind = classify_message(text) if cause is not None else "capture error"
-    where = locate_exception(cause) if cause is not None else None
-    return f"{kind}: {text.splitlines()[0] if text else kind}" + (f" at {where}" if where else "")
 
 
 def _picker(indices: list[int]) -> Callable[[Sequence[Any]], list]:

@@ -34,7 +34,7 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler
 
 from .. import capture as _capture
-from ..blockers import classify_message, locate_exception
+from ..blockers import describe_failure
 from ..signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
 from ..verify import difference, identical
 from . import hooks
@@ -272,7 +272,7 @@ class GraphedStep:
             for scaler in scalers:
                 hooks.reset_scaler(scaler)
             before.restore()
-            return None, {"reason": _failure_reason(fail)}
+            return None, {"reason": describe_failure(fail.cause, str(fail))}
         foreign = writes.foreign_parameters(self.model)
         if foreign:  # checked at the first capture: the whole run then trains eager
             before.restore()
@@ -383,15 +383,6 @@ def graphed_step(
     if fn is None:
         return lambda f: GraphedStep(f, model=model, optimizer=optimizer, **options)
     return GraphedStep(fn, model=model, optimizer=optimizer, **options)
-
-
-def _failure_reason(fail: _capture.CaptureFailed) -> str:
-    cause = fail.cause
-    where = locate_exception(cause) if cause is not None else None
-    kind = classify_message(str(cause)) if cause is not None else "capture error"
-    text = str(cause or fail).strip()
-    first = text.splitlines()[0] if text else kind
-    return f"{kind}: {first}" + (f" at {where}" if where else "")
 
 
 def _key(t: torch.Tensor) -> tuple:
