@@ -69,6 +69,11 @@ def epoch() -> int:
     return _epoch
 
 
+def spread(n: int, k: int = _SPOT) -> list[int]:
+    """Up to ``k`` indices evenly spread over ``range(n)``, first and last included: what a spot check reads."""
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if n > 1 else list(range(n))
+
+
 class RelocationWatch:
     """Answers "did anything the graphs read move since the last call?" cheaply, on every call."""
 
@@ -86,8 +91,7 @@ class RelocationWatch:
         self._ptrs = [t.data_ptr() for t in self._tensors]
         self._indices = list(range(len(self._tensors)))
         n = len(self._tensors)
-        picks = sorted({round(i * (n - 1) / (_SPOT - 1)) for i in range(_SPOT)}) if n > 1 else list(range(n))
-        self._spot = [self._tensors[i] for i in picks]  # evenly spread, first and last included
+        self._spot = [self._tensors[i] for i in spread(n)]
         self._spot_ptrs = [t.data_ptr() for t in self._spot]
         self._spot_indices = list(range(len(self._spot)))
         cuda = [t.device for t in self._tensors if t.is_cuda]

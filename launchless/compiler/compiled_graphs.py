@@ -105,7 +105,7 @@ class CompiledGraphs:
         order = sorted(static)
         self._pick_static = _picker(order)
         self._static_index = list(range(len(order)))
-        spot = sorted({round(i * (len(order) - 1) / 7) for i in range(8)}) if order else []
+        spot = relocation.spread(len(order))
         self._spot_positions = spot  # positions within the static inputs checked on every call
         self._pick_spot = _picker([order[i] for i in spot])
         self._spot_index = list(range(len(spot)))

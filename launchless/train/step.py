@@ -35,6 +35,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from .. import capture as _capture
 from ..blockers import describe_failure
+from ..relocation import spread
 from ..signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
 from ..verify import difference, identical
 from . import hooks
@@ -213,8 +214,7 @@ class GraphedStep:
             if not self._params:
                 self._params = [p for p in self.model.parameters() if p.requires_grad]
                 every = list(self.model.parameters())
-                picks = sorted({round(i * (len(every) - 1) / 7) for i in range(8)}) if every else []
-                self._trainable_spot = [(every[i], every[i].requires_grad) for i in picks]
+                self._trainable_spot = [(every[i], every[i].requires_grad) for i in spread(len(every))]
             whole_reason = ""
             for level in (WHOLE_STEP, FORWARD_BACKWARD):
                 entry, outcome = self._try_level(level, flat)
@@ -288,8 +288,7 @@ class GraphedStep:
         entry = _Graph(graph, list(dict.fromkeys(schedulers)), level, deferred)
         entry.grads_in, entry.grads_out = grads_in, [p.grad for p in self._params]
         entry.reads = [i for i, g in enumerate(grads_in) if g is not None and writes.was_read(g)]
-        n = len(self._params)
-        entry.spot = sorted({0, n - 1, *range(0, n, max(1, n // 8))}) if n else []
+        entry.spot = spread(len(self._params))
         before.add_schedulers(entry.schedulers)  # not stepped yet: capture only recorded the calls
         known = {_key(t) for t in [*before.tensors, *(g for g in grads_in if g is not None)]}
         for t in [
