@@ -76,15 +76,7 @@ def test_cgct_traces_a_dynamo_graph_to_aten_with_source_lines_and_leaves_cpu_gra
     def fn(x: torch.Tensor) -> torch.Tensor:
         return x * 2 + torch.arange(x.shape[0])
 
-    seen = []
-
-    def record(gm, example_inputs):
-        seen.append((gm, list(example_inputs)))
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(fn, backend=record)(torch.randn(4))
-    gm, inputs = seen[0]
+    gm, inputs = _dynamo_graph(fn, torch.randn(4))
     aten = aten_graph(gm, inputs)
     arange = [n for n in aten.graph.nodes if "arange" in str(n.target)]
     assert arange and "val" in arange[0].meta and "test_compiler_backend.py" in arange[0].meta.get("stack_trace", "")
