@@ -11,7 +11,7 @@ from torch import nn
 
 import launchless as ll
 from launchless.train import hooks
-from launchless.train.optim import CapturableOptimizer, OptimizerNotCapturable
+from launchless.train.optim import CapturableOptimizer, OptimizerNotCapturable, UnfrozenMomentumUnsupported
 from launchless.train.snapshot import Snapshot, state_tensors
 
 CPU = torch.device("cpu")
@@ -248,3 +248,38 @@ def test_distributed_model_trains_eager_with_one_line(tmp_path, caplog: pytest.L
         ]
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("dampening", [0.0, 0.5])
+def test_fused_sgd_starts_momentum_for_layers_unfrozen_later(dampening: float) -> None:
+    """Fused SGD (which launchless switches to) crashes on a group with some momentum buffers missing;
+    with dampening 0 the missing ones start as eager's (the CPU fused kernel rounds differently from foreach,
+    so this compares closely; the GPU test checks bit-identity); otherwise the error names the fix."""
+
+    def make() -> tuple[nn.Module, torch.optim.SGD]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=dampening, weight_decay=1e-4)
+        return model, opt
+
+    (prepared, prepared_opt), (plain, plain_opt) = make(), make()
+    CapturableOptimizer(prepared_opt, torch.device("cpu"))
+    assert prepared_opt.param_groups[0]["fused"]
+    x = torch.randn(8, 4)
+    for m in (prepared, plain):
+        m[0].requires_grad_(False)
+    for i in range(5):
+        if i == 2:
+            for m in (prepared, plain):
+                m.requires_grad_(True)  # unfrozen after two steps: no momentum buffer yet
+        for m, o in ((prepared, prepared_opt), (plain, plain_opt)):
+            o.zero_grad()
+            m(x).square().sum().backward()
+            if dampening and i == 2 and o is prepared_opt:
+                with pytest.raises(UnfrozenMomentumUnsupported, match="use dampening=0"):
+                    o.step()
+                return
+            o.step()
+        for p, q in zip(prepared.parameters(), plain.parameters(), strict=True):
+            torch.testing.assert_close(p, q)
+    assert prepared_opt.state[prepared[0].weight]["momentum_buffer"] is not None

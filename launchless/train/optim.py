@@ -80,6 +80,9 @@ class CapturableOptimizer:
 def _use_fused_sgd(optimizer: torch.optim.SGD) -> None:
     """SGD's foreach/for-loop update calls ``add_(alpha=-lr)``, a host read of a tensor lr; fused does not."""
     groups = optimizer.param_groups
+    if not getattr(optimizer, "_launchless_momentum_hook", False):
+        optimizer.register_step_pre_hook(_start_missing_momentum)
+        optimizer._launchless_momentum_hook = True
     if all(g.get("fused") for g in groups):
         return
     params = [p for g in groups for p in g["params"]]
@@ -95,3 +98,28 @@ def _use_fused_sgd(optimizer: torch.optim.SGD) -> None:
         g["fused"], g["foreach"] = True, False
     optimizer._step_supports_amp_scaling = True  # GradScaler then passes found_inf on the device
     log.info("launchless: SGD runs its fused kernel (fused=True) so the learning rate can live on the GPU")
+
+
+class UnfrozenMomentumUnsupported(Exception):
+    """Fused SGD with dampening cannot start momentum for parameters unfrozen after the first step."""
+
+
+def _start_missing_momentum(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    """Fused SGD crashes when some parameters of a group have a momentum buffer and newly unfrozen ones
+    do not. Eager starts such a buffer as the gradient; a zero buffer gives exactly that (0*m + g = g)
+    when dampening is 0."""
+    for group in optimizer.param_groups:
+        if not group.get("fused") or group["momentum"] == 0:
+            continue
+        with_grad = [p for p in group["params"] if p.grad is not None]
+        missing = [p for p in with_grad if optimizer.state[p].get("momentum_buffer") is None]
+        if not missing or len(missing) == len(with_grad):
+            continue  # none missing, or the first step: the fused kernel starts them all itself
+        if group["dampening"] != 0:
+            raise UnfrozenMomentumUnsupported(
+                f"SGD(dampening={group['dampening']}) in its fused kernel cannot start momentum for "
+                f"{len(missing)} parameter(s) unfrozen after the first step; use dampening=0, or build the "
+                "optimizer after unfreezing, or run this step without launchless"
+            )
+        for p in missing:
+            optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
