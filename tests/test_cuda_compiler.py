@@ -211,7 +211,8 @@ def test_cgct_rewrites_a_host_constructor_so_the_graph_captures(caplog: pytest.L
             self.fc = nn.Linear(8, 8)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            offsets = torch.arange(x.shape[1], dtype=torch.float32)  # built on the host...
+            # built on the host (Inductor moves a bare arange to the GPU itself, not one feeding a cumsum)...
+            offsets = torch.arange(x.shape[1], dtype=torch.float32).cumsum(0)
             return self.fc(x) + offsets.to(x.device)  # ...and copied to the GPU on every call
 
     model = Offsets().cuda().eval()
@@ -225,3 +226,4 @@ def test_cgct_rewrites_a_host_constructor_so_the_graph_captures(caplog: pytest.L
     info = graphs.graph_info()
     print(info, [r.getMessage() for r in caplog.records])
     assert info["cgct"]["applied"] and info["graphs"], info  # rewritten, proven, then captured
+    assert sum("CGCT rewrote host copies" in r.getMessage() for r in caplog.records) == 1

@@ -138,6 +138,7 @@ class CompiledGraphs:
                     return self._sampled(sig, entry, flat, args)
                 return entry.replay(flat.leaves)
             self._graphs.clear()  # a parameter moved (.to(), load_state_dict(assign=True)): capture again
+            self._pool = None  # PyTorch asserts when capturing into a pool none of whose graphs remain
             self._seen.clear()
             self._log_once(f"launchless: {self.name}: parameters moved; its graphs are captured again")
         if sig in self._refused:

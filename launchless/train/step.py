@@ -128,6 +128,7 @@ class GraphedStep:
         entry = self._graphs.get(sig)
         if entry is not None and self._trainable_changed():
             self._graphs.clear()  # (un)freezing changes which gradients the step computes: capture again
+            self._pool = None  # PyTorch asserts when capturing into a pool none of whose graphs remain
             self._seen.clear()
             self._params = []
             self._grads_owner = entry = None
@@ -138,6 +139,7 @@ class GraphedStep:
                 self._graphs.move_to_end(sig)
                 return self._replay(entry, flat)
             self._graphs.clear()
+            self._pool = None
             self._eager_reason = changed
             self._log_once(f"launchless: training runs eager from now on: {changed}")
             return self._eager(flat)
