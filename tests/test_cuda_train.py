@@ -1,8 +1,9 @@
 """GPU behaviour of graphed_step (issue: training capture). Run with ``python -m pytest -m cuda``.
 
 Each test trains a graphed copy and an eager copy of one model from the same state on the same
-batches. The eager copy's optimizer is prepared the same way (``CapturableOptimizer``: tensor lr,
-capturable Adam, fused SGD) so that both run the same numerics; the graphed copy must then track it.
+batches. The eager copy's optimizer is prepared the same way (``CapturableOptimizer``: capturable Adam,
+fused SGD, a tensor lr where a scheduler is attached) so that both run the same numerics; the graphed
+copy must then track it.
 """
 
 from __future__ import annotations
@@ -50,10 +51,11 @@ def _pair(build, opt_factory, body=_plain_step, copies=2, prepare_reference=True
     for i in range(copies):
         model = copy.deepcopy(base)
         opt = opt_factory(model)
+        ctx = {k: (f() if callable(f) else f) for k, f in extra.items()}
+        step = body(model, opt, **ctx)  # may attach a scheduler, which the preparation looks for
         if i > 0 and prepare_reference:
             CapturableOptimizer(opt, DEV)  # same numerics as the graphed copy
-        ctx = {k: (f() if callable(f) else f) for k, f in extra.items()}
-        out.append((model, opt, body(model, opt, **ctx), ctx))
+        out.append((model, opt, step, ctx))
     return out
 
 
@@ -154,6 +156,27 @@ def test_linear_warmup_scheduler_outside_the_step() -> None:
             s.step()
     assert graphed.graph_info()["graphs"][0]["replays"] >= 6
     assert float(gopt.param_groups[0]["lr"]) == float(eopt.param_groups[0]["lr"]) == pytest.approx(1e-3)
+    _same_state(gm, em)
+
+
+def test_a_learning_rate_changed_by_hand_moves_to_the_gpu_and_the_step_is_captured_again(caplog) -> None:
+    (gm, gopt, gstep, _), (em, eopt, estep, _) = _pair(
+        _mlp, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3), prepare_reference=False
+    )
+    reference = CapturableOptimizer(eopt, DEV)
+    graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
+    x, y = _batch()
+    _run(graphed, estep, [(x, y)] * 5)
+    assert isinstance(gopt.param_groups[0]["lr"], float)  # nothing schedules it: eager's arithmetic
+    assert graphed.graph_info()["graphs"][0]["replays"] >= 2
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        for o in (gopt, eopt):
+            o.param_groups[0]["lr"] = 5e-4  # the graph froze 1e-3: it must not replay any more
+        reference.move_lr_to_device()  # what graphed_step does, so that both keep the same numerics
+        _run(graphed, estep, [(x, y)] * 6)
+    assert sum("the learning rate changed" in r.getMessage() for r in caplog.records) == 1
+    assert float(gopt.param_groups[0]["lr"]) == pytest.approx(5e-4)
+    assert graphed.graph_info()["graphs"][0]["replays"] >= 2
     _same_state(gm, em)
 
 

@@ -59,11 +59,12 @@ def test_decorator_form_and_bad_option() -> None:
 
 def test_learning_rate_becomes_a_tensor_that_schedulers_update_in_place() -> None:
     _, opt, step = _setup()
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)  # attached: lr must reach graphs
     prepared = CapturableOptimizer(opt, CPU)
     lr = opt.param_groups[0]["lr"]
     assert isinstance(lr, torch.Tensor) and float(lr) == pytest.approx(0.1)
     assert opt.param_groups[0]["fused"] is True and opt.param_groups[0]["foreach"] is False  # reads lr on device
-    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    assert not prepared.float_lr_changed()
     step(torch.randn(6, 4), torch.zeros(6, dtype=torch.long))
     scheduler.step()
     assert opt.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(0.05)
@@ -71,6 +72,20 @@ def test_learning_rate_becomes_a_tensor_that_schedulers_update_in_place() -> Non
     assert prepared.sync() is None and opt.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(0.3)
     opt.param_groups[0]["momentum"] = 0.5
     assert "hyperparameter(s) momentum change between steps" in prepared.sync()
+
+
+def test_an_unscheduled_learning_rate_stays_a_number_until_it_changes() -> None:
+    """A number keeps eager's arithmetic (AdamW rounds differently with a tensor lr); a change is noticed."""
+    _, opt, _ = _setup(torch.optim.AdamW)
+    prepared = CapturableOptimizer(opt, CPU)
+    assert opt.param_groups[0]["lr"] == 0.1 and not prepared.float_lr_changed()
+    opt.param_groups[0]["lr"] = 0.05
+    assert prepared.float_lr_changed()
+    prepared.move_lr_to_device()
+    lr = opt.param_groups[0]["lr"]
+    assert isinstance(lr, torch.Tensor) and float(lr) == pytest.approx(0.05) and not prepared.float_lr_changed()
+    opt.param_groups[0]["lr"] = 0.01  # from now on a number set by user code is copied into the tensor
+    assert prepared.sync() is None and opt.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(0.01)
 
 
 def test_adam_becomes_capturable_and_unknown_optimizers_are_refused() -> None:

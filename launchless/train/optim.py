@@ -1,11 +1,14 @@
 """Make an optimizer safe to replay inside a captured training step.
 
-A graph freezes every Python number it reads. So the learning rate becomes a one-element device
-tensor that schedulers update in place (PyTorch's schedulers ``fill_`` tensor learning rates), Adam
-and AdamW switch to ``capturable=True`` with their step counters on the device, SGD switches to its
-fused kernel (its for-loop and foreach updates read a tensor learning rate on the host; the fused one
-takes it on the device, and also takes GradScaler's skip-on-inf as a device tensor), and the remaining
-hyperparameters are remembered so that a change to them (which the graph would ignore) is noticed.
+A graph freezes every Python number it reads. A learning rate that a scheduler (attached before the
+first step) will change therefore becomes a one-element device tensor that schedulers update in place
+(PyTorch's schedulers ``fill_`` tensor learning rates); a plain-number lr that nothing schedules stays a
+number -- the same arithmetic as eager -- until it changes, when it moves to the device and the step
+is captured again. Adam and AdamW switch to ``capturable=True`` with their step counters on the device,
+SGD switches to its fused kernel (its for-loop and foreach updates read a tensor learning rate on the
+host; the fused one takes it on the device, and also takes GradScaler's skip-on-inf as a device
+tensor), and the remaining hyperparameters are remembered so that a change to them (which the graph
+would ignore) is noticed.
 """
 
 from __future__ import annotations
@@ -44,17 +47,37 @@ class CapturableOptimizer:
         self.optimizer = optimizer
         if isinstance(optimizer, torch.optim.SGD):
             _use_fused_sgd(optimizer)
+        self.device = device
         for group in optimizer.param_groups:
             if isinstance(optimizer, _CAPTURABLE):
                 group["capturable"] = True
-            if not isinstance(group["lr"], torch.Tensor):
-                group["lr"] = torch.tensor(float(group["lr"]), device=device)
         for state in optimizer.state.values():
             step = state.get("step")
             if isinstance(step, torch.Tensor) and step.device != device:
                 state["step"] = step.to(device)
-        self.lrs = [g["lr"] for g in optimizer.param_groups]
+        scheduled = hasattr(optimizer.step, "_wrapped_by_lr_sched")  # an LRScheduler wraps step() when built
+        if scheduled or any(isinstance(g["lr"], torch.Tensor) for g in optimizer.param_groups):
+            self.move_lr_to_device()
+        else:
+            self.remember_lr()
         self.hyperparameters = _hyperparameters(optimizer)
+
+    def remember_lr(self) -> None:
+        self.lrs: list[Any] = [g["lr"] for g in self.optimizer.param_groups]
+
+    def move_lr_to_device(self) -> None:
+        """Every group's lr as a device tensor that schedulers and :meth:`sync` update in place."""
+        for group in self.optimizer.param_groups:
+            if not isinstance(group["lr"], torch.Tensor):
+                group["lr"] = torch.tensor(float(group["lr"]), device=self.device)
+        self.remember_lr()
+
+    def float_lr_changed(self) -> bool:
+        """A plain-number lr the graphs froze has changed (a scheduler attached later, or user code)."""
+        return any(
+            not isinstance(lr, torch.Tensor) and group["lr"] != lr
+            for group, lr in zip(self.optimizer.param_groups, self.lrs, strict=True)
+        )
 
     def sync(self) -> str | None:
         """Bring a learning rate set as a Python number back into the device tensor; report other changes.
@@ -62,7 +85,7 @@ class CapturableOptimizer:
         Returns None when the graph still applies, else why it no longer does.
         """
         for group, lr in zip(self.optimizer.param_groups, self.lrs, strict=True):
-            if group["lr"] is not lr:
+            if isinstance(lr, torch.Tensor) and group["lr"] is not lr:
                 lr.fill_(float(group["lr"]))
                 group["lr"] = lr
         now = _hyperparameters(self.optimizer)

@@ -103,6 +103,15 @@ class GraphedStep:
         self._trainable_spot: list[tuple[torch.Tensor, bool]] = []  # (parameter, requires_grad when captured)
         self._extra_state = 0  # tensors the step writes outside the model and optimizer (found while capturing)
 
+    def _capture_again(self, why: str) -> None:
+        """Drop every graph (the next calls capture again, after ``capture_after``) with one log line."""
+        self._graphs.clear()
+        self._pool = None  # PyTorch asserts when capturing into a pool none of whose graphs remain
+        self._seen.clear()
+        self._params = []
+        self._grads_owner = None
+        self._log_once(f"launchless: {why}")
+
     # ---- the call --------------------------------------------------------------------------------
     def __call__(self, *batch: Any, **kwargs: Any) -> Any:
         if not self._checked:  # at the first call: the model may be moved to the GPU after wrapping
@@ -126,13 +135,17 @@ class GraphedStep:
         if not self.model.training:  # train/eval changes what the step computes: its own graph
             sig = sig._replace(context=(*sig.context, "eval"))
         entry = self._graphs.get(sig)
-        if entry is not None and self._trainable_changed():
-            self._graphs.clear()  # (un)freezing changes which gradients the step computes: capture again
-            self._pool = None  # PyTorch asserts when capturing into a pool none of whose graphs remain
-            self._seen.clear()
-            self._params = []
-            self._grads_owner = entry = None
-            self._log_once("launchless: parameters were frozen or unfrozen; the training step is captured again")
+        if entry is not None and self._trainable_changed():  # (un)freezing changes which gradients it computes
+            entry = self._capture_again("parameters were frozen or unfrozen; the training step is captured again")
+        if self._optim is not None and self._optim.float_lr_changed():
+            if self._graphs:  # they froze the old number
+                self._optim.move_lr_to_device()
+                entry = self._capture_again(
+                    "the learning rate changed; it now lives on the GPU (a tensor updated in place, so later "
+                    "changes reach the graph) and the training step is captured again"
+                )
+            else:
+                self._optim.remember_lr()
         if entry is not None:
             changed = self._optim.sync() if self._optim else None
             if changed is None:
