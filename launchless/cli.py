@@ -26,6 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md, bench.png")
     bench.add_argument("--iters", type=int, default=100, help="timed calls per (workload, mode)")
     bench.add_argument("--timeout", type=float, default=300, help="seconds one workload may take in one mode")
+    bench.add_argument(
+        "--gpus",
+        nargs="+",
+        type=int,
+        metavar="INDEX",
+        help="deal the workloads over these GPUs and run the parts at once (each workload runs all its modes on "
+        "one GPU; CPU cores are split between the parts)",
+    )
     bench.add_argument("--list", action="store_true", help="list workloads and modes and exit")
     bench.add_argument(
         "--merge",
@@ -181,9 +189,14 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from .bench.runner import run_suite
+    from .bench.runner import GpusUnavailable, check_gpus, run_suite
 
-    return run_suite(args.suite, names, list(args.modes or MODES), args.out, args.iters, args.timeout)
+    if args.gpus:
+        try:
+            check_gpus(args.gpus)
+        except GpusUnavailable as exc:
+            parser.error(str(exc))
+    return run_suite(args.suite, names, list(args.modes or MODES), args.out, args.iters, args.timeout, args.gpus)
 
 
 if __name__ == "__main__":

@@ -384,3 +384,10 @@ def test_rich_table_colours_speedups() -> None:
     assert f"{green} ({1.0 / 0.5:.2f}×)" in text  # faster than eager
     assert f"{green} ({1.0:.2f}×)" in text  # eager itself: 1.0 counts as not slower
     assert f"{red} ({1.0 / 2.0:.2f}×)" in text  # slower than eager
+
+
+def test_header_says_when_parts_ran_at_once_on_several_gpus() -> None:
+    env = {"date": "2026-11-29", "gpu": "NVIDIA H200", "wall_s": 412.0}
+    assert "run took 412 s" in report.header_line(env) and "GPUs" not in report.header_line(env)
+    line = report.header_line({**env, "gpus_at_once": 2})
+    assert line.endswith("workloads dealt over 2 GPUs run at once (CPU cores split)")

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from launchless import cli, zoo
-from launchless.bench import modes, workloads
-from launchless.bench.runner import run_mode
+from launchless.bench import modes, runner, workloads
+from launchless.bench.runner import deal, run_mode, run_parts, split_cores
 from launchless.bench.worker import empty_row
 
 FAKE_WORKER = r"""
@@ -25,7 +25,9 @@ for name in a.workloads:
     if name == "{hang}":
         time.sleep(30)
     with open(a.out, "a") as f:
-        row = {{"workload": name, "mode": a.mode, "status": "ok", "pid": __import__("os").getpid()}}
+        os = __import__("os")
+        row = {{"workload": name, "mode": a.mode, "status": "ok", "pid": os.getpid(),
+               "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"), "cores": sorted(os.sched_getaffinity(0))}}
         f.write(json.dumps(row) + "\n")
 """
 NAMES = ["timm:resnet18", "hf:gpt2", "train:resnet18"]
@@ -130,3 +132,48 @@ def test_merge_partial_runs(tmp_path) -> None:
     halves[1].write_text(json.dumps(other))
     with pytest.raises(ValueError, match="different GPUs"):
         merge([str(p) for p in halves], str(tmp_path / "bad"))
+
+
+def test_workloads_are_dealt_over_gpus_and_each_part_is_pinned(tmp_path) -> None:
+    assert deal(["a", "b", "c", "d", "e"], 2) == [["a", "c", "e"], ["b", "d"]]
+    assert deal(["a"], 2) == [["a"]]  # no empty part
+    cores = split_cores(2)
+    if all(c is not None for c in cores):
+        assert not cores[0] & cores[1] and len(cores[0]) == len(cores[1]) >= 1
+    names = [*NAMES, "hf:bert-base"]
+
+    def run(mode, part, gpu, cores):
+        return run_mode(mode, part, 3, 20, tmp_path, worker=_worker(), gpu=gpu, cores=cores)
+
+    rows = run_parts(names, ["eager", "compile"], [3, 5], run)
+    assert [(r["workload"], r["mode"]) for r in rows] == [(n, m) for n in names for m in ("eager", "compile")]
+    by_name = {r["workload"]: r for r in rows if r["mode"] == "eager"}
+    assert [by_name[n]["gpu"] for n in names] == ["3", "5", "3", "5"]  # every mode of a workload on one GPU
+    assert all(r["gpu"] == by_name[r["workload"]]["gpu"] for r in rows)
+    if all(c is not None for c in cores):
+        assert [set(by_name[n]["cores"]) for n in names[:2]] == cores
+    serial = run_parts(NAMES, ["eager"], None, run)
+    assert [r["gpu"] for r in serial] == [None] * 3  # one GPU: nothing set, nothing pinned
+
+
+def test_a_part_that_fails_stops_the_run_with_its_error(tmp_path) -> None:
+    def run(mode, part, gpu, cores):
+        if gpu == 1:
+            raise OSError("disk full")
+        return []
+
+    with pytest.raises(OSError, match="disk full"):
+        run_parts(NAMES, ["eager"], [0, 1], run)
+
+
+def test_bench_refuses_gpus_that_are_not_there(monkeypatch) -> None:
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda i: "NVIDIA H200")
+    runner.check_gpus([0, 1])
+    with pytest.raises(runner.GpusUnavailable, match=r"has 2 GPU\(s\) \(0..1\)"):
+        runner.check_gpus([0, 2])
+    with pytest.raises(runner.GpusUnavailable, match="at most once"):
+        runner.check_gpus([1, 1])
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda i: f"GPU model {i}")
+    with pytest.raises(runner.GpusUnavailable, match="mixes GPU models"):
+        runner.check_gpus([0, 1])

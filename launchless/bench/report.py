@@ -73,6 +73,8 @@ def header_line(environment: Mapping[str, Any]) -> str:
     parts.append(f"CUDA {_env(environment, 'cuda')}")
     if environment.get("wall_s") is not None:  # the whole run (summed over merged runs)
         parts.append(f"run took {float(environment['wall_s']):.0f} s")
+    if environment.get("gpus_at_once"):
+        parts.append(f"workloads dealt over {environment['gpus_at_once']} GPUs run at once (CPU cores split)")
     return " · ".join(parts)
 
 

@@ -1,11 +1,19 @@
-"""Run the suite: one worker process per mode, a progress bar, then the table, JSON, markdown and chart."""
+"""Run the suite: one worker process per mode, a progress bar, then the table, JSON, markdown and chart.
+
+With several GPUs (``--gpus 0 1``) the workloads are dealt out over them and the parts run at once:
+each workload still runs every mode on one GPU, and each part's workers are pinned to their own CPU
+cores so that one part's compilation does not steal the CPU another part is timing launches on.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -36,16 +44,24 @@ def run_mode(
     out: Path,
     advance=lambda: None,
     worker: list[str] = WORKER,
+    gpu: int | None = None,
+    cores: set[int] | None = None,
 ) -> list[dict]:
-    """Measure ``names`` under ``mode``; a worker that hangs or dies costs only the workload it was on."""
+    """Measure ``names`` under ``mode``; a worker that hangs or dies costs only the workload it was on.
+
+    ``gpu`` makes the worker see only that GPU; ``cores`` pins it to those CPU cores."""
     rows: list[dict] = []
     remaining = list(names)
+    part = "" if gpu is None else f"-gpu{gpu}"
+    env = None if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
     while remaining:
-        jsonl = out / f"rows-{mode}-{len(rows)}.jsonl"
+        jsonl = out / f"rows-{mode}{part}-{len(rows)}.jsonl"
         jsonl.unlink(missing_ok=True)  # rows left in --out by an earlier run are not this run's
-        log = (out / f"worker-{mode}.log").open("a")
+        log = (out / f"worker-{mode}{part}.log").open("a")
         cmd = [*worker, "--mode", mode, "--iters", str(iters), "--out", str(jsonl), "--workloads", *remaining]
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        if cores and hasattr(os, "sched_setaffinity"):  # (not preexec_fn: unsafe when parts run in threads)
+            os.sched_setaffinity(proc.pid, cores)  # threads the worker starts later inherit it
         started, done = time.monotonic(), 0
         while remaining:
             new = _read_rows(jsonl, done)
@@ -71,18 +87,104 @@ def run_mode(
     return rows
 
 
-def run_suite(suite: str, names: list[str], modes: list[str], out_dir: str, iters: int, timeout_s: float) -> int:
+def deal(names: list[str], parts: int) -> list[list[str]]:
+    """Workloads dealt round-robin, so that each part gets a share of the slow-to-compile ones."""
+    return [names[i::parts] for i in range(parts) if names[i::parts]]
+
+
+def split_cores(parts: int) -> list[set[int] | None]:
+    """This process's CPU cores in ``parts`` contiguous, disjoint sets (None where there are too few)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return [None] * parts
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < parts:
+        return [None] * parts
+    size = len(cores) // parts
+    return [set(cores[i * size : (i + 1) * size]) for i in range(parts)]
+
+
+def run_parts(
+    names: list[str],
+    modes: list[str],
+    gpus: list[int] | None,
+    run: Callable[..., list[dict]],
+) -> list[dict]:
+    """Every (workload, mode) once: serially on the current GPU, or dealt over ``gpus`` and run at once.
+
+    ``run(mode, names, gpu=, cores=)`` measures one mode on one part; rows come back in suite order."""
+    if not gpus or len(gpus) == 1:
+        gpu = gpus[0] if gpus else None
+        return [row for mode in modes for row in run(mode, names, gpu=gpu, cores=None)]
+    parts = deal(names, len(gpus))
+    results: list[list[dict]] = [[] for _ in parts]
+    errors: list[BaseException] = []
+
+    def one_part(i: int, part: list[str], gpu: int, cores: set[int] | None) -> None:
+        try:
+            for mode in modes:
+                results[i] += run(mode, part, gpu=gpu, cores=cores)
+        except BaseException as exc:  # re-raised in the caller's thread
+            errors.append(exc)
+
+    cores = split_cores(len(parts))
+    threads = [
+        threading.Thread(target=one_part, args=(i, part, gpu, cores[i]), daemon=True)
+        for i, (part, gpu) in enumerate(zip(parts, gpus, strict=False))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    order = {(n, m): (names.index(n), modes.index(m)) for n in names for m in modes}
+    return sorted((row for rows in results for row in rows), key=lambda r: order[(r["workload"], r["mode"])])
+
+
+class GpusUnavailable(ValueError):
+    """``--gpus`` named a GPU that is not there, or GPUs of different models."""
+
+
+def check_gpus(gpus: list[int]) -> None:
+    import torch
+
+    count = torch.cuda.device_count()
+    missing = [g for g in gpus if not 0 <= g < count]
+    if missing or len(set(gpus)) != len(gpus):
+        raise GpusUnavailable(
+            f"--gpus {' '.join(map(str, gpus))}: this machine has {count} GPU(s) (0..{count - 1}); "
+            "name each at most once"
+        )
+    names = {torch.cuda.get_device_name(g) for g in gpus}
+    if len(names) > 1:
+        raise GpusUnavailable(f"--gpus mixes GPU models ({', '.join(sorted(names))}); results would not compare")
+
+
+def run_suite(
+    suite: str,
+    names: list[str],
+    modes: list[str],
+    out_dir: str,
+    iters: int,
+    timeout_s: float,
+    gpus: list[int] | None = None,
+) -> int:
     console = Console(width=None if sys.stdout.isatty() else 220)  # logs and pipes get the whole table
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     environment = describe()
-    rows: list[dict] = []
+    if gpus and len(gpus) > 1:
+        environment["gpus_at_once"] = len(gpus)
     started = time.monotonic()
     with Progress(console=console) as progress:
         task = progress.add_task("benchmarking", total=len(names) * len(modes))
-        for mode in modes:
+
+        def run(mode: str, part: list[str], gpu: int | None, cores: set[int] | None) -> list[dict]:
             progress.update(task, description=f"mode {mode}")
-            rows += run_mode(mode, names, iters, timeout_s, out, lambda: progress.advance(task))
+            advance = lambda: progress.advance(task)  # noqa: E731
+            return run_mode(mode, part, iters, timeout_s, out, advance, gpu=gpu, cores=cores)
+
+        rows = run_parts(names, modes, gpus, run)
     environment["wall_s"] = round(time.monotonic() - started, 1)
     paths = report.write_all(out, environment, suite, rows)
     console.print(report.rich_table(environment, suite, rows))
