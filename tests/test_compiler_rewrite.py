@@ -204,3 +204,59 @@ def test_guards_of_a_deep_copy_still_watch_the_original_source() -> None:
     assert len(constant_guards(clone)) == 1 and constants_still_valid(clone)
     table.add_(1)
     assert not constants_still_valid(gm) and not constants_still_valid(clone)
+
+
+def _static_input_graph() -> tuple[fx.GraphModule, list[str]]:
+    """``x * table`` where ``table`` is a graph input: how Dynamo passes a plain tensor attribute of a module."""
+    gm = make_fx(lambda x, table: x * table.to(x.device, copy=True))(torch.randn(4), torch.randn(4))
+    return gm, [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def test_a_static_host_input_is_moved_once_guarded_and_left_unread() -> None:
+    table = torch.randn(4)
+    gm, names = _static_input_graph()
+    original = copy.deepcopy(gm)
+    before = rewrite(gm, "cpu")  # an input like any other: it may change on every call
+    assert before.applied == [] and "depends on graph input" in before.skipped[0].reason
+    report = rewrite(gm, "cpu", {names[1]: table})
+    assert [a.kind for a in report.applied] == [ATTRIBUTE]
+    (guard,) = constant_guards(gm)
+    assert guard.input_name == names[1] and guard.source is table and guard.source_attr == f"input {names[1]}"
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    assert [n.name for n in placeholders] == names and not placeholders[1].users  # same signature, input unread
+    assert torch.equal(gm._launchless_const_0, table)
+    assert differential_check(original, gm, lambda: [torch.randn(4), table]) == (True, 0.0)
+    table.mul_(2)
+    assert not constants_still_valid(gm)
+
+
+def test_a_static_input_written_in_the_graph_is_left_alone() -> None:
+    def fn(x, table):
+        table.add_(1)
+        return x * table.to(x.device, copy=True)
+
+    gm = make_fx(fn)(torch.randn(4), torch.randn(4))
+    name = [n.name for n in gm.graph.nodes if n.op == "placeholder"][1]
+    report = rewrite(gm, "cpu", {name: torch.randn(4)})
+    assert report.applied == [] and any("writes in place" in s.reason for s in report.skipped), report.describe()
+
+
+def test_constant_watch_refreshes_the_device_copy_in_place_and_names_a_change_it_cannot_follow() -> None:
+    from launchless.compiler.cgct import ConstantWatch, MovedConstant
+
+    table = torch.randn(4)
+    gm, names = _static_input_graph()
+    rewrite(gm, "cpu", {names[1]: table})
+    (guard,) = constant_guards(gm)
+    device_copy = gm._launchless_const_0
+    watch = ConstantWatch([MovedConstant(guard, device_copy, 1)])
+    x = torch.randn(4)
+    assert watch.check([x, table]) is None and watch.refreshed == 0
+    table.mul_(3)  # changed in place: copied into the same tensor the graphs read
+    address = device_copy.data_ptr()
+    assert watch.check([x, table]) is None and watch.refreshed == 1
+    assert torch.equal(device_copy, table) and device_copy.data_ptr() == address
+    assert watch.check([x, table]) is None and watch.refreshed == 1  # current again: no second copy
+    other = torch.randn(4)  # the attribute re-assigned: a different tensor in the input's place
+    assert watch.check([x, other]) is None and torch.equal(device_copy, other) and watch.refreshed == 2
+    assert "changed shape or dtype" in watch.check([x, torch.randn(5)])

@@ -227,3 +227,35 @@ def test_cgct_rewrites_a_host_constructor_so_the_graph_captures(caplog: pytest.L
     print(info, [r.getMessage() for r in caplog.records])
     assert info["cgct"]["applied"] and info["graphs"], info  # rewritten, proven, then captured
     assert sum("CGCT rewrote host copies" in r.getMessage() for r in caplog.records) == 1
+
+
+@torch.no_grad()
+def test_cgct_moves_a_host_attribute_table_once_and_keeps_it_current(caplog: pytest.LogCaptureFixture) -> None:
+    class Table(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.table = torch.linspace(0, 1, 8)  # a plain attribute: .cuda() leaves it on the host
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x) + self.table.to(x.device)  # Dynamo passes it in as a static input
+
+    model = Table().cuda().eval()
+    x = torch.randn(4, 8, device="cuda")
+    compiled = _compiled(model)
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(4):
+            out = compiled(x)
+        assert torch.equal(out, model(x))
+        (graphs,) = [g for g in _graphs() if g.cgct is not None]
+        info = graphs.graph_info()
+        print(info, [r.getMessage() for r in caplog.records])
+        assert info["graphs"] and info["cgct"]["in_use"], info  # rewritten, proven, captured
+        replays = info["graphs"][0]["replays"]
+        model.table.mul_(2)  # changed in place: copied into the device tensor the graph reads
+        out = compiled(x)
+        assert torch.equal(out, model(x)) and graphs.graph_info()["graphs"][0]["replays"] == replays + 1
+        assert graphs.graph_info()["cgct"]["constants_refreshed"] == 1
+        model.table = torch.linspace(0, 1, 16)[:8].clone()  # re-assigned, same shape: followed as well
+        assert torch.equal(compiled(x), model(x))
+    assert sum("CGCT" in r.getMessage() for r in caplog.records) == 1  # the rewrite's line, nothing per call

@@ -1,25 +1,59 @@
 """CGCT in the backend: a graph whose capture failed on a host<->device copy is rewritten and proven.
 
 Only graphs that need it pay: when capturing a compiled graph fails with "cannot copy between CPU
-and CUDA", its Dynamo graph is traced to aten ops (once, for real, on the example inputs; fake
+and CUDA" (or cannot start because a static input -- a plain tensor attribute of a module -- lives on
+the CPU), its Dynamo graph is traced to aten ops (once, for real, on the example inputs; fake
 tensors are then propagated for the node metadata the rewrite reads), ``rewrite.rewrite`` builds
 host constants on the device and moves host tables to it once, and ``rewrite.differential_check``
 compares the rewritten graph with the original on random inputs. Only a bit-identical rewrite is
-compiled and captured; anything else keeps the graph uncaptured, with the reason in the log.
+compiled and captured; anything else keeps the graph uncaptured, with the reason in the log. The
+device copies of moved constants are then watched on every call (:class:`ConstantWatch`): a source
+changed in place, or a different tensor in a static input's place, is copied into the same device
+tensor -- the graphs read it there -- and a change of shape or dtype undoes the rewrite.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import fx
 
 from ..verify import make_probes
-from .rewrite import RewriteReport, differential_check, rewrite
+from .rewrite import ConstantGuard, RewriteReport, _data_ptr, constant_guards, differential_check, rewrite
+
+
+@dataclass
+class MovedConstant:
+    guard: ConstantGuard
+    copy: torch.Tensor  # the device copy the compiled graph reads, in place
+    input_index: int | None  # the static input it came from, or None for a graph constant
+
+
+class ConstantWatch:
+    """Keeps CGCT's device copies equal to their CPU sources; a check costs a few hundred ns per constant."""
+
+    def __init__(self, moved: list[MovedConstant]) -> None:
+        self.moved = list(moved)
+        self.refreshed = 0
+
+    def check(self, args: Sequence[Any]) -> str | None:
+        """None when every copy is current (refreshed in place where its source changed); else why it cannot be."""
+        for i, m in enumerate(self.moved):
+            src = m.guard.source if m.input_index is None else args[m.input_index]
+            if src is m.guard.source and m.guard.valid():
+                continue
+            if not isinstance(src, torch.Tensor) or (src.shape, src.dtype) != (m.copy.shape, m.copy.dtype):
+                return f"{m.guard.source_attr} changed shape or dtype, so its device copy cannot follow it"
+            with torch.no_grad():
+                m.copy.copy_(src)  # the same device tensor: every graph reads the new values
+            guard = replace(m.guard, source=src, version=src._version, data_ptr=_data_ptr(src))
+            self.moved[i] = replace(m, guard=guard)
+            self.refreshed += 1
+        return None
 
 
 @dataclass
@@ -27,6 +61,12 @@ class CgctResult:
     compiled: Callable[..., Any] | None  # the rewritten graph, compiled; None when not applied
     report: RewriteReport | None
     why_not: str = ""
+    moved: list[MovedConstant] = field(default_factory=list)
+
+    @property
+    def unread_inputs(self) -> frozenset[int]:
+        """Static inputs the rewritten graph no longer reads (their device copies are read instead)."""
+        return frozenset(m.input_index for m in self.moved if m.input_index is not None)
 
 
 def aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
@@ -57,7 +97,14 @@ def try_rewrite(
     try:
         original = aten_graph(gm, example_inputs)
         rewritten = copy.deepcopy(original)
-        report = rewrite(rewritten)
+        placeholders = [n.name for n in rewritten.graph.nodes if n.op == "placeholder"]
+        aligned = len(placeholders) == len(example_inputs)
+        statics = {  # static inputs on the host: module attributes that Dynamo passes in
+            placeholders[i]: x
+            for i, x in enumerate(example_inputs)
+            if aligned and i in static and isinstance(x, torch.Tensor) and not x.is_cuda
+        }
+        report = rewrite(rewritten, static_inputs=statics)
     except Exception as exc:
         return CgctResult(None, None, f"could not trace the graph for CGCT ({type(exc).__name__}: {exc})")
     if not report.applied:
@@ -67,7 +114,12 @@ def try_rewrite(
     same, diff = differential_check(original, rewritten, lambda: make_probes(leaves, static)[0])
     if not same:
         return CgctResult(None, report, f"the rewrite changed the results (max abs diff {diff:.3g}); dropped")
+    index = {name: i for i, name in enumerate(placeholders)}
+    moved = [
+        MovedConstant(g, getattr(rewritten, g.name), index[g.input_name] if g.input_name else None)
+        for g in constant_guards(rewritten)
+    ]
     try:
-        return CgctResult(compile_graph(rewritten, leaves), report)
+        return CgctResult(compile_graph(rewritten, leaves), report, moved=moved)
     except Exception as exc:
         return CgctResult(None, report, f"the rewritten graph did not compile ({type(exc).__name__}: {exc})")

@@ -25,7 +25,7 @@ from ..blockers import COPY, classify_message, describe_failure
 from ..signature import FlatInputs, Signature, UnhashableInput, positional_rebuilder, signature_of_leaves
 from ..verify import verify
 from . import select
-from .cgct import CgctResult, try_rewrite
+from .cgct import CgctResult, ConstantWatch, try_rewrite
 from .decisions import Decision, DecisionCache, DecisionKey, DriftMonitor
 from .indirection import IndirectGraph, IndirectionUnavailable, unavailable_reason
 
@@ -102,6 +102,9 @@ class CompiledGraphs:
         self._lock = threading.RLock()
         self.source: tuple[fx.GraphModule, list, Compiler] | None = None  # for CGCT; dropped after one try
         self.cgct: CgctResult | None = None
+        self._watch: ConstantWatch | None = None  # CGCT's device copies of host constants, kept current
+        self._unread: frozenset[int] = frozenset()  # static host inputs CGCT replaced by device copies
+        self._before_cgct: Callable[..., Any] | None = None
         order = sorted(static)
         self._pick_static = _picker(order)
         self._static_index = list(range(len(order)))
@@ -122,6 +125,8 @@ class CompiledGraphs:
         return signature_of_leaves(("compiled", self._arity), self._pick_dynamic(args))
 
     def __call__(self, *args: Any) -> Any:
+        if self._watch is not None and (stale := self._watch.check(args)) is not None:
+            self._undo_cgct(stale)
         try:
             sig = self._key(args)
         except UnhashableInput as exc:
@@ -166,9 +171,14 @@ class CompiledGraphs:
         return False
 
     def _capture(self, sig: Signature, flat: Any, args: Sequence[Any]) -> Any:
-        device = capture_device(flat.leaves)
+        device = capture_device([x for i, x in enumerate(flat.leaves) if i not in self._unread])
         if device is None:
-            return self._refuse(sig, args, "its inputs are not all on one CUDA device (nothing to capture)")
+            why = "its inputs are not all on one CUDA device (nothing to capture)"
+            if self.source is not None and self._host_inputs_are_static(flat.leaves):
+                if self._apply_cgct():  # module attributes on the host: moved to the device once, watched
+                    return self._capture(sig, flat, args)
+                why = f"a static input (a module attribute) is on the host; CGCT: {self.cgct.why_not}"
+            return self._refuse(sig, args, why)
         with self._lock, _capture.CAPTURE_LOCK:
             if self._pool is None:
                 self._pool = _capture.new_pool()
@@ -215,6 +225,12 @@ class CompiledGraphs:
                 self._log_once(f"launchless: {self.name}: more than max_graphs={self.max_graphs} shapes; evicting")
             return self.compiled(*args) if entry.decision.variant == "no-graph" else entry.replay(flat.leaves)
 
+    def _host_inputs_are_static(self, leaves: Sequence[Any]) -> bool:
+        """Every host tensor input is static, and the others share one CUDA device: a case for CGCT."""
+        host = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and not x.is_cuda]
+        rest = [x for i, x in enumerate(leaves) if i not in host]
+        return bool(host) and all(i in self.static for i in host) and capture_device(rest) is not None
+
     def _apply_cgct(self) -> bool:
         """Rewrite the host copies that stopped capture (once per graph); True when the graph was replaced."""
         gm, example_inputs, inner = self.source
@@ -222,10 +238,24 @@ class CompiledGraphs:
         self.cgct = try_rewrite(gm, example_inputs, self.static, inner)
         if self.cgct.compiled is None:
             return False
+        self._before_cgct = self.compiled
+        self._watch = ConstantWatch(self.cgct.moved) if self.cgct.moved else None
+        self._unread = self.cgct.unread_inputs
         self.compiled = self.cgct.compiled
         applied = "; ".join(a.describe() for a in self.cgct.report.applied)
         self._log_once(f"launchless: {self.name}: CGCT rewrote host copies, proven bit-identical: {applied}")
         return True
+
+    def _undo_cgct(self, why: str) -> None:
+        """A moved constant's source changed beyond an in-place refresh: back to the graph as compiled."""
+        with self._lock:
+            self.compiled, self._before_cgct = self._before_cgct, None
+            self._watch, self._unread = None, frozenset()
+            self._graphs.clear()
+            self._pool = None  # PyTorch asserts when capturing into a pool none of whose graphs remain
+            self._seen.clear()
+            self._refused.clear()
+            self._log_once(f"launchless: {self.name}: CGCT undone ({why}); it runs as compiled, without the rewrite")
 
     def _add_indirection(self, entry: _Entry, flat: Any, runners: dict) -> None:
         """Pointer indirection for this graph, verified like the graph itself; on failure, why not."""
@@ -314,6 +344,8 @@ class CompiledGraphs:
             else {
                 "applied": [a.describe() for a in (self.cgct.report.applied if self.cgct.report else [])],
                 "why_not": self.cgct.why_not,
+                "in_use": self._before_cgct is not None,  # applied and not undone
+                "constants_refreshed": self._watch.refreshed if self._watch is not None else 0,
             },
         }
 

@@ -6,7 +6,9 @@ host side is built from constructors and constants only, that copy need not run 
   ops, are built on the device instead, and the copy is dropped;
 - a graph constant or module attribute (``get_attr``) copied to the device is copied once, now, registered on the
   GraphModule as ``_launchless_const_N`` and guarded by its source's ``_version`` and ``data_ptr``
-  (:func:`constants_still_valid`).
+  (:func:`constants_still_valid`);
+- so is a CPU tensor that reaches the graph as a static input (``static_inputs``: how Dynamo passes a plain
+  tensor attribute of a module, e.g. an anchor table); the input stays in the signature, unread.
 Anything not provably safe -- a value that depends on a graph input or a host sync, one also used on the host,
 random or in-place ops, data-dependent shapes -- is left alone and reported with the reason. A rewrite is still
 only trusted after :func:`differential_check` finds the rewritten graph bit-identical on random inputs.
@@ -20,7 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -96,6 +98,7 @@ class ConstantGuard:
     source: torch.Tensor = field(repr=False)
     version: int
     data_ptr: int | None
+    input_name: str | None = None  # the graph input it came from, when it was a static input
 
     def valid(self) -> bool:
         return self.source._version == self.version and _data_ptr(self.source) == self.data_ptr
@@ -124,13 +127,20 @@ def constants_still_valid(gm: fx.GraphModule) -> bool:
     return all(guard.valid() for guard in constant_guards(gm))
 
 
-def rewrite(gm: fx.GraphModule, target_device: str | torch.device | None = None) -> RewriteReport:
-    """Apply CGCT to ``gm`` in place; ``target_device`` None means every host->non-CPU copy's own destination."""
+def rewrite(
+    gm: fx.GraphModule,
+    target_device: str | torch.device | None = None,
+    static_inputs: Mapping[str, torch.Tensor] | None = None,
+) -> RewriteReport:
+    """Apply CGCT to ``gm`` in place; ``target_device`` None means every host->non-CPU copy's own destination.
+
+    ``static_inputs`` (placeholder name -> the tensor it always receives) may be moved like module attributes."""
     target = torch.device(target_device) if target_device is not None else None
+    statics = dict(static_inputs or {})
     transfers = [t for n in gm.graph.nodes if (t := _transfer(n, target)) is not None]
-    plans, devices = _plan(gm, transfers)
+    plans, devices = _plan(gm, transfers, statics)
     report = _report(gm, plans)
-    _apply(gm, plans, devices)
+    _apply(gm, plans, devices, statics)
     gm.graph.lint()
     gm.recompile()
     return report
@@ -230,9 +240,11 @@ def _written_in_graph(gm: fx.GraphModule, target: str) -> str | None:
     return None
 
 
-def _attr_problem(gm: fx.GraphModule, node: fx.Node, device: torch.device) -> str | None:
-    """Why the constant ``node`` reads cannot be copied once and guarded, or None."""
-    src, name = _fetch(gm, str(node.target)), str(node.target)
+def _attr_problem(gm: fx.GraphModule, node: fx.Node, device: torch.device, src: object = None) -> str | None:
+    """Why the constant ``node`` reads (``src`` for a static input) cannot be copied once and guarded, or None."""
+    name = str(node.target)
+    if node.op == "get_attr":
+        src = _fetch(gm, name)
     if not isinstance(src, torch.Tensor):
         return f"{name} is not a tensor"
     if src.requires_grad:
@@ -241,13 +253,20 @@ def _attr_problem(gm: fx.GraphModule, node: fx.Node, device: torch.device) -> st
         return f"{name} is an inference tensor: in-place changes to it could not be detected"
     if not _available(device) and not isinstance(_val(node), FakeTensor):
         return f"{device} is not available here to hold a copy of {name}"
-    writer = _written_in_graph(gm, name)
+    if node.op == "placeholder":
+        writer = next((u.name for u in node.users if u.op == "call_function" and not _pure(u)), None)
+    else:
+        writer = _written_in_graph(gm, name)
     return f"{name} is written in place by {writer}" if writer else None
 
 
-def _problem(gm: fx.GraphModule, node: fx.Node, device: torch.device) -> str | None:
+def _problem(
+    gm: fx.GraphModule, node: fx.Node, device: torch.device, statics: Mapping[str, torch.Tensor]
+) -> str | None:
     """Why ``node`` cannot be computed once on ``device`` from constants, or None when it can."""
     if node.op == "placeholder":
+        if node.name in statics:
+            return _attr_problem(gm, node, device, statics[node.name])
         return f"depends on graph input {node.name}"
     if node.op == "get_attr":
         return _attr_problem(gm, node, device)
@@ -268,7 +287,7 @@ def _problem(gm: fx.GraphModule, node: fx.Node, device: torch.device) -> str | N
     return f"{name} in {node.name} {impurity}" if impurity else None
 
 
-def _closure(gm: fx.GraphModule, t: _Transfer) -> set[fx.Node] | str:
+def _closure(gm: fx.GraphModule, t: _Transfer, statics: Mapping[str, torch.Tensor]) -> set[fx.Node] | str:
     """The host tensor nodes ``t`` copies from, when all come from constants; else why not."""
     seen: set[fx.Node] = set()
     stack = [t.src]
@@ -276,7 +295,7 @@ def _closure(gm: fx.GraphModule, t: _Transfer) -> set[fx.Node] | str:
         node = stack.pop()
         if node in seen:
             continue
-        problem = _problem(gm, node, t.device)
+        problem = _problem(gm, node, t.device, statics)
         if problem:
             return problem
         seen.add(node)
@@ -308,9 +327,11 @@ def _owners(plans: _Plan) -> dict[fx.Node, set[torch.device]]:
     return owners
 
 
-def _plan(gm: fx.GraphModule, transfers: list[_Transfer]) -> tuple[_Plan, dict[fx.Node, torch.device]]:
+def _plan(
+    gm: fx.GraphModule, transfers: list[_Transfer], statics: Mapping[str, torch.Tensor]
+) -> tuple[_Plan, dict[fx.Node, torch.device]]:
     """Each transfer's host nodes (or why not), shrunk until no moved node is still needed on the host."""
-    plans: _Plan = {t: _closure(gm, t) for t in transfers}
+    plans: _Plan = {t: _closure(gm, t, statics) for t in transfers}
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     while True:
         owners = _owners(plans)
@@ -325,6 +346,8 @@ def _plan(gm: fx.GraphModule, transfers: list[_Transfer]) -> tuple[_Plan, dict[f
 
 def _kind(plan: set[fx.Node]) -> str:
     """A literal (``torch.tensor([...])`` lifts a fresh copy; frozen params) or a module attribute read as is."""
+    if any(n.op == "placeholder" for n in plan):
+        return ATTRIBUTE  # a module attribute Dynamo passes in as a static input
     attrs = [n for n in plan if n.op == "get_attr"]
     if not attrs:
         return CONSTRUCT
@@ -363,12 +386,14 @@ def _unrewritable(node: fx.Node) -> str | None:
 # --- changing the graph -----------------------------------------------------------------------------------------
 
 
-def _apply(gm: fx.GraphModule, plans: _Plan, devices: dict[fx.Node, torch.device]) -> None:
+def _apply(
+    gm: fx.GraphModule, plans: _Plan, devices: dict[fx.Node, torch.device], statics: Mapping[str, torch.Tensor]
+) -> None:
     """Move every planned host node to its device, then drop the copies that became no-ops."""
     moved: dict[tuple[str, torch.device], str] = {}
     for node in [n for n in gm.graph.nodes if n in devices]:
-        if node.op == "get_attr":
-            _move_constant(gm, node, devices[node], moved)
+        if node.op in ("get_attr", "placeholder"):
+            _move_constant(gm, node, devices[node], moved, statics.get(node.name))
         else:
             _retarget(node, devices[node])
     applied = {t.node for t, plan in plans.items() if isinstance(plan, set)}
@@ -429,21 +454,30 @@ def _device_copy(src: torch.Tensor, device: torch.device, val: object) -> torch.
 
 
 def _move_constant(
-    gm: fx.GraphModule, node: fx.Node, device: torch.device, moved: dict[tuple[str, torch.device], str]
+    gm: fx.GraphModule,
+    node: fx.Node,
+    device: torch.device,
+    moved: dict[tuple[str, torch.device], str],
+    static_input: torch.Tensor | None = None,
 ) -> None:
-    """Copy the constant ``node`` reads to ``device`` once, guard its source, and read the copy instead."""
-    key = (str(node.target), device)
+    """Copy the constant ``node`` reads (a static input's tensor) to ``device`` once, guard its source, and read
+    the copy instead. A static input's placeholder stays, unread, so that the graph's signature does not change."""
+    is_input = node.op == "placeholder"
+    key = (node.name if is_input else str(node.target), device)
     if key not in moved:
-        src = _fetch(gm, key[0])
+        src = static_input if is_input else _fetch(gm, key[0])
         moved[key] = name = _free_name(gm)
         gm.register_buffer(name, _device_copy(src, device, _val(node)), persistent=False)
-        guard = ConstantGuard(name, key[0], src, src._version, _data_ptr(src))
+        label = f"input {node.name}" if is_input else key[0]
+        guard = ConstantGuard(name, label, src, src._version, _data_ptr(src), node.name if is_input else None)
         gm.meta[_GUARDS] = [*constant_guards(gm), guard]
-    with gm.graph.inserting_before(node):
+    anchor = [n for n in gm.graph.nodes if n.op == "placeholder"][-1] if is_input else None
+    with gm.graph.inserting_after(anchor) if is_input else gm.graph.inserting_before(node):
         new = gm.graph.get_attr(moved[key])
     new.meta = {**node.meta, "val": _on(_val(node), device)}
     node.replace_all_uses_with(new)
-    gm.graph.erase_node(node)
+    if not is_input:
+        gm.graph.erase_node(node)
 
 
 def _free_name(gm: fx.GraphModule) -> str:
