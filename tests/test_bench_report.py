@@ -154,7 +154,13 @@ def test_speedups_vs_reduce_overhead() -> None:
 def test_summary_values() -> None:
     rows = make_rows()
     summ = stats.summary(rows)
-    assert set(summ) == {"geomean_vs_eager", "geomean_vs_reduce_overhead", "floor_ratio"}
+    assert set(summ) == {
+        "geomean_vs_eager",
+        "geomean_vs_reduce_overhead",
+        "floor_ratio",
+        "worst_vs_best_pytorch",
+        "geomean_first_call_vs_reduce_overhead",
+    }
     for mode in ("compile", "reduce-overhead", "hand-graph", "launchless"):
         want = direct_geomean(list(expected_speedups("eager", mode).values()))
         assert summ["geomean_vs_eager"][mode] == pytest.approx(want), mode
@@ -171,7 +177,7 @@ def test_summary_values() -> None:
 
 
 def test_summary_of_nothing_is_empty() -> None:
-    assert stats.summary([]) == {"geomean_vs_eager": {}, "geomean_vs_reduce_overhead": {}, "floor_ratio": {}}
+    assert all(v == {} for v in stats.summary([]).values())
     only_skips = [row("a", "eager", status="skipped", reason="no GPU")]
     assert stats.summary(only_skips)["geomean_vs_eager"] == {}
 
@@ -391,3 +397,28 @@ def test_header_says_when_parts_ran_at_once_on_several_gpus() -> None:
     assert "run took 412 s" in report.header_line(env) and "GPUs" not in report.header_line(env)
     line = report.header_line({**env, "gpus_at_once": 2})
     assert line.endswith("workloads dealt over 2 GPUs run at once (CPU cores split)")
+
+
+def test_the_compiler_path_criteria_worst_against_pytorch_and_first_call_time() -> None:
+    """Issue 5's bars: no workload slower than the faster PyTorch compile mode by more than 3 %, compile time
+    relative to reduce-overhead."""
+    rows = [
+        row("a", "compile", 1.0, first=10_000.0),
+        row("a", "reduce-overhead", 0.5, first=8_000.0),
+        row("a", "launchless-compile", 0.4, first=12_000.0),
+        row("b", "compile", 0.9, first=4_000.0),
+        row("b", "reduce-overhead", 1.2, first=5_000.0),
+        row("b", "launchless-compile", 1.0, first=5_000.0),  # slower than compile on this one
+        row("c", "compile", 1.0),  # no reduce-overhead row: left out of both
+        row("c", "launchless-compile", 0.1),
+    ]
+    worst = stats.vs_best_pytorch(rows)
+    assert worst == {"launchless-compile": {"a": pytest.approx(0.5 / 0.4), "b": pytest.approx(0.9)}}
+    summ = stats.summary(rows)
+    assert summ["worst_vs_best_pytorch"] == {"launchless-compile": pytest.approx(0.9)}
+    first = summ["geomean_first_call_vs_reduce_overhead"]
+    assert first["launchless-compile"] == pytest.approx(direct_geomean([12_000 / 8_000, 5_000 / 5_000]))
+    assert first["compile"] == pytest.approx(direct_geomean([10_000 / 8_000, 4_000 / 5_000]))
+    line = next(ln for ln in report.markdown(ENV, SUITE, rows).splitlines() if ln.startswith("- **launchless-compile"))
+    assert "worst workload 0.90× the faster of compile and reduce-overhead" in line
+    assert f"first call {first['launchless-compile']:.2f}× reduce-overhead's" in line

@@ -164,7 +164,13 @@ class _View:
                     parts.append(f"{_x(self.summary[key][mode])} vs {baseline} ({len(table[mode])})")
             if mode in self.summary["floor_ratio"]:
                 n = len(self.floor_ratios[mode])
-                parts.append(f"median {_x(self.summary['floor_ratio'][mode])} its kernel floor ({n})")
+                parts.append(f"at {_x(self.summary['floor_ratio'][mode])} its kernel floor ({n})")
+            if mode in self.summary["worst_vs_best_pytorch"]:
+                worst = self.summary["worst_vs_best_pytorch"][mode]
+                parts.append(f"worst workload {_x(worst)} the faster of compile and reduce-overhead")
+            if mode in self.summary["geomean_first_call_vs_reduce_overhead"]:
+                ratio = self.summary["geomean_first_call_vs_reduce_overhead"][mode]
+                parts.append(f"first call {_x(ratio)} reduce-overhead's")
             if parts:
                 items.append((mode, ", ".join(parts)))
         return items

@@ -13,7 +13,10 @@ from collections.abc import Iterable, Mapping, Sequence
 Row = Mapping[str, object]
 
 EAGER = "eager"
+COMPILE = "compile"
 REDUCE_OVERHEAD = "reduce-overhead"
+PYTORCH_MODES = (EAGER, COMPILE, REDUCE_OVERHEAD)
+COMPILING_MODES = (COMPILE, "launchless-compile")  # their first call is a torch.compile, like reduce-overhead's
 
 
 def geomean(values: Iterable[float | None]) -> float | None:
@@ -109,19 +112,57 @@ def floor_ratios(rows: Sequence[Row]) -> dict[str, dict[str, float]]:
     return {mode: out[mode] for mode in ordered_modes(rows) if mode in out}
 
 
+def vs_best_pytorch(rows: Sequence[Row]) -> dict[str, dict[str, float]]:
+    """{mode: {workload: faster of compile and reduce-overhead / mode}} for the non-PyTorch modes.
+
+    Where both PyTorch compile modes ran; below 1.0 means slower than what a PyTorch user would pick."""
+    by_key = index(rows)
+    out: dict[str, dict[str, float]] = {}
+    for mode in ordered_modes(rows):
+        if mode in PYTORCH_MODES:
+            continue
+        for workload in ordered_workloads(rows):
+            best = [ok_median(by_key.get((workload, m))) for m in (COMPILE, REDUCE_OVERHEAD)]
+            this = ok_median(by_key.get((workload, mode)))
+            if this is not None and None not in best:
+                out.setdefault(mode, {})[workload] = min(best) / this  # type: ignore[type-var]
+    return out
+
+
+def first_call_vs_reduce_overhead(rows: Sequence[Row]) -> dict[str, dict[str, float]]:
+    """{mode: {workload: first-call ms / reduce-overhead's first-call ms}} for the other compiling modes."""
+    by_key = index(rows)
+    out: dict[str, dict[str, float]] = {}
+    for workload in ordered_workloads(rows):
+        base = by_key.get((workload, REDUCE_OVERHEAD))
+        base_ms = base.get("first_call_ms") if ok_median(base) is not None else None
+        if not isinstance(base_ms, (int, float)) or base_ms <= 0:
+            continue
+        for mode in ordered_modes(rows):
+            row = by_key.get((workload, mode))
+            ms = row.get("first_call_ms") if ok_median(row) is not None else None
+            if mode in COMPILING_MODES and isinstance(ms, (int, float)) and ms > 0:
+                out.setdefault(mode, {})[workload] = ms / base_ms
+    return {mode: out[mode] for mode in ordered_modes(rows) if mode in out}
+
+
 def _geomeans(table: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
     means = {mode: geomean(per_workload.values()) for mode, per_workload in table.items()}
     return {mode: mean for mode, mean in means.items() if mean is not None}
 
 
 def summary(rows: Sequence[Row]) -> dict[str, dict[str, float]]:
-    """Headline numbers: per mode, geomean speed-up vs eager and vs reduce-overhead, and geomean median/floor.
+    """Headline numbers: per mode, geomean speed-up vs eager and vs reduce-overhead, geomean median/floor, the
+    worst ratio to the faster PyTorch compile mode, and geomean first-call time relative to reduce-overhead.
 
     Each mode's mean covers only the workloads where it and the baseline both ran, so a mode that fails
     on a workload is not punished (or flattered) by a made-up number there; the report prints the counts.
     """
+    best = vs_best_pytorch(rows)
     return {
         "geomean_vs_eager": _geomeans(speedups(rows, EAGER)),
         "geomean_vs_reduce_overhead": _geomeans(speedups(rows, REDUCE_OVERHEAD)),
         "floor_ratio": _geomeans(floor_ratios(rows)),
+        "worst_vs_best_pytorch": {mode: min(per.values()) for mode, per in best.items()},
+        "geomean_first_call_vs_reduce_overhead": _geomeans(first_call_vs_reduce_overhead(rows)),
     }
