@@ -19,7 +19,8 @@ gets them copied into the tensors it was captured with when other code replaced 
 micro-step and a full step -- two signatures -- accumulate like eager.
 
 Learning-rate schedulers called inside the step are deferred during capture and called after each
-replay, so they keep stepping; the learning rate lives in a device tensor they update in place.
+replay, so they keep stepping; a scheduled learning rate lives in a device tensor they update in place
+(an unscheduled one stays a number until it changes: ``optim.CapturableOptimizer``).
 """
 
 from __future__ import annotations
