@@ -246,7 +246,7 @@ def test_cgct_moves_a_host_attribute_table_once_and_keeps_it_current(caplog: pyt
     with caplog.at_level(logging.INFO, logger="launchless"):
         for _ in range(4):
             out = compiled(x)
-        assert torch.equal(out, model(x))
+        assert torch.allclose(out, model(x), rtol=1e-5, atol=1e-6)  # Inductor's kernels, not eager's
         (graphs,) = [g for g in _graphs() if g.cgct is not None]
         info = graphs.graph_info()
         print(info, [r.getMessage() for r in caplog.records])
@@ -254,8 +254,9 @@ def test_cgct_moves_a_host_attribute_table_once_and_keeps_it_current(caplog: pyt
         replays = info["graphs"][0]["replays"]
         model.table.mul_(2)  # changed in place: copied into the device tensor the graph reads
         out = compiled(x)
-        assert torch.equal(out, model(x)) and graphs.graph_info()["graphs"][0]["replays"] == replays + 1
+        assert torch.allclose(out, model(x), rtol=1e-5, atol=1e-6)  # a stale table would be off by up to 1
+        assert graphs.graph_info()["graphs"][0]["replays"] == replays + 1
         assert graphs.graph_info()["cgct"]["constants_refreshed"] == 1
         model.table = torch.linspace(0, 1, 16)[:8].clone()  # re-assigned, same shape: followed as well
-        assert torch.equal(compiled(x), model(x))
+        assert torch.allclose(compiled(x), model(x), rtol=1e-5, atol=1e-6)
     assert sum("CGCT" in r.getMessage() for r in caplog.records) == 1  # the rewrite's line, nothing per call
