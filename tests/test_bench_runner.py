@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
 
 from launchless import cli, zoo
-from launchless.bench import modes, runner, workloads
+from launchless.bench import modes, runner, stats, workloads
 from launchless.bench.runner import deal, run_mode, run_parts, split_cores
 from launchless.bench.worker import empty_row
 
@@ -28,13 +29,18 @@ for name in a.workloads:
         os = __import__("os")
         row = {{"workload": name, "mode": a.mode, "status": "ok", "pid": os.getpid(),
                "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"), "cores": sorted(os.sched_getaffinity(0))}}
+        if {env}:
+            names = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "LAUNCHLESS_CACHE_DIR")
+            row["caches"] = {{k: os.environ[k] for k in names}}
+            row["caches"]["root"] = os.path.dirname(os.environ["TRITON_CACHE_DIR"])
+            assert os.path.isdir(row["caches"]["root"])
         f.write(json.dumps(row) + "\n")
 """
 NAMES = ["timm:resnet18", "hf:gpt2", "train:resnet18"]
 
 
-def _worker(crash: str = "", hang: str = "") -> list[str]:
-    return [sys.executable, "-c", FAKE_WORKER.format(crash=crash, hang=hang)]
+def _worker(crash: str = "", hang: str = "", env: bool = False) -> list[str]:
+    return [sys.executable, "-c", FAKE_WORKER.format(crash=crash, hang=hang, env=env)]
 
 
 def test_suites_and_registry() -> None:
@@ -124,7 +130,7 @@ def test_merge_partial_runs(tmp_path) -> None:
         halves[-1].write_text(json.dumps(part))
     assert merge([str(p) for p in halves], str(tmp_path / "merged")) == 0
     merged = json.loads((tmp_path / "merged" / "bench.json").read_text())
-    assert len(merged["rows"]) == len(full["rows"]) and merged["summary"] == full["summary"]
+    assert len(merged["rows"]) == len(full["rows"]) and merged["summary"] == stats.summary(full["rows"])
     assert (tmp_path / "merged" / "bench.md").read_text().count("`train:resnet18`") >= 1
     assert merged["environment"]["wall_s"] == 201.0  # the run's time is the sum of its parts
     assert "run took 201 s" in (tmp_path / "merged" / "bench.md").read_text()
@@ -177,3 +183,17 @@ def test_bench_refuses_gpus_that_are_not_there(monkeypatch) -> None:
     monkeypatch.setattr("torch.cuda.get_device_name", lambda i: f"GPU model {i}")
     with pytest.raises(runner.GpusUnavailable, match="mixes GPU models"):
         runner.check_gpus([0, 1])
+
+
+def test_each_mode_compiles_into_fresh_caches_that_are_gone_afterwards(tmp_path, monkeypatch) -> None:
+    """On disk, Inductor's and Triton's caches outlive a process: one mode must not find another's kernels."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/shared/cache")  # a user's own setting is not inherited
+    seen = {}
+    for mode in ("compile", "reduce-overhead"):
+        (row,) = run_mode(mode, ["timm:resnet18"], 3, 20, tmp_path, worker=_worker(env=True))
+        seen[mode] = row
+        assert row["caches"]["LAUNCHLESS_CACHE_DIR"].endswith("decisions")
+        assert all(v.startswith(row["caches"]["root"]) for k, v in row["caches"].items() if k != "root")
+        assert not os.path.exists(row["caches"]["root"])  # removed when the mode is done
+    a, b = (seen[m]["caches"]["TORCHINDUCTOR_CACHE_DIR"] for m in ("compile", "reduce-overhead"))
+    assert a != b and "/shared/cache" not in (a, b)

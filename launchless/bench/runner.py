@@ -1,5 +1,9 @@
 """Run the suite: one worker process per mode, a progress bar, then the table, JSON, markdown and chart.
 
+Each mode's workers get their own, new compile caches (Inductor, Triton, launchless's decisions): on disk
+they would otherwise outlive the process, so a mode would find kernels another mode compiled and its
+first call would not show its own compile time.
+
 With several GPUs (``--gpus 0 1``) the workloads are dealt out over them and the parts run at once:
 each workload still runs every mode on one GPU, and each part's workers are pinned to their own CPU
 cores so that one part's compilation does not steal the CPU another part is timing launches on.
@@ -9,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -53,37 +59,60 @@ def run_mode(
     rows: list[dict] = []
     remaining = list(names)
     part = "" if gpu is None else f"-gpu{gpu}"
-    env = None if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
-    while remaining:
-        jsonl = out / f"rows-{mode}{part}-{len(rows)}.jsonl"
-        jsonl.unlink(missing_ok=True)  # rows left in --out by an earlier run are not this run's
-        log = (out / f"worker-{mode}{part}.log").open("a")
-        cmd = [*worker, "--mode", mode, "--iters", str(iters), "--out", str(jsonl), "--workloads", *remaining]
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        if cores and hasattr(os, "sched_setaffinity"):  # (not preexec_fn: unsafe when parts run in threads)
-            os.sched_setaffinity(proc.pid, cores)  # threads the worker starts later inherit it
-        started, done = time.monotonic(), 0
+    caches = Path(tempfile.mkdtemp(prefix=f"launchless-bench-{mode}{part}-"))
+    env = {**os.environ, **fresh_caches(caches)}
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    try:
         while remaining:
-            new = _read_rows(jsonl, done)
-            for row in new:
-                rows.append(row)
-                remaining.remove(row["workload"])
-                advance()
-            done += len(new)
-            if new:
-                started = time.monotonic()
-            elif proc.poll() is not None and not _read_rows(jsonl, done):
-                rows.append(empty_row(remaining.pop(0), mode, "error", f"worker exited with code {proc.returncode}"))
-                advance()
-                break
-            elif time.monotonic() - started > timeout_s:
-                proc.kill()
-                rows.append(empty_row(remaining.pop(0), mode, "error", f"timed out after {timeout_s:.0f} s"))
-                advance()
-                break
-            time.sleep(POLL_S)
-        proc.wait()
-        log.close()
+            jsonl = out / f"rows-{mode}{part}-{len(rows)}.jsonl"
+            jsonl.unlink(missing_ok=True)  # rows left in --out by an earlier run are not this run's
+            cmd = [*worker, "--mode", mode, "--iters", str(iters), "--out", str(jsonl), "--workloads", *remaining]
+            with (out / f"worker-{mode}{part}.log").open("a") as log:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+                if cores and hasattr(os, "sched_setaffinity"):  # not preexec_fn: unsafe when parts run in threads
+                    os.sched_setaffinity(proc.pid, cores)  # threads the worker starts later inherit it
+                rows += _collect(proc, jsonl, mode, remaining, timeout_s, advance)
+                proc.wait()
+    finally:
+        shutil.rmtree(caches, ignore_errors=True)
+    return rows
+
+
+def fresh_caches(root: Path) -> dict[str, str]:
+    """Environment that points every on-disk compile cache a worker could share with another mode into ``root``."""
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+        "TRITON_CACHE_DIR": str(root / "triton"),
+        "LAUNCHLESS_CACHE_DIR": str(root / "decisions"),
+    }
+
+
+def _collect(
+    proc: subprocess.Popen, jsonl: Path, mode: str, remaining: list[str], timeout_s: float, advance
+) -> list[dict]:
+    """The worker's rows as they appear; when it dies or hangs, an error row for the workload it was on."""
+    rows: list[dict] = []
+    started, done = time.monotonic(), 0
+    while remaining:
+        new = _read_rows(jsonl, done)
+        for row in new:
+            rows.append(row)
+            remaining.remove(row["workload"])
+            advance()
+        done += len(new)
+        if new:
+            started = time.monotonic()
+        elif proc.poll() is not None and not _read_rows(jsonl, done):
+            rows.append(empty_row(remaining.pop(0), mode, "error", f"worker exited with code {proc.returncode}"))
+            advance()
+            break
+        elif time.monotonic() - started > timeout_s:
+            proc.kill()
+            rows.append(empty_row(remaining.pop(0), mode, "error", f"timed out after {timeout_s:.0f} s"))
+            advance()
+            break
+        time.sleep(POLL_S)
     return rows
 
 
