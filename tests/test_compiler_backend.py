@@ -187,3 +187,67 @@ def test_a_graph_the_compiler_rejects_runs_as_the_fx_graph_with_one_line(caplog:
             assert torch.equal(compiled(x), model(x))
     lines = [r.getMessage() for r in caplog.records if "did not compile" in r.getMessage()]
     assert len(lines) == 1 and "two different devices" in lines[0] and "CGCT: no rewritable host copy" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("fn", "hazard"),
+    [
+        (lambda x, cache: cache.add_(1) * x, "input mutation"),
+        (lambda x, cache: x + torch.rand_like(x), "draws random numbers"),
+        (lambda x, cache: x * cache, None),
+    ],
+    ids=["writes-an-input", "random", "clean"],
+)
+def test_cgct_does_not_run_a_graph_whose_extra_runs_would_change_state(fn, hazard) -> None:
+    """CGCT runs the graph for real (trace, trials): a KV-cache write or an RNG draw must not happen again."""
+    from launchless.compiler.cgct import trial_hazard, try_rewrite
+
+    x, cache = torch.randn(4), torch.zeros(4)
+    gm, inputs = _dynamo_graph(fn, x, cache)  # (runs it once, as the user's first call does)
+    before = cache.clone()
+    found = trial_hazard(gm, inputs)
+    if hazard is None:
+        assert found is None
+        return
+    assert hazard in found and "CGCT's trial runs" in found
+    state = torch.random.get_rng_state()
+    result = try_rewrite(gm, inputs, frozenset(), lambda g, ex: g.forward)
+    assert result.compiled is None and result.why_not == found
+    assert torch.equal(cache, before) and torch.equal(torch.random.get_rng_state(), state)  # nothing ran again
+
+
+def test_a_graph_with_host_tensors_is_rewritten_before_its_one_compile(monkeypatch, caplog) -> None:
+    """CGCT up front: Inductor compiles only the rewritten graph; the original is compiled only to undo it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from launchless.compiler import backend as backend_module
+    from launchless.compiler.cgct import CgctResult
+    from launchless.compiler.rewrite import AppliedRewrite, RewriteReport
+
+    gm = torch.fx.symbolic_trace(lambda x: x * 2)  # no node values: the inputs' devices decide
+    with FakeTensorMode():
+        cuda_inputs = [torch.empty(4, device="cuda")]  # a GPU graph, as Dynamo would hand it over
+    assert not backend_module.holds_host_tensors(gm, cuda_inputs)
+    with FakeTensorMode():
+        assert backend_module.holds_host_tensors(gm, [*cuda_inputs, torch.empty(2)])
+    compiles, rewritten = [], object()
+
+    def inner(g, example_inputs):
+        compiles.append(g)
+        return g.forward
+
+    report = RewriteReport(applied=[AppliedRewrite("built on the device", "_to_copy", "cuda:0")])
+    monkeypatch.setattr(backend_module, "holds_host_tensors", lambda g, ex: True)
+    monkeypatch.setattr(backend_module, "try_rewrite", lambda g, ex, static, c: CgctResult(rewritten, report))
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        graphs = make_backend(inner, cgct=True)(gm, cuda_inputs)
+    assert compiles == [] and graphs.compiled is rewritten and graphs.source is None  # no second CGCT later
+    assert graphs.graph_info()["cgct"]["in_use"]
+    assert sum("CGCT rewrote host copies" in r.getMessage() for r in caplog.records) == 1
+    graphs._undo_cgct("test")  # undoing compiles the original graph, once, only then
+    assert compiles == [gm] and graphs.compiled == gm.forward and not graphs.graph_info()["cgct"]["in_use"]
+
+    failed = CgctResult(None, report, "the rewrite changed the results (max abs diff 1); dropped")
+    monkeypatch.setattr(backend_module, "try_rewrite", lambda g, ex, static, c: failed)
+    graphs = make_backend(inner, cgct=True)(gm, cuda_inputs)
+    assert compiles == [gm, gm] and graphs.cgct is failed and graphs.source is None  # tried once, not again

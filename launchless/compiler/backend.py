@@ -3,10 +3,11 @@
 For each FX graph Dynamo hands over, Inductor compiles without its own CUDA graphs
 (``triton.cudagraphs=False``); launchless then captures the compiled callable per input signature
 with its own capture primitive (``compiled_graphs.CompiledGraphs``: parameters read in place, the
-other inputs copied in or pointed at, each graph verified and its fastest variant kept). Graph
-breaks give several FX graphs; each is handled on its own. A graph that cannot be captured (a host
-sync, a CPU tensor) or that needs autograd (training) runs compiled, without a CUDA graph, with one
-log line naming why.
+other inputs copied in or pointed at, each graph verified and its fastest variant kept). A graph
+that holds host tensors next to CUDA ones gets CGCT before it is compiled, so the rewritten graph is
+the only one Inductor compiles. Graph breaks give several FX graphs; each is handled on its own. A
+graph that cannot be captured (a host sync, a CPU tensor) or that needs autograd (training) runs
+compiled, without a CUDA graph, with one log line naming why.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.utils import _pytree as pytree
 
+from .cgct import try_rewrite
 from .compiled_graphs import CompiledGraphs, Compiler
 from .decisions import DecisionCache, graph_hash
 
@@ -42,6 +45,13 @@ def static_input_indices(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> f
     return frozenset(static)
 
 
+def holds_host_tensors(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    """CUDA tensors and host tensors in one graph: its capture would stop at the first host-to-device copy."""
+    values = [*example_inputs, *(n.meta.get("example_value", n.meta.get("val")) for n in gm.graph.nodes)]
+    devices = {t.device.type for v in values for t in pytree.tree_leaves(v) if isinstance(t, torch.Tensor)}
+    return "cuda" in devices and "cpu" in devices
+
+
 def _compile_or_rescue(
     name: str, gm: fx.GraphModule, example_inputs: list, inner: Compiler, cgct: bool
 ) -> Callable[..., Any]:
@@ -52,8 +62,6 @@ def _compile_or_rescue(
     except Exception as exc:
         error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
     if cgct:
-        from .cgct import try_rewrite
-
         result = try_rewrite(gm, example_inputs, static_input_indices(gm, example_inputs), inner)
         if result.compiled is not None:
             rewrites = "; ".join(a.describe() for a in result.report.applied)
@@ -85,27 +93,29 @@ def make_backend(
         global _counter
         _counter += 1
         name = f"graph {_counter}"
-        compiled = _compile_or_rescue(name, gm, example_inputs, inner, cgct)
         tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
         if not any(t.is_cuda for t in tensors):
             log.info("launchless: %s has no CUDA input; it runs compiled, without a CUDA graph", name)
-            return compiled
+            return _compile_or_rescue(name, gm, example_inputs, inner, cgct)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             log.info(
                 "launchless: %s needs autograd (training); it runs compiled, without a CUDA graph "
                 "(capture whole training steps with launchless.graphed_step)",
                 name,
             )
-            return compiled
-        graphs = CompiledGraphs(
-            compiled,
-            static_input_indices(gm, example_inputs),
-            name=name,
-            cache=cache,
-            graph_key=graph_hash(gm),
-            **options,
+            return _compile_or_rescue(name, gm, example_inputs, inner, cgct)
+        static = static_input_indices(gm, example_inputs)
+        early = (
+            try_rewrite(gm, example_inputs, static, inner) if cgct and holds_host_tensors(gm, example_inputs) else None
         )
-        if cgct:
+        if early is not None and early.compiled is not None:
+            compiled = early.compiled
+        else:  # CGCT is tried once: not again should the compiler reject the graph
+            compiled = _compile_or_rescue(name, gm, example_inputs, inner, cgct and early is None)
+        graphs = CompiledGraphs(compiled, static, name=name, cache=cache, graph_key=graph_hash(gm), **options)
+        if early is not None:
+            graphs.adopt_cgct(early, lambda: _compile_or_rescue(name, gm, example_inputs, inner, False))
+        elif cgct:
             graphs.source = (gm, list(example_inputs), inner)
         _registry.add(graphs)
         return graphs

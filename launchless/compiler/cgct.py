@@ -23,6 +23,7 @@ import torch
 from torch import fx
 
 from ..verify import make_probes
+from .diagnose import INPUT_MUTATION, RNG_STATE, diagnose, source_line
 from .rewrite import ConstantGuard, RewriteReport, _data_ptr, constant_guards, differential_check, rewrite
 
 
@@ -69,6 +70,30 @@ class CgctResult:
         return frozenset(m.input_index for m in self.moved if m.input_index is not None)
 
 
+def trial_hazard(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
+    """Why running ``gm`` for CGCT's trace and trials would change the user's state, or None.
+
+    CGCT runs the graph for real (to trace it, then to compare it with its rewrite): a graph that writes
+    its inputs in place (a KV cache, a step counter) or draws random numbers must not run extra times.
+    Found on a fake-tensor trace, which runs nothing."""
+    from torch.fx import traceback as fx_traceback
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def run(*args: Any) -> Any:
+        with fx_traceback.preserve_node_meta():
+            return fx.Interpreter(gm).run(*args)
+
+    fake = make_fx(run, tracing_mode="fake")(*example_inputs)
+    for blocker in diagnose(fake):
+        if blocker.kind in (INPUT_MUTATION, RNG_STATE):
+            return f"the graph {blocker.describe()}; CGCT's trial runs would repeat it"
+    for node in fake.graph.nodes:
+        if isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags:
+            where = f" at {source_line(node)}" if source_line(node) else ""
+            return f"the graph draws random numbers ({node.target}{where}); CGCT's trial runs would advance the RNG"
+    return None
+
+
 def aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
     """``gm`` as aten ops with real constants, node metadata (source lines) kept, ``meta["val"]`` fake."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -95,6 +120,9 @@ def try_rewrite(
 ) -> CgctResult:
     """Rewrite, prove and compile; never raises (a rewrite is an optimisation, not a requirement)."""
     try:
+        hazard = trial_hazard(gm, example_inputs)
+        if hazard:
+            return CgctResult(None, None, hazard)
         original = aten_graph(gm, example_inputs)
         rewritten = copy.deepcopy(original)
         placeholders = [n.name for n in rewritten.graph.nodes if n.op == "placeholder"]

@@ -104,7 +104,7 @@ class CompiledGraphs:
         self.cgct: CgctResult | None = None
         self._watch: ConstantWatch | None = None  # CGCT's device copies of host constants, kept current
         self._unread: frozenset[int] = frozenset()  # static host inputs CGCT replaced by device copies
-        self._before_cgct: Callable[..., Any] | None = None
+        self._before_cgct: Callable[[], Callable[..., Any]] | None = None  # compiles (or returns) the graph as it was
         order = sorted(static)
         self._pick_static = _picker(order)
         self._static_index = list(range(len(order)))
@@ -174,10 +174,11 @@ class CompiledGraphs:
         device = capture_device([x for i, x in enumerate(flat.leaves) if i not in self._unread])
         if device is None:
             why = "its inputs are not all on one CUDA device (nothing to capture)"
-            if self.source is not None and self._host_inputs_are_static(flat.leaves):
-                if self._apply_cgct():  # module attributes on the host: moved to the device once, watched
+            if self._host_inputs_are_static(flat.leaves):  # module attributes on the host: CGCT's case
+                if self.source is not None and self._apply_cgct():
                     return self._capture(sig, flat, args)
-                why = f"a static input (a module attribute) is on the host; CGCT: {self.cgct.why_not}"
+                if self.cgct is not None and self.cgct.compiled is None:
+                    why = f"a static input (a module attribute) is on the host; CGCT: {self.cgct.why_not}"
             return self._refuse(sig, args, why)
         with self._lock, _capture.CAPTURE_LOCK:
             if self._pool is None:
@@ -196,10 +197,11 @@ class CompiledGraphs:
                 if fail.stage == "capture":
                     self._pool = None
                 why = describe_failure(fail.cause, str(fail))
-                if self.source is not None and classify_message(str(fail.cause or fail)) == COPY:
-                    if self._apply_cgct():
+                if classify_message(str(fail.cause or fail)) == COPY:
+                    if self.source is not None and self._apply_cgct():
                         return self._capture(sig, flat, args)  # once more, with the rewritten graph
-                    why += f"; CGCT: {self.cgct.why_not}"
+                    if self.cgct is not None and self.cgct.compiled is None:
+                        why += f"; CGCT: {self.cgct.why_not}"
                 return self._refuse(sig, args, why)
             report = verify(graph, self.compiled, flat, mode=self.verify_mode, keep=self.static)
             if not report.passed:
@@ -234,22 +236,28 @@ class CompiledGraphs:
     def _apply_cgct(self) -> bool:
         """Rewrite the host copies that stopped capture (once per graph); True when the graph was replaced."""
         gm, example_inputs, inner = self.source
+        compiled = self.compiled
+        self.adopt_cgct(try_rewrite(gm, example_inputs, self.static, inner), lambda: compiled)
+        return self._before_cgct is not None
+
+    def adopt_cgct(self, result: CgctResult, original: Callable[[], Callable[..., Any]]) -> None:
+        """CGCT's outcome for this graph (it is tried once); ``original`` gives the graph as it was, should the
+        rewrite have to be undone."""
         self.source = None
-        self.cgct = try_rewrite(gm, example_inputs, self.static, inner)
-        if self.cgct.compiled is None:
-            return False
-        self._before_cgct = self.compiled
-        self._watch = ConstantWatch(self.cgct.moved) if self.cgct.moved else None
-        self._unread = self.cgct.unread_inputs
-        self.compiled = self.cgct.compiled
-        applied = "; ".join(a.describe() for a in self.cgct.report.applied)
+        self.cgct = result
+        if result.compiled is None:
+            return
+        self._before_cgct = original
+        self._watch = ConstantWatch(result.moved) if result.moved else None
+        self._unread = result.unread_inputs
+        self.compiled = result.compiled
+        applied = "; ".join(a.describe() for a in result.report.applied)
         self._log_once(f"launchless: {self.name}: CGCT rewrote host copies, proven bit-identical: {applied}")
-        return True
 
     def _undo_cgct(self, why: str) -> None:
         """A moved constant's source changed beyond an in-place refresh: back to the graph as compiled."""
         with self._lock:
-            self.compiled, self._before_cgct = self._before_cgct, None
+            self.compiled, self._before_cgct = self._before_cgct(), None
             self._watch, self._unread = None, frozenset()
             self._graphs.clear()
             self._pool = None  # PyTorch asserts when capturing into a pool none of whose graphs remain
