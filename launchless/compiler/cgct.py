@@ -1,8 +1,8 @@
 """CGCT in the backend: a graph whose capture failed on a host<->device copy is rewritten and proven.
 
-Only graphs that need it pay: when capturing a compiled graph fails with "cannot copy between CPU
-and CUDA" (or cannot start because a static input -- a plain tensor attribute of a module -- lives on
-the CPU), its Dynamo graph is traced to aten ops (once, for real, on the example inputs; fake
+Only graphs that need it pay: a graph that holds host tensors next to CUDA ones (seen before it is
+compiled), or whose capture failed on "cannot copy between CPU and CUDA", has its Dynamo graph
+traced to aten ops (once, for real, on the example inputs; fake
 tensors are then propagated for the node metadata the rewrite reads), ``rewrite.rewrite`` builds
 host constants on the device and moves host tables to it once, and ``rewrite.differential_check``
 compares the rewritten graph with the original on random inputs. Only a bit-identical rewrite is
@@ -76,14 +76,7 @@ def trial_hazard(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | Non
     CGCT runs the graph for real (to trace it, then to compare it with its rewrite): a graph that writes
     its inputs in place (a KV cache, a step counter) or draws random numbers must not run extra times.
     Found on a fake-tensor trace, which runs nothing."""
-    from torch.fx import traceback as fx_traceback
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    def run(*args: Any) -> Any:
-        with fx_traceback.preserve_node_meta():
-            return fx.Interpreter(gm).run(*args)
-
-    fake = make_fx(run, tracing_mode="fake")(*example_inputs)
+    fake = traced(gm, example_inputs, "fake")
     for blocker in diagnose(fake):
         if blocker.kind in (INPUT_MUTATION, RNG_STATE):
             return f"the graph {blocker.describe()}; CGCT's trial runs would repeat it"
@@ -94,18 +87,26 @@ def trial_hazard(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | Non
     return None
 
 
-def aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
-    """``gm`` as aten ops with real constants, node metadata (source lines) kept, ``meta["val"]`` fake."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+def traced(gm: fx.GraphModule, example_inputs: Sequence[Any], tracing_mode: str) -> fx.GraphModule:
+    """``gm`` (a Dynamo graph) as aten ops, each node keeping its metadata (the user's source line).
+
+    ``tracing_mode="fake"`` runs nothing; ``"real"`` runs the graph once and keeps real constants."""
     from torch.fx import traceback as fx_traceback
     from torch.fx.experimental.proxy_tensor import make_fx
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
     def run(*args: Any) -> Any:
         with fx_traceback.preserve_node_meta():
             return fx.Interpreter(gm).run(*args)
 
-    aten = make_fx(run, tracing_mode="real")(*example_inputs)
+    return make_fx(run, tracing_mode=tracing_mode)(*example_inputs)
+
+
+def aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
+    """``gm`` as aten ops with real constants, node metadata (source lines) kept, ``meta["val"]`` fake."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    aten = traced(gm, example_inputs, "real")
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
     FakeTensorProp(aten, mode).propagate(*fakes)

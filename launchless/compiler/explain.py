@@ -84,15 +84,10 @@ def _variants(info: dict | None) -> tuple[str, str]:
 
 def _aten_blockers(gm: fx.GraphModule, example_inputs: list) -> list[str]:
     """Diagnosis on the aten graph (traced with fake tensors, node metadata kept for source lines)."""
-    from torch.fx import traceback as fx_traceback
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    def run(*args: Any) -> Any:
-        with fx_traceback.preserve_node_meta():
-            return fx.Interpreter(gm).run(*args)
+    from .cgct import traced
 
     try:
-        aten = make_fx(run, tracing_mode="fake")(*example_inputs)
+        aten = traced(gm, example_inputs, "fake")
     except Exception as exc:  # diagnosis is best effort; the capture itself still decides
         return [f"(not diagnosed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"]
     return [b.describe() for b in diagnose(aten)]
