@@ -3,8 +3,10 @@
 Parameters and buffers (inputs Dynamo marks as static addresses) are read in place -- no placeholder,
 no copy -- and spot-checked per call (all of them after an event that can move them), as the runtime
 does. Per signature the variant (no graph, graph, graph with pointer indirection) is measured once and
-cached on disk; a production sample in 1000 re-decides when it drifts. A capture that fails on a host
-copy gets one CGCT attempt. Everything that keeps a graph from being used is one log line.
+cached on disk; a production sample in 1000 re-decides when it drifts. A graph gets one CGCT attempt:
+before it is compiled when it holds host tensors (``backend``), else when its capture fails on a host
+copy; moved constants are kept current on every call. Everything that keeps a graph from being used is
+one log line.
 """
 
 from __future__ import annotations
