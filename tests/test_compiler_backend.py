@@ -251,3 +251,35 @@ def test_a_graph_with_host_tensors_is_rewritten_before_its_one_compile(monkeypat
     monkeypatch.setattr(backend_module, "try_rewrite", lambda g, ex, static, c: failed)
     graphs = make_backend(inner, cgct=True)(gm, cuda_inputs)
     assert compiles == [gm, gm] and graphs.cgct is failed and graphs.source is None  # tried once, not again
+
+
+def test_moved_constants_are_kept_current_per_call_and_a_new_shape_undoes_the_rewrite(caplog) -> None:
+    """The watch runs on every call: an in-place change is copied over; a new shape brings the original back."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from launchless.compiler.cgct import CgctResult, MovedConstant
+    from launchless.compiler.compiled_graphs import CompiledGraphs
+    from launchless.compiler.rewrite import constant_guards, rewrite
+
+    table = torch.randn(4)
+    gm = make_fx(lambda x, t: x * t.to(x.device, copy=True))(torch.randn(4), table)
+    report = rewrite(gm, "cpu", {[n.name for n in gm.graph.nodes if n.op == "placeholder"][1]: table})
+    (guard,) = constant_guards(gm)
+    result = CgctResult(gm.forward, report, moved=[MovedConstant(guard, gm._launchless_const_0, 1)])
+    originals = []
+    graphs = CompiledGraphs(lambda x, t: x * t, frozenset({1}), name="graph 1", selective=False)
+    graphs.adopt_cgct(result, lambda: originals.append(1) or (lambda x, t: x * t))
+    with FakeTensorMode():
+        cuda_x = torch.empty(4, device="cuda")
+    assert graphs._host_inputs_are_static([cuda_x, table])  # a host attribute beside GPU inputs: CGCT's case
+    assert not graphs._host_inputs_are_static([torch.randn(4), table])  # nothing on the GPU
+    x = torch.randn(4)
+    assert torch.equal(graphs(x, table), x * table)  # (first call: runs compiled, the rewritten graph)
+    table.mul_(3)
+    assert torch.equal(graphs(x, table), x * table) and graphs.graph_info()["cgct"]["constants_refreshed"] == 1
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        wider = torch.randn(5)
+        assert torch.equal(graphs(torch.randn(5).zero_() + 1, wider), wider)  # the original graph, compiled now
+    assert originals == [1] and not graphs.graph_info()["cgct"]["in_use"]
+    assert sum("CGCT undone" in r.getMessage() for r in caplog.records) == 1
