@@ -64,7 +64,7 @@ def bytes_copied(indirection: bool) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--models", nargs="+", default=BLOCKED)
+    parser.add_argument("--models", nargs="*", default=BLOCKED, help="zoo names (none: only the bytes measurement)")
     parser.add_argument("--skip-bytes", action="store_true")
     a = parser.parse_args()
     out = Path(a.out)

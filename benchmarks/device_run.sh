@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# One device call's worth of GPU evidence, with everything it writes packed into one archive.
+#
+#   bash benchmarks/device_run.sh OUT_DIR STEP [STEP ...]
+#
+# Steps run in order; each writes under OUT_DIR/<step>/ and logs to OUT_DIR/<step>*.log; a failing step does
+# not stop the next. At the end OUT_DIR is packed into OUT_DIR.tgz (a device call returns only a few files;
+# one archive loses nothing). Steps:
+#   tests              python -m pytest -m cuda (all GPU tests)
+#   compiler-tests     the compiler path's GPU tests only
+#   compiler-inference launchless bench --suite compiler: the inference workloads, three compile modes
+#   compiler-blocked   the same for the models a host copy keeps out of plain capture
+#   evidence-bytes     benchmarks/compiler_evidence.py: bytes copied per replay with and without PI
+#   evidence-coverage  benchmarks/compiler_evidence.py: capture coverage of the blocked models, split over GPUs
+# GPUS="0 1" (default: every visible GPU) spreads the bench and coverage steps over those GPUs.
+set -u
+out=${1:?usage: device_run.sh OUT_DIR STEP [STEP ...]}
+shift
+mkdir -p "$out"
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$(pwd)" PYTHONUNBUFFERED=1
+read -r -a gpus <<<"${GPUS:-$(python3 -c 'import torch; print(*range(torch.cuda.device_count()))')}"
+modes=(compile reduce-overhead launchless-compile)
+names() {  # the compiler suite's blocked (1) or inference (0) workloads
+  python3 -c 'import sys; from launchless.bench.workloads import COMPILER, suite
+blocked = sys.argv[1] == "1"
+print(*[w.name for w in suite(COMPILER) if (w.suites == (COMPILER,)) == blocked])' "$1"
+}
+read -r -a blocked <<<"$(names 1)"
+read -r -a inference <<<"$(names 0)"
+
+run() {  # name, command...: its output to OUT_DIR/name.log, one line in steps.txt
+  local name=$1 start=$SECONDS
+  shift
+  "$@" >"$out/$name.log" 2>&1
+  echo "$name: exit $? after $((SECONDS - start)) s" | tee -a "$out/steps.txt"
+}
+
+coverage() {  # the blocked models dealt over the GPUs, one evidence process per GPU
+  local i=0 n=${#gpus[@]} part
+  for gpu in "${gpus[@]}"; do
+    part=()
+    for j in "${!blocked[@]}"; do ((j % n == i)) && part+=("${blocked[j]}"); done
+    CUDA_VISIBLE_DEVICES=$gpu python3 benchmarks/compiler_evidence.py --out "$out/evidence-coverage/gpu$gpu" \
+      --skip-bytes --models "${part[@]}" >"$out/evidence-coverage-gpu$gpu.log" 2>&1 &
+    i=$((i + 1))
+  done
+  wait
+}
+
+for step in "$@"; do
+  case $step in
+  tests) run tests python3 -m pytest -m cuda tests/ -q -rA -p no:cacheprovider ;;
+  compiler-tests) run compiler-tests python3 -m pytest -m cuda tests/test_cuda_compiler.py -q -rA -p no:cacheprovider ;;
+  compiler-inference)
+    run compiler-inference python3 -m launchless.cli bench --suite compiler --workloads "${inference[@]}" \
+      --modes "${modes[@]}" --gpus "${gpus[@]}" --timeout 300 --out "$out/compiler-inference" ;;
+  compiler-blocked)
+    run compiler-blocked python3 -m launchless.cli bench --suite compiler --workloads "${blocked[@]}" \
+      --modes "${modes[@]}" --gpus "${gpus[@]}" --timeout 400 --out "$out/compiler-blocked" ;;
+  evidence-bytes) run evidence-bytes python3 benchmarks/compiler_evidence.py --out "$out/evidence-bytes" --models ;;
+  evidence-coverage) run evidence-coverage coverage ;;
+  *) echo "unknown step $step" | tee -a "$out/steps.txt" ;;
+  esac
+done
+tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+cat "$out/steps.txt"
