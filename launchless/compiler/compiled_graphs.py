@@ -107,16 +107,20 @@ class CompiledGraphs:
         self._watch: ConstantWatch | None = None  # CGCT's device copies of host constants, kept current
         self._unread: frozenset[int] = frozenset()  # static host inputs CGCT replaced by device copies
         self._before_cgct: Callable[[], Callable[..., Any]] | None = None  # compiles (or returns) the graph as it was
-        order = sorted(static)
+        self._watch_addresses(static)
+        self._arity = -1
+        self._pick_dynamic: Callable[[Sequence[Any]], list] = list
+        self._rebuild: Callable[[list], tuple[tuple, dict]] = positional_rebuilder(0)
+
+    def _watch_addresses(self, indices: frozenset[int]) -> None:
+        """The static inputs whose addresses the graphs read: spot-checked per call, all after a relocation."""
+        order = sorted(indices)
         self._pick_static = _picker(order)
         self._static_index = list(range(len(order)))
         spot = relocation.spread(len(order))
         self._spot_positions = spot  # positions within the static inputs checked on every call
         self._pick_spot = _picker([order[i] for i in spot])
         self._spot_index = list(range(len(spot)))
-        self._arity = -1
-        self._pick_dynamic: Callable[[Sequence[Any]], list] = list
-        self._rebuild: Callable[[list], tuple[tuple, dict]] = positional_rebuilder(0)
 
     def _key(self, args: tuple) -> Signature:
         """The signature of the inputs that change: Dynamo guards parameters' shapes and dtypes itself."""
@@ -252,6 +256,9 @@ class CompiledGraphs:
         self._before_cgct = original
         self._watch = ConstantWatch(result.moved) if result.moved else None
         self._unread = result.unread_inputs
+        self._watch_addresses(self.static - self._unread)  # an unread input may move: its copy is watched
+        self._graphs.clear()  # (none yet, unless another signature captured the graph as it was)
+        self._pool = None
         self.compiled = result.compiled
         applied = "; ".join(a.describe() for a in result.report.applied)
         self._log_once(f"launchless: {self.name}: CGCT rewrote host copies, proven bit-identical: {applied}")
@@ -261,6 +268,7 @@ class CompiledGraphs:
         with self._lock:
             self.compiled, self._before_cgct = self._before_cgct(), None
             self._watch, self._unread = None, frozenset()
+            self._watch_addresses(self.static)
             self._graphs.clear()
             self._pool = None  # PyTorch asserts when capturing into a pool none of whose graphs remain
             self._seen.clear()
