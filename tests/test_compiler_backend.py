@@ -285,3 +285,15 @@ def test_moved_constants_are_kept_current_per_call_and_a_new_shape_undoes_the_re
     assert originals == [1] and not graphs.graph_info()["cgct"]["in_use"]
     assert graphs._pick_static([x, wider]) == [wider]  # the original graph reads it: its address is checked again
     assert sum("CGCT undone" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_cgct_leaves_a_graph_with_a_host_sync_alone_without_running_it() -> None:
+    """A real trace would freeze the value `.item()` read; no rewrite makes such a graph capturable anyway."""
+    from launchless.compiler.cgct import try_rewrite
+
+    calls = []
+    gm = torch.fx.symbolic_trace(lambda x: x * x.sum().item())
+    inner = lambda g, ex: calls.append(g) or g.forward  # noqa: E731
+    result = try_rewrite(gm, [torch.randn(4)], frozenset(), inner)
+    assert result.compiled is None and calls == []
+    assert result.why_not.startswith("the graph has a host sync") and "_local_scalar_dense" in result.why_not

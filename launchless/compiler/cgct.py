@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..blockers import DATA_DEPENDENT, HOST_SYNC
 from ..verify import make_probes
 from .diagnose import INPUT_MUTATION, RNG_STATE, diagnose, source_line
 from .rewrite import ConstantGuard, RewriteReport, _data_ptr, constant_guards, differential_check, rewrite
@@ -71,15 +72,18 @@ class CgctResult:
 
 
 def trial_hazard(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
-    """Why running ``gm`` for CGCT's trace and trials would change the user's state, or None.
+    """Why CGCT must not run ``gm`` (or need not), or None.
 
     CGCT runs the graph for real (to trace it, then to compare it with its rewrite): a graph that writes
-    its inputs in place (a KV cache, a step counter) or draws random numbers must not run extra times.
-    Found on a fake-tensor trace, which runs nothing."""
+    its inputs in place (a KV cache, a step counter) or draws random numbers must not run extra times, and
+    a real trace would freeze a value read on the host (``.item()``) or a data-dependent shape -- graphs
+    that cannot be captured whatever CGCT does. Found on a fake-tensor trace, which runs nothing."""
     fake = traced(gm, example_inputs, "fake")
     for blocker in diagnose(fake):
         if blocker.kind in (INPUT_MUTATION, RNG_STATE):
             return f"the graph {blocker.describe()}; CGCT's trial runs would repeat it"
+        if blocker.kind in (HOST_SYNC, DATA_DEPENDENT):
+            return f"the graph has a {blocker.describe()}, which no rewrite makes capturable"
     for node in fake.graph.nodes:
         if isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags:
             where = f" at {source_line(node)}" if source_line(node) else ""
