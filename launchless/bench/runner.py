@@ -186,7 +186,9 @@ def check_gpus(gpus: list[int]) -> None:
         )
     names = {torch.cuda.get_device_name(g) for g in gpus}
     if len(names) > 1:
-        raise GpusUnavailable(f"--gpus mixes GPU models ({', '.join(sorted(names))}); results would not compare")
+        raise GpusUnavailable(
+            f"--gpus mixes GPU models ({', '.join(sorted(names))}); results would not compare: name GPUs of one model"
+        )
 
 
 def run_suite(

@@ -105,12 +105,23 @@ class CompiledGraphs:
         self.source: tuple[fx.GraphModule, list, Compiler] | None = None  # for CGCT; dropped after one try
         self.cgct: CgctResult | None = None
         self._watch: ConstantWatch | None = None  # CGCT's device copies of host constants, kept current
-        self._unread: frozenset[int] = frozenset()  # static host inputs CGCT replaced by device copies
         self._before_cgct: Callable[[], Callable[..., Any]] | None = None  # compiles (or returns) the graph as it was
         self._watch_addresses(static)
         self._arity = -1
         self._pick_dynamic: Callable[[Sequence[Any]], list] = list
         self._rebuild: Callable[[list], tuple[tuple, dict]] = positional_rebuilder(0)
+
+    @property
+    def _unread(self) -> frozenset[int]:
+        """Static host inputs the graph in use no longer reads (CGCT replaced them by watched device copies)."""
+        return self.cgct.unread_inputs if self._before_cgct is not None else frozenset()
+
+    def _drop_graphs(self) -> None:
+        """Every graph goes, and their pool with them: PyTorch asserts when capturing into a pool none of whose
+        graphs remain. The next calls capture again."""
+        self._graphs.clear()
+        self._pool = None
+        self._seen.clear()
 
     def _watch_addresses(self, indices: frozenset[int]) -> None:
         """The static inputs whose addresses the graphs read: spot-checked per call, all after a relocation."""
@@ -148,9 +159,7 @@ class CompiledGraphs:
                 if entry.monitor is not None and entry.monitor.should_sample():
                     return self._sampled(sig, entry, flat, args)
                 return entry.replay(flat.leaves)
-            self._graphs.clear()  # a parameter moved (.to(), load_state_dict(assign=True)): capture again
-            self._pool = None  # PyTorch asserts when capturing into a pool none of whose graphs remain
-            self._seen.clear()
+            self._drop_graphs()  # a parameter moved (.to(), load_state_dict(assign=True)): capture again
             self._log_once(f"launchless: {self.name}: parameters moved; its graphs are captured again")
         if sig in self._refused:
             return self.compiled(*args)
@@ -255,10 +264,8 @@ class CompiledGraphs:
             return
         self._before_cgct = original
         self._watch = ConstantWatch(result.moved) if result.moved else None
-        self._unread = result.unread_inputs
         self._watch_addresses(self.static - self._unread)  # an unread input may move: its copy is watched
-        self._graphs.clear()  # (none yet, unless another signature captured the graph as it was)
-        self._pool = None
+        self._drop_graphs()  # (none yet, unless another signature captured the graph as it was)
         self.compiled = result.compiled
         applied = "; ".join(a.describe() for a in result.report.applied)
         self._log_once(f"launchless: {self.name}: CGCT rewrote host copies, proven bit-identical: {applied}")
@@ -266,12 +273,9 @@ class CompiledGraphs:
     def _undo_cgct(self, why: str) -> None:
         """A moved constant's source changed beyond an in-place refresh: back to the graph as compiled."""
         with self._lock:
-            self.compiled, self._before_cgct = self._before_cgct(), None
-            self._watch, self._unread = None, frozenset()
+            self.compiled, self._before_cgct, self._watch = self._before_cgct(), None, None
             self._watch_addresses(self.static)
-            self._graphs.clear()
-            self._pool = None  # PyTorch asserts when capturing into a pool none of whose graphs remain
-            self._seen.clear()
+            self._drop_graphs()
             self._refused.clear()
             self._log_once(f"launchless: {self.name}: CGCT undone ({why}); it runs as compiled, without the rewrite")
 

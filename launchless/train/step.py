@@ -137,11 +137,13 @@ class GraphedStep:
             sig = sig._replace(context=(*sig.context, "eval"))
         entry = self._graphs.get(sig)
         if entry is not None and self._trainable_changed():  # (un)freezing changes which gradients it computes
-            entry = self._capture_again("parameters were frozen or unfrozen; the training step is captured again")
+            self._capture_again("parameters were frozen or unfrozen; the training step is captured again")
+            entry = None
         if self._optim is not None and self._optim.float_lr_changed():
             if self._graphs:  # they froze the old number
                 self._optim.move_lr_to_device()
-                entry = self._capture_again(
+                entry = None
+                self._capture_again(
                     "the learning rate changed; it now lives on the GPU (a tensor updated in place, so later "
                     "changes reach the graph) and the training step is captured again"
                 )
