@@ -7,6 +7,9 @@
 # not stop the next. At the end OUT_DIR is packed into OUT_DIR.tgz (a device call returns only a few files;
 # one archive loses nothing). Steps:
 #   tests              python -m pytest -m cuda (all GPU tests)
+#   training           launchless bench --suite training: the four training steps, all five modes, one run
+#   train-epochs       launchless train, 20 epochs of the tiny set: eager twice, then --cuda-graph
+#   standard-inference launchless bench --suite standard, its inference workloads only (training runs above)
 #   compiler-tests     the compiler path's GPU tests only
 #   compiler-inference launchless bench --suite compiler: the inference workloads, three compile modes
 #   compiler-blocked   the same for the models a host copy keeps out of plain capture
@@ -57,6 +60,21 @@ for step in "$@"; do
   compiler-blocked)
     run compiler-blocked python3 -m launchless.cli bench --suite compiler --workloads "${blocked[@]}" \
       --modes "${modes[@]}" --gpus "${gpus[@]}" --timeout 400 --out "$out/compiler-blocked" ;;
+  training)
+    run training python3 -m launchless.cli bench --suite training --timeout 300 --gpus "${gpus[@]}" \
+      --modes eager compile reduce-overhead hand-graph launchless \
+      --out "$out/training" ;;
+  train-epochs)
+    for r in eager eager2 graph; do
+      flag=() && [[ $r == graph ]] && flag=(--cuda-graph)
+      run "train-epochs-$r" python3 -m launchless.cli train --model timm:resnet18 --tiny-data --epochs 20 \
+        --batch 8 --out "$out/train-epochs/$r" "${flag[@]}"
+    done ;;
+  standard-inference)
+    read -r -a standard <<<"$(python3 -c 'from launchless.bench.workloads import STANDARD, suite
+print(*[w.name for w in suite(STANDARD) if w.kind != "training"])')"
+    run standard-inference python3 -m launchless.cli bench --suite standard --workloads "${standard[@]}" \
+      --gpus "${gpus[@]}" --timeout 300 --out "$out/standard-inference" ;;
   evidence-bytes) run evidence-bytes python3 benchmarks/compiler_evidence.py --out "$out/evidence-bytes" --models ;;
   evidence-coverage) run evidence-coverage coverage ;;
   *) echo "unknown step $step" | tee -a "$out/steps.txt" ;;
