@@ -33,10 +33,17 @@ _install_lock = threading.Lock()
 _not_none = functools.partial(operator.is_not, None)
 _ptrs_equal = torch._C._tensors_data_ptrs_at_indices_equal
 _SPOT = 8
+_is_compiling = torch.compiler.is_compiling
 
 
 def _bump(*_: object) -> None:
+    """Count a possible relocation -- except while Dynamo traces: model code that registers modules in its
+    forward (``self.layers[:n]`` builds a ModuleList each call) would make the counter a guarded global that
+    changes every call, so torch.compile would recompile each call until its limit and then run eager. Code
+    outside the compiled forward (``.to()``, ``load_state_dict``, swaps) is counted as before."""
     global _epoch
+    if _is_compiling():
+        return
     _epoch += 1
 
 

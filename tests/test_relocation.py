@@ -209,3 +209,37 @@ def test_installing_again_does_not_wrap_twice(monkeypatch: pytest.MonkeyPatch) -
     assert not getattr(torch.nn.Module._apply.__wrapped__, "_launchless_bumps", False)
     RelocationWatch(nn.Linear(1, 1))
     assert torch.nn.Module._apply is wrapper
+
+
+class SlicesItsLayers(nn.Module):
+    """Like transformers' Mistral: ``self.layers[:n]`` builds (registers) a new ModuleList on every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers[:2]:
+            x = layer(x)
+        return x
+
+
+def test_registrations_inside_a_compiled_forward_do_not_recompile_it() -> None:
+    from torch._dynamo.testing import CompileCounter
+
+    RelocationWatch(nn.Linear(1, 1))  # installs the process-wide hooks
+    model, x = SlicesItsLayers(), torch.randn(2, 4)
+    epoch = relocation._epoch
+    model(x)
+    assert relocation._epoch > epoch  # eager registrations are still counted
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter)
+    compiled(x)
+    epoch = relocation._epoch
+    for _ in range(12):
+        out = compiled(x)
+    assert counter.frame_count == 1  # torch 2.11 guarded the counter: a recompile per call up to the limit
+    assert relocation._epoch == epoch  # a bump per call would force the full address check on every call
+    assert torch.equal(out, model(x))
+    torch._dynamo.reset()
