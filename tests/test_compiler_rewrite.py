@@ -260,3 +260,33 @@ def test_constant_watch_refreshes_the_device_copy_in_place_and_names_a_change_it
     other = torch.randn(4)  # the attribute re-assigned: a different tensor in the input's place
     assert watch.check([x, other]) is None and torch.equal(device_copy, other) and watch.refreshed == 2
     assert "changed shape or dtype" in watch.check([x, torch.randn(5)])
+
+
+class ConvThenShape(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return y.flatten(1).sum(1) * y.shape[-1]
+
+
+def test_tracing_inside_a_dynamo_backend_leaves_dynamos_shape_env_alone() -> None:
+    """CGCT traces the graph Dynamo hands over while Dynamo is still compiling the frame: tracing inside
+    Dynamo's fake mode added guards Dynamo could not build (torchvision's detectors crashed on torch 2.11)."""
+    from launchless.compiler.cgct import traced
+
+    model, seen = ConvThenShape(), []
+
+    def backend(gm: fx.GraphModule, example_inputs: list) -> object:
+        seen.append(traced(gm, example_inputs, "fake"))
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    for shape in ((2, 3, 8, 8), (3, 3, 9, 9)):
+        x = torch.randn(shape)
+        assert torch.equal(compiled(x), model(x))
+    assert len(seen) == 1 and any(n.target == torch.ops.aten.convolution.default for n in seen[0].graph.nodes)
+    torch._dynamo.reset()

@@ -94,7 +94,11 @@ def trial_hazard(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | Non
 def traced(gm: fx.GraphModule, example_inputs: Sequence[Any], tracing_mode: str) -> fx.GraphModule:
     """``gm`` (a Dynamo graph) as aten ops, each node keeping its metadata (the user's source line).
 
-    ``tracing_mode="fake"`` runs nothing; ``"real"`` runs the graph once and keeps real constants."""
+    ``tracing_mode="fake"`` runs nothing; ``"real"`` runs the graph once and keeps real constants. Called from
+    inside a Dynamo backend, it traces outside Dynamo's tracing context: make_fx would otherwise pick up Dynamo's
+    fake mode and add guards to its ShapeEnv that Dynamo cannot build (a crash on torch 2.11 for torchvision's
+    detectors, on any dynamic-shape graph)."""
+    from torch._guards import tracing
     from torch.fx import traceback as fx_traceback
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -102,7 +106,8 @@ def traced(gm: fx.GraphModule, example_inputs: Sequence[Any], tracing_mode: str)
         with fx_traceback.preserve_node_meta():
             return fx.Interpreter(gm).run(*args)
 
-    return make_fx(run, tracing_mode=tracing_mode)(*example_inputs)
+    with tracing(None):
+        return make_fx(run, tracing_mode=tracing_mode)(*example_inputs)
 
 
 def aten_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
