@@ -16,6 +16,7 @@
 #   evidence-bytes     benchmarks/compiler_evidence.py: bytes copied per replay with and without PI
 #   evidence-coverage  benchmarks/compiler_evidence.py: capture coverage of the blocked models, split over GPUs
 # GPUS="0 1" (default: every visible GPU) spreads the bench and coverage steps over those GPUs.
+# ONLY="name ..." keeps only those workloads in the compiler steps (a suite split over device calls; --merge joins).
 set -u
 out=${1:?usage: device_run.sh OUT_DIR STEP [STEP ...]}
 shift
@@ -25,8 +26,9 @@ read -r -a gpus <<<"${GPUS:-$(python3 -c 'import torch; print(*range(torch.cuda.
 modes=(compile reduce-overhead launchless-compile)
 names() {  # the compiler suite's blocked (1) or inference (0) workloads
   python3 -c 'import sys; from launchless.bench.workloads import COMPILER, suite
-blocked = sys.argv[1] == "1"
-print(*[w.name for w in suite(COMPILER) if (w.suites == (COMPILER,)) == blocked])' "$1"
+blocked, only = sys.argv[1] == "1", sys.argv[2].split()
+print(*[w.name for w in suite(COMPILER) if (w.suites == (COMPILER,)) == blocked and (not only or w.name in only)])' \
+    "$1" "${ONLY:-}"
 }
 read -r -a blocked <<<"$(names 1)"
 read -r -a inference <<<"$(names 0)"
@@ -55,9 +57,11 @@ for step in "$@"; do
   tests) run tests python3 -m pytest -m cuda tests/ -q -rA -p no:cacheprovider ;;
   compiler-tests) run compiler-tests python3 -m pytest -m cuda tests/test_cuda_compiler.py -q -rA -p no:cacheprovider ;;
   compiler-inference)
+    ((${#inference[@]})) || { echo "compiler-inference: no workload left by ONLY" | tee -a "$out/steps.txt"; continue; }
     run compiler-inference python3 -m launchless.cli bench --suite compiler --workloads "${inference[@]}" \
       --modes "${modes[@]}" --gpus "${gpus[@]}" --timeout 300 --out "$out/compiler-inference" ;;
   compiler-blocked)
+    ((${#blocked[@]})) || { echo "compiler-blocked: no workload left by ONLY" | tee -a "$out/steps.txt"; continue; }
     run compiler-blocked python3 -m launchless.cli bench --suite compiler --workloads "${blocked[@]}" \
       --modes "${modes[@]}" --gpus "${gpus[@]}" --timeout 400 --out "$out/compiler-blocked" ;;
   training)
