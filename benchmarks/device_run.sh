@@ -4,8 +4,8 @@
 #   bash benchmarks/device_run.sh OUT_DIR STEP [STEP ...]
 #
 # Steps run in order; each writes under OUT_DIR/<step>/ and logs to OUT_DIR/<step>*.log; a failing step does
-# not stop the next. At the end OUT_DIR is packed into OUT_DIR.tgz (a device call returns only a few files;
-# one archive loses nothing). Steps:
+# not stop the next. At the end OUT_DIR is packed into OUT_DIR.tgz (a device call returns only a few files of at
+# most 16 MiB each: one archive, checkpoints and generated images left out, loses nothing else). Steps:
 #   tests              python -m pytest -m cuda (all GPU tests)
 #   training           launchless bench --suite training: the four training steps, all five modes, one run
 #   train-epochs       launchless train, 20 epochs of the tiny set: eager twice, then --cuda-graph
@@ -84,5 +84,5 @@ print(*[w.name for w in suite(STANDARD) if w.kind != "training"])')"
   *) echo "unknown step $step" | tee -a "$out/steps.txt" ;;
   esac
 done
-tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+tar czf "$out.tgz" --exclude="*.pt" --exclude="tiny-data" -C "$(dirname "$out")" "$(basename "$out")"
 cat "$out/steps.txt"
