@@ -41,3 +41,13 @@ def test_bert_fine_tuning_step_with_scheduler_in_every_graph_mode() -> None:
         row = measure(w, mode, iters=10)
         print(row)
         assert row["status"] == "ok" and row["correctness"]["max_abs_diff"] < 1e-3, row
+
+
+def test_launchless_compile_row_says_what_the_backend_did_with_the_graphs() -> None:
+    pytest.importorskip("timm")
+    row = measure(workloads.get("timm:resnet18"), "launchless-compile", iters=20)
+    print(row)
+    assert row["status"] == "ok" and row["correctness"]["status"] in ("bit-identical", "differs")
+    graphs = row["graphs"]
+    assert graphs["dynamo_graphs"] == 1 and graphs["graph_breaks"] == 0 and not graphs["refused"]
+    assert sum(graphs["variants"].values()) == 1 and graphs["replays"] > 0

@@ -77,6 +77,8 @@ def measure(w: BenchWorkload, mode: str, iters: int) -> dict:
         row["peak_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
         floor = row["kernel_floor_ms"] = kernel_floor_ms(prepared.call)
         row["floor_ratio"] = timing.median_ms / floor if floor else None
+        if prepared.details is not None:
+            row["graphs"] = prepared.details()
     if w.kind == "inference":
         row["correctness"] = (
             {"status": "reference", "max_abs_diff": 0.0} if mode == "eager" else _compare(reference, output)

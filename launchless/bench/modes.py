@@ -27,6 +27,7 @@ class ModeUnavailable(Exception):
 class Prepared:
     call: Callable[[], Any]
     steps_in_prepare: int = 0  # training: optimizer steps applied while preparing (warm-up runs)
+    details: Callable[[], dict] | None = None  # after timing: what the mode did (launchless-compile's graphs)
 
 
 def hand_graph(fn: Callable[..., Any], args: tuple, kwargs: dict, warmup: int = 3) -> Callable[[], Any]:
@@ -81,8 +82,11 @@ def inference(mode: str, model: torch.nn.Module, args: tuple, kwargs: dict) -> P
     if mode == "launchless-compile":  # torch.compile(backend="launchless"): Inductor kernels in launchless graphs
         from launchless.compiler.backend import launchless_backend
 
+        from .graphs import recorder
+
+        summary = recorder()
         compiled = torch.compile(model, backend=launchless_backend)
-        return Prepared(lambda: compiled(*args, **kwargs))
+        return Prepared(lambda: compiled(*args, **kwargs), details=summary)
     if mode == "launchless":
         import launchless
 

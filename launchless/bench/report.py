@@ -24,7 +24,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from launchless.bench import stats
+from launchless.bench import graphs, stats
 
 Row = Mapping[str, Any]
 
@@ -267,6 +267,7 @@ def markdown(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) ->
     items = view.summary_items()
     lines += [f"- **{mode}**: {text}" for mode, text in items] or ["- no mode has a baseline to compare with"]
 
+    lines += graphs.markdown_lines(rows)
     lines += ["", "## Skipped and failed", ""]
     problems = view.problems()
     lines += [

@@ -1,0 +1,71 @@
+"""What the launchless backend did with a workload's graphs, for the bench report.
+
+A speed figure alone does not say why the compiler path is slow on a model: graphs refused, graphs the
+selective step left without a CUDA graph, or Dynamo recompiling. The ``launchless-compile`` mode records,
+per workload, a summary of every ``CompiledGraphs`` the backend made and Dynamo's graph-break count.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+
+def summarize(infos: Iterable[Mapping[str, Any]], graph_breaks: int | None) -> dict[str, Any]:
+    """One workload's ``CompiledGraphs.graph_info()`` dicts as counts: graphs per variant, refusals by reason."""
+    infos = list(infos)
+    variants: Counter[str] = Counter()
+    refused: Counter[str] = Counter()
+    replays = cgct = 0
+    for info in infos:
+        for graph in info["graphs"]:
+            variants[graph["variant"]] += 1
+            replays += graph["replays"]
+        refused.update(f["reason"] for f in info["fallbacks"])
+        cgct += bool(info.get("cgct") and info["cgct"]["in_use"])
+    return {
+        "dynamo_graphs": len(infos),  # graphs with CUDA inputs that Dynamo handed to the backend
+        "variants": dict(variants),  # per captured input signature: graph, graph+pi or no-graph (chosen)
+        "refused": dict(refused),
+        "cgct_in_use": cgct,
+        "replays": replays,
+        "graph_breaks": graph_breaks,
+    }
+
+
+def recorder() -> Callable[[], dict[str, Any]]:
+    """Call before compiling; the returned function summarizes the graphs the backend made since."""
+    import torch._dynamo.utils as dynamo_utils
+
+    from ..compiler import backend
+
+    before = {id(g) for g in backend._registry}
+    breaks_before = sum(dynamo_utils.counters["graph_break"].values())
+
+    def summary() -> dict[str, Any]:
+        made = [g for g in list(backend._registry) if id(g) not in before]
+        breaks = sum(dynamo_utils.counters["graph_break"].values()) - breaks_before
+        return summarize((g.graph_info() for g in made), breaks)
+
+    return summary
+
+
+def describe(summary: Mapping[str, Any]) -> str:
+    """One line: ``12 Dynamo graphs (3 breaks): 10 graph, 1 graph+pi, 1 no-graph; refused 1: why; CGCT in 2``."""
+    variants = ", ".join(f"{n} {v}" for v, n in sorted(summary["variants"].items())) or "none captured"
+    text = f"{summary['dynamo_graphs']} Dynamo graphs ({summary['graph_breaks']} breaks): {variants}"
+    if summary["refused"]:
+        reasons = "; ".join(f"{n}× {why}" for why, n in summary["refused"].items())
+        text += f"; refused {sum(summary['refused'].values())}: {reasons}"
+    if summary["cgct_in_use"]:
+        text += f"; CGCT in {summary['cgct_in_use']}"
+    return text
+
+
+def markdown_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The report's section on the backend's graphs; empty when no row carries a summary."""
+    lines = [f"- `{r['workload']}`: {describe(r['graphs'])}" for r in rows if r.get("graphs")]
+    if not lines:
+        return []
+    return ["", "## The launchless backend's graphs", "", "Per workload under `launchless-compile`.", "", *lines]

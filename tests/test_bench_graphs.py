@@ -1,0 +1,60 @@
+"""CPU tests for the bench's summary of what the launchless backend did with a workload's graphs."""
+
+from __future__ import annotations
+
+import torch
+
+from launchless.bench import graphs, report
+
+
+def info(variants: list[str], refused: list[str] = (), cgct_in_use: bool | None = None, replays: int = 10) -> dict:
+    """A ``CompiledGraphs.graph_info()`` as the backend writes it."""
+    return {
+        "name": "graph 1",
+        "static_inputs": 4,
+        "graphs": [{"signature": f"(s{i})", "variant": v, "replays": replays} for i, v in enumerate(variants)],
+        "fallbacks": [{"signature": "(x)", "reason": why} for why in refused],
+        "cgct": None if cgct_in_use is None else {"applied": ["moved"], "why_not": None, "in_use": cgct_in_use},
+    }
+
+
+def test_summary_counts_variants_refusals_and_cgct_over_all_graphs() -> None:
+    infos = [
+        info(["graph", "graph+pi"], cgct_in_use=True),
+        info(["no-graph"], refused=["a data-dependent shape"], cgct_in_use=False),
+        info([], refused=["a data-dependent shape", "host sync"]),
+    ]
+    s = graphs.summarize(infos, graph_breaks=7)
+    assert s["dynamo_graphs"] == 3
+    assert s["variants"] == {"graph": 1, "graph+pi": 1, "no-graph": 1}
+    assert s["refused"] == {"a data-dependent shape": 2, "host sync": 1}
+    assert s["cgct_in_use"] == 1  # applied and undone does not count
+    assert s["replays"] == 30
+    assert graphs.describe(s) == (
+        "3 Dynamo graphs (7 breaks): 1 graph, 1 graph+pi, 1 no-graph; "
+        "refused 3: 2× a data-dependent shape; 1× host sync; CGCT in 1"
+    )
+
+
+def test_markdown_has_the_section_only_when_a_row_carries_a_summary() -> None:
+    env = {"date": "2026-11-29", "gpu": "NVIDIA H200"}
+    base = {"kind": "inference", "status": "ok", "reason": None, "median_ms": 1.0, "min_ms": 1.0, "calls": 10}
+    rows = [{**base, "workload": "w", "mode": "eager"}, {**base, "workload": "w", "mode": "launchless-compile"}]
+    assert "launchless backend's graphs" not in report.markdown(env, "compiler", rows)
+    rows[1]["graphs"] = graphs.summarize([info(["graph"])], graph_breaks=0)
+    assert "- `w`: 1 Dynamo graphs (0 breaks): 1 graph" in report.markdown(env, "compiler", rows)
+
+
+def test_recorder_sees_only_graphs_made_after_it_and_none_without_cuda() -> None:
+    from launchless.compiler.backend import launchless_backend
+
+    torch._dynamo.reset()
+    summary = graphs.recorder()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    compiled = torch.compile(model, backend=launchless_backend)
+    with torch.no_grad():
+        compiled(torch.randn(2, 4))
+    s = summary()
+    assert s["dynamo_graphs"] == 0 and s["variants"] == {}  # a CPU graph is compiled, never captured
+    assert s["graph_breaks"] == 0
+    torch._dynamo.reset()
