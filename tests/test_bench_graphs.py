@@ -45,7 +45,31 @@ def test_markdown_has_the_section_only_when_a_row_carries_a_summary() -> None:
     assert "- `w`: 1 Dynamo graphs (0 breaks): 1 graph" in report.markdown(env, "compiler", rows)
 
 
-def test_recorder_sees_only_graphs_made_after_it_and_none_without_cuda() -> None:
+class Made:
+    """Stands in for a CompiledGraphs in the backend's registry (on a CPU nothing is captured)."""
+
+    def __init__(self, variants: list[str]) -> None:
+        self.info = info(variants)
+
+    def graph_info(self) -> dict:
+        return self.info
+
+
+def test_recorder_counts_only_the_graphs_made_after_it() -> None:
+    from launchless.compiler import backend
+
+    old = Made(["graph"])
+    backend._registry.add(old)
+    summary = graphs.recorder()
+    new = Made(["graph+pi", "no-graph"])
+    backend._registry.add(new)
+    s = summary()
+    assert s["dynamo_graphs"] == 1 and s["variants"] == {"graph+pi": 1, "no-graph": 1}
+    backend._registry.discard(old)
+    backend._registry.discard(new)
+
+
+def test_recorder_sees_no_graph_for_a_cpu_model_and_counts_no_break() -> None:
     from launchless.compiler.backend import launchless_backend
 
     torch._dynamo.reset()

@@ -7,6 +7,7 @@ per workload, a summary of every ``CompiledGraphs`` the backend made and Dynamo'
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -40,11 +41,11 @@ def recorder() -> Callable[[], dict[str, Any]]:
 
     from ..compiler import backend
 
-    before = {id(g) for g in backend._registry}
+    before = weakref.WeakSet(backend._registry)  # not ids: a collected graph's id may be reused by a new one
     breaks_before = sum(dynamo_utils.counters["graph_break"].values())
 
     def summary() -> dict[str, Any]:
-        made = [g for g in list(backend._registry) if id(g) not in before]
+        made = [g for g in list(backend._registry) if g not in before]
         breaks = sum(dynamo_utils.counters["graph_break"].values()) - breaks_before
         return summarize((g.graph_info() for g in made), breaks)
 
