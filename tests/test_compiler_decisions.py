@@ -69,7 +69,7 @@ def test_environment_fields_without_cuda(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setitem(sys.modules, "triton", None)  # makes `import triton` fail
     fields = environment_key_fields()
-    assert set(fields) == set(KEY_FIELDS) - {"graph_hash", "input_signature"}
+    assert set(fields) == set(KEY_FIELDS) - {"graph_hash", "input_signature", "method"}
     assert fields["gpu_name"] == "none" and fields["driver"] == "none" and fields["triton_version"] == "none"
     assert fields["torch_version"] == str(torch.__version__)
     assert fields["cuda_version"] == str(torch.version.cuda or "none")
@@ -413,3 +413,25 @@ def test_drift_monitor_rejects_bad_arguments(kwargs: dict) -> None:
 def test_drift_monitor_needs_the_decided_variants_time() -> None:
     with pytest.raises(ValueError, match="graph"):
         DriftMonitor(Decision(variant="graph", times_ms={"no-graph": 1.0}))
+
+
+def test_pi_is_timed_on_inputs_that_move_every_call_with_the_same_values_and_layout() -> None:
+    from launchless.compiler.select import alternating
+
+    x = torch.arange(24.0).reshape(4, 6)[:, 1:5].t()  # a strided view with an offset: not contiguous
+    w = torch.ones(3)
+    inputs = alternating([x, w, 7], slots=[0])
+    first, second, third = inputs(), inputs(), inputs()
+    assert first[0] is x and third[0] is x  # the call's own inputs, then the copy, in turn
+    moved = second[0]
+    assert moved.data_ptr() != x.data_ptr() and torch.equal(moved, x)
+    assert moved.stride() == x.stride() and moved.shape == x.shape  # the kernels index it as they index x
+    assert second[1] is w and second[2] == 7  # static and non-tensor inputs stay as they are
+
+
+def test_a_decision_measured_the_old_way_is_not_reused(tmp_path) -> None:
+    cache = DecisionCache(tmp_path)
+    new = make_key()
+    old = dataclasses.replace(new, method="1")
+    cache.put(old, make_decision("graph+pi"))
+    assert cache.get(new) is None and cache.get(old).variant == "graph+pi"

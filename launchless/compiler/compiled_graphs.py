@@ -292,8 +292,8 @@ class CompiledGraphs:
             entry.pi_reason = f"verification failed ({report.status}: {report.detail})"
             entry.indirect = None
             return
-        indirect = entry.indirect
-        runners["graph+pi"] = lambda: indirect.replay_cloned(flat.leaves)
+        indirect, inputs = entry.indirect, select.alternating(flat.leaves, entry.indirect.slots)
+        runners["graph+pi"] = lambda: indirect.replay_cloned(inputs())
 
     def _decide(self, sig: Signature, runners: dict, device: torch.device) -> Decision:
         if not self.selective:
@@ -323,7 +323,8 @@ class CompiledGraphs:
             }
             if entry.indirect is not None:
                 entry.indirect.reset()
-                runners["graph+pi"] = lambda: entry.indirect.replay_cloned(flat.leaves)
+                inputs = select.alternating(flat.leaves, entry.indirect.slots)
+                runners["graph+pi"] = lambda: entry.indirect.replay_cloned(inputs())
             entry.decision = select.measure(runners, entry.device)
             if self.cache is not None:
                 self.cache.put(DecisionKey.current(self.graph_key, sig.describe()), entry.decision)
@@ -357,6 +358,9 @@ class CompiledGraphs:
                     "verification": e.report.status,
                     "indirection": "verified" if e.indirect is not None else e.pi_reason,
                     "bytes_copied_per_replay": e.copied_bytes(),
+                    "bytes_copied_per_replay_with_pi": None  # the PI variant's, chosen or not
+                    if e.indirect is None
+                    else e.indirect.copied_bytes // max(1, e.indirect.replays),
                 }
                 for s, e in self._graphs.items()
             ],

@@ -116,6 +116,9 @@ def environment_key_fields() -> dict[str, str]:
     }
 
 
+MEASUREMENT = "2"  # 2: graph+PI timed on inputs that move every call (1: on the capturing call's inputs only)
+
+
 @dataclass(frozen=True)
 class DecisionKey:
     """Everything a measured decision depends on; a decision is reused only under an equal key."""
@@ -127,6 +130,7 @@ class DecisionKey:
     torch_version: str
     triton_version: str
     cuda_version: str
+    method: str = MEASUREMENT  # how variants are timed: a change re-decides what was measured the old way
 
     @classmethod
     def current(cls, graph_hash: str, input_signature: str) -> DecisionKey:

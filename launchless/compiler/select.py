@@ -2,15 +2,17 @@
 
 A graph is not always faster (GraCE saw 29 of 116 slow down): when a graph is short, or its inputs
 are large, copying them in can cost more than the launches it saves. Each variant is timed with CUDA
-events on the inputs of the call that captured it, with the CUDA random state restored between
+events on the inputs of the call that captured it (graph+PI alternately on a copy at other addresses,
+so that its rebinding is paid as in production), with the CUDA random state restored between
 runs; the decision is cached on disk (``decisions.DecisionCache``) under the graph's hash, the input
 signature, the GPU, driver and library versions, so later processes reuse it without measuring.
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -33,6 +35,18 @@ def time_ms(call: Variant, device: torch.device, warmup: int = 3, runs: int = 15
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def alternating(leaves: list, slots: Sequence[int]) -> Callable[[], list]:
+    """The call's inputs, then a copy whose tensors in ``slots`` live elsewhere (same values and layout), in
+    turn. Pointer indirection is timed so: each call then rebinds the graph's kernels, as a production call
+    does whenever its inputs moved, instead of measuring only the case where nothing moved."""
+    other = list(leaves)
+    for i in slots:
+        t = leaves[i]
+        other[i] = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+    inputs = itertools.cycle((leaves, other))
+    return lambda: next(inputs)
 
 
 def measure(variants: dict[str, Variant], device: torch.device, margin: float = 0.03) -> Decision:
