@@ -116,7 +116,9 @@ def environment_key_fields() -> dict[str, str]:
     }
 
 
-MEASUREMENT = "2"  # 2: graph+PI timed on inputs that move every call (1: on the capturing call's inputs only)
+# how variants are timed -- 2: groups of unsynchronized calls, graph+PI on inputs that move every call;
+# 1: single synchronized calls on the capturing call's inputs
+MEASUREMENT = "2"
 
 
 @dataclass(frozen=True)
