@@ -41,6 +41,7 @@ def main() -> None:
 
     w = zoo.build(a.model, device="cuda")
     recorded: list[tuple[int, object]] = []
+    codes: list[str] = []  # each Dynamo graph's code with its source lines, to read on any machine afterwards
     spans: list[list[tuple[float, torch.cuda.Event, torch.cuda.Event]]] = []  # per graph, its timed calls
     timing = [False]
     inner = _backend.make_backend()
@@ -48,6 +49,7 @@ def main() -> None:
     def recording(gm, example_inputs):
         compiled = inner(gm, example_inputs)
         recorded.append((len(gm.graph.nodes), compiled))
+        codes.append(gm.print_readable(print_output=False, include_stride=True, include_device=True)[:40000])
         mine: list = []
         spans.append(mine)
 
@@ -98,6 +100,7 @@ def main() -> None:
             "calls": len(mine),
             "host_ms_per_call": sum(h for h, _, _ in mine) * 1e3 / a.calls,
             "gpu_span_ms_per_call": sum(s.elapsed_time(e) for _, s, e in mine) / a.calls,
+            "code": codes[i - 1],
         }
         if isinstance(runner, CompiledGraphs):
             entry["info"] = runner.graph_info()
