@@ -116,7 +116,7 @@ def environment_key_fields() -> dict[str, str]:
     }
 
 
-# how variants are timed -- 2: groups of unsynchronized calls, graph+PI on inputs that move every call;
+# how variants are timed -- 2: calls not synchronized between them, graph+PI on inputs that move every call;
 # 1: single synchronized calls on the capturing call's inputs
 MEASUREMENT = "2"
 

@@ -2,8 +2,8 @@
 
 A graph is not always faster (GraCE saw 29 of 116 slow down): when a graph is short, or its inputs
 are large, copying them in can cost more than the launches it saves. Each variant is timed with CUDA
-events on the inputs of the call that captured it, in groups of calls not synchronized between them
-(production calls are not), with the CUDA random state restored between variants; graph+PI runs
+events on the inputs of the call that captured it, calls not synchronized between them (production
+calls are not), with the CUDA random state restored between variants; graph+PI runs
 alternately on a copy of the inputs at other addresses, so that it pays the rebinding it does in
 production. The decision is cached on disk (``decisions.DecisionCache``) under the graph's hash, the
 input signature, the GPU, driver and library versions, so later processes reuse it without measuring.
@@ -12,33 +12,23 @@ input signature, the GPU, driver and library versions, so later processes reuse 
 from __future__ import annotations
 
 import itertools
-import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from ..timing import cuda_time
 from .decisions import Decision, choose
 
 Variant = Callable[[], Any]
 
 
-def time_ms(call: Variant, device: torch.device, warmup: int = 3, runs: int = 8, back_to_back: int = 4) -> float:
-    """Median ms per call of ``call`` over ``runs`` CUDA-event-timed groups of ``back_to_back`` calls, after
-    ``warmup`` untimed ones. Calls within a group are not synchronized, as in production: whatever a variant
-    does while its previous call still runs on the GPU (rebinding a graph in flight, a host sync) is paid."""
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(back_to_back):
-            call()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / back_to_back)
-    return statistics.median(times)
+def time_ms(call: Variant, device: torch.device, warmup: int = 3, runs: int = 30) -> float:
+    """Median ms per call over ``runs`` calls not synchronized between them (``timing.cuda_time``, as the bench
+    times): whatever a variant does while its previous call still runs on the GPU (rebinding a graph in flight,
+    a host sync) is paid, as in production."""
+    with torch.cuda.device(device):
+        return cuda_time(call, warmup=warmup, iters=runs).median_ms
 
 
 def alternating(leaves: list, slots: Sequence[int]) -> Callable[[], list]:
