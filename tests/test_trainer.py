@@ -203,3 +203,23 @@ def test_cli_train_bad_data_exits_2_naming_the_fix(tmp_path: Path, capsys: pytes
     assert main(["train", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "does not exist" in err and "--tiny-data" in err
+
+
+# ---- on the GPU ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+def test_on_the_gpu_cuda_graph_captures_the_whole_step_and_trains_like_eager(tiny: Path, tmp_path: Path) -> None:
+    runs = {
+        graph: _run(tiny, tmp_path / str(graph), cuda_graph=graph, device="cuda", epochs=2) for graph in (False, True)
+    }
+    assert runs[False]["graph_level"] is None and runs[True]["graph_level"] == "whole-step graph"
+    info = json.loads((tmp_path / "True" / "metrics.json").read_text())["graph_info"]
+    (graph,) = info["graphs"]
+    assert graph["verification"]["passed"] and graph["replays"] > 0  # checked against an eager step at capture
+    for graph_mode in (False, True):  # the same fused SGD kernel in both modes: only the graph differs
+        groups = torch.load(tmp_path / str(graph_mode) / "checkpoint.pt", weights_only=False)["optimizer"]
+        assert all(g["fused"] for g in groups["param_groups"])
+    eager_losses = [e["train_loss"] for e in runs[False]["epochs"]]
+    graph_losses = [e["train_loss"] for e in runs[True]["epochs"]]
+    assert eager_losses[0] == pytest.approx(graph_losses[0], rel=1e-3)  # first epoch: ulp-level differences only
