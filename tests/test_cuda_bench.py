@@ -51,3 +51,25 @@ def test_launchless_compile_row_says_what_the_backend_did_with_the_graphs() -> N
     graphs = row["graphs"]
     assert graphs["dynamo_graphs"] == 1 and graphs["graph_breaks"] == 0 and not graphs["refused"]
     assert sum(graphs["variants"].values()) == 1 and graphs["replays"] > 0
+
+
+@pytest.mark.parametrize("gpus", [None, [0, 1]], ids=["one-gpu", "two-gpus"])
+def test_the_suite_runs_each_mode_in_workers_and_writes_the_report(tmp_path, gpus) -> None:
+    """The runner end to end: worker processes on the GPU(s), rows back, JSON/markdown/PNG written."""
+    import json
+
+    import torch
+
+    from launchless.bench.runner import run_suite
+
+    pytest.importorskip("timm")
+    if gpus and torch.cuda.device_count() < len(gpus):
+        pytest.skip(f"needs {len(gpus)} GPUs")
+    names = ["timm:resnet18", "timm:mobilenetv3_small_100"]  # two parts with --gpus 0 1
+    assert run_suite("quick", names, ["eager", "launchless"], str(tmp_path), 10, 300, gpus) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    rows = {(r["workload"], r["mode"]): r for r in report["rows"]}
+    assert set(rows) == {(n, m) for n in names for m in ("eager", "launchless")}
+    assert all(r["status"] == "ok" for r in rows.values())
+    assert all(rows[(n, "launchless")]["correctness"]["status"] == "bit-identical" for n in names)
+    assert (tmp_path / "bench.md").exists() and (tmp_path / "bench.png").exists()

@@ -1,4 +1,4 @@
-"""CPU tests for `launchless train`: the tiny data set, the loaders, the trainer and the command."""
+"""Tests for `launchless train`: the tiny data set, the loaders, the trainer and the command (CPU), and one GPU run."""
 
 from __future__ import annotations
 
