@@ -32,7 +32,8 @@ def _files(root: Path) -> dict[str, bytes]:
 def _run(data: Path, out: Path, **kwargs) -> dict:
     options = {"epochs": 3, "batch": 16, "lr": None, "amp": "off", "cuda_graph": False, "size": 32, "workers": 0}
     options.update(kwargs)
-    return train("timm:resnet18", data, out=out, seed=0, device="cpu", **options)
+    options.setdefault("device", "cpu")
+    return train("timm:resnet18", data, out=out, seed=0, **options)
 
 
 # ---- data -------------------------------------------------------------------------------------------
