@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from .output_aliases import aliased_outputs, find_input_aliases
 from .signature import FlatInputs
 
 CAPTURE_LOCK = threading.RLock()
@@ -138,6 +139,8 @@ class CapturedGraph:
         self.slot_buffers = [(i, static_leaves[i]) for i in tensor_slots]
         self.outputs = outputs
         self.cloned_outputs = _make_cloner(outputs)
+        self.aliases = find_input_aliases(outputs, static_leaves)  # outputs that are (views of) inputs
+        self._aliased = aliased_outputs(outputs, self.aliases) if self.aliases else None
         self.capture_ms = capture_ms
         self.pool_growth = pool_growth
         self.replays = 0
@@ -161,7 +164,12 @@ class CapturedGraph:
         self.load(leaves)
         self.graph.replay()
         self.replays += 1
-        return self.cloned_outputs()
+        return self.fresh_outputs(leaves)
+
+    def fresh_outputs(self, leaves: list) -> Any:
+        """Copies of the output buffers; an output that is (a view of) an input is that input of ``leaves``,
+        as in eager (see ``output_aliases``)."""
+        return self._aliased(leaves) if self._aliased is not None else self.cloned_outputs()
 
 
 def _check_outputs(outputs: Any) -> None:

@@ -212,3 +212,40 @@ def test_static_like_keeps_requires_grad_as_a_leaf_and_honours_device() -> None:
     assert static.requires_grad and static.is_leaf and torch.equal(static, example)
     meta = _static_like(torch.randn(2, 3).t(), torch.device("meta"))
     assert meta.device.type == "meta" and meta.stride() == (1, 3)
+
+
+# ---- outputs that are inputs ------------------------------------------------------------------------
+
+
+def test_an_output_that_is_an_input_or_views_it_is_the_callers_tensor_as_in_eager() -> None:
+    def fn(x: torch.Tensor):
+        return x, x * 2, x[1:]  # the input itself, a new tensor, a view of the input
+
+    g = captured(fn, torch.zeros(3))
+    assert [(a.position, a.leaf, a.view is None) for a in g.aliases] == [(0, 0, True), (2, 0, False)]
+    for _ in range(2):
+        x = torch.randn(3)
+        same, doubled, tail = g.replay_cloned([x])
+        assert same is x  # eager's `return x` hands back x: no copy, no new address each call
+        assert tail.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() and torch.equal(tail, x[1:])
+        assert torch.equal(doubled, x * 2) and not storages(doubled) & storages(g.outputs)
+
+
+def test_a_view_of_an_input_laid_out_otherwise_is_a_copy_with_the_right_values() -> None:
+    g = captured(lambda x: x[0], torch.zeros(2, 3))
+    x = torch.randn(3, 2).t()  # same shape, transposed strides: the captured view would point elsewhere
+    out = g.replay_cloned([x])
+    assert torch.equal(out, x[0]) and out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+def test_a_static_input_returned_by_the_graph_keeps_its_address_across_replays() -> None:
+    anchors = torch.randn(4)  # a module attribute read in place (no placeholder), returned as `.to()` returns it
+
+    def fn(a: torch.Tensor):
+        return a, a * 2
+
+    graph = RecomputingGraph(fn, [anchors], fn(anchors))
+    g = CapturedGraph(graph, [anchors], [], graph.static_outputs, capture_ms=0.0, pool_growth=0)  # type: ignore[arg-type]
+    for _ in range(3):
+        out = g.replay_cloned([anchors])
+        assert out[0] is anchors and torch.equal(out[1], anchors * 2)

@@ -8,7 +8,13 @@ import pytest
 import torch
 from torch import nn
 
-from launchless.compiler.backend import launchless_backend, make_backend, static_input_indices
+from launchless.compiler.backend import (
+    input_names,
+    launchless_backend,
+    make_backend,
+    static_input_indices,
+    tensor_attribute_indices,
+)
 
 
 class _Net(nn.Module):
@@ -130,7 +136,7 @@ def _graphs_on_fakes(monkeypatch, tmp_path, times=None, **options):
         cache=DecisionCache(tmp_path),
         graph_key="k",
         indirection=False,
-        **options,
+        **{"input_names": ["L_x_", "L_w_"], **options},
     )
     return compiled, weight, measured
 
@@ -171,7 +177,79 @@ def test_moved_parameters_and_too_many_shapes_each_log_once(monkeypatch, tmp_pat
             compiled(torch.randn(n), torch.nn.Parameter(torch.randn(n)) if n == 4 else moved)
     messages = [r.getMessage() for r in caplog.records]
     assert sum("evicting" in m for m in messages) == 1
-    assert sum("parameters moved" in m for m in messages) == 1
+    assert sum("L_w_ moved; its graphs are captured again" in m for m in messages) == 1
+
+
+class _Anchored(nn.Module):
+    """AnchorGenerator's pattern: a tensor attribute reassigned from its own ``.to()`` in every forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.register_buffer("shift", torch.ones(3))
+        self.anchors = [torch.ones(3)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.anchors = [a.to(x) for a in self.anchors]
+        return self.fc(x) + self.shift + self.anchors[0]
+
+
+def test_tensor_attributes_are_told_from_parameters_and_buffers() -> None:
+    model = _Anchored()
+    gm, inputs = _dynamo_graph(model, torch.randn(2, 4))
+    names = input_names(gm)
+    static = static_input_indices(gm, inputs)
+    attributes = tensor_attribute_indices(names, inputs, static)
+    assert [inputs[i] is model.anchors[0] for i in attributes] == [True]
+    assert {id(inputs[i]) for i in static - attributes} == {id(model.fc.weight), id(model.fc.bias), id(model.shift)}
+    assert tensor_attribute_indices([], inputs, static) == static - {
+        i for i in static if isinstance(inputs[i], nn.Parameter)
+    }  # no names: every non-parameter counts as an attribute, the safe side
+
+
+def test_an_attribute_reassigned_every_call_is_demoted_to_an_input_with_one_line(monkeypatch, tmp_path, caplog) -> None:
+    compiled, _, _ = _graphs_on_fakes(monkeypatch, tmp_path, attributes=frozenset({1}))
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(12):
+            x, anchors = torch.randn(3), torch.randn(3)  # a new tensor each call, as `self.a = a.to(x)` can give
+            assert torch.equal(compiled(x, anchors), x * anchors)
+    info = compiled.graph_info()
+    (graph,) = info["graphs"]
+    assert info["demoted_inputs"] == ["L_w_"] and info["static_inputs"] == 0
+    assert graph["replays"] >= 5 and graph["bytes_copied_per_replay"] == 2 * x.nbytes  # now copied like the batch
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("L_w_ gets a new tensor on every call" in m and "copy_" in m for m in messages) == 1
+    assert sum("captured again" in m for m in messages) == 1
+
+
+def test_an_attribute_is_checked_on_every_call_even_outside_the_spot_check(monkeypatch, tmp_path, caplog) -> None:
+    from launchless import relocation
+    from launchless.compiler import compiled_graphs as graphs_module
+
+    n = 21
+    hidden = next(i for i in range(1, n) if i - 1 not in relocation.spread(n - 1))  # not among the 8 spot-checked
+    _graphs_on_fakes(monkeypatch, tmp_path)  # the stand-ins for capture, verification and timing
+
+    def fn(x, *static):
+        return x + sum(static)
+
+    compiled = graphs_module.CompiledGraphs(
+        fn,
+        frozenset(range(1, n)),
+        name="graph 1",
+        cache=None,
+        selective=False,
+        indirection=False,
+        attributes=frozenset({hidden}),
+    )
+    tensors = [nn.Parameter(torch.randn(3)) if i != hidden else torch.randn(3) for i in range(1, n)]
+    x = torch.randn(3)
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(3):
+            compiled(x, *tensors)
+        tensors[hidden - 1] = torch.randn(3)  # reassigned once, e.g. by a user between calls
+        assert torch.equal(compiled(x, *tensors), fn(x, *tensors))
+    assert sum(f"input {hidden} moved; its graphs are captured again" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_a_graph_the_compiler_rejects_runs_as_the_fx_graph_with_one_line(caplog: pytest.LogCaptureFixture) -> None:

@@ -260,3 +260,65 @@ def test_cgct_moves_a_host_attribute_table_once_and_keeps_it_current(caplog: pyt
         model.table = torch.linspace(0, 1, 16)[:8].clone()  # re-assigned, same shape: followed as well
         assert torch.allclose(compiled(x), model(x), rtol=1e-5, atol=1e-6)
     assert sum("CGCT" in r.getMessage() for r in caplog.records) == 1  # the rewrite's line, nothing per call
+
+
+class _AnchorGenerator(nn.Module):
+    """torchvision's AnchorGenerator pattern: ``self.cell_anchors`` is reassigned from its own ``.to()`` in every
+    forward, and the anchors are returned; a replay that cloned them would move the attribute on every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.cell_anchors = [torch.randn(15, 4, device="cuda")]
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.cell_anchors = [a.to(dtype=x.dtype, device=x.device) for a in self.cell_anchors]
+        base = self.cell_anchors[0]
+        return self.conv(x).flatten(1)[:, :60].reshape(-1, 15, 4) + base, base
+
+
+@torch.no_grad()
+def test_an_attribute_returned_by_the_graph_stays_put_and_the_graph_is_replayed(caplog) -> None:
+    model = _AnchorGenerator().cuda().eval()
+    anchors = model.cell_anchors[0]
+    compiled = _compiled(model)
+    x = torch.randn(2, 3, 8, 8, device="cuda")
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(10):
+            out, base = compiled(x)
+    assert base is anchors and model.cell_anchors[0] is anchors  # as in eager: the same tensor, not a copy
+    (graphs,) = [g for g in _graphs() if g.graph_info()["graphs"]]
+    info = graphs.graph_info()
+    assert info["graphs"][0]["replays"] >= 7 and not info["demoted_inputs"], info  # captured once, never again
+    assert not [r for r in caplog.records if "moved" in r.getMessage() or "new tensor" in r.getMessage()]
+    assert torch.equal(out, model.conv(x).flatten(1)[:, :60].reshape(-1, 15, 4) + anchors)
+
+
+class _Reassigned(nn.Module):
+    """An attribute given a new tensor by every forward: it cannot stay a static input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.state = torch.zeros(16, device="cuda")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x) + self.state
+        self.state = y.mean(0)  # a new tensor each call
+        return y
+
+
+@torch.no_grad()
+def test_an_attribute_reassigned_every_call_becomes_a_copied_input_with_one_line(caplog) -> None:
+    model, twin = _Reassigned().cuda().eval(), _Reassigned().cuda().eval()
+    twin.load_state_dict(model.state_dict())
+    compiled = _compiled(model)
+    x = torch.randn(4, 16, device="cuda")
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(12):  # the running state is carried from call to call as in eager (Inductor's rounding)
+            torch.testing.assert_close(compiled(x), twin(x), rtol=1e-5, atol=1e-6)
+    (graphs,) = [g for g in _graphs() if g.graph_info()["graphs"]]
+    info = graphs.graph_info()
+    assert len(info["demoted_inputs"]) == 1 and "state" in info["demoted_inputs"][0], info
+    assert info["graphs"][0]["replays"] >= 4 and info["graphs"][0]["verification"] == "bit-identical"
+    assert sum("gets a new tensor on every call" in r.getMessage() for r in caplog.records) == 1

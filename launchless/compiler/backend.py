@@ -13,6 +13,7 @@ compiled, without a CUDA graph, with one log line naming why.
 from __future__ import annotations
 
 import logging
+import re
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,6 +44,29 @@ def static_input_indices(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> f
         if isinstance(value, torch.nn.Parameter) or marked or getattr(value, "_dynamo_static_input_type", None):
             static.add(i)
     return frozenset(static)
+
+
+_REGISTERED = re.compile(r"_(parameters|buffers)_")  # in Dynamo's input name of a parameter or buffer
+
+
+def input_names(gm: fx.GraphModule) -> list[str]:
+    """Each input's name as Dynamo derives it from its source: ``L_self_modules_fc_parameters_weight_`` for a
+    parameter, ``L_self_buffers_shift_`` for a buffer, ``L_self_modules_head_anchors_0_`` for an attribute."""
+    return [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def tensor_attribute_indices(
+    names: Sequence[str], example_inputs: Sequence[Any], static: frozenset[int]
+) -> frozenset[int]:
+    """Static inputs that are plain module tensor attributes, not parameters or buffers: no registration hook
+    sees them replaced, so their addresses are checked on every call. Told apart by Dynamo's input names
+    (the source is not handed to backends); an input without a name counts as an attribute (the safe side)."""
+    return frozenset(
+        i
+        for i in static
+        if not isinstance(example_inputs[i], torch.nn.Parameter)
+        and not (i < len(names) and _REGISTERED.search(names[i]))
+    )
 
 
 def holds_host_tensors(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
@@ -112,7 +136,17 @@ def make_backend(
             compiled = early.compiled
         else:  # CGCT is tried once: not again should the compiler reject the graph
             compiled = _compile_or_rescue(name, gm, example_inputs, inner, cgct and early is None)
-        graphs = CompiledGraphs(compiled, static, name=name, cache=cache, graph_key=graph_hash(gm), **options)
+        names = input_names(gm)
+        graphs = CompiledGraphs(
+            compiled,
+            static,
+            name=name,
+            cache=cache,
+            graph_key=graph_hash(gm),
+            attributes=tensor_attribute_indices(names, example_inputs, static),
+            input_names=names,
+            **options,
+        )
         if early is not None:
             graphs.adopt_cgct(early, lambda: _compile_or_rescue(name, gm, example_inputs, inner, False))
         elif cgct:

@@ -57,6 +57,7 @@ class _Entry:
         self.monitor: DriftMonitor | None = None  # only for measured decisions
         self.epoch = relocation.epoch()  # parameters are compared in full only when this moved
         self.spot_ptrs: list[int] | None = None
+        self.always_ptrs: list[int] | None = None
 
     def replay(self, leaves: list) -> Any:
         if self.decision.variant == "graph+pi" and self.indirect is not None:
@@ -91,8 +92,15 @@ class CompiledGraphs:
         indirection: bool = True,
         cache: DecisionCache | None = None,
         graph_key: str = "",
+        attributes: frozenset[int] = frozenset(),
+        input_names: Sequence[str] = (),
     ) -> None:
         self.compiled, self.static, self.name = compiled, static, name
+        # static inputs that are plain module attributes: no event announces their replacement, so their
+        # addresses are compared on every call; one that moves again is demoted to a copied input
+        self.attributes, self.input_names = attributes, list(input_names)
+        self._moves: dict[int, int] = {}
+        self.demoted: list[int] = []
         self.selective, self.cache, self.graph_key = selective, cache, graph_key
         self.indirection = indirection and unavailable_reason() is None
         self.capture_after, self.max_graphs, self.verify_mode = capture_after, max_graphs, verify_mode
@@ -126,8 +134,13 @@ class CompiledGraphs:
     def _watch_addresses(self, indices: frozenset[int]) -> None:
         """The static inputs whose addresses the graphs read: spot-checked per call, all after a relocation."""
         order = sorted(indices)
+        self._static_order = order
         self._pick_static = _picker(order)
         self._static_index = list(range(len(order)))
+        always = [k for k, i in enumerate(order) if i in self.attributes]
+        self._always_positions = always  # positions within the static inputs checked on every call, in full
+        self._pick_always = _picker([order[k] for k in always])
+        self._always_index = list(range(len(always)))
         spot = relocation.spread(len(order))
         self._spot_positions = spot  # positions within the static inputs checked on every call
         self._pick_spot = _picker([order[i] for i in spot])
@@ -159,8 +172,8 @@ class CompiledGraphs:
                 if entry.monitor is not None and entry.monitor.should_sample():
                     return self._sampled(sig, entry, flat, args)
                 return entry.replay(flat.leaves)
-            self._drop_graphs()  # a parameter moved (.to(), load_state_dict(assign=True)): capture again
-            self._log_once(f"launchless: {self.name}: parameters moved; its graphs are captured again")
+            if self._static_moved(args, entry):  # .to(), load_state_dict(assign=True), an attribute reassigned
+                sig = self._key(args)  # an attribute became an input: it is part of the signature now
         if sig in self._refused:
             return self.compiled(*args)
         self._seen[sig] = count = self._seen.get(sig, 0) + 1
@@ -176,6 +189,11 @@ class CompiledGraphs:
         event that can move them (``Module._apply``, parameter/buffer registration) -- as the runtime does."""
         if not entry.ptrs:
             return True
+        if self._always_positions:
+            if entry.always_ptrs is None:
+                entry.always_ptrs = [entry.ptrs[k] for k in self._always_positions]
+            if not _ptrs_equal(self._pick_always(args), entry.always_ptrs, self._always_index):
+                return False
         if entry.epoch == relocation.epoch():
             spot = [entry.ptrs[i] for i in self._spot_positions] if entry.spot_ptrs is None else entry.spot_ptrs
             entry.spot_ptrs = spot
@@ -184,6 +202,35 @@ class CompiledGraphs:
             entry.epoch = relocation.epoch()
             return True
         return False
+
+    def _static_moved(self, args: Sequence[Any], entry: _Entry) -> bool:
+        """Static inputs moved: every graph is captured again. A module attribute that moves a second time is
+        reassigned by the model on every call (e.g. ``self.anchors = anchors.to(x)``): from then on it is an
+        input like the batch -- copied in, or pointed at -- instead of a capture per call. True if so."""
+        now = [t.data_ptr() for t in self._static_leaves(args)]
+        moved = [i for i, a, b in zip(self._static_order, now, entry.ptrs, strict=True) if a != b]
+        for i in moved:
+            self._moves[i] = self._moves.get(i, 0) + 1
+        demote = frozenset(i for i in moved if i in self.attributes and self._moves[i] >= 2)
+        self._drop_graphs()
+        if demote:
+            self.static = self.static - demote
+            self.demoted += sorted(demote)
+            self._arity = -1  # the signature now includes them
+            self._watch_addresses(self.static - self._unread)
+            self._log_once(
+                f"launchless: {self.name}: {self._names(demote)} gets a new tensor on every call (a module "
+                "attribute assigned in forward); it is copied into the graph like an input from now on. "
+                "Update it in place (copy_) to let the graph read it where it is"
+            )
+            return True
+        self._log_once(f"launchless: {self.name}: {self._names(moved)} moved; its graphs are captured again")
+        return False
+
+    def _names(self, indices: Sequence[int] | frozenset[int], most: int = 3) -> str:
+        """Dynamo's names of some inputs, e.g. ``L['self']._modules['fc']._parameters['weight']``."""
+        names = [self.input_names[i] if i < len(self.input_names) else f"input {i}" for i in sorted(indices)]
+        return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
     def _capture(self, sig: Signature, flat: Any, args: Sequence[Any]) -> Any:
         device = capture_device([x for i, x in enumerate(flat.leaves) if i not in self._unread])
@@ -349,6 +396,7 @@ class CompiledGraphs:
         return {
             "name": self.name,
             "static_inputs": len(self.static),
+            "demoted_inputs": [self._names([i], 1) for i in self.demoted],  # attributes reassigned every call
             "graphs": [
                 {
                     "signature": s.describe(),

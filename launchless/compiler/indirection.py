@@ -237,7 +237,7 @@ class IndirectGraph:
         self.pi.rebind(addresses)
         self.captured.graph.replay()
         self.replays += 1
-        return self.captured.cloned_outputs()
+        return self.captured.fresh_outputs(leaves)
 
     def reset(self) -> None:
         """Point the graph back at its placeholders (before anyone replays it the copying way)."""
