@@ -291,7 +291,8 @@ def test_an_attribute_returned_by_the_graph_stays_put_and_the_graph_is_replayed(
     info = graphs.graph_info()
     assert info["graphs"][0]["replays"] >= 7 and not info["demoted_inputs"], info  # captured once, never again
     assert not [r for r in caplog.records if "moved" in r.getMessage() or "new tensor" in r.getMessage()]
-    assert torch.equal(out, model.conv(x).flatten(1)[:, :60].reshape(-1, 15, 4) + anchors)
+    # Inductor picks its own convolution layout: equal to eager up to rounding (the graph itself is verified)
+    torch.testing.assert_close(out, model.conv(x).flatten(1)[:, :60].reshape(-1, 15, 4) + anchors)
 
 
 class _Reassigned(nn.Module):
