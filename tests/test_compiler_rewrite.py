@@ -17,6 +17,7 @@ from launchless.compiler.rewrite import (
     ATTRIBUTE,
     CONSTANT,
     CONSTRUCT,
+    FOLDED,
     constant_guards,
     constants_still_valid,
     differential_check,
@@ -290,3 +291,78 @@ def test_tracing_inside_a_dynamo_backend_leaves_dynamos_shape_env_alone() -> Non
         assert torch.equal(compiled(x), model(x))
     assert len(seen) == 1 and any(n.target == torch.ops.aten.convolution.default for n in seen[0].graph.nodes)
     torch._dynamo.reset()
+
+
+# ---- folding a host computation at compile time -----------------------------------------------------------------
+
+
+def _boxes_graph() -> tuple[fx.GraphModule, list[str]]:
+    """SSD's default boxes: host math on constructors and a host attribute (``wh``), copied to the device once."""
+
+    def fn(x: torch.Tensor, wh: torch.Tensor) -> torch.Tensor:
+        shifts = (torch.arange(0, 6) + 0.5) / 3.0
+        boxes = torch.cat((shifts.reshape(-1, 1).repeat(1, 2), wh.clamp(min=0, max=1).repeat(3, 1)), dim=1)
+        return x * boxes.to(x.device, copy=True)
+
+    gm = make_fx(fn)(torch.randn(6, 4), torch.rand(2, 2))
+    return gm, [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def test_folding_runs_the_host_computation_once_with_eagers_ops_and_guards_its_sources() -> None:
+    wh = torch.rand(2, 2) * 1.5
+    gm, names = _boxes_graph()
+    original = copy.deepcopy(gm)
+    report = rewrite(gm, "cpu", {names[1]: wh}, fold=True)
+    assert [a.kind for a in report.applied] == [FOLDED], report.describe()
+    left = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    assert left == {"aten.mul.Tensor"}, left  # arange, div, cat, clamp, repeat and the copy: gone
+    expected = torch.cat(
+        (((torch.arange(0, 6) + 0.5) / 3.0).reshape(-1, 1).repeat(1, 2), wh.clamp(min=0, max=1).repeat(3, 1)), dim=1
+    )
+    assert torch.equal(gm._launchless_const_0, expected)
+    (guard,) = constant_guards(gm)
+    assert guard.input_name == names[1] and guard.source is wh and torch.equal(guard.folded, wh)
+    assert not [n for n in gm.graph.nodes if n.op == "placeholder"][1].users  # unread, the signature unchanged
+    assert differential_check(original, gm, lambda: [torch.randn(6, 4), wh]) == (True, 0.0)
+
+
+def test_constant_watch_keeps_a_folded_constant_for_equal_values_and_names_a_real_change() -> None:
+    from launchless.compiler.cgct import ConstantWatch, MovedConstant
+
+    wh = torch.rand(2, 2)
+    gm, names = _boxes_graph()
+    rewrite(gm, "cpu", {names[1]: wh}, fold=True)
+    (guard,) = constant_guards(gm)
+    watch = ConstantWatch([MovedConstant(guard, gm._launchless_const_0, 1)])
+    x = torch.randn(6, 4)
+    assert watch.check([x, wh]) is None
+    assert watch.check([x, wh.clone()]) is None and watch.refreshed == 0  # reassigned with the same values: kept
+    wh.add_(0.25)
+    assert "folded into a device constant at compile time, changed" in watch.check([x, wh])
+
+
+def test_cgct_folds_when_building_on_the_device_rounds_differently(monkeypatch) -> None:
+    import functools
+
+    from launchless.compiler import cgct
+
+    monkeypatch.setattr(cgct, "rewrite", functools.partial(rewrite, target_device="cpu"))  # CPU "transfers"
+    monkeypatch.setattr(cgct, "trial_hazard", lambda gm, inputs: None)
+    checks = []
+
+    def device_rounding_first(original, rewritten, make_inputs):  # the device's first attempt is off by an ulp
+        checks.append(rewritten)
+        return (False, 6.1e-05) if len(checks) == 1 else differential_check(original, rewritten, make_inputs)
+
+    monkeypatch.setattr(cgct, "differential_check", device_rounding_first)
+    wh = torch.rand(2, 2)
+
+    def fn(x: torch.Tensor, wh: torch.Tensor) -> torch.Tensor:
+        return x * ((torch.arange(0, 4) + 0.5) / 3.0 + wh.sum()).to(x.device, copy=True)
+
+    gm = make_fx(fn)(torch.randn(4), wh)
+    result = cgct.try_rewrite(gm, [torch.randn(4), wh], frozenset({1}), lambda g, ex: g.forward)
+    assert result.compiled is not None and [a.kind for a in result.report.applied] == [FOLDED]
+    assert result.unread_inputs == frozenset({1}) and len(checks) == 2
+    x = torch.randn(4)
+    assert torch.equal(result.compiled(x, wh), fn(x, wh))

@@ -323,3 +323,33 @@ def test_an_attribute_reassigned_every_call_becomes_a_copied_input_with_one_line
     assert len(info["demoted_inputs"]) == 1 and "state" in info["demoted_inputs"][0], info
     assert info["graphs"][0]["replays"] >= 4 and info["graphs"][0]["verification"] == "bit-identical"
     assert sum("gets a new tensor on every call" in r.getMessage() for r in caplog.records) == 1
+
+
+class _DefaultBoxes(nn.Module):
+    """torchvision's DefaultBoxGenerator (SSD) pattern: box math on the host from ``arange`` and a host attribute,
+    copied to the GPU. Built on the GPU, ``/ 3.0`` becomes ``* (1 / 3.0)`` and is off by an ulp: CGCT folds it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wh = torch.rand(4, 2) * 1.2  # on the host, as SSD's _wh_pairs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shifts = (torch.arange(0, 1024) + 0.5) / 3.0
+        boxes = torch.cat((shifts.reshape(-1, 1).repeat(1, 2), self.wh.clamp(min=0, max=1).repeat(256, 1)), dim=1)
+        return x * boxes.to(x.device)
+
+
+@torch.no_grad()
+def test_cgct_folds_host_box_math_that_the_device_would_round_differently(caplog) -> None:
+    from launchless.compiler.rewrite import FOLDED
+
+    model = _DefaultBoxes()
+    x = torch.randn(1024, 4, device="cuda")
+    compiled = _compiled(model)
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        outs = [compiled(x) for _ in range(5)]
+    assert all(torch.equal(out, model(x)) for out in outs)  # eager's bits: the host math ran on the host
+    (graphs,) = [g for g in _graphs() if g.graph_info()["graphs"]]
+    info = graphs.graph_info()
+    assert info["graphs"][0]["replays"] >= 2 and info["cgct"]["in_use"], info
+    assert [a.split(":")[0] for a in info["cgct"]["applied"]] == [FOLDED], info

@@ -5,8 +5,11 @@ compiled), or whose capture failed on "cannot copy between CPU and CUDA", has it
 traced to aten ops (once, for real, on the example inputs; fake
 tensors are then propagated for the node metadata the rewrite reads), ``rewrite.rewrite`` builds
 host constants on the device and moves host tables to it once, and ``rewrite.differential_check``
-compares the rewritten graph with the original on random inputs. Only a bit-identical rewrite is
-compiled and captured; anything else keeps the graph uncaptured, with the reason in the log. The
+compares the rewritten graph with the original on random inputs. When the device rounds the moved host
+math differently (CUDA divides by a host scalar as a multiplication by its reciprocal), the host computation
+is folded instead: run once, now, by eager's own host ops, its result a guarded device constant. Only a
+bit-identical rewrite is compiled and captured; anything else keeps the graph uncaptured, with the reason
+in the log. The
 device copies of moved constants are then watched on every call (:class:`ConstantWatch`): a source
 changed in place, or a different tensor in a static input's place, is copied into the same device
 tensor -- the graphs read it there -- and a change of shape or dtype undoes the rewrite.
@@ -15,6 +18,7 @@ tensor -- the graphs read it there -- and a change of shape or dtype undoes the 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -25,7 +29,15 @@ from torch import fx
 from ..blockers import DATA_DEPENDENT, HOST_SYNC
 from ..verify import make_probes
 from .diagnose import INPUT_MUTATION, RNG_STATE, diagnose, source_line
-from .rewrite import ConstantGuard, RewriteReport, _data_ptr, constant_guards, differential_check, rewrite
+from .rewrite import (
+    ConstantGuard,
+    RewriteReport,
+    SkippedRewrite,
+    _data_ptr,
+    constant_guards,
+    differential_check,
+    rewrite,
+)
 
 
 @dataclass
@@ -36,7 +48,8 @@ class MovedConstant:
 
 
 class ConstantWatch:
-    """Keeps CGCT's device copies equal to their CPU sources; a check costs a few hundred ns per constant."""
+    """Keeps CGCT's device copies equal to their CPU sources; a check costs a few hundred ns per constant.
+    A folded constant cannot follow its sources: a source with other values undoes the rewrite."""
 
     def __init__(self, moved: list[MovedConstant]) -> None:
         self.moved = list(moved)
@@ -48,6 +61,13 @@ class ConstantWatch:
             src = m.guard.source if m.input_index is None else args[m.input_index]
             if src is m.guard.source and m.guard.valid():
                 continue
+            if m.guard.folded is not None:  # a source of a folded computation: equal values are all it may be
+                if not _equal(src, m.guard.folded):
+                    return f"{m.guard.source_attr}, folded into a device constant at compile time, changed"
+                self.moved[i] = replace(
+                    m, guard=replace(m.guard, source=src, version=src._version, data_ptr=_data_ptr(src))
+                )
+                continue
             if not isinstance(src, torch.Tensor) or (src.shape, src.dtype) != (m.copy.shape, m.copy.dtype):
                 return f"{m.guard.source_attr} changed shape or dtype, so its device copy cannot follow it"
             with torch.no_grad():
@@ -56,6 +76,10 @@ class ConstantWatch:
             self.moved[i] = replace(m, guard=guard)
             self.refreshed += 1
         return None
+
+
+def _equal(a: object, b: torch.Tensor) -> bool:
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.cpu(), b)
 
 
 @dataclass
@@ -150,8 +174,22 @@ def try_rewrite(
         return CgctResult(None, report, "no rewritable host copy" + (f" ({skipped})" if skipped else ""))
     leaves = list(example_inputs)
     same, diff = differential_check(original, rewritten, lambda: make_probes(leaves, static)[0])
-    if not same:
-        return CgctResult(None, report, f"the rewrite changed the results (max abs diff {diff:.3g}); dropped")
+    if not same:  # the device rounds differently (a division by a host scalar is a multiplication there): fold
+        try:
+            rewritten = copy.deepcopy(original)
+            report = rewrite(rewritten, static_inputs=statics, fold=True)
+            folded, fold_diff = (
+                differential_check(original, rewritten, lambda: make_probes(leaves, static)[0])
+                if report.applied
+                else (False, math.inf)
+            )
+        except Exception as exc:
+            folded, fold_diff = False, math.inf
+            report.skipped.append(SkippedRewrite("", "fold", f"{type(exc).__name__}: {exc}"))
+        if not folded:
+            why = f"the rewrite changed the results (max abs diff {diff:.3g})"
+            why += f"; folded at compile time: {fold_diff:.3g}" if math.isfinite(fold_diff) else ""
+            return CgctResult(None, report, why + "; dropped")
     index = {name: i for i, name in enumerate(placeholders)}
     moved = [
         MovedConstant(g, getattr(rewritten, g.name), index[g.input_name] if g.input_name else None)

@@ -9,6 +9,9 @@ host side is built from constructors and constants only, that copy need not run 
   (:func:`constants_still_valid`);
 - so is a CPU tensor that reaches the graph as a static input (``static_inputs``: how Dynamo passes a plain
   tensor attribute of a module, e.g. an anchor table); the input stays in the signature, unread.
+- with ``fold=True`` (tried when building on the device does not give eager's bits: a CUDA division by a host
+  scalar is a multiplication by its reciprocal) the host computation runs once, now, with the very host ops eager
+  runs, and its result is copied to the device as a constant, guarded by its sources.
 Anything not provably safe -- a value that depends on a graph input or a host sync, one also used on the host,
 random or in-place ops, data-dependent shapes -- is left alone and reported with the reason. A rewrite is still
 only trusted after :func:`differential_check` finds the rewritten graph bit-identical on random inputs.
@@ -37,6 +40,7 @@ from .diagnose import _COPIES, _name, source_line
 CONSTRUCT = "built on the device"
 CONSTANT = "constant moved to the device at compile time"
 ATTRIBUTE = "module attribute moved to the device at compile time"
+FOLDED = "host computation folded into a device constant at compile time"
 _PREFIX = "_launchless_const_"
 _GUARDS = "launchless_constant_guards"  # in gm.meta, which deep copies keep
 _FROZEN = "_frozen_param"
@@ -99,6 +103,7 @@ class ConstantGuard:
     version: int
     data_ptr: int | None
     input_name: str | None = None  # the graph input it came from, when it was a static input
+    folded: torch.Tensor | None = field(default=None, repr=False)  # for a folded source: its values when folded
 
     def valid(self) -> bool:
         return self.source._version == self.version and _data_ptr(self.source) == self.data_ptr
@@ -131,16 +136,23 @@ def rewrite(
     gm: fx.GraphModule,
     target_device: str | torch.device | None = None,
     static_inputs: Mapping[str, torch.Tensor] | None = None,
+    fold: bool = False,
 ) -> RewriteReport:
     """Apply CGCT to ``gm`` in place; ``target_device`` None means every host->non-CPU copy's own destination.
 
-    ``static_inputs`` (placeholder name -> the tensor it always receives) may be moved like module attributes."""
+    ``static_inputs`` (placeholder name -> the tensor it always receives) may be moved like module attributes.
+    ``fold``: run each host computation now, on the host, instead of moving it to the device (needs real tensors)."""
     target = torch.device(target_device) if target_device is not None else None
     statics = dict(static_inputs or {})
     transfers = [t for n in gm.graph.nodes if (t := _transfer(n, target)) is not None]
     plans, devices = _plan(gm, transfers, statics)
-    report = _report(gm, plans)
-    _apply(gm, plans, devices, statics)
+    if fold:
+        values = _fold_values(gm, plans, statics)
+        report = _report(gm, plans, FOLDED)
+        _fold(gm, plans, values, statics)
+    else:
+        report = _report(gm, plans)
+        _apply(gm, plans, devices, statics)
     gm.graph.lint()
     gm.recompile()
     return report
@@ -355,7 +367,7 @@ def _kind(plan: set[fx.Node]) -> str:
     return CONSTANT if all(literal) else ATTRIBUTE
 
 
-def _report(gm: fx.GraphModule, plans: _Plan) -> RewriteReport:
+def _report(gm: fx.GraphModule, plans: _Plan, kind: str | None = None) -> RewriteReport:
     """Built before the graph changes, while every node still has its original name and trace."""
     report = RewriteReport()
     for t, plan in plans.items():
@@ -363,7 +375,7 @@ def _report(gm: fx.GraphModule, plans: _Plan) -> RewriteReport:
             moved = [n for n in gm.graph.nodes if n in plan]
             source = source_line(t.node) or next((s for n in moved if (s := source_line(n))), None)
             names = tuple(n.name for n in moved)
-            report.applied.append(AppliedRewrite(_kind(plan), t.node.name, str(t.device), source, names))
+            report.applied.append(AppliedRewrite(kind or _kind(plan), t.node.name, str(t.device), source, names))
         else:
             report.skipped.append(SkippedRewrite(t.node.name, str(t.node.target), plan, source_line(t.node)))
     for node in gm.graph.nodes:
@@ -399,6 +411,79 @@ def _apply(
     applied = {t.node for t, plan in plans.items() if isinstance(plan, set)}
     for node in [n for n in gm.graph.nodes if n in applied]:
         _drop_copy(gm, node)
+
+
+def _fold_values(gm: fx.GraphModule, plans: _Plan, statics: Mapping[str, torch.Tensor]) -> dict[_Transfer, object]:
+    """Each planned transfer's result, computed now; a transfer that cannot be gets its reason as its plan."""
+    values = {}
+    for t, plan in plans.items():
+        if not isinstance(plan, set):
+            continue
+        if _name(t.node) in _SOURCE_ARG:
+            plans[t] = "a copy into an existing device tensor is not folded"
+            continue
+        try:
+            values[t] = _host_value(gm, t, plan, statics)
+        except Exception as exc:
+            plans[t] = f"its host computation could not run at compile time ({type(exc).__name__}: {exc})"
+    return values
+
+
+def _host_value(gm: fx.GraphModule, t: _Transfer, plan: set[fx.Node], statics: Mapping[str, torch.Tensor]) -> object:
+    """What the transfer hands the device, computed by the same host ops eager runs: bit for bit eager's copy."""
+    env: dict[fx.Node, object] = {}
+
+    def value(node: fx.Node) -> object:
+        if node not in env:
+            raise ValueError(f"{node.name} is not computed from constants alone")
+        return env[node]
+
+    def call(node: fx.Node) -> object:
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), value)
+        return node.target(*args, **kwargs)
+
+    with torch.no_grad():
+        for node in gm.graph.nodes:
+            if node in plan:
+                if node.op == "get_attr":
+                    env[node] = _fetch(gm, str(node.target))
+                elif node.op == "placeholder":
+                    env[node] = statics[node.name]
+                else:
+                    env[node] = call(node)
+        result = call(t.node)
+    if not isinstance(result, torch.Tensor) or isinstance(result, FakeTensor):
+        raise ValueError(f"{t.node.name} gives no real tensor here")
+    return result
+
+
+def _fold(
+    gm: fx.GraphModule, plans: _Plan, values: dict[_Transfer, object], statics: Mapping[str, torch.Tensor]
+) -> None:
+    """Replace each folded transfer by a device constant guarded by its host sources; drop the host ops."""
+    folded: set[fx.Node] = set()
+    for t, plan in plans.items():
+        if not isinstance(plan, set):
+            continue
+        name = _free_name(gm)
+        gm.register_buffer(name, values[t], persistent=False)
+        guards = []
+        for node in (n for n in gm.graph.nodes if n in plan and n.op in ("get_attr", "placeholder")):
+            is_input = node.op == "placeholder"
+            src = statics[node.name] if is_input else _fetch(gm, str(node.target))
+            label = f"input {node.name}" if is_input else str(node.target)
+            input_name = node.name if is_input else None
+            guards.append(ConstantGuard(name, label, src, src._version, _data_ptr(src), input_name, src.clone()))
+        gm.meta[_GUARDS] = [*constant_guards(gm), *guards]
+        with gm.graph.inserting_before(t.node):
+            constant = gm.graph.get_attr(name)
+        constant.meta = dict(t.node.meta)
+        t.node.replace_all_uses_with(constant)
+        gm.graph.erase_node(t.node)
+        folded |= plan
+    for node in reversed(list(gm.graph.nodes)):  # host ops nobody reads now; placeholders stay (the signature)
+        if node in folded and node.op != "placeholder" and not node.users:
+            gm.graph.erase_node(node)
 
 
 def _on(value: object, device: torch.device) -> object:
