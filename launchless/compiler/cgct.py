@@ -188,7 +188,7 @@ def try_rewrite(
             report.skipped.append(SkippedRewrite("", "fold", f"{type(exc).__name__}: {exc}"))
         if not folded:
             why = f"the rewrite changed the results (max abs diff {diff:.3g})"
-            why += f"; folded at compile time: {fold_diff:.3g}" if math.isfinite(fold_diff) else ""
+            why += f"; folded at compile time instead, by {fold_diff:.3g}" if math.isfinite(fold_diff) else ""
             return CgctResult(None, report, why + "; dropped")
     index = {name: i for i, name in enumerate(placeholders)}
     moved = [

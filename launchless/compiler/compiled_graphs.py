@@ -228,7 +228,7 @@ class CompiledGraphs:
         return False
 
     def _names(self, indices: Sequence[int] | frozenset[int], most: int = 3) -> str:
-        """Dynamo's names of some inputs, e.g. ``L['self']._modules['fc']._parameters['weight']``."""
+        """Dynamo's names of some inputs, e.g. ``L_self_modules_fc_parameters_weight_``."""
         names = [self.input_names[i] if i < len(self.input_names) else f"input {i}" for i in sorted(indices)]
         return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
