@@ -323,6 +323,10 @@ def test_an_attribute_reassigned_every_call_becomes_a_copied_input_with_one_line
     assert len(info["demoted_inputs"]) == 1 and "state" in info["demoted_inputs"][0], info
     assert info["graphs"][0]["replays"] >= 4 and info["graphs"][0]["verification"] == "bit-identical"
     assert sum("gets a new tensor on every call" in r.getMessage() for r in caplog.records) == 1
+    from launchless import explain
+
+    explanation = explain(_Reassigned().cuda().eval(), x, calls=8, backend_options={"selective": False})
+    assert any("copied like an input (reassigned every call)" in g.note for g in explanation.graphs), explanation
 
 
 class _DefaultBoxes(nn.Module):

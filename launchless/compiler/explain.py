@@ -151,8 +151,10 @@ def explain(
             if isinstance(runner, CompiledGraphs):
                 report.info = runner.graph_info()
                 cgct = report.info.get("cgct")
+                notes = [f"copied like an input (reassigned every call): {n}" for n in report.info["demoted_inputs"]]
                 if cgct:
-                    report.note = "; ".join(cgct["applied"]) or f"CGCT not applied: {cgct['why_not']}"
+                    notes.insert(0, "; ".join(cgct["applied"]) or f"CGCT not applied: {cgct['why_not']}")
+                report.note = "\n".join(notes)
                 counts = [_kernel_nodes(e) for e in runner._graphs.values()]
                 report.kernels = max((c for c in counts if c is not None), default=None)
             else:
