@@ -375,3 +375,46 @@ def test_cgct_leaves_a_graph_with_a_host_sync_alone_without_running_it() -> None
     result = try_rewrite(gm, [torch.randn(4)], frozenset(), inner)
     assert result.compiled is None and calls == []
     assert result.why_not.startswith("the graph has a host sync") and "_local_scalar_dense" in result.why_not
+
+
+_NO_RECOMPILE = """
+import torch
+from torch import nn
+from launchless import relocation
+from launchless.compiler.backend import make_backend
+
+compiles = []
+
+def inner(gm, example_inputs):  # stands in for Inductor; its callable installs relocation as a capture does
+    compiles.append(gm)
+    def run(*args):
+        relocation.epoch()
+        return gm.forward(*args)
+    return run
+
+class Sliced(nn.Module):  # Mistral's `for layer in self.layers[:n]`: a ModuleList built in forward
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+
+    def forward(self, x):
+        for layer in self.layers[:2]:
+            x = layer(x)
+        return x
+
+backend = make_backend(inner)
+compiled = torch.compile(Sliced(), backend=backend)
+x = torch.randn(2, 4)
+for _ in range(4):
+    compiled(x)
+print(len(compiles))
+"""
+
+
+def test_the_backend_installs_relocation_before_tracing_so_nothing_recompiles_later() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _NO_RECOMPILE], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["1"], out.stdout  # hooks installed at the first capture: 2 (a recompile)

@@ -22,6 +22,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from .. import relocation
 from .cgct import try_rewrite
 from .compiled_graphs import CompiledGraphs, Compiler
 from .decisions import DecisionCache, graph_hash
@@ -112,6 +113,10 @@ def make_backend(
     selective, indirection); decisions are cached in ``cache_dir`` (default: ``decisions.default_cache_dir``)
     and measured again with ``reprofile=True``."""
     cache = DecisionCache(cache_dir, reprofile=reprofile)
+    # the relocation hooks (global module registration hooks) go in now, before Dynamo traces anything: Dynamo
+    # guards on that hook dict when a forward builds a ModuleList (``self.layers[:n]``), so hooks installed at
+    # the first capture would fail that guard and recompile every such graph once (Mistral: two graphs)
+    relocation.epoch()
 
     def backend(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
         global _counter
