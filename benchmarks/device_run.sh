@@ -15,6 +15,7 @@
 #   compiler-blocked   the same for the models a host copy keeps out of plain capture
 #   evidence-bytes     benchmarks/compiler_evidence.py: bytes copied per replay with and without PI
 #   evidence-coverage  benchmarks/compiler_evidence.py: capture coverage of the blocked models, split over GPUs
+#   diagnose           benchmarks/diagnose_compiled.py for each model in DIAG="name ..." (recompiles logged)
 # GPUS="0 1" (default: every visible GPU) spreads the bench and coverage steps over those GPUs.
 # ONLY="name ..." keeps only those workloads in the compiler steps (a suite split over device calls; --merge joins).
 set -u
@@ -81,6 +82,11 @@ print(*[w.name for w in suite(STANDARD) if w.kind != "training"])')"
       --gpus "${gpus[@]}" --timeout 300 --out "$out/standard-inference" ;;
   evidence-bytes) run evidence-bytes python3 benchmarks/compiler_evidence.py --out "$out/evidence-bytes" --models ;;
   evidence-coverage) run evidence-coverage coverage ;;
+  diagnose)
+    for model in ${DIAG:-}; do
+      run "diagnose-${model//[:\/]/_}" env TORCH_LOGS=recompiles python3 benchmarks/diagnose_compiled.py "$model" \
+        --calls 200 --out "$out/diagnose"
+    done ;;
   *) echo "unknown step $step" | tee -a "$out/steps.txt" ;;
   esac
 done
