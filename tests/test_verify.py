@@ -20,6 +20,7 @@ from launchless.verify import (
     FAILED,
     difference,
     identical,
+    input_probes,
     make_probes,
     verify,
 )
@@ -461,3 +462,52 @@ def test_status_names_are_the_public_strings() -> None:
         "capture-path",
         "failed",
     }
+
+
+class RowLookup(nn.Module):
+    """Rows of ``table`` picked by float row ids, as roi_align reads a box's batch index: an id out of range reads
+    whatever memory holds (noise here), so eager differs from itself on random probes and nowhere else."""
+
+    def forward(self, table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        index = rows.long()
+        valid = (index >= 0) & (index < table.shape[0]) & (rows == index)
+        picked = table[index.clamp(0, table.shape[0] - 1)]
+        return torch.where(valid[:, None], picked, torch.rand_like(picked) * 1e3)
+
+
+def _row_lookup_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(8, 4), torch.randperm(8).float()
+
+
+@torch.no_grad()
+def test_a_model_that_random_probes_do_not_fit_is_verified_on_its_own_inputs(no_cuda_stream) -> None:
+    model = RowLookup()
+    flat, eager = setup(model, *_row_lookup_inputs())
+    report = verify(FakeGraph(eager), model, flat)
+    assert report.status == BIT_IDENTICAL and report.passed and report.probes_differ
+    assert "outside the inputs' domain" in report.detail and "own inputs" in report.detail
+
+
+@torch.no_grad()
+def test_a_stale_graph_still_fails_on_the_models_own_inputs(no_cuda_stream) -> None:
+    model = RowLookup()
+    flat, eager = setup(model, *_row_lookup_inputs())
+    frozen = eager(flat.leaves)
+
+    def stale_on_real_rows(leaves):  # follows random probes (noise and all), freezes real rows
+        rows = leaves[1]
+        return frozen.clone() if bool((rows == rows.long()).all() & (rows >= 0).all()) else eager(leaves)
+
+    graph = FakeGraph(stale_on_real_rows)
+    report = verify(graph, model, flat)
+    assert len(graph.seen) == 4  # the second protocol ran, on the model's own rows
+    assert not report.passed and report.status == EAGER_NOISE and "exceeds the rounding bound" in report.detail
+
+
+def test_input_probes_reorder_rows_and_keep_the_rest() -> None:
+    table, rows = torch.randn(8, 4), torch.arange(8.0)
+    single = torch.randn(1, 3)
+    first, second = input_probes([table, rows, single, 2.0], keep=frozenset({0}))
+    assert first[0] is table and second[0] is table  # kept: read in place
+    assert torch.equal(first[1], rows) and first[1] is not rows
+    assert torch.equal(second[1], rows.roll(1, 0)) and torch.equal(second[2], single) and second[3] == 2.0
