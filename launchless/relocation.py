@@ -31,7 +31,16 @@ _epoch = 0
 _installed = False
 _install_lock = threading.Lock()
 _not_none = functools.partial(operator.is_not, None)
-_ptrs_equal = torch._C._tensors_data_ptrs_at_indices_equal
+
+
+def _ptrs_equal_python(tensors: list, ptrs: list, indices: list) -> bool:
+    """``torch._C._tensors_data_ptrs_at_indices_equal`` where a build lacks it (CPU wheels up to torch 2.13)."""
+    return all(tensors[i].data_ptr() == ptrs[i] for i in indices)
+
+
+ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", _ptrs_equal_python)
+"""``ptrs_equal(tensors, ptrs, indices)``: every ``tensors[i]`` still at ``ptrs[i]`` (one C++ call where there)."""
+_ptrs_equal = ptrs_equal
 _SPOT = 8
 _is_compiling = torch.compiler.is_compiling
 

@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from fake_cuda import trace_on_fake_cuda
 
 from launchless.blockers import COPY, DATA_DEPENDENT, HOST_SYNC
 from launchless.compiler.diagnose import CPU_NODE, INPUT_MUTATION, diagnose, source_line
 
 
-def _trace(fn, *shapes):
-    """An aten graph of ``fn`` whose node values are fake tensors on cuda (works without a GPU)."""
-    with FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv()):
-        inputs = [torch.empty(s, device="cuda") for s in shapes]
-        return make_fx(fn, tracing_mode="real")(*inputs)
-
-
 def test_clean_graph_has_no_blockers() -> None:
-    gm = _trace(lambda x, w: torch.relu(x @ w).sum(dim=1), (4, 8), (8, 8))
+    gm = trace_on_fake_cuda(lambda x, w: torch.relu(x @ w).sum(dim=1), (4, 8), (8, 8))
     assert diagnose(gm) == []
 
 
@@ -31,7 +22,7 @@ def test_each_blocker_kind_is_found_in_graph_order() -> None:
         scale = z.sum().item()  # host sync
         return z * scale, torch.nonzero(x)  # data-dependent shape
 
-    found = diagnose(_trace(fn, (4,), (4,)))
+    found = diagnose(trace_on_fake_cuda(fn, (4,), (4,)))
     assert [b.kind for b in found] == [COPY, INPUT_MUTATION, HOST_SYNC, DATA_DEPENDENT]
     copy = found[0]
     assert copy.rewritable and "_to_copy" in copy.target  # arange feeds it: CGCT can build it on the device
@@ -44,14 +35,14 @@ def test_a_copy_of_input_data_is_not_rewritable_and_cpu_compute_is_flagged() -> 
         doubled = host * 2  # computed on the CPU inside a GPU graph
         return x + doubled.sum().to(x.device)
 
-    found = diagnose(_trace(fn, (4,)))
+    found = diagnose(trace_on_fake_cuda(fn, (4,)))
     kinds = [b.kind for b in found]
     assert kinds[0] == COPY and not found[0].rewritable
     assert CPU_NODE in kinds
 
 
-def test_source_line_comes_from_the_recorded_stack_trace() -> None:
-    gm = _trace(lambda x: x.sum().item(), (3,))
+def test_source_line_comes_from_the_recorded_stacktrace_on_fake_cuda() -> None:
+    gm = trace_on_fake_cuda(lambda x: x.sum().item(), (3,))
     node = next(n for n in gm.graph.nodes if "_local_scalar_dense" in str(n.target))
     node.meta["stack_trace"] = (
         '  File "/home/me/model.py", line 41, in forward\n    y = self.head(x)\n'

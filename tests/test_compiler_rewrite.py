@@ -6,10 +6,9 @@ import copy
 
 import pytest
 import torch
+from fake_cuda import trace_on_fake_cuda
 from torch import fx, nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from launchless.blockers import COPY
 from launchless.compiler.diagnose import INPUT_MUTATION, diagnose
@@ -25,13 +24,6 @@ from launchless.compiler.rewrite import (
 )
 
 aten = torch.ops.aten
-
-
-def _trace(fn, *shapes) -> fx.GraphModule:
-    """An aten graph of ``fn`` whose node values are fake tensors on cuda (works without a GPU)."""
-    with FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv()):
-        inputs = [torch.empty(s, device="cuda") for s in shapes]
-        return make_fx(fn, tracing_mode="real")(*inputs)
 
 
 def _cross_device_copies(gm: fx.GraphModule) -> list[str]:
@@ -67,7 +59,7 @@ class _Anchors(nn.Module):
 
 
 def test_arange_copied_to_the_gpu_is_built_there_and_nothing_blocks_capture() -> None:
-    gm = _trace(lambda x: x + torch.arange(4).cuda(), (4,))
+    gm = trace_on_fake_cuda(lambda x: x + torch.arange(4).cuda(), (4,))
     assert [b.kind for b in diagnose(gm)] == [COPY]
     report = rewrite(gm)
     assert [a.kind for a in report.applied] == [CONSTRUCT] and report.skipped == []
@@ -79,7 +71,7 @@ def test_arange_copied_to_the_gpu_is_built_there_and_nothing_blocks_capture() ->
 
 
 def test_pure_cpu_ops_on_a_constructor_move_with_it_and_keep_their_dtype() -> None:
-    gm = _trace(lambda x: x + torch.arange(4).float().mul(2).cuda(), (4,))
+    gm = trace_on_fake_cuda(lambda x: x + torch.arange(4).float().mul(2).cuda(), (4,))
     report = rewrite(gm)
     assert report.applied[0].moved == ("arange", "_to_copy", "mul")
     values = [n.meta["val"] for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
@@ -93,7 +85,7 @@ def test_a_copy_into_a_device_tensor_reads_a_constructor_built_on_the_device() -
         y.copy_(torch.arange(4.0))  # copy_(dst, src): the host side is the second argument
         return x + y
 
-    gm = _trace(fn, (4,), (4,))
+    gm = trace_on_fake_cuda(fn, (4,), (4,))
     report = rewrite(gm)
     assert [a.kind for a in report.applied] == [CONSTRUCT]
     assert _node(gm, aten.copy_.default).args[1] is _node(gm, aten.arange.default)  # the write itself stays
@@ -102,7 +94,7 @@ def test_a_copy_into_a_device_tensor_reads_a_constructor_built_on_the_device() -
 
 
 def test_a_tensor_literal_is_copied_to_the_device_once_at_compile_time() -> None:
-    gm = _trace(lambda x: x + torch.tensor([1.0, 2.0, 3.0, 4.0]).to(x.device), (4,))
+    gm = trace_on_fake_cuda(lambda x: x + torch.tensor([1.0, 2.0, 3.0, 4.0]).to(x.device), (4,))
     report = rewrite(gm)
     assert [a.kind for a in report.applied] == [CONSTANT]
     moved = gm._launchless_const_0
@@ -114,7 +106,7 @@ def test_a_tensor_literal_is_copied_to_the_device_once_at_compile_time() -> None
 
 def test_a_module_attribute_is_moved_once_and_guarded_against_in_place_changes() -> None:
     model = _Anchors()
-    gm = _trace(model, (2, 4))
+    gm = trace_on_fake_cuda(model, (2, 4))
     report = rewrite(gm)
     assert [a.kind for a in report.applied] == [ATTRIBUTE, ATTRIBUTE]
     assert _moved_buffers(gm) == ["_launchless_const_0"]  # two reads, one device copy
@@ -138,7 +130,7 @@ def test_a_module_attribute_is_moved_once_and_guarded_against_in_place_changes()
     ids=["input", "item", "random", "data-dependent", "host-use", "returned"],
 )
 def test_a_copy_that_is_not_provably_safe_is_left_alone_with_its_reason(fn, reason) -> None:
-    gm = _trace(fn, (4,))
+    gm = trace_on_fake_cuda(fn, (4,))
     before = gm.code
     report = rewrite(gm)
     assert report.applied == [] and gm.code == before
@@ -147,7 +139,7 @@ def test_a_copy_that_is_not_provably_safe_is_left_alone_with_its_reason(fn, reas
 
 
 def test_a_host_sync_is_reported_as_not_rewritable() -> None:
-    gm = _trace(lambda x: x * x.sum().item(), (4,))
+    gm = trace_on_fake_cuda(lambda x: x * x.sum().item(), (4,))
     before = gm.code
     report = rewrite(gm)
     assert report.applied == [] and gm.code == before
@@ -156,7 +148,7 @@ def test_a_host_sync_is_reported_as_not_rewritable() -> None:
 
 
 def test_the_report_carries_the_user_source_line() -> None:
-    gm = _trace(lambda x: x + torch.arange(4).cuda(), (4,))
+    gm = trace_on_fake_cuda(lambda x: x + torch.arange(4).cuda(), (4,))
     _node(gm, aten._to_copy.default).meta["stack_trace"] = (
         '  File "/home/me/model.py", line 12, in forward\n    return x + torch.arange(4).cuda()\n'
     )

@@ -243,3 +243,15 @@ def test_registrations_inside_a_compiled_forward_do_not_recompile_it() -> None:
     assert relocation._epoch == epoch  # a bump per call would force the full address check on every call
     assert torch.equal(out, model(x))
     torch._dynamo.reset()
+
+
+def test_the_python_pointer_check_matches_torchs_where_a_build_lacks_it() -> None:
+    """CPU wheels up to torch 2.13 have no ``_tensors_data_ptrs_at_indices_equal`` (a CUDA-module function)."""
+    from launchless.relocation import _ptrs_equal_python
+
+    tensors = [torch.randn(2), torch.randn(3), torch.randn(4)]
+    ptrs = [t.data_ptr() for t in tensors]
+    moved = [tensors[0], torch.randn(3), tensors[2]]
+    for check in {_ptrs_equal_python, relocation.ptrs_equal}:
+        assert check(tensors, ptrs, [0, 1, 2]) and check(moved, ptrs, [0, 2])
+        assert not check(moved, ptrs, [0, 1]) and check(moved, ptrs, [])

@@ -32,7 +32,7 @@ from .decisions import Decision, DecisionCache, DecisionKey, DriftMonitor
 from .indirection import IndirectGraph, IndirectionUnavailable, unavailable_reason
 
 log = logging.getLogger("launchless")
-_ptrs_equal = torch._C._tensors_data_ptrs_at_indices_equal
+_ptrs_equal = relocation.ptrs_equal
 Compiler = Callable[[fx.GraphModule, list], Callable[..., Any]]
 
 
