@@ -20,7 +20,7 @@ def info(variants: list[str], refused: list[str] = (), cgct_in_use: bool | None 
 
 def test_summary_counts_variants_refusals_and_cgct_over_all_graphs() -> None:
     infos = [
-        info(["graph", "graph+pi"], cgct_in_use=True),
+        {**info(["graph", "graph+pi"], cgct_in_use=True), "demoted_inputs": ["L_self_state"]},
         info(["no-graph"], refused=["a data-dependent shape"], cgct_in_use=False),
         info([], refused=["a data-dependent shape", "host sync"]),
     ]
@@ -29,10 +29,11 @@ def test_summary_counts_variants_refusals_and_cgct_over_all_graphs() -> None:
     assert s["variants"] == {"graph": 1, "graph+pi": 1, "no-graph": 1}
     assert s["refused"] == {"a data-dependent shape": 2, "host sync": 1}
     assert s["cgct_in_use"] == 1  # applied and undone does not count
-    assert s["replays"] == 30
+    assert s["replays"] == 30 and s["demoted_inputs"] == 1
     assert graphs.describe(s) == (
         "3 Dynamo graphs (7 breaks): 1 graph, 1 graph+pi, 1 no-graph; "
-        "refused 3: 2× a data-dependent shape; 1× host sync; CGCT in 1"
+        "refused 3: 2× a data-dependent shape; 1× host sync; CGCT in 1; "
+        "1 attribute(s) reassigned every call, copied like inputs"
     )
 
 

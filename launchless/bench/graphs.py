@@ -18,8 +18,9 @@ def summarize(infos: Iterable[Mapping[str, Any]], graph_breaks: int | None) -> d
     infos = list(infos)
     variants: Counter[str] = Counter()
     refused: Counter[str] = Counter()
-    replays = cgct = 0
+    replays = cgct = demoted = 0
     for info in infos:
+        demoted += len(info.get("demoted_inputs", ()))
         for graph in info["graphs"]:
             variants[graph["variant"]] += 1
             replays += graph["replays"]
@@ -30,6 +31,7 @@ def summarize(infos: Iterable[Mapping[str, Any]], graph_breaks: int | None) -> d
         "variants": dict(variants),  # per captured input signature: graph, graph+pi or no-graph (chosen)
         "refused": dict(refused),
         "cgct_in_use": cgct,
+        "demoted_inputs": demoted,  # module attributes reassigned every call, now copied like inputs
         "replays": replays,
         "graph_breaks": graph_breaks,
     }
@@ -61,6 +63,8 @@ def describe(summary: Mapping[str, Any]) -> str:
         text += f"; refused {sum(summary['refused'].values())}: {reasons}"
     if summary["cgct_in_use"]:
         text += f"; CGCT in {summary['cgct_in_use']}"
+    if summary.get("demoted_inputs"):  # absent from summaries written before it was counted
+        text += f"; {summary['demoted_inputs']} attribute(s) reassigned every call, copied like inputs"
     return text
 
 
