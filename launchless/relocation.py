@@ -40,7 +40,6 @@ def _ptrs_equal_python(tensors: list, ptrs: list, indices: list) -> bool:
 
 ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", _ptrs_equal_python)
 """``ptrs_equal(tensors, ptrs, indices)``: every ``tensors[i]`` still at ``ptrs[i]`` (one C++ call where there)."""
-_ptrs_equal = ptrs_equal
 _SPOT = 8
 _is_compiling = torch.compiler.is_compiling
 
@@ -115,12 +114,12 @@ class RelocationWatch:
 
     def _unchanged_full(self) -> bool:
         current = list(filter(_not_none, itertools.chain.from_iterable(map(dict.values, self._dicts))))
-        return tuple(map(id, current)) == self._ids and _ptrs_equal(current, self._ptrs, self._indices)
+        return tuple(map(id, current)) == self._ids and ptrs_equal(current, self._ptrs, self._indices)
 
     def moved(self) -> bool:
         """True once after parameters or buffers were relocated; the watch then follows the new ones."""
         if self._epoch == _epoch and (
-            self._unchanged_full() if self._full else _ptrs_equal(self._spot, self._spot_ptrs, self._spot_indices)
+            self._unchanged_full() if self._full else ptrs_equal(self._spot, self._spot_ptrs, self._spot_indices)
         ):
             return False
         old_ids, old_ptrs = self._ids, self._ptrs

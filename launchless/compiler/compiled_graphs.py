@@ -100,7 +100,6 @@ class CompiledGraphs:
         # addresses are compared on every call; one that moves again is demoted to a copied input
         self.attributes, self.input_names = attributes, list(input_names)
         self._moves: dict[int, int] = {}
-        self.demoted: list[int] = []
         self.selective, self.cache, self.graph_key = selective, cache, graph_key
         self.indirection = indirection and unavailable_reason() is None
         self.capture_after, self.max_graphs, self.verify_mode = capture_after, max_graphs, verify_mode
@@ -215,7 +214,6 @@ class CompiledGraphs:
         self._drop_graphs()
         if demote:
             self.static = self.static - demote
-            self.demoted += sorted(demote)
             self._arity = -1  # the signature now includes them
             self._watch_addresses(self.static - self._unread)
             self._log_once(
@@ -396,7 +394,8 @@ class CompiledGraphs:
         return {
             "name": self.name,
             "static_inputs": len(self.static),
-            "demoted_inputs": [self._names([i], 1) for i in self.demoted],  # attributes reassigned every call
+            # attributes reassigned every call (only a demotion takes an input out of the static ones)
+            "demoted_inputs": [self._names([i], 1) for i in sorted(self.attributes - self.static)],
             "graphs": [
                 {
                     "signature": s.describe(),
