@@ -6,8 +6,10 @@ eager and through the graph. Outputs must be bit-identical, and the two probes m
 different outputs whenever eager's do (a stale graph replays the same values whatever the input).
 
 Random values can be outside what a model accepts (roi_align's boxes carry a batch index as a float):
-eager then differs from itself on them, and the protocol runs again on the call's own inputs and on
-them reordered along the first dimension, where only bit identity passes.
+where the caller knows such inputs (the compiler path reads them off the FX graph) they are probed from
+the call's own values, since an out-of-bounds read can fault and end the process. Where eager still
+differs from itself on random probes, the protocol runs again on the call's own inputs and on them
+reordered along the first dimension, where only bit identity passes.
 
 Where replay is not bit-identical the difference gets a name and a measured size:
 - ``eager-noise``: eager run twice (or on the capture stream) already differs -- nothing can pass
@@ -85,14 +87,31 @@ def _probe(example: torch.Tensor, kind: int, gen: dict[torch.device, torch.Gener
     return torch.empty_like(example).copy_(x)
 
 
-def make_probes(leaves: list, keep: frozenset[int] = frozenset()) -> tuple[list, list]:
+def make_probes(
+    leaves: list, keep: frozenset[int] = frozenset(), from_call: frozenset[int] = frozenset()
+) -> tuple[list, list]:
     """Two probe inputs like ``leaves``; non-tensor leaves are kept (they are part of the signature), and
-    so are the tensors at ``keep`` (parameters a compiled graph reads in place)."""
+    so are the tensors at ``keep`` (parameters a compiled graph reads in place). The tensors at ``from_call``
+    are values read as addresses (a box's batch index): random ones would read out of bounds, so they are
+    taken from the call, as is and reordered along the first dimension (``input_probes``)."""
     gen: dict[torch.device, torch.Generator] = {}
     return tuple(
-        [_probe(x, k, gen) if isinstance(x, torch.Tensor) and i not in keep else x for i, x in enumerate(leaves)]
+        [
+            x
+            if not isinstance(x, torch.Tensor) or i in keep
+            else _from_call(x, roll=k == 1)
+            if i in from_call
+            else _probe(x, k, gen)
+            for i, x in enumerate(leaves)
+        ]
         for k in (0, 1)
     )
+
+
+def _from_call(x: torch.Tensor, roll: bool) -> torch.Tensor:
+    """A copy of ``x`` in its own layout (as ``_probe`` keeps it), rolled by one row with ``roll``."""
+    y = x.roll(1, 0) if roll and x.dim() and x.shape[0] > 1 else x
+    return torch.empty_like(x).copy_(y)
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
@@ -173,14 +192,17 @@ def verify(
     tolerance_ulps: float = 64.0,
     branches: list[str] | None = None,
     keep: frozenset[int] = frozenset(),
+    from_call: frozenset[int] = frozenset(),
 ) -> VerifyReport:
     """Run the two-probe protocol against eager; never raises for a mismatch, it reports it.
 
-    Random probes can fall outside what a model accepts (a box's batch index, a row id kept as a float): eager
-    then reads out of bounds and differs from itself. Such a graph gets a second protocol on the call's own
-    inputs (see ``input_probes``) and passes only bit-identical there, with outputs that follow the inputs."""
+    Inputs known to be read as addresses (``from_call``) are probed from the call's own values. Random probes
+    can still fall outside what a model accepts where that is not known (a row id kept as a float): eager then
+    reads out of bounds and differs from itself. Such a graph gets a second protocol on the call's own inputs
+    (see ``input_probes``) and passes only bit-identical there, with outputs that follow the inputs."""
     branches = list(branches or [])
-    report = _protocol(graph, fn, flat, make_probes(flat.leaves, keep), mode, tolerance_ulps, branches)
+    probes = make_probes(flat.leaves, keep, from_call)
+    report = _protocol(graph, fn, flat, probes, mode, tolerance_ulps, branches)
     if report.status != EAGER_NOISE or report.passed:
         return report
     again = _protocol(graph, fn, flat, input_probes(flat.leaves, keep), mode, tolerance_ulps, branches)
@@ -196,14 +218,7 @@ def verify(
 def input_probes(leaves: list, keep: frozenset[int] = frozenset()) -> tuple[list, list]:
     """Two probes from the call's own inputs: copies of them, and copies rolled by one along the first dimension
     (rows of boxes, tokens of a batch: reordered, every value still one the model was given)."""
-
-    def copy(x: Any, i: int, roll: bool) -> Any:
-        if not isinstance(x, torch.Tensor) or i in keep:
-            return x
-        y = x.roll(1, 0) if roll and x.dim() and x.shape[0] > 1 else x
-        return torch.empty_like(x).copy_(y)  # the example's layout, as make_probes keeps it
-
-    return tuple([copy(x, i, roll) for i, x in enumerate(leaves)] for roll in (False, True))
+    return make_probes(leaves, keep, frozenset(range(len(leaves))))
 
 
 def _protocol(

@@ -419,3 +419,15 @@ def test_the_backend_installs_relocation_before_tracing_so_nothing_recompiles_la
     out = subprocess.run([sys.executable, "-c", _NO_RECOMPILE], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["1"], out.stdout  # hooks installed at the first capture: 2 (a recompile)
+
+
+def test_inputs_read_as_addresses_are_verified_on_the_calls_values_and_named(monkeypatch, tmp_path) -> None:
+    from launchless.compiler import compiled_graphs as graphs_module
+
+    compiled, w, _ = _graphs_on_fakes(monkeypatch, tmp_path, index_inputs=frozenset({0}))
+    seen = []
+    monkeypatch.setattr(graphs_module, "verify", lambda *a, **k: seen.append(k.get("from_call")) or _Report())
+    for _ in range(3):
+        compiled(torch.randn(3), w)
+    assert seen == [frozenset({0})]  # one capture, verified with the batch taken from the call
+    assert compiled.graph_info()["index_inputs"] == ["L_x_"]

@@ -357,3 +357,37 @@ def test_cgct_folds_host_box_math_that_the_device_would_round_differently(caplog
     info = graphs.graph_info()
     assert info["graphs"][0]["replays"] >= 2 and info["cgct"]["in_use"], info
     assert [a.split(":")[0] for a in info["cgct"]["applied"]] == [FOLDED], info
+
+
+class _BoxHead(nn.Module):
+    """R-CNN's box head: roi_align on a large feature map, the boxes (with their batch index as a float) given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 256, 3, padding=1)
+
+    def forward(self, image: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        from torchvision.ops import roi_align
+
+        return roi_align(self.conv(image), boxes, (7, 7), 0.25, 2, True)
+
+
+@torch.no_grad()
+def test_boxes_are_verified_on_the_calls_own_rows_not_random_ones() -> None:
+    """Random boxes put batch indices near 10 into a batch of one: on a 56 MB feature map eager and the graph
+    read far out of bounds, which ended R-CNN ResNet-50 FPN runs with a CUDA fault before this was known."""
+    pytest.importorskip("torchvision")
+    model = _BoxHead().cuda().eval()
+    image = torch.randn(1, 3, 200, 272, device="cuda")
+    corners = torch.rand(16, 2, device="cuda") * 400
+    boxes = torch.cat([torch.zeros(16, 1, device="cuda"), corners, corners + 300], 1)
+    compiled = _compiled(model)
+    for _ in range(5):
+        out = compiled(image, boxes)
+    torch.cuda.synchronize()  # a fault would surface here
+    (graphs,) = [g for g in _graphs() if g.graph_info()["graphs"]]
+    info = graphs.graph_info()
+    assert len(info["index_inputs"]) == 1 and "boxes" in info["index_inputs"][0], info
+    (graph,) = info["graphs"]
+    assert graph["verification"] == "bit-identical" and graph["replays"] >= 2, info
+    torch.testing.assert_close(out, model(image, boxes))

@@ -511,3 +511,14 @@ def test_input_probes_reorder_rows_and_keep_the_rest() -> None:
     assert first[0] is table and second[0] is table  # kept: read in place
     assert torch.equal(first[1], rows) and first[1] is not rows
     assert torch.equal(second[1], rows.roll(1, 0)) and torch.equal(second[2], single) and second[3] == 2.0
+
+
+def test_inputs_read_as_addresses_are_probed_from_the_call_and_the_rest_at_random() -> None:
+    """roi_align's boxes carry a batch index as a float: a random one reads out of bounds, on a GPU a fault."""
+    image, boxes = torch.zeros(1, 2, 4, 4), torch.tensor([[0.0, 1, 1, 3, 3], [0.0, 0, 0, 2, 2]])
+    strided = torch.tensor([[0.0, 0.0], [1.0, 2.0]]).t()
+    first, second = make_probes([image, boxes, strided], from_call=frozenset({1, 2}))
+    assert not torch.equal(first[0], image) and not torch.equal(second[0], image)  # random, as before
+    assert torch.equal(first[1], boxes) and first[1] is not boxes
+    assert torch.equal(second[1], boxes.roll(1, 0))  # every row one the model was given, in another order
+    assert first[2].stride() == strided.stride() and torch.equal(second[2], strided.roll(1, 0))

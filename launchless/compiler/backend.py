@@ -26,6 +26,7 @@ from .. import relocation
 from .cgct import try_rewrite
 from .compiled_graphs import CompiledGraphs, Compiler
 from .decisions import DecisionCache, graph_hash
+from .index_inputs import index_like_inputs
 
 log = logging.getLogger("launchless")
 
@@ -150,6 +151,7 @@ def make_backend(
             graph_key=graph_hash(gm),
             attributes=tensor_attribute_indices(names, example_inputs, static),
             input_names=names,
+            index_inputs=index_like_inputs(gm, example_inputs),
             **options,
         )
         if early is not None:

@@ -29,6 +29,7 @@ from torch import fx
 from ..blockers import DATA_DEPENDENT, HOST_SYNC
 from ..verify import make_probes
 from .diagnose import INPUT_MUTATION, RNG_STATE, diagnose, source_line
+from .index_inputs import index_like_inputs
 from .rewrite import (
     ConstantGuard,
     RewriteReport,
@@ -172,14 +173,14 @@ def try_rewrite(
     if not report.applied:
         skipped = "; ".join(s.reason for s in report.skipped[:2])
         return CgctResult(None, report, "no rewritable host copy" + (f" ({skipped})" if skipped else ""))
-    leaves = list(example_inputs)
-    same, diff = differential_check(original, rewritten, lambda: make_probes(leaves, static)[0])
+    leaves, from_call = list(example_inputs), index_like_inputs(gm, example_inputs)
+    same, diff = differential_check(original, rewritten, lambda: make_probes(leaves, static, from_call)[0])
     if not same:  # the device rounds differently (a division by a host scalar is a multiplication there): fold
         try:
             rewritten = copy.deepcopy(original)
             report = rewrite(rewritten, static_inputs=statics, fold=True)
             folded, fold_diff = (
-                differential_check(original, rewritten, lambda: make_probes(leaves, static)[0])
+                differential_check(original, rewritten, lambda: make_probes(leaves, static, from_call)[0])
                 if report.applied
                 else (False, math.inf)
             )

@@ -94,8 +94,10 @@ class CompiledGraphs:
         graph_key: str = "",
         attributes: frozenset[int] = frozenset(),
         input_names: Sequence[str] = (),
+        index_inputs: frozenset[int] = frozenset(),
     ) -> None:
         self.compiled, self.static, self.name = compiled, static, name
+        self.index_inputs = index_inputs  # float inputs read as addresses: verified on the call's own values
         # static inputs that are plain module attributes: no event announces their replacement, so their
         # addresses are compared on every call; one that moves again is demoted to a copied input
         self.attributes, self.input_names = attributes, list(input_names)
@@ -263,7 +265,9 @@ class CompiledGraphs:
                     if self.cgct is not None and self.cgct.compiled is None:
                         why += f"; CGCT: {self.cgct.why_not}"
                 return self._refuse(sig, args, why)
-            report = verify(graph, self.compiled, flat, mode=self.verify_mode, keep=self.static)
+            report = verify(
+                graph, self.compiled, flat, mode=self.verify_mode, keep=self.static, from_call=self.index_inputs
+            )
             if not report.passed:
                 del graph
                 if not self._graphs:
@@ -331,7 +335,9 @@ class CompiledGraphs:
         except IndirectionUnavailable as exc:
             entry.pi_reason = str(exc)
             return
-        report = verify(entry.indirect, self.compiled, flat, mode=self.verify_mode, keep=self.static)
+        report = verify(
+            entry.indirect, self.compiled, flat, mode=self.verify_mode, keep=self.static, from_call=self.index_inputs
+        )
         entry.indirect.reset()
         if not report.passed:
             entry.pi_reason = f"verification failed ({report.status}: {report.detail})"
@@ -396,6 +402,8 @@ class CompiledGraphs:
             "static_inputs": len(self.static),
             # attributes reassigned every call (only a demotion takes an input out of the static ones)
             "demoted_inputs": [self._names([i], 1) for i in sorted(self.attributes - self.static)],
+            # floats read as addresses (a box's batch index): verified on the call's own values, not random ones
+            "index_inputs": [self._names([i], 1) for i in sorted(self.index_inputs)],
             "graphs": [
                 {
                     "signature": s.describe(),

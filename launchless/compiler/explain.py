@@ -152,6 +152,8 @@ def explain(
                 report.info = runner.graph_info()
                 cgct = report.info.get("cgct")
                 notes = [f"copied like an input (reassigned every call): {n}" for n in report.info["demoted_inputs"]]
+                if index_inputs := ", ".join(report.info["index_inputs"]):
+                    notes.append(f"verified on the call's own values (read as addresses): {index_inputs}")
                 if cgct:
                     notes.insert(0, "; ".join(cgct["applied"]) or f"CGCT not applied: {cgct['why_not']}")
                 report.note = "\n".join(notes)
