@@ -16,22 +16,20 @@ captured into again (see ``_abandon``).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
-from .output_aliases import aliased_outputs, find_input_aliases
+from .output_aliases import fill_aliases, find_input_aliases
+from .output_copies import IMMUTABLE_OUTPUTS, make_cloner
 from .signature import FlatInputs
 
 CAPTURE_LOCK = threading.RLock()
 _failed_graphs: list[torch.cuda.CUDAGraph] = []
-_IMMUTABLE_OUTPUTS = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.Size)
 
 
 class CaptureFailed(Exception):
@@ -75,50 +73,6 @@ def _end_pool_allocation(device: torch.device, pool: Any) -> None:
             end(device.index if device.index is not None else torch.cuda.current_device(), pool)
 
 
-def _clone(x: Any) -> Any:
-    """Clone a tensor, or every tensor inside a container (nested outputs are graph buffers too)."""
-    if isinstance(x, torch.Tensor):
-        return x.clone()
-    if isinstance(x, _IMMUTABLE_OUTPUTS):
-        return x
-    return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, x)
-
-
-def _make_cloner(outputs: Any) -> Callable[[], Any]:
-    """A function returning a fresh copy of ``outputs`` with every tensor cloned.
-
-    Rebuilding through pytree costs tens of microseconds for transformers' ModelOutput (its
-    constructor does a lot), so the common shapes get direct code; a ModelOutput-like object
-    (an OrderedDict dataclass) is rebuilt shallowly, and that rebuild is checked once against pytree.
-    """
-    if isinstance(outputs, torch.Tensor):
-        return outputs.clone
-    kind = type(outputs)
-    if kind in (tuple, list):
-        items = list(outputs)
-        return lambda: kind(map(_clone, items))
-    if kind is dict:
-        pairs = list(outputs.items())
-        return lambda: {k: _clone(v) for k, v in pairs}
-    if isinstance(outputs, OrderedDict) and dataclasses.is_dataclass(outputs):
-        pairs, attrs = list(outputs.items()), dict(outputs.__dict__)
-
-        def shallow() -> Any:
-            new = kind.__new__(kind)
-            cloned = {k: _clone(v) for k, v in pairs}
-            for k, v in cloned.items():
-                OrderedDict.__setitem__(new, k, v)  # keeps the order, skips ModelOutput's slow hooks
-            new.__dict__.update(attrs)
-            new.__dict__.update(cloned)
-            return new
-
-        probe = shallow()
-        if pytree.tree_structure(probe) == pytree.tree_structure(outputs) and list(probe.keys()) == list(outputs):
-            return shallow
-    leaves, spec = pytree.tree_flatten(outputs)
-    return lambda: pytree.tree_unflatten(list(map(_clone, leaves)), spec)
-
-
 class CapturedGraph:
     """One forward captured for one input signature: static inputs, the graph, static outputs."""
 
@@ -138,9 +92,8 @@ class CapturedGraph:
         self.tensor_slots = tensor_slots
         self.slot_buffers = [(i, static_leaves[i]) for i in tensor_slots]
         self.outputs = outputs
-        self.cloned_outputs = _make_cloner(outputs)
         self.aliases = find_input_aliases(outputs, static_leaves)  # outputs that are (views of) inputs
-        self._aliased = aliased_outputs(outputs, self.aliases) if self.aliases else None
+        self._clone = make_cloner(outputs, frozenset(a.position for a in self.aliases))
         self.capture_ms = capture_ms
         self.pool_growth = pool_growth
         self.replays = 0
@@ -169,12 +122,14 @@ class CapturedGraph:
     def fresh_outputs(self, leaves: list) -> Any:
         """Copies of the output buffers; an output that is (a view of) an input is that input of ``leaves``,
         as in eager (see ``output_aliases``)."""
-        return self._aliased(leaves) if self._aliased is not None else self.cloned_outputs()
+        if not self.aliases:
+            return self._clone()
+        return self._clone(lambda new: fill_aliases(self.aliases, leaves, new))
 
 
 def _check_outputs(outputs: Any) -> None:
     for leaf in pytree.tree_leaves(outputs):
-        if not isinstance(leaf, (torch.Tensor, *_IMMUTABLE_OUTPUTS)):
+        if not isinstance(leaf, (torch.Tensor, *IMMUTABLE_OUTPUTS)):
             raise CaptureFailed(
                 "outputs",
                 None,

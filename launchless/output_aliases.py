@@ -12,7 +12,7 @@ is laid out differently from the captured one (the view would then point elsewhe
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -58,19 +58,8 @@ def find_input_aliases(outputs: Any, inputs: Sequence[Any]) -> list[InputAlias]:
     return aliases
 
 
-def aliased_outputs(outputs: Any, aliases: list[InputAlias]) -> Callable[[Sequence[Any]], Any]:
-    """``fresh(inputs)``: the outputs with every tensor cloned except the aliases, rebuilt from ``inputs``."""
-    leaves, spec = pytree.tree_flatten(outputs)
-    by_position = {a.position: a for a in aliases}
-
-    def fresh(inputs: Sequence[Any]) -> Any:
-        new = []
-        for position, t in enumerate(leaves):
-            alias = by_position.get(position)
-            if alias is not None:
-                new.append(alias.take(inputs, t))
-            else:
-                new.append(t.clone() if isinstance(t, torch.Tensor) else t)
-        return pytree.tree_unflatten(new, spec)
-
-    return fresh
+def fill_aliases(aliases: Sequence[InputAlias], inputs: Sequence[Any], leaves: list) -> None:
+    """Put the caller's tensor (or the same view of it) at each aliased position of the output ``leaves``,
+    which still hold the captured tensors there (``output_copies.make_cloner``'s ``keep``)."""
+    for alias in aliases:
+        leaves[alias.position] = alias.take(inputs, leaves[alias.position])

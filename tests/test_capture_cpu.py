@@ -15,7 +15,8 @@ import pytest
 import torch
 from torch.utils import _pytree as pytree
 
-from launchless.capture import CapturedGraph, _make_cloner, _static_like
+from launchless.capture import CapturedGraph, _static_like
+from launchless.output_copies import make_cloner
 
 
 def storages(tree) -> set[int]:
@@ -48,7 +49,7 @@ def t(*shape: int) -> torch.Tensor:
     ],
 )
 def test_flat_outputs_are_cloned(outputs) -> None:
-    clone = _make_cloner(outputs)
+    clone = make_cloner(outputs)
     first, second = clone(), clone()
     assert_fresh_copy(first, outputs)
     assert storages(first).isdisjoint(storages(second))
@@ -63,12 +64,12 @@ def test_flat_outputs_are_cloned(outputs) -> None:
     ],
 )
 def test_nested_outputs_are_cloned(outputs) -> None:
-    assert_fresh_copy(_make_cloner(outputs)(), outputs)
+    assert_fresh_copy(make_cloner(outputs)(), outputs)
 
 
 def test_cloner_reads_the_current_values_of_the_static_outputs() -> None:
     static = (torch.zeros(3), {"a": torch.zeros(2)})
-    clone = _make_cloner(static)
+    clone = make_cloner(static)
     static[0].fill_(1.0)  # what a replay does
     static[1]["a"].fill_(2.0)
     got = clone()
@@ -91,7 +92,7 @@ class Output(OrderedDict):
 
 def test_modeloutput_like_is_rebuilt_with_keys_attributes_and_order() -> None:
     out = Output(logits=t(2), aux=t(3))
-    got = _make_cloner(out)()
+    got = make_cloner(out)()
     assert type(got) is Output
     assert list(got.keys()) == ["logits", "aux"]
     assert torch.equal(got.logits, out.logits) and torch.equal(got["aux"], out["aux"])
@@ -102,7 +103,7 @@ def test_modeloutput_like_is_rebuilt_with_keys_attributes_and_order() -> None:
 def test_transformers_model_output() -> None:
     modeling_outputs = pytest.importorskip("transformers.modeling_outputs")
     out = modeling_outputs.BaseModelOutputWithPooling(last_hidden_state=t(1, 4, 8), pooler_output=t(1, 8))
-    got = _make_cloner(out)()
+    got = make_cloner(out)()
     assert_fresh_copy(got, out)
     assert list(got.keys()) == ["last_hidden_state", "pooler_output"]
     assert got.hidden_states is None and got.attentions is None
@@ -112,7 +113,28 @@ def test_transformers_model_output() -> None:
 def test_transformers_model_output_with_hidden_states_is_cloned() -> None:
     modeling_outputs = pytest.importorskip("transformers.modeling_outputs")
     out = modeling_outputs.BaseModelOutput(last_hidden_state=t(1, 4, 8), hidden_states=(t(1, 4, 8), t(1, 4, 8)))
-    assert_fresh_copy(_make_cloner(out)(), out)
+    assert_fresh_copy(make_cloner(out)(), out)
+
+
+def test_outputs_are_copied_in_one_launch_per_dtype_keeping_each_layout(monkeypatch) -> None:
+    """A clone per tensor is a launch per tensor; the copies go in one multi-tensor launch per dtype."""
+    calls = []
+    real = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda dst, src: calls.append(len(dst)) or real(dst, src))
+    nhwc = t(1, 3, 4, 4).to(memory_format=torch.channels_last)
+    outputs = (t(2), nhwc, t(3).expand(2, 3), torch.arange(4), torch.arange(5), t(2).bfloat16(), t(2) > 0, 7)
+    got = make_cloner(outputs)()
+    assert_fresh_copy(got, outputs)
+    assert got[1].stride() == nhwc.stride() and got[2].shape == (2, 3)
+    assert sorted(calls) == [2, 3]  # three float32 tensors, two int64; the lone bfloat16 and bool are copied alone
+
+
+def test_kept_outputs_are_not_copied_and_the_fill_puts_the_callers_tensors_there() -> None:
+    outputs = {"boxes": t(3, 4), "anchors": [t(2), t(5)]}
+    mine = torch.zeros(5)
+    got = make_cloner(outputs, keep=frozenset({2}))(lambda leaves: leaves.__setitem__(2, mine))
+    assert got["anchors"][1] is mine and torch.equal(got["boxes"], outputs["boxes"])
+    assert storages(got).isdisjoint(storages(outputs))
 
 
 # ---- CapturedGraph with a stand-in for torch.cuda.CUDAGraph -----------------------------------------
@@ -177,6 +199,20 @@ def test_nested_replay_cloned_results_survive_the_next_replay() -> None:
     first = g.replay_cloned([x1])
     g.replay_cloned([torch.randn(3)])
     assert torch.equal(first[1][0], x1 + 1)
+
+
+def test_outputs_that_are_inputs_or_views_of_them_are_the_callers_tensors_and_the_rest_copies() -> None:
+    """As in eager (``x.to(x.dtype)`` returns ``x``): a copy would move a module attribute stored back from it."""
+
+    def fn(x: torch.Tensor):
+        return x * 2, x, x[1:]
+
+    g = captured(fn, torch.zeros(3))
+    x1 = torch.randn(3)
+    doubled, same, tail = g.replay_cloned([x1])
+    assert same is x1 and tail.untyped_storage().data_ptr() == x1.untyped_storage().data_ptr()
+    assert torch.equal(tail, x1[1:]) and tail.storage_offset() == 1
+    assert torch.equal(doubled, x1 * 2) and doubled.untyped_storage().data_ptr() != g.outputs[0].data_ptr()
 
 
 # ---- static input buffers -------------------------------------------------------------------------
