@@ -285,3 +285,15 @@ def test_a_static_input_returned_by_the_graph_keeps_its_address_across_replays()
     for _ in range(3):
         out = g.replay_cloned([anchors])
         assert out[0] is anchors and torch.equal(out[1], anchors * 2)
+
+
+def test_several_inputs_are_loaded_in_one_multi_tensor_launch(monkeypatch) -> None:
+    calls = []
+    real = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda dst, src, **kw: calls.append(len(dst)) or real(dst, src, **kw))
+    static_in = [torch.zeros(2), torch.zeros(3, dtype=torch.int64), torch.zeros(4)]
+    graph = RecomputingGraph(lambda a, b, c: a.sum() + b.sum() + c.sum(), static_in, torch.zeros(()))
+    g = CapturedGraph(graph, static_in, [0, 1, 2], graph.static_outputs, capture_ms=0.0, pool_growth=0)  # type: ignore[arg-type]
+    a, b = torch.randn(2), torch.arange(3)
+    out = g.replay_cloned([a, b, static_in[2]])  # the third is the buffer itself: not copied onto itself
+    assert calls == [2] and torch.equal(out, a.sum() + b.sum())
