@@ -18,13 +18,14 @@
 #   diagnose           benchmarks/diagnose_compiled.py for each model in DIAG="name ..." (recompiles logged)
 # GPUS="0 1" (default: every visible GPU) spreads the bench and coverage steps over those GPUs.
 # ONLY="name ..." keeps only those workloads in the compiler steps (a suite split over device calls; --merge joins).
+# MODES="mode ..." runs only those modes in the compiler steps (a re-run of one mode; --merge replaces its rows).
 set -u
 out=${1:?usage: device_run.sh OUT_DIR STEP [STEP ...]}
 shift
 mkdir -p "$out"
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$(pwd)" PYTHONUNBUFFERED=1
 read -r -a gpus <<<"${GPUS:-$(python3 -c 'import torch; print(*range(torch.cuda.device_count()))')}"
-modes=(compile reduce-overhead launchless-compile)
+read -r -a modes <<<"${MODES:-compile reduce-overhead launchless-compile}"  # the compiler steps' modes
 names() {  # the compiler suite's blocked (1) or inference (0) workloads
   python3 -c 'import sys; from launchless.bench.workloads import COMPILER, suite
 blocked, only = sys.argv[1] == "1", sys.argv[2].split()
