@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from .index_trace import IndexTrace
 from .output_aliases import fill_aliases, find_input_aliases
 from .output_copies import IMMUTABLE_OUTPUTS, make_cloner
 from .signature import FlatInputs
@@ -97,6 +98,7 @@ class CapturedGraph:
         self.capture_ms = capture_ms
         self.pool_growth = pool_growth
         self.replays = 0
+        self.index_inputs: frozenset[int] = frozenset()  # float inputs read as addresses (capture's trace)
 
     def load(self, leaves: list) -> None:
         """Copy new inputs into the static buffers, in one multi-tensor launch where there are several; a static
@@ -157,6 +159,7 @@ def capture(
     stream: torch.cuda.Stream | None = None,
     static: frozenset[int] = frozenset(),
     keep_graph: bool = False,
+    trace_indices: bool = False,
 ) -> CapturedGraph:
     """Warm up ``fn`` on a side stream, capture it there, and return the replayable graph.
 
@@ -164,6 +167,8 @@ def capture(
     by default a new side stream. ``static``: indices of leaves the graph reads in place (parameters and
     buffers handed over by the compiler): no placeholder, no copy; the caller checks their addresses.
     ``keep_graph``: keep the graph's template (for pointer indirection) next to its instance.
+    ``trace_indices``: the first warm-up run finds the float inputs read as addresses (``index_trace``), for
+    verification to probe from the call's own values (``CapturedGraph.index_inputs``).
     Raises ``CaptureFailed`` with the original exception; the process stays usable either way.
     """
     with CAPTURE_LOCK, torch.cuda.device(device):
@@ -178,8 +183,9 @@ def capture(
         stream.wait_stream(caller)
         before = _versions(static_leaves, slots)
         with torch.cuda.stream(stream), _capture_autocast():
+            index_inputs = _traced_warmup(fn, args, kwargs, static_leaves) if trace_indices and warmup else frozenset()
             try:
-                for _ in range(warmup):
+                for _ in range(warmup - (trace_indices and warmup > 0)):
                     fn(*args, **kwargs)
             except Exception as exc:
                 raise CaptureFailed("warm-up", exc, f"the forward failed during warm-up: {exc}") from exc
@@ -218,7 +224,25 @@ def capture(
         capture_ms = (time.perf_counter() - start) * 1e3
         _check_outputs(outputs)
         growth = torch.cuda.memory_reserved(device) - reserved
-        return CapturedGraph(graph, static_leaves, slots, outputs, capture_ms, growth, torch.cuda.current_device())
+        captured = CapturedGraph(graph, static_leaves, slots, outputs, capture_ms, growth, torch.cuda.current_device())
+        captured.index_inputs = index_inputs
+        return captured
+
+
+def _traced_warmup(fn: Callable[..., Any], args: tuple, kwargs: dict, leaves: list) -> frozenset[int]:
+    """One warm-up run that also finds the inputs read as addresses. A forward that fails only under the
+    trace (a dispatch mode it does not support) is run again without it, and nothing is known."""
+    try:
+        with IndexTrace(leaves) as trace:
+            fn(*args, **kwargs)
+        return frozenset(trace.found)
+    except Exception:
+        pass
+    try:
+        fn(*args, **kwargs)
+    except Exception as exc:
+        raise CaptureFailed("warm-up", exc, f"the forward failed during warm-up: {exc}") from exc
+    return frozenset()
 
 
 def _abandon(

@@ -249,7 +249,14 @@ class GraphedModule(torch.nn.Module):
             branches: list[str] = []
             try:
                 with record_capture_branches(branches):
-                    graph = _capture.capture(self.model, flat, device=device, pool=self._pool, warmup=self.warmup)
+                    graph = _capture.capture(
+                        self.model,
+                        flat,
+                        device=device,
+                        pool=self._pool,
+                        warmup=self.warmup,
+                        trace_indices=self.verify_mode != "off",
+                    )
             except _capture.CaptureFailed as fail:
                 if fail.stage == "capture":
                     self._pool = None  # a failed capture leaves its pool unusable for new captures
@@ -265,6 +272,7 @@ class GraphedModule(torch.nn.Module):
                     mode=self.verify_mode,
                     tolerance_ulps=self.tolerance_ulps,
                     branches=branches,
+                    from_call=graph.index_inputs,
                 )
                 if self.verify_mode != "off"
                 else VerifyReport(SKIPPED, True)

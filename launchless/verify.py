@@ -55,6 +55,7 @@ class VerifyReport:
     probes_differ: bool = True
     branches: list[str] = field(default_factory=list)
     detail: str = ""
+    from_call: tuple[int, ...] = ()  # inputs read as addresses, probed from the call's own values
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -66,6 +67,7 @@ class VerifyReport:
             "probes_differ": self.probes_differ,
             "capture_branches": list(self.branches),
             "detail": self.detail,
+            "inputs_probed_from_the_call": list(self.from_call),
         }
 
 
@@ -203,6 +205,7 @@ def verify(
     branches = list(branches or [])
     probes = make_probes(flat.leaves, keep, from_call)
     report = _protocol(graph, fn, flat, probes, mode, tolerance_ulps, branches)
+    report.from_call = tuple(sorted(from_call))
     if report.status != EAGER_NOISE or report.passed:
         return report
     again = _protocol(graph, fn, flat, input_probes(flat.leaves, keep), mode, tolerance_ulps, branches)
@@ -211,6 +214,7 @@ def verify(
             "random probes are outside the inputs' domain (on them eager differs from itself, the graph from eager"
             f" by {report.max_abs:.3g}); bit-identical on the call's own inputs and on them reordered"
         )
+        again.from_call = tuple(i for i, x in enumerate(flat.leaves) if isinstance(x, torch.Tensor) and i not in keep)
         return again
     return report
 

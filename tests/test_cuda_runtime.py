@@ -451,3 +451,27 @@ def test_full_address_check_sees_a_single_data_swap() -> None:
         model.net[0].bias.data = torch.randn(64, device="cuda")
         assert identical(m(x), model(x))
     assert m.graph_info()["invalidations"] == 1
+
+
+class _Denoiser(nn.Module):
+    """A float timestep indexing a noise schedule (diffusers' pattern): random timesteps index out of range."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 3, padding=1)
+        self.register_buffer("alphas", torch.linspace(1, 0, 1000))
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return self.conv(x) * self.alphas[t.long()].view(-1, 1, 1, 1)
+
+
+def test_a_float_timestep_is_verified_on_the_calls_own_values() -> None:
+    model = _Denoiser().cuda().eval()
+    m = ll.wrap(model, cuda_graph=True)
+    x, t = torch.randn(4, 3, 16, 16, device="cuda"), torch.tensor([10.0, 200.0, 500.0, 999.0], device="cuda")
+    with torch.no_grad():
+        report = m.capture_graph(x, t)["verification"]
+        assert report["status"] == BIT_IDENTICAL and report["probes_differ"], report
+        assert report["inputs_probed_from_the_call"] == [1], report  # t, found by the warm-up's trace
+        x2, t2 = torch.randn_like(x), t.flip(0)
+        assert identical(m(x2, t2), _eager(model, (x2, t2), {}))

@@ -522,3 +522,26 @@ def test_inputs_read_as_addresses_are_probed_from_the_call_and_the_rest_at_rando
     assert torch.equal(first[1], boxes) and first[1] is not boxes
     assert torch.equal(second[1], boxes.roll(1, 0))  # every row one the model was given, in another order
     assert first[2].stride() == strided.stride() and torch.equal(second[2], strided.roll(1, 0))
+
+
+class Schedule(nn.Module):
+    """A float timestep indexing a noise schedule (diffusers' pattern): a random one is out of range -- on a GPU
+    a failed index check that ends the process, on the CPU an IndexError."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("alphas", torch.linspace(1, 0, 8))
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return x * self.alphas[t.long()].view(-1, 1)
+
+
+@torch.no_grad()
+def test_inputs_read_as_addresses_are_probed_from_the_call_so_eager_stays_in_range() -> None:
+    model = Schedule()
+    flat, eager = setup(model, torch.randn(16, 3), torch.arange(16.0) % 8)
+    with pytest.raises(IndexError):  # random timesteps: the hazard itself
+        verify(FakeGraph(eager), model, flat)
+    report = verify(FakeGraph(eager), model, flat, from_call=frozenset({1}))
+    assert report.status == BIT_IDENTICAL and report.passed and report.probes_differ  # x is still random
+    assert report.as_dict()["inputs_probed_from_the_call"] == [1]

@@ -1,0 +1,49 @@
+"""CPU tests: which float inputs a forward reads as addresses, found while it runs once (the runtime's path)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from launchless.index_trace import IndexTrace
+
+
+def _found(fn, *inputs) -> set[int]:
+    with torch.no_grad(), IndexTrace(list(inputs)) as trace:
+        fn(*inputs)
+    return trace.found
+
+
+def test_a_float_timestep_cast_to_index_a_schedule_is_found_and_the_image_is_not() -> None:
+    schedule = torch.linspace(0, 1, 1000)
+
+    def denoise(image, t, scale):
+        alpha = schedule[(t * scale).long()]  # diffusers' pattern: a float timestep indexes the schedule
+        return image * alpha.view(-1, 1, 1, 1) + image.long().float()  # an int cast of the image: found too
+
+    image, t, scale = torch.randn(2, 3, 4, 4), torch.tensor([10.0, 500.0]), torch.tensor(1.0)
+    assert _found(denoise, image, t, scale) == {0, 1, 2}
+    assert _found(lambda image, t: image * schedule[t.long()].sum(), image, t) == {1}
+
+
+def test_no_cast_to_an_integer_finds_nothing() -> None:
+    def fn(x, y, ids, mask):
+        return (x @ y).relu().half().float().sum() + ids.long().sum() + mask.int().sum()
+
+    assert (
+        _found(fn, torch.randn(3, 3), torch.randn(3, 3), torch.arange(3, dtype=torch.int32), torch.ones(3) > 0) == set()
+    )
+
+
+def test_roi_boxes_are_found_through_a_buffer_they_were_written_into() -> None:
+    ops = pytest.importorskip("torchvision.ops")
+
+    def head(features, corners, batch_index):
+        rois = torch.zeros(corners.shape[0], 5)
+        rois[:, 1:] = corners  # a write into a view of a fresh buffer: the buffer carries the input on
+        rois[:, 0] = batch_index
+        return ops.roi_align(features * 2, rois, (2, 2), 1.0, 2, True)
+
+    features = torch.randn(1, 4, 16, 16)
+    corners, batch_index = torch.tensor([[1.0, 1, 9, 9], [2, 0, 6, 8]]), torch.zeros(2)
+    assert _found(head, features, corners, batch_index) == {1, 2}
