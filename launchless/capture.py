@@ -104,11 +104,12 @@ class CapturedGraph:
         """Copy new inputs into the static buffers, in one multi-tensor launch where there are several; a static
         buffer passed back in is not copied."""
         pairs = [(static, leaves[i]) for i, static in self.slot_buffers if leaves[i] is not static]
-        if len(pairs) == 1:
-            pairs[0][0].copy_(pairs[0][1], non_blocking=True)
-        elif pairs:
+        if len(pairs) > 1 and not torch.is_grad_enabled():  # _foreach_copy_ has no autograd formula
             dsts, srcs = zip(*pairs, strict=True)
             torch._foreach_copy_(list(dsts), list(srcs), non_blocking=True)
+        else:
+            for static, src in pairs:
+                static.copy_(src, non_blocking=True)
 
     def replay(self, leaves: list) -> Any:
         """Replay on new inputs and return the graph's own output buffers (overwritten next replay)."""

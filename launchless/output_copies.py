@@ -31,8 +31,8 @@ class TensorCopier:
         self.groups = [(positions, [self.tensors[i] for i in positions]) for positions in by_dtype.values()]
 
     def __call__(self) -> list[torch.Tensor]:
-        if len(self.tensors) == 1:
-            return [self.tensors[0].clone()]
+        if len(self.tensors) == 1 or torch.is_grad_enabled():  # _foreach_copy_ has no autograd formula
+            return [t.clone() for t in self.tensors]
         fresh = [torch.empty_like(t) for t in self.tensors]  # the buffers' layout, as clone() keeps it
         for positions, sources in self.groups:
             if len(positions) == 1:

@@ -123,10 +123,13 @@ def test_outputs_are_copied_in_one_launch_per_dtype_keeping_each_layout(monkeypa
     monkeypatch.setattr(torch, "_foreach_copy_", lambda dst, src: calls.append(len(dst)) or real(dst, src))
     nhwc = t(1, 3, 4, 4).to(memory_format=torch.channels_last)
     outputs = (t(2), nhwc, t(3).expand(2, 3), torch.arange(4), torch.arange(5), t(2).bfloat16(), t(2) > 0, 7)
-    got = make_cloner(outputs)()
+    with torch.no_grad():
+        got = make_cloner(outputs)()
     assert_fresh_copy(got, outputs)
     assert got[1].stride() == nhwc.stride() and got[2].shape == (2, 3)
     assert sorted(calls) == [2, 3]  # three float32 tensors, two int64; the lone bfloat16 and bool are copied alone
+    assert_fresh_copy(make_cloner(outputs)(), outputs)  # in grad mode: a clone each (foreach has no autograd)
+    assert sorted(calls) == [2, 3]
 
 
 def test_kept_outputs_are_not_copied_and_the_fill_puts_the_callers_tensors_there() -> None:
@@ -295,5 +298,9 @@ def test_several_inputs_are_loaded_in_one_multi_tensor_launch(monkeypatch) -> No
     graph = RecomputingGraph(lambda a, b, c: a.sum() + b.sum() + c.sum(), static_in, torch.zeros(()))
     g = CapturedGraph(graph, static_in, [0, 1, 2], graph.static_outputs, capture_ms=0.0, pool_growth=0)  # type: ignore[arg-type]
     a, b = torch.randn(2), torch.arange(3)
-    out = g.replay_cloned([a, b, static_in[2]])  # the third is the buffer itself: not copied onto itself
+    with torch.no_grad():
+        out = g.replay_cloned([a, b, static_in[2]])  # the third is the buffer itself: not copied onto itself
+    assert calls == [2] and torch.equal(out, a.sum() + b.sum())
+    a.requires_grad_()
+    out = g.replay_cloned([a, b, static_in[2]])  # in grad mode: a copy each (foreach has no autograd formula)
     assert calls == [2] and torch.equal(out, a.sum() + b.sum())
