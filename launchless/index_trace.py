@@ -18,7 +18,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-_ROI_OPS = {"roi_align", "roi_pool", "ps_roi_align", "ps_roi_pool"}
+ROI_OPS = {"roi_align", "roi_pool", "ps_roi_align", "ps_roi_pool"}  # torchvision ops reading boxes as (index, x1, ...)
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -28,19 +28,19 @@ def _storage(t: torch.Tensor) -> int:
         return 0
 
 
-def _integer(dtype: Any) -> bool:
+def is_integer_dtype(dtype: Any) -> bool:
     return isinstance(dtype, torch.dtype) and not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
 
 def _address_operand(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     """The operand ``func`` reads as addresses: a roi op's boxes, or a float it casts to an integer."""
     namespace, _, name = func._schema.name.partition("::")
-    if namespace == "torchvision" and name in _ROI_OPS:
+    if namespace == "torchvision" and name in ROI_OPS:
         boxes = args[1] if len(args) > 1 else kwargs.get("rois", kwargs.get("boxes"))
         return boxes if isinstance(boxes, torch.Tensor) else None
     if name in ("_to_copy", "to") and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
         dtype = kwargs.get("dtype", next((a for a in args[1:] if isinstance(a, torch.dtype)), None))
-        return args[0] if _integer(dtype) else None
+        return args[0] if is_integer_dtype(dtype) else None
     return None
 
 

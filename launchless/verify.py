@@ -6,8 +6,9 @@ eager and through the graph. Outputs must be bit-identical, and the two probes m
 different outputs whenever eager's do (a stale graph replays the same values whatever the input).
 
 Random values can be outside what a model accepts (roi_align's boxes carry a batch index as a float):
-where the caller knows such inputs (the compiler path reads them off the FX graph) they are probed from
-the call's own values, since an out-of-bounds read can fault and end the process. Where eager still
+where the caller knows such inputs (the compiler path reads them off the FX graph, the runtime follows
+them through a warm-up run: ``index_trace``) they are probed from the call's own values, since an
+out-of-bounds read can fault and end the process. Where eager still
 differs from itself on random probes, the protocol runs again on the call's own inputs and on them
 reordered along the first dimension, where only bit identity passes.
 

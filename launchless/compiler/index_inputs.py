@@ -4,19 +4,20 @@ roi_align's boxes carry their image's batch index as a float, and a float cast t
 another tensor. Random probes there make eager and the graph read out of bounds: on a small feature map that
 is garbage (eager differs from itself), on a large one a fault that kills the CUDA context -- no later call
 of the process can recover (R-CNN with a ResNet-50 FPN did so). Such inputs are probed from the call's own
-values instead (``verify.make_probes``'s ``from_call``).
+values instead (``verify.make_probes``'s ``from_call``). The runtime, which has no graph, follows its inputs
+through a warm-up run instead (``index_trace``).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import fx
 
-_ROI_OP = re.compile(r"(^|[._])(ps_)?roi_(align|pool)\b")  # torchvision.roi_align, torch.ops.torchvision.ps_roi_pool
+from ..index_trace import ROI_OPS, is_integer_dtype
+
 _INT_METHODS = {"long", "int", "short", "char", "byte"}
 _CASTS = {"to", "type", "_to_copy", "convert_element_type"}  # Dynamo's methods, aten and prims ops
 
@@ -24,10 +25,6 @@ _CASTS = {"to", "type", "_to_copy", "convert_element_type"}  # Dynamo's methods,
 def _op_name(node: fx.Node) -> str:
     target = node.target
     return target if isinstance(target, str) else getattr(target, "__name__", None) or str(target)
-
-
-def _is_integer_dtype(value: Any) -> bool:
-    return isinstance(value, torch.dtype) and not (value.is_floating_point or value.is_complex or value == torch.bool)
 
 
 def _value(node: Any) -> Any:
@@ -40,7 +37,7 @@ def _float_to_int_cast(node: fx.Node) -> fx.Node | None:
         return None
     name = _op_name(node).split(".")[0]  # "_to_copy.default" -> "_to_copy"
     to_int = (node.op == "call_method" and name in _INT_METHODS) or (
-        name in _CASTS and any(_is_integer_dtype(a) for a in (*node.args[1:], *node.kwargs.values()))
+        name in _CASTS and any(is_integer_dtype(a) for a in (*node.args[1:], *node.kwargs.values()))
     )
     if not to_int:
         return None
@@ -55,7 +52,7 @@ def _sinks(gm: fx.GraphModule) -> list[fx.Node]:
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method"):
             continue
-        if _ROI_OP.search(_op_name(node)):
+        if _op_name(node).split(".")[0] in ROI_OPS:  # roi_align, roi_align.default (the aten graph's overload)
             rois = node.args[1] if len(node.args) > 1 else node.kwargs.get("rois", node.kwargs.get("boxes"))
             if isinstance(rois, fx.Node):
                 found.append(rois)
