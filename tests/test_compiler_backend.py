@@ -6,6 +6,7 @@ import logging
 
 import pytest
 import torch
+from dynamo_graph import dynamo_graph
 from torch import nn
 
 from launchless.compiler.backend import (
@@ -27,22 +28,9 @@ class _Net(nn.Module):
         return self.fc(x) + self.shift
 
 
-def _dynamo_graph(model: nn.Module, *inputs: torch.Tensor):
-    """The FX graph and example inputs Dynamo hands to a backend."""
-    seen = []
-
-    def record(gm, example_inputs):
-        seen.append((gm, list(example_inputs)))
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(model, backend=record)(*inputs)
-    return seen[0]
-
-
 def test_parameters_and_buffers_are_static_inputs_and_the_batch_is_not() -> None:
     model, x = _Net(), torch.randn(2, 4)
-    gm, inputs = _dynamo_graph(model, x)
+    gm, inputs = dynamo_graph(model, x)
     static = static_input_indices(gm, inputs)
     ids = {id(model.fc.weight), id(model.fc.bias), id(model.shift)}
     assert {id(inputs[i]) for i in static} == ids
@@ -82,7 +70,7 @@ def test_cgct_traces_a_dynamo_graph_to_aten_with_source_lines_and_leaves_cpu_gra
     def fn(x: torch.Tensor) -> torch.Tensor:
         return x * 2 + torch.arange(x.shape[0])
 
-    gm, inputs = _dynamo_graph(fn, torch.randn(4))
+    gm, inputs = dynamo_graph(fn, torch.randn(4))
     aten = aten_graph(gm, inputs)
     arange = [n for n in aten.graph.nodes if "arange" in str(n.target)]
     assert arange and "val" in arange[0].meta and "test_compiler_backend.py" in arange[0].meta.get("stack_trace", "")
@@ -197,7 +185,7 @@ class _Anchored(nn.Module):
 
 def test_tensor_attributes_are_told_from_parameters_and_buffers() -> None:
     model = _Anchored()
-    gm, inputs = _dynamo_graph(model, torch.randn(2, 4))
+    gm, inputs = dynamo_graph(model, torch.randn(2, 4))
     names = input_names(gm)
     static = static_input_indices(gm, inputs)
     attributes = tensor_attribute_indices(names, inputs, static)
@@ -282,7 +270,7 @@ def test_cgct_does_not_run_a_graph_whose_extra_runs_would_change_state(fn, hazar
     from launchless.compiler.cgct import trial_hazard, try_rewrite
 
     x, cache = torch.randn(4), torch.zeros(4)
-    gm, inputs = _dynamo_graph(fn, x, cache)  # (runs it once, as the user's first call does)
+    gm, inputs = dynamo_graph(fn, x, cache)  # (runs it once, as the user's first call does)
     before = cache.clone()
     found = trial_hazard(gm, inputs)
     if hazard is None:

@@ -4,23 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dynamo_graph import dynamo_graph
 
 from launchless.compiler.cgct import aten_graph
 from launchless.compiler.index_inputs import index_like_inputs
-
-
-def _dynamo_graph(fn, *inputs):
-    """The FX graph and example inputs Dynamo hands to a backend (its inputs' order is not the function's)."""
-    seen = []
-
-    def record(gm, example_inputs):
-        seen.append((gm, list(example_inputs)))
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(fn, backend=record)(*inputs)
-    (graph,) = seen
-    return graph
 
 
 def _positions(inputs, *tensors) -> frozenset[int]:
@@ -33,7 +20,7 @@ def test_a_float_cast_to_an_index_marks_what_it_is_computed_from_and_nothing_els
         return table[rows] * weights.sum()
 
     table, weights, offsets, scale = torch.randn(8, 3), torch.randn(3), torch.tensor([0.5, 2.5]), torch.tensor(2.0)
-    gm, inputs = _dynamo_graph(gather, table, weights, offsets, scale)
+    gm, inputs = dynamo_graph(gather, table, weights, offsets, scale)
     assert index_like_inputs(gm, inputs) == _positions(inputs, offsets, scale)
     assert index_like_inputs(aten_graph(gm, inputs), inputs) == _positions(inputs, offsets, scale)
 
@@ -42,7 +29,7 @@ def test_integer_and_boolean_casts_and_float_casts_to_floats_mark_nothing() -> N
     def fn(x, ids, mask):
         return x.to(torch.float64).sum() + ids.long().sum() + mask.int().sum() + x.half().float().sum()
 
-    gm, inputs = _dynamo_graph(fn, torch.randn(4), torch.arange(4, dtype=torch.int32), torch.rand(4) > 0.5)
+    gm, inputs = dynamo_graph(fn, torch.randn(4), torch.arange(4, dtype=torch.int32), torch.rand(4) > 0.5)
     assert index_like_inputs(gm, inputs) == frozenset()
 
 
@@ -55,6 +42,6 @@ def test_roi_align_boxes_are_marked_and_its_feature_map_is_not() -> None:
 
     image, boxes = torch.randn(1, 3, 16, 16), torch.tensor([[0.0, 1, 1, 9, 9], [0.0, 2, 0, 6, 8]])
     with torch.no_grad():
-        gm, inputs = _dynamo_graph(head, image, boxes)
+        gm, inputs = dynamo_graph(head, image, boxes)
         assert index_like_inputs(gm, inputs) == _positions(inputs, boxes)
         assert index_like_inputs(aten_graph(gm, inputs), inputs) == _positions(inputs, boxes)
