@@ -62,3 +62,19 @@ def test_doctor_without_cuda_says_so_and_clears_the_cache(tmp_path, monkeypatch,
     if not torch.cuda.is_available():
         assert cli.main(["doctor", "--model", "timm:resnet18"]) == 2
         assert "no CUDA device here" in capsys.readouterr().out
+
+
+def test_coverage_counts_only_the_graphs_that_replays_run(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    def entry(variant: str, kernels: int | None) -> SimpleNamespace:
+        return SimpleNamespace(decision=SimpleNamespace(variant=variant), kernels=kernels)
+
+    monkeypatch.setattr(_explain, "_kernel_nodes", lambda e: e.kernels)
+    assert _explain.kernels_in_graphs([entry("graph", 40), entry("graph+pi", 42)]) == 42
+    assert _explain.kernels_in_graphs([entry("no-graph", 40)]) == 0  # measured slower as a graph: runs outside
+    assert _explain.kernels_in_graphs([entry("graph", None), entry("graph", 5)]) is None  # not countable: no figure
+    explanation = _explain.Explanation(
+        [_explain.GraphReport("graph 1", 9, [], {"graphs": [{}]}, kernels=0)], kernels_per_call=50
+    )
+    assert explanation.coverage == 0.0

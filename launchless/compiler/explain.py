@@ -8,7 +8,7 @@ coverage, the share of one call's kernels that run inside graphs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +110,16 @@ def _kernel_nodes(entry: Any) -> int | None:
         return None
 
 
+def kernels_in_graphs(entries: Iterable[Any]) -> int | None:
+    """Kernel nodes of a graph's CUDA graphs that replays run (a signature left without a graph by the
+    selective step runs its kernels outside); None where a replayed graph's kernels could not be counted."""
+    replayed = [e for e in entries if e.decision.variant != "no-graph"]
+    counts = [_kernel_nodes(e) for e in replayed]
+    if any(c is None for c in counts):
+        return None
+    return max(counts, default=0)
+
+
 def _kernels_per_call(call: Callable[[], Any]) -> int | None:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -157,8 +167,7 @@ def explain(
                 if cgct:
                     notes.insert(0, "; ".join(cgct["applied"]) or f"CGCT not applied: {cgct['why_not']}")
                 report.note = "\n".join(notes)
-                counts = [_kernel_nodes(e) for e in runner._graphs.values()]
-                report.kernels = max((c for c in counts if c is not None), default=None)
+                report.kernels = kernels_in_graphs(runner._graphs.values())
             else:
                 report.note = "runs compiled without a CUDA graph (no CUDA input, or autograd)"
             explanation.graphs.append(report)
