@@ -15,8 +15,10 @@
 #   compiler-blocked   the same for the models a host copy keeps out of plain capture
 #   evidence-bytes     benchmarks/compiler_evidence.py: bytes copied per replay with and without PI
 #   evidence-coverage  benchmarks/compiler_evidence.py: capture coverage of the blocked models, split over GPUs
+#                      (COVER="name ..." instead of the blocked models and fasterrcnn_mobilenet)
 #   diagnose           benchmarks/diagnose_compiled.py for each model in DIAG="name ..." (recompiles logged)
-# GPUS="0 1" (default: every visible GPU) spreads the bench and coverage steps over those GPUs.
+# GPUS="0 1" (default: every visible GPU) spreads the bench and coverage steps over those GPUs; PER_GPU=2 runs two
+# coverage processes on each (compiles are CPU-bound; coverage is a count, not a timing).
 # ONLY="name ..." keeps only those workloads in the compiler steps (a suite split over device calls; --merge joins).
 # MODES="mode ..." runs only those modes in the compiler steps (a re-run of one mode; --merge replaces its rows).
 set -u
@@ -34,6 +36,8 @@ print(*[w.name for w in suite(COMPILER) if (w.suites == (COMPILER,)) == blocked 
 }
 read -r -a blocked <<<"$(names 1)"
 read -r -a inference <<<"$(names 0)"
+# coverage: the blocked models and fasterrcnn_mobilenet (in the standard suite too, blocked by the same copy)
+read -r -a cover <<<"${COVER:-${blocked[*]} tv:fasterrcnn_mobilenet_v3_large_fpn}"
 
 run() {  # name, command...: its output to OUT_DIR/name.log, one line in steps.txt
   local name=$1 start=$SECONDS
@@ -42,14 +46,18 @@ run() {  # name, command...: its output to OUT_DIR/name.log, one line in steps.t
   echo "$name: exit $? after $((SECONDS - start)) s" | tee -a "$out/steps.txt"
 }
 
-coverage() {  # the blocked models dealt over the GPUs, one evidence process per GPU
-  local i=0 n=${#gpus[@]} part
+coverage() {  # the blocked models dealt over the GPUs, PER_GPU evidence processes per GPU (default 1)
+  local i=0 per=${PER_GPU:-1} n part
+  n=$((${#gpus[@]} * per))
   for gpu in "${gpus[@]}"; do
-    part=()
-    for j in "${!blocked[@]}"; do ((j % n == i)) && part+=("${blocked[j]}"); done
-    CUDA_VISIBLE_DEVICES=$gpu python3 benchmarks/compiler_evidence.py --out "$out/evidence-coverage/gpu$gpu" \
-      --skip-bytes --models "${part[@]}" >"$out/evidence-coverage-gpu$gpu.log" 2>&1 &
-    i=$((i + 1))
+    for ((k = 0; k < per; k++)); do
+      part=()
+      for j in "${!cover[@]}"; do ((j % n == i)) && part+=("${cover[j]}"); done
+      ((${#part[@]})) && CUDA_VISIBLE_DEVICES=$gpu python3 benchmarks/compiler_evidence.py \
+        --out "$out/evidence-coverage/gpu$gpu-$k" --skip-bytes --models "${part[@]}" \
+        >"$out/evidence-coverage-gpu$gpu-$k.log" 2>&1 &
+      i=$((i + 1))
+    done
   done
   wait
 }
