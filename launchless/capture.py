@@ -16,6 +16,7 @@ captured into again (see ``_abandon``).
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -237,8 +238,13 @@ def _traced_warmup(fn: Callable[..., Any], args: tuple, kwargs: dict, leaves: li
         with IndexTrace(leaves) as trace:
             fn(*args, **kwargs)
         return frozenset(trace.found)
-    except Exception:
-        pass
+    except Exception as exc:
+        logging.getLogger("launchless").info(
+            "launchless: the warm-up could not be traced for inputs read as addresses (%s: %s); verification "
+            "probes every float input at random",
+            type(exc).__name__,
+            str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+        )
     try:
         fn(*args, **kwargs)
     except Exception as exc:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -47,3 +49,30 @@ def test_roi_boxes_are_found_through_a_buffer_they_were_written_into() -> None:
     features = torch.randn(1, 4, 16, 16)
     corners, batch_index = torch.tensor([[1.0, 1, 9, 9], [2, 0, 6, 8]]), torch.zeros(2)
     assert _found(head, features, corners, batch_index) == {1, 2}
+
+
+def test_a_forward_the_trace_cannot_run_is_run_again_without_it_and_a_broken_one_still_fails(caplog) -> None:
+    from torch.utils._python_dispatch import is_in_torch_dispatch_mode
+
+    from launchless.capture import CaptureFailed, _traced_warmup
+
+    runs = []
+
+    def picky(x):  # fails under any dispatch mode, as an unsupported higher-order op would
+        runs.append(is_in_torch_dispatch_mode())
+        if runs[-1]:
+            raise NotImplementedError("no rule for this mode")
+        return x * 2
+
+    x = torch.randn(3)
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        assert _traced_warmup(picky, (x,), {}, [x]) == frozenset() and runs == [True, False]
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "could not be traced" in line and "NotImplementedError: no rule for this mode" in line
+    assert _traced_warmup(lambda t: t[t.long().clamp(0, 2)], (x,), {}, [x]) == frozenset({0})
+
+    def broken(t):
+        raise ValueError("the model's own bug")
+
+    with pytest.raises(CaptureFailed, match="the model's own bug"):
+        _traced_warmup(broken, (x,), {}, [x])
