@@ -30,6 +30,11 @@ def test_summary_counts_variants_refusals_and_cgct_over_all_graphs() -> None:
     assert s["refused"] == {"a data-dependent shape": 2, "host sync": 1}
     assert s["cgct_in_use"] == 1  # applied and undone does not count
     assert s["replays"] == 30 and s["demoted_inputs"] == 1
+    assert [(g["graph"], g["variant"]) for g in s["per_graph"]] == [
+        ("graph 1", "graph"),
+        ("graph 1", "graph+pi"),
+        ("graph 1", "no-graph"),
+    ]
     assert graphs.describe(s) == (
         "3 Dynamo graphs (7 breaks): 1 graph, 1 graph+pi, 1 no-graph; "
         "refused 3: 2× a data-dependent shape; 1× host sync; CGCT in 1; "

@@ -19,11 +19,22 @@ def summarize(infos: Iterable[Mapping[str, Any]], graph_breaks: int | None) -> d
     variants: Counter[str] = Counter()
     refused: Counter[str] = Counter()
     replays = cgct = demoted = 0
+    per_graph = []
     for info in infos:
         demoted += len(info.get("demoted_inputs", ()))
         for graph in info["graphs"]:
             variants[graph["variant"]] += 1
             replays += graph["replays"]
+            per_graph.append(
+                {
+                    "graph": info["name"],
+                    "signature": graph["signature"],
+                    "variant": graph["variant"],
+                    "times_ms": graph.get("times_ms", {}),  # what the selective step measured
+                    "replays": graph["replays"],
+                    "bytes_copied_per_replay": graph.get("bytes_copied_per_replay"),
+                }
+            )
         refused.update(f["reason"] for f in info["fallbacks"])
         cgct += bool(info.get("cgct") and info["cgct"]["in_use"])
     return {
@@ -34,6 +45,7 @@ def summarize(infos: Iterable[Mapping[str, Any]], graph_breaks: int | None) -> d
         "demoted_inputs": demoted,  # module attributes reassigned every call, now copied like inputs
         "replays": replays,
         "graph_breaks": graph_breaks,
+        "per_graph": per_graph,  # each captured signature: variant, measured times (the JSON only)
     }
 
 
