@@ -89,6 +89,10 @@ def make_cloner(outputs: Any, keep: frozenset[int] = frozenset()) -> Callable[..
         bounds.append((start, start + len(part_leaves), rebuild))
         start += len(part_leaves)
 
+    flat = type(outputs) in (tuple, list, dict) and all(isinstance(v, torch.Tensor) for v in values)
+    if flat and not keep:  # a tuple of tensors, as every Dynamo graph returns: no leaves to rebuild
+        return lambda fill=None: build(copier())
+
     def fresh_leaves(fill: Callable[[list], None] | None) -> list:
         new = list(leaves)
         for i, t in zip(slots, copier(), strict=True):

@@ -46,11 +46,15 @@ def t(*shape: int) -> torch.Tensor:
         pytest.param((t(2), t(3), 4, None), id="tuple"),
         pytest.param([t(2), 1.5, t(1)], id="list"),
         pytest.param({"logits": t(2), "n": 3}, id="dict"),
+        pytest.param((t(2), t(3), t(1).long()), id="tuple-of-tensors(a Dynamo graph's)"),
+        pytest.param({"a": t(2), "b": t(2, 2)}, id="dict-of-tensors"),
     ],
 )
-def test_flat_outputs_are_cloned(outputs) -> None:
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no-grad"])
+def test_flat_outputs_are_cloned(outputs, grad: bool) -> None:
     clone = make_cloner(outputs)
-    first, second = clone(), clone()
+    with torch.set_grad_enabled(grad):
+        first, second = clone(), clone()
     assert_fresh_copy(first, outputs)
     assert storages(first).isdisjoint(storages(second))
 
