@@ -185,9 +185,10 @@ def capture(
         stream.wait_stream(caller)
         before = _versions(static_leaves, slots)
         with torch.cuda.stream(stream), _capture_autocast():
-            index_inputs = _traced_warmup(fn, args, kwargs, static_leaves) if trace_indices and warmup else frozenset()
+            traced = bool(trace_indices and warmup)  # the first warm-up run is the traced one
+            index_inputs = _traced_warmup(fn, args, kwargs, static_leaves) if traced else frozenset()
             try:
-                for _ in range(warmup - (trace_indices and warmup > 0)):
+                for _ in range(warmup - traced):
                     fn(*args, **kwargs)
             except Exception as exc:
                 raise CaptureFailed("warm-up", exc, f"the forward failed during warm-up: {exc}") from exc
