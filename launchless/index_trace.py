@@ -52,8 +52,8 @@ class IndexTrace(TorchDispatchMode):
         super().__init__()
         self.origin: dict[int, frozenset[int]] = {}
         for i, x in enumerate(leaves):
-            if isinstance(x, torch.Tensor) and x.is_floating_point() and _storage(x):
-                self.origin[_storage(x)] = self.origin.get(_storage(x), frozenset()) | {i}
+            if isinstance(x, torch.Tensor) and x.is_floating_point() and (key := _storage(x)):
+                self.origin[key] = self.origin.get(key, frozenset()) | {i}
         self.found: set[int] = set()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
