@@ -22,6 +22,7 @@ from .capture_path import record_capture_branches
 from .diagnosis import capture_error, verification_error
 from .errors import ConfigError, NoCudaError
 from .relocation import RelocationWatch
+from .shape_churn import ShapeChurn
 from .signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
 from .verify import BIT_IDENTICAL, SKIPPED, VerifyReport, verify
 
@@ -46,6 +47,7 @@ _RUNTIME_STATE = frozenset(
         "_lock",
         "_last_stream",
         "_evictions",
+        "_churn",
         "_invalidations",
     }
 )  # signatures remembered for "auto" counting and refusals
@@ -132,6 +134,7 @@ class GraphedModule(torch.nn.Module):
         self._lock = threading.RLock()
         self._last_stream: tuple[int, torch.cuda.Stream] | None = None
         self._evictions = 0
+        self._churn = ShapeChurn()  # "auto": more shapes in use than max_graphs stops eviction
         self._invalidations = 0
 
     def __getstate__(self) -> dict:
@@ -198,8 +201,12 @@ class GraphedModule(torch.nn.Module):
             if self.cuda_graph is True:
                 raise refused[1]
             return model(*args, **kwargs)
-        if self.cuda_graph == "auto" and self._count(sig) < self.auto_after:
-            return model(*args, **kwargs)
+        if self.cuda_graph == "auto":
+            if self._count(sig) < self.auto_after:
+                return model(*args, **kwargs)
+            if not self._churn.admits(sig, len(self._graphs), self.max_graphs):
+                self._log_once("churn", logging.INFO, self._churn.message(self._name(), self.max_graphs, "max_graphs"))
+                return model(*args, **kwargs)
         return self._capture_and_run(sig, flat, explicit=False)
 
     def _replay(self, sig: Signature, graph: _capture.CapturedGraph, leaves: list) -> Any:
@@ -340,6 +347,7 @@ class GraphedModule(torch.nn.Module):
             sig, _ = self._graphs.popitem(last=False)
             self._reports.pop(sig, None)
             self._evictions += 1
+            self._churn.evicted(sig)
             self._log_once(
                 "evict",
                 logging.WARNING,
@@ -365,6 +373,7 @@ class GraphedModule(torch.nn.Module):
             self._reports.clear()
             self._seen.clear()
             self._refused.clear()
+            self._churn.reset()
             self._pool = None
             self._pools = []
             self._last_stream = None
@@ -417,6 +426,8 @@ class GraphedModule(torch.nn.Module):
             "fallbacks": [entry for entry, _ in self._refused.values()],
             "eager_calls": dict(self._eager_reasons),
             "evictions": self._evictions,
+            # "auto" with more shapes in use than max_graphs: eviction stopped, this many calls ran eager
+            "calls_over_max_graphs": self._churn.calls_without_graph if self._churn.stop_evicting else None,
             "invalidations": self._invalidations,
         }
 
@@ -431,7 +442,8 @@ def wrap(model: torch.nn.Module, cuda_graph: bool | str = "auto", **options: Any
     cuda_graph: False (eager), True (capture at first sight; raise if the forward cannot be captured)
         or "auto" (capture once a signature repeats; otherwise eager with one log line).
     auto_after=3: calls of one signature before "auto" captures it.
-    max_graphs=8: graphs kept; least recently used evicted (one warning line).
+    max_graphs=8: graphs kept; least recently used evicted (one warning line). Under "auto", once an evicted
+        signature comes back (more in use than max_graphs), nothing more is evicted and the others run eager.
     warmup=3: eager runs on the capture stream before capturing.
     verify="on" | "strict" | "off": prove each graph against eager on two probes before use.
     tolerance_ulps=64: rounding bound for named eager-noise / capture-path differences.

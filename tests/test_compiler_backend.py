@@ -169,6 +169,29 @@ def test_moved_parameters_and_too_many_shapes_each_log_once(monkeypatch, tmp_pat
     assert sum("L_w_ moved; its graphs are captured again" in m for m in messages) == 1
 
 
+def test_more_shapes_in_use_than_max_graphs_stops_eviction_instead_of_capturing_every_call(
+    monkeypatch, tmp_path, caplog
+) -> None:
+    """Mask R-CNN's mask paste: ~100 sizes every call. LRU eviction would capture (and measure) one graph per
+    call forever; once an evicted shape comes back the graphs held stay and the other shapes run compiled."""
+    compiled, _, measured = _graphs_on_fakes(monkeypatch, tmp_path, max_graphs=2)
+    ws = {n: torch.nn.Parameter(torch.randn(n)) for n in (3, 4, 5)}
+    compiled._static_unmoved = lambda args, entry: True  # one parameter per shape here; the real one is shared
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(6):
+            for n in (3, 4, 5):
+                x = torch.randn(n)
+                assert torch.equal(compiled(x, ws[n]), x * ws[n])
+    info = compiled.graph_info()
+    # round 2 captures 3 and 4, then 5 evicting 3; round 3 counts 3 again, round 4 finds it evicted: stop
+    assert len(info["graphs"]) == 2 and len(measured) == 3
+    assert [g["replays"] for g in info["graphs"]] == [5, 5]  # 4 and 5 keep replaying: captured, then 4 rounds
+    assert info["calls_over_max_graphs"] == 3  # shape 3 in rounds 4 to 6
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("needs more than max_graphs=2 shapes at once" in m for m in messages) == 1, messages
+    assert sum("evicting" in m for m in messages) == 1
+
+
 class _Anchored(nn.Module):
     """AnchorGenerator's pattern: a tensor attribute reassigned from its own ``.to()`` in every forward."""
 

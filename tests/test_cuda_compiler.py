@@ -104,6 +104,23 @@ def test_dynamic_shapes_one_graph_per_shape_with_eviction(caplog: pytest.LogCapt
 
 
 @torch.no_grad()
+def test_more_shapes_in_use_than_max_graphs_keep_the_graphs_held(caplog: pytest.LogCaptureFixture) -> None:
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).cuda().eval()
+    torch._dynamo.reset()
+    ll_backend._registry.clear()
+    compiled = torch.compile(model, backend=ll_backend.make_backend(max_graphs=2, selective=False), dynamic=True)
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(6):
+            for batch in (2, 3, 5):
+                x = torch.randn(batch, 16, device="cuda")
+                assert torch.allclose(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+    (graphs,) = [g for g in _graphs() if g.graph_info()["graphs"]]
+    info = graphs.graph_info()
+    assert len(info["graphs"]) == 2 and info["calls_over_max_graphs"] == 3, info
+    assert sum("needs more than max_graphs=2 shapes at once" in r.getMessage() for r in caplog.records) == 1
+
+
+@torch.no_grad()
 def test_a_cpu_input_runs_compiled_with_one_line(caplog: pytest.LogCaptureFixture) -> None:
     class Mixed(nn.Module):
         def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -344,11 +344,12 @@ def test_graph_info_structure() -> None:
         "fallbacks",
         "eager_calls",
         "evictions",
+        "calls_over_max_graphs",
         "invalidations",
     }
     assert info["mode"] == "auto" and info["max_graphs"] == 5
     assert (info["graphs"], info["pool_bytes"], info["fallbacks"], info["eager_calls"]) == ([], 0, [], {})
-    assert (info["evictions"], info["invalidations"]) == (0, 0)
+    assert (info["evictions"], info["invalidations"], info["calls_over_max_graphs"]) == (0, 0, None)
     with torch.no_grad():
         for _ in range(3):
             m(torch.randn(2, 4))

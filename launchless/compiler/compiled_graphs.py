@@ -24,6 +24,7 @@ from torch import fx
 from .. import capture as _capture
 from .. import relocation
 from ..blockers import COPY, classify_message, describe_failure
+from ..shape_churn import ShapeChurn
 from ..signature import FlatInputs, Signature, UnhashableInput, positional_rebuilder, signature_of_leaves
 from ..verify import verify
 from . import select
@@ -33,6 +34,7 @@ from .indirection import IndirectGraph, IndirectionUnavailable, unavailable_reas
 
 log = logging.getLogger("launchless")
 _ptrs_equal = relocation.ptrs_equal
+_MAX_TRACKED = 4096  # shapes counted towards capture_after, oldest forgotten first (a dynamic length)
 Compiler = Callable[[fx.GraphModule, list], Callable[..., Any]]
 
 
@@ -107,6 +109,7 @@ class CompiledGraphs:
         self.capture_after, self.max_graphs, self.verify_mode = capture_after, max_graphs, verify_mode
         self._graphs: OrderedDict[Signature, _Entry] = OrderedDict()
         self._seen: dict[Signature, int] = {}
+        self._churn = ShapeChurn()  # more shapes in use than max_graphs: keep the graphs held, capture no more
         self._refused: dict[Signature, str] = {}
         self._logged: set[str] = set()
         self._pool: Any = None
@@ -131,6 +134,7 @@ class CompiledGraphs:
         self._graphs.clear()
         self._pool = None
         self._seen.clear()
+        self._churn.reset()
 
     def _watch_addresses(self, indices: frozenset[int]) -> None:
         """The static inputs whose addresses the graphs read: spot-checked per call, all after a relocation."""
@@ -178,8 +182,13 @@ class CompiledGraphs:
         if sig in self._refused:
             return self.compiled(*args)
         self._seen[sig] = count = self._seen.get(sig, 0) + 1
+        if len(self._seen) > _MAX_TRACKED:  # shapes seen once and never again (a dynamic length) are forgotten
+            del self._seen[next(iter(self._seen))]
         if count < self.capture_after:
             return self.compiled(*args)  # the first call compiles and autotunes; capture comes after
+        if not self._churn.admits(sig, len(self._graphs), self.max_graphs):
+            self._log_once(self._churn.message(self.name, self.max_graphs, "max_graphs (make_backend(max_graphs=...))"))
+            return self.compiled(*args)
         return self._capture(sig, flat, args)
 
     def _static_leaves(self, args: Sequence[Any]) -> list:
@@ -287,7 +296,7 @@ class CompiledGraphs:
             self._graphs[sig] = entry
             self._seen.pop(sig, None)
             while len(self._graphs) > self.max_graphs:
-                self._graphs.popitem(last=False)
+                self._churn.evicted(self._graphs.popitem(last=False)[0])
                 self._log_once(f"launchless: {self.name}: more than max_graphs={self.max_graphs} shapes; evicting")
             return self.compiled(*args) if entry.decision.variant == "no-graph" else entry.replay(flat.leaves)
 
@@ -420,6 +429,8 @@ class CompiledGraphs:
                 for s, e in self._graphs.items()
             ],
             "fallbacks": [{"signature": s.describe(), "reason": r} for s, r in self._refused.items()],
+            # more shapes in use than max_graphs: eviction stopped, and this many calls ran without a graph
+            "calls_over_max_graphs": self._churn.calls_without_graph if self._churn.stop_evicting else None,
             "cgct": None
             if self.cgct is None
             else {

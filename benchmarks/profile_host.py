@@ -1,0 +1,85 @@
+"""Where the host time of a call goes, side by side for several modes: cProfile over timed calls.
+
+When two modes replay the same kernels (launchless-compile and reduce-overhead share Inductor's) but one is
+slower per call, the difference is host work: Python between graphs, guards, copies, syncs. This runs one zoo
+model in each mode the way ``launchless bench`` does (``launchless.bench.modes``), times each call (CUDA events
+and host clock), profiles the same calls and writes the top functions by own and cumulative time. A debugging
+aid for the device, not a benchmark.
+
+    python benchmarks/profile_host.py tv:fcos_resnet50_fpn --modes reduce-overhead launchless-compile --out /tmp/p
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from launchless import zoo
+from launchless.bench.modes import inference
+
+
+def _profile(mode: str, name: str, calls: int, warmup: int, out: Path) -> dict:
+    torch._dynamo.reset()
+    w = zoo.build(name, device="cuda")
+    with torch.no_grad():
+        w.model(*w.args, **w.kwargs)  # as the bench: the eager reference call comes first
+        prepared = inference(mode, w.model, w.args, w.kwargs)
+        for _ in range(warmup):
+            prepared.call()
+        torch.cuda.synchronize()
+        gpu_ms, host_ms = [], []
+        profiler = cProfile.Profile()
+        for _ in range(calls):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            start.record()
+            profiler.enable()
+            prepared.call()
+            profiler.disable()
+            end.record()
+            host_ms.append((time.perf_counter() - t0) * 1e3)
+            end.synchronize()
+            gpu_ms.append(start.elapsed_time(end))
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(60)
+    (out / f"{name.replace(':', '_')}-{mode}.txt").write_text(text.getvalue())
+    result = {
+        "model": name,
+        "mode": mode,
+        "gpu_ms_median": statistics.median(gpu_ms),
+        "host_ms_median": statistics.median(host_ms),
+        "calls": calls,
+    }
+    if prepared.details is not None:
+        result["details"] = prepared.details()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--modes", nargs="+", default=["reduce-overhead", "launchless-compile"])
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--out", required=True)
+    a = parser.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = [_profile(mode, a.model, a.calls, a.warmup, out) for mode in a.modes]
+    for r in results:
+        print(json.dumps({k: v for k, v in r.items() if k != "details"}))
+    (out / f"{a.model.replace(':', '_')}.json").write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
