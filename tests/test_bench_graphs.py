@@ -22,14 +22,14 @@ def test_summary_counts_variants_refusals_and_cgct_over_all_graphs() -> None:
     infos = [
         {**info(["graph", "graph+pi"], cgct_in_use=True), "demoted_inputs": ["L_self_state"]},
         info(["no-graph"], refused=["a data-dependent shape"], cgct_in_use=False),
-        info([], refused=["a data-dependent shape", "host sync"]),
+        {**info([], refused=["a data-dependent shape", "host sync"]), "calls_over_max_graphs": 12},
     ]
     s = graphs.summarize(infos, graph_breaks=7)
     assert s["dynamo_graphs"] == 3
     assert s["variants"] == {"graph": 1, "graph+pi": 1, "no-graph": 1}
     assert s["refused"] == {"a data-dependent shape": 2, "host sync": 1}
     assert s["cgct_in_use"] == 1  # applied and undone does not count
-    assert s["replays"] == 30 and s["demoted_inputs"] == 1
+    assert s["replays"] == 30 and s["demoted_inputs"] == 1 and s["over_max_graphs"] == 1
     assert [(g["graph"], g["variant"]) for g in s["per_graph"]] == [
         ("graph 1", "graph"),
         ("graph 1", "graph+pi"),
@@ -38,7 +38,8 @@ def test_summary_counts_variants_refusals_and_cgct_over_all_graphs() -> None:
     assert graphs.describe(s) == (
         "3 Dynamo graphs (7 breaks): 1 graph, 1 graph+pi, 1 no-graph; "
         "refused 3: 2× a data-dependent shape; 1× host sync; CGCT in 1; "
-        "1 attribute(s) reassigned every call, copied like inputs"
+        "1 attribute(s) reassigned every call, copied like inputs; "
+        "1 with more shapes in use than max_graphs (the rest run compiled)"
     )
 
 

@@ -78,3 +78,13 @@ def test_coverage_counts_only_the_graphs_that_replays_run(monkeypatch) -> None:
         [_explain.GraphReport("graph 1", 9, [], {"graphs": [{}]}, kernels=0)], kernels_per_call=50
     )
     assert explanation.coverage == 0.0
+
+
+def test_the_variant_column_says_when_a_graph_has_more_shapes_than_max_graphs() -> None:
+    from launchless.compiler.explain import _variants
+
+    graph = {"variant": "graph", "times_ms": {}, "indirection": "verified", "bytes_copied_per_replay": 64}
+    info = {"graphs": [graph, graph], "calls_over_max_graphs": None}
+    assert "max_graphs" not in _variants(info)[0]
+    info["calls_over_max_graphs"] = 40
+    assert _variants(info)[0].splitlines()[-1] == "more shapes than max_graphs: 40 calls without a graph"

@@ -18,7 +18,7 @@ def summarize(infos: Iterable[Mapping[str, Any]], graph_breaks: int | None) -> d
     infos = list(infos)
     variants: Counter[str] = Counter()
     refused: Counter[str] = Counter()
-    replays = cgct = demoted = 0
+    replays = cgct = demoted = over = 0
     per_graph = []
     for info in infos:
         demoted += len(info.get("demoted_inputs", ()))
@@ -37,12 +37,14 @@ def summarize(infos: Iterable[Mapping[str, Any]], graph_breaks: int | None) -> d
             )
         refused.update(f["reason"] for f in info["fallbacks"])
         cgct += bool(info.get("cgct") and info["cgct"]["in_use"])
+        over += info.get("calls_over_max_graphs") is not None
     return {
         "dynamo_graphs": len(infos),  # graphs with CUDA inputs that Dynamo handed to the backend
         "variants": dict(variants),  # per captured input signature: graph, graph+pi or no-graph (chosen)
         "refused": dict(refused),
         "cgct_in_use": cgct,
         "demoted_inputs": demoted,  # module attributes reassigned every call, now copied like inputs
+        "over_max_graphs": over,  # graphs with more shapes in use than max_graphs: eviction stopped
         "replays": replays,
         "graph_breaks": graph_breaks,
         "per_graph": per_graph,  # each captured signature: variant, measured times (the JSON only)
@@ -77,6 +79,8 @@ def describe(summary: Mapping[str, Any]) -> str:
         text += f"; CGCT in {summary['cgct_in_use']}"
     if summary.get("demoted_inputs"):  # absent from summaries written before it was counted
         text += f"; {summary['demoted_inputs']} attribute(s) reassigned every call, copied like inputs"
+    if summary.get("over_max_graphs"):
+        text += f"; {summary['over_max_graphs']} with more shapes in use than max_graphs (the rest run compiled)"
     return text
 
 

@@ -79,6 +79,8 @@ def _variants(info: dict | None) -> tuple[str, str]:
         if g["indirection"] not in (None, "verified"):
             lines.append(f"PI: {g['indirection']}")
         copied.append(f"{g['bytes_copied_per_replay']:,} B")
+    if info.get("calls_over_max_graphs") is not None:
+        lines.append(f"more shapes than max_graphs: {info['calls_over_max_graphs']} calls without a graph")
     return "\n".join(lines), "\n".join(copied)
 
 
