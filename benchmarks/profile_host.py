@@ -3,8 +3,9 @@
 When two modes replay the same kernels (launchless-compile and reduce-overhead share Inductor's) but one is
 slower per call, the difference is host work: Python between graphs, guards, copies, syncs. This runs one zoo
 model in each mode the way ``launchless bench`` does (``launchless.bench.modes``), times each call (CUDA events
-and host clock), profiles the same calls and writes the top functions by own and cumulative time. A debugging
-aid for the device, not a benchmark.
+and host clock) unprofiled and under cProfile, writes the top functions by own and cumulative time and
+torch.profiler's per-op table (ten calls: CUDA API calls, copies, syncs). A debugging aid for the device, not a
+benchmark.
 
     python benchmarks/profile_host.py tv:fcos_resnet50_fpn --modes reduce-overhead launchless-compile --out /tmp/p
 """
@@ -35,6 +36,14 @@ def _profile(mode: str, name: str, calls: int, warmup: int, out: Path) -> dict:
         for _ in range(warmup):
             prepared.call()
         torch.cuda.synchronize()
+        plain = []  # unprofiled: cProfile slows Python-heavy modes more than others
+        for _ in range(calls):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            prepared.call()
+            end.record()
+            end.synchronize()
+            plain.append(start.elapsed_time(end))
         gpu_ms, host_ms = [], []
         profiler = cProfile.Profile()
         for _ in range(calls):
@@ -48,6 +57,14 @@ def _profile(mode: str, name: str, calls: int, warmup: int, out: Path) -> dict:
             host_ms.append((time.perf_counter() - t0) * 1e3)
             end.synchronize()
             gpu_ms.append(start.elapsed_time(end))
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        ) as prof:
+            for _ in range(10):
+                prepared.call()
+            torch.cuda.synchronize()
+    ops = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=45, max_name_column_width=60)
+    (out / f"{name.replace(':', '_')}-{mode}-ops.txt").write_text(ops)
     text = io.StringIO()
     stats = pstats.Stats(profiler, stream=text)
     stats.sort_stats("tottime").print_stats(40)
@@ -56,6 +73,7 @@ def _profile(mode: str, name: str, calls: int, warmup: int, out: Path) -> dict:
     result = {
         "model": name,
         "mode": mode,
+        "unprofiled_ms_median": statistics.median(plain),
         "gpu_ms_median": statistics.median(gpu_ms),
         "host_ms_median": statistics.median(host_ms),
         "calls": calls,
