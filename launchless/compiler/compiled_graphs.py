@@ -34,7 +34,7 @@ from .indirection import IndirectGraph, IndirectionUnavailable, unavailable_reas
 
 log = logging.getLogger("launchless")
 _ptrs_equal = relocation.ptrs_equal
-_MAX_TRACKED = 4096  # shapes counted towards capture_after, oldest forgotten first (a dynamic length)
+_MAX_TRACKED = 4096  # shapes counted towards capture_after, and refused ones: oldest forgotten first
 Compiler = Callable[[fx.GraphModule, list], Callable[..., Any]]
 
 
@@ -396,6 +396,8 @@ class CompiledGraphs:
 
     def _refuse(self, sig: Signature, args: Sequence[Any], why: str) -> Any:
         self._refused[sig] = why
+        if len(self._refused) > _MAX_TRACKED:  # one per shape: a dynamic length must not grow it forever
+            del self._refused[next(iter(self._refused))]
         self._log_once(f"launchless: {self.name} {sig.describe()} runs without a CUDA graph: {why}")
         return self.compiled(*args)
 
