@@ -89,35 +89,31 @@ def test_graph_break_gives_two_graphs_each_captured() -> None:
 
 
 @torch.no_grad()
-def test_dynamic_shapes_one_graph_per_shape_with_eviction(caplog: pytest.LogCaptureFixture) -> None:
+def _cycle_shapes(rounds: int, caplog: pytest.LogCaptureFixture) -> tuple[dict, list[str]]:
+    """Batches 2, 3, 5 each round through a dynamic-shape graph allowed two graphs: its info and the log lines."""
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).cuda().eval()
     torch._dynamo.reset()
     ll_backend._registry.clear()
     compiled = torch.compile(model, backend=ll_backend.make_backend(max_graphs=2, selective=False), dynamic=True)
     with caplog.at_level(logging.INFO, logger="launchless"):
-        for batch in (2, 3, 5, 2, 3, 5, 2, 3, 5):
-            x = torch.randn(batch, 16, device="cuda")
-            assert torch.allclose(compiled(x), model(x), rtol=1e-5, atol=1e-6)
-    graphs = [g for g in _graphs() if g.graph_info()["graphs"]]
-    assert len(graphs) == 1 and len(graphs[0].graph_info()["graphs"]) == 2
-    assert sum("evicting" in r.getMessage() for r in caplog.records) == 1
-
-
-@torch.no_grad()
-def test_more_shapes_in_use_than_max_graphs_keep_the_graphs_held(caplog: pytest.LogCaptureFixture) -> None:
-    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).cuda().eval()
-    torch._dynamo.reset()
-    ll_backend._registry.clear()
-    compiled = torch.compile(model, backend=ll_backend.make_backend(max_graphs=2, selective=False), dynamic=True)
-    with caplog.at_level(logging.INFO, logger="launchless"):
-        for _ in range(6):
+        for _ in range(rounds):
             for batch in (2, 3, 5):
                 x = torch.randn(batch, 16, device="cuda")
                 assert torch.allclose(compiled(x), model(x), rtol=1e-5, atol=1e-6)
     (graphs,) = [g for g in _graphs() if g.graph_info()["graphs"]]
-    info = graphs.graph_info()
+    return graphs.graph_info(), [r.getMessage() for r in caplog.records]
+
+
+def test_dynamic_shapes_one_graph_per_shape_with_eviction(caplog: pytest.LogCaptureFixture) -> None:
+    info, messages = _cycle_shapes(3, caplog)
+    assert len(info["graphs"]) == 2
+    assert sum("evicting" in m for m in messages) == 1
+
+
+def test_more_shapes_in_use_than_max_graphs_keep_the_graphs_held(caplog: pytest.LogCaptureFixture) -> None:
+    info, messages = _cycle_shapes(6, caplog)  # round 2 evicts batch 2; round 4 finds it evicted and stops there
     assert len(info["graphs"]) == 2 and info["calls_over_max_graphs"] == 3, info
-    assert sum("needs more than max_graphs=2 shapes at once" in r.getMessage() for r in caplog.records) == 1
+    assert sum("needs more than max_graphs=2 shapes at once" in m for m in messages) == 1
 
 
 @torch.no_grad()
