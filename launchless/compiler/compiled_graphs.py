@@ -285,10 +285,9 @@ class CompiledGraphs:
             ptrs = [t.data_ptr() for t in self._static_leaves(args)]
             entry = _Entry(graph, ptrs, Decision("graph", {}), report)
             entry.device = device
-            runners = {"no-graph": lambda: self.compiled(*args), "graph": lambda: graph.replay_cloned(flat.leaves)}
             if self.indirection:
-                self._add_indirection(entry, flat, runners)
-            entry.decision = self._decide(sig, runners, device)
+                self._add_indirection(entry, flat)
+            entry.decision = self._decide(sig, self._runners(entry, flat, args), device)
             if entry.decision.variant in entry.decision.times_ms:
                 entry.monitor = DriftMonitor(entry.decision)
             if entry.indirect is not None and entry.decision.variant != "graph+pi":
@@ -337,7 +336,7 @@ class CompiledGraphs:
             self._refused.clear()
             self._log_once(f"launchless: {self.name}: CGCT undone ({why}); it runs as compiled, without the rewrite")
 
-    def _add_indirection(self, entry: _Entry, flat: Any, runners: dict) -> None:
+    def _add_indirection(self, entry: _Entry, flat: Any) -> None:
         """Pointer indirection for this graph, verified like the graph itself; on failure, why not."""
         try:
             entry.indirect = IndirectGraph(entry.graph)
@@ -351,9 +350,14 @@ class CompiledGraphs:
         if not report.passed:
             entry.pi_reason = f"verification failed ({report.status}: {report.detail})"
             entry.indirect = None
-            return
-        indirect, inputs = entry.indirect, select.alternating(flat.leaves, entry.indirect.slots)
-        runners["graph+pi"] = lambda: indirect.replay_cloned(inputs())
+
+    def _runners(self, entry: _Entry, flat: Any, args: Sequence[Any]) -> dict[str, Callable[[], Any]]:
+        """The variants to time on this call: compiled, graph, and graph+PI (on inputs that move every call)."""
+        runners = {"no-graph": lambda: self.compiled(*args), "graph": lambda: entry.graph.replay_cloned(flat.leaves)}
+        if entry.indirect is not None:
+            indirect, inputs = entry.indirect, select.alternating(flat.leaves, entry.indirect.slots)
+            runners["graph+pi"] = lambda: indirect.replay_cloned(inputs())
+        return runners
 
     def _decide(self, sig: Signature, runners: dict, device: torch.device) -> Decision:
         if not self.selective:
@@ -377,15 +381,9 @@ class CompiledGraphs:
         entry.monitor.record(start.elapsed_time(end))
         if entry.monitor.drifted():
             old = entry.decision.variant
-            runners = {
-                "no-graph": lambda: self.compiled(*args),
-                "graph": lambda: entry.graph.replay_cloned(flat.leaves),
-            }
             if entry.indirect is not None:
                 entry.indirect.reset()
-                inputs = select.alternating(flat.leaves, entry.indirect.slots)
-                runners["graph+pi"] = lambda: entry.indirect.replay_cloned(inputs())
-            entry.decision = select.measure(runners, entry.device)
+            entry.decision = select.measure(self._runners(entry, flat, args), entry.device)
             if self.cache is not None:
                 self.cache.put(DecisionKey.current(self.graph_key, sig.describe()), entry.decision)
             entry.monitor.reset(entry.decision)
