@@ -153,6 +153,40 @@ def test_a_cached_decision_is_reused_and_a_slower_graph_is_not_used(monkeypatch,
     assert measured2 == [] and again.graph_info()["graphs"][0]["variant"] == "no-graph"
 
 
+def test_a_drifted_variant_is_measured_again_and_the_new_decision_cached(monkeypatch, tmp_path, caplog) -> None:
+    from launchless.compiler.decisions import DriftMonitor
+
+    class _SlowEvent:  # every sampled production call takes 5 ms: the graph chosen at 1 ms has drifted
+        def __init__(self, **_) -> None:
+            pass
+
+        def record(self) -> None:
+            pass
+
+        def synchronize(self) -> None:
+            pass
+
+        def elapsed_time(self, _end) -> float:
+            return 5.0
+
+    compiled, w, measured = _graphs_on_fakes(monkeypatch, tmp_path)
+    x = torch.randn(3)
+    for _ in range(2):
+        compiled(x, w)  # the second call captures and decides: graph (1 ms) over no-graph (2 ms)
+    (entry,) = compiled._graphs.values()
+    entry.monitor = DriftMonitor(entry.decision, every=1, window=2)
+    monkeypatch.setattr(torch.cuda, "Event", _SlowEvent)
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(2):
+            assert torch.equal(compiled(x, w), x * w)
+    assert measured == [["graph", "no-graph"], ["graph", "no-graph"]]  # measured again, the same variants
+    assert sum("graph drifted; now graph" in r.getMessage() for r in caplog.records) == 1
+    again, w2, measured2 = _graphs_on_fakes(monkeypatch, tmp_path)  # a new process finds the re-made decision
+    for _ in range(2):
+        again(x, w2)
+    assert measured2 == []
+
+
 def test_moved_parameters_and_too_many_shapes_each_log_once(monkeypatch, tmp_path, caplog) -> None:
     compiled, w, _ = _graphs_on_fakes(monkeypatch, tmp_path, max_graphs=1)
     with caplog.at_level(logging.INFO, logger="launchless"):
