@@ -13,6 +13,7 @@
 #   compiler-tests     the compiler path's GPU tests only
 #   compiler-inference launchless bench --suite compiler: the inference workloads, three compile modes
 #   compiler-blocked   the same for the models a host copy keeps out of plain capture
+#   compiler-suite     both sets (as ONLY leaves them) in one bench run, so that its GPUs share all of them
 #   evidence-bytes     benchmarks/compiler_evidence.py: bytes copied per replay with and without PI
 #   evidence-coverage  benchmarks/compiler_evidence.py: capture coverage of the blocked models, split over GPUs
 #                      (COVER="name ..." instead of the blocked models and fasterrcnn_mobilenet)
@@ -21,6 +22,7 @@
 # coverage processes on each (compiles are CPU-bound; coverage is a count, not a timing).
 # ONLY="name ..." keeps only those workloads in the compiler steps (a suite split over device calls; --merge joins).
 # MODES="mode ..." runs only those modes in the compiler steps (a re-run of one mode; --merge replaces its rows).
+# BALANCE=bench.json deals the compiler steps' workloads over the GPUs by the time each took in that earlier run.
 set -u
 out=${1:?usage: device_run.sh OUT_DIR STEP [STEP ...]}
 shift
@@ -28,6 +30,7 @@ mkdir -p "$out"
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$(pwd)" PYTHONUNBUFFERED=1
 read -r -a gpus <<<"${GPUS:-$(python3 -c 'import torch; print(*range(torch.cuda.device_count()))')}"
 read -r -a modes <<<"${MODES:-compile reduce-overhead launchless-compile}"  # the compiler steps' modes
+balance=(${BALANCE:+--balance-from "$BALANCE"})
 names() {  # the compiler suite's blocked (1) or inference (0) workloads
   python3 -c 'import sys; from launchless.bench.workloads import COMPILER, suite
 blocked, only = sys.argv[1] == "1", sys.argv[2].split()
@@ -69,11 +72,16 @@ for step in "$@"; do
   compiler-inference)
     ((${#inference[@]})) || { echo "compiler-inference: no workload left by ONLY" | tee -a "$out/steps.txt"; continue; }
     run compiler-inference python3 -m launchless.cli bench --suite compiler --workloads "${inference[@]}" \
-      --modes "${modes[@]}" --gpus "${gpus[@]}" --timeout 300 --out "$out/compiler-inference" ;;
+      --modes "${modes[@]}" --gpus "${gpus[@]}" --timeout 300 --out "$out/compiler-inference" "${balance[@]}" ;;
   compiler-blocked)
     ((${#blocked[@]})) || { echo "compiler-blocked: no workload left by ONLY" | tee -a "$out/steps.txt"; continue; }
     run compiler-blocked python3 -m launchless.cli bench --suite compiler --workloads "${blocked[@]}" \
-      --modes "${modes[@]}" --gpus "${gpus[@]}" --timeout 400 --out "$out/compiler-blocked" ;;
+      --modes "${modes[@]}" --gpus "${gpus[@]}" --timeout 400 --out "$out/compiler-blocked" "${balance[@]}" ;;
+  compiler-suite)
+    all=("${inference[@]}" "${blocked[@]}")
+    ((${#all[@]})) || { echo "compiler-suite: no workload left by ONLY" | tee -a "$out/steps.txt"; continue; }
+    run compiler-suite python3 -m launchless.cli bench --suite compiler --workloads "${all[@]}" \
+      --modes "${modes[@]}" --gpus "${gpus[@]}" --timeout 400 --out "$out/compiler-suite" "${balance[@]}" ;;
   training)
     run training python3 -m launchless.cli bench --suite training --timeout 300 --gpus "${gpus[@]}" \
       --modes eager compile reduce-overhead hand-graph launchless \

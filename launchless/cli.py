@@ -34,6 +34,12 @@ def main(argv: list[str] | None = None) -> int:
         help="deal the workloads over these GPUs and run the parts at once (each workload runs all its modes on "
         "one GPU; CPU cores are split between the parts)",
     )
+    bench.add_argument(
+        "--balance-from",
+        metavar="BENCH_JSON",
+        help="with --gpus: deal the workloads by the time each took in this earlier bench.json (longest first to "
+        "the least-loaded GPU) instead of round-robin, so that the GPUs finish together",
+    )
     bench.add_argument("--list", action="store_true", help="list workloads and modes and exit")
     bench.add_argument(
         "--merge",
@@ -180,6 +186,14 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     unknown = [m for m in args.modes or () if m not in MODES]
     if unknown:
         parser.error(f"unknown mode(s) {', '.join(unknown)}; choose from: {', '.join(MODES)}")
+    weights = None
+    if args.balance_from:
+        from .bench.runner import BalanceFileUnreadable, balance_weights
+
+        try:
+            weights = balance_weights(args.balance_from, list(args.modes or MODES))
+        except BalanceFileUnreadable as exc:
+            parser.error(str(exc))
     import torch
 
     if not torch.cuda.is_available():
@@ -196,7 +210,8 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             check_gpus(args.gpus)
         except GpusUnavailable as exc:
             parser.error(str(exc))
-    return run_suite(args.suite, names, list(args.modes or MODES), args.out, args.iters, args.timeout, args.gpus)
+    modes = list(args.modes or MODES)
+    return run_suite(args.suite, names, modes, args.out, args.iters, args.timeout, args.gpus, weights)
 
 
 if __name__ == "__main__":

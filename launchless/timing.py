@@ -33,6 +33,26 @@ def cuda_time(fn: Callable[[], object], *, warmup: int = 10, iters: int = 100) -
     return Timing(statistics.median(times), min(times), iters)
 
 
+def cuda_latency(fn: Callable[[], object], *, warmup: int = 3, iters: int = 100) -> Timing:
+    """Per-call time of ``fn`` started on an idle GPU and waited for: what one request sees when its caller
+    needs the result before the next (batch-1 serving). Host work before the first kernel is on the clock
+    here; ``cuda_time``'s back-to-back calls hide it behind the previous call's kernels whenever the GPU is
+    the slower of the two, so the two measures differ exactly by the host overhead a mode leaves exposed.
+    """
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return Timing(statistics.median(times), min(times), iters)
+
+
 def host_overhead_us(
     fn: Callable[[], object], reference: Callable[[], object], *, iters: int = 20, rounds: int = 60
 ) -> float:

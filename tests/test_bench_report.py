@@ -160,7 +160,11 @@ def test_summary_values() -> None:
         "floor_ratio",
         "worst_vs_best_pytorch",
         "geomean_first_call_vs_reduce_overhead",
+        "latency_geomean_vs_eager",
+        "latency_geomean_vs_reduce_overhead",
+        "latency_worst_vs_best_pytorch",
     }
+    assert summ["latency_geomean_vs_reduce_overhead"] == {}  # these rows predate the latency measure
     for mode in ("compile", "reduce-overhead", "hand-graph", "launchless"):
         want = direct_geomean(list(expected_speedups("eager", mode).values()))
         assert summ["geomean_vs_eager"][mode] == pytest.approx(want), mode
@@ -174,6 +178,34 @@ def test_summary_values() -> None:
         ]
         assert summ["floor_ratio"][mode] == pytest.approx(direct_geomean(ratios)), mode
     assert "compile" not in summ["floor_ratio"]  # no compile row has a floor
+
+
+def test_latency_is_compared_on_its_own_times_and_shown_with_what_it_adds() -> None:
+    # back-to-back, launchless-compile and reduce-overhead tie; waited for, reduce-overhead's host work shows
+    times = {  # workload: {mode: (back-to-back median, latency)}
+        "a": {"compile": (2.0, 2.4), "reduce-overhead": (1.0, 1.5), "launchless-compile": (1.0, 1.1)},
+        "b": {"compile": (4.0, 4.2), "reduce-overhead": (3.0, 3.6), "launchless-compile": (3.0, 3.3)},
+        "c": {"compile": (1.0, 1.1), "reduce-overhead": (1.0, 1.2), "launchless-compile": (1.0, 1.25)},
+    }
+    rows = []
+    for workload, per_mode in times.items():
+        for mode, (median, latency) in per_mode.items():
+            rows.append({**row(workload, mode, median), "latency_ms": latency})
+    summ = stats.summary(rows)
+    assert summ["geomean_vs_reduce_overhead"]["launchless-compile"] == pytest.approx(1.0)
+    want = direct_geomean([1.5 / 1.1, 3.6 / 3.3, 1.2 / 1.25])
+    assert summ["latency_geomean_vs_reduce_overhead"]["launchless-compile"] == pytest.approx(want)
+    assert summ["latency_worst_vs_best_pytorch"]["launchless-compile"] == pytest.approx(1.1 / 1.25)
+    md = report.markdown({"gpu": "H200"}, "compiler", rows)
+    assert "## One call waited for" in md
+    assert "| `a` | 2.40 (+0.400) | 1.50 (+0.500) | 1.10 (+0.100) |" in md
+    line = next(x for x in md.splitlines() if x.startswith("- **launchless-compile**"))
+    assert f"latency {want:.2f}× vs reduce-overhead (3)" in line, line
+    # a row that lost its latency (older JSON merged in) is left out of the mean, not counted as zero
+    del rows[-1]["latency_ms"]
+    assert stats.summary(rows)["latency_geomean_vs_reduce_overhead"]["launchless-compile"] == pytest.approx(
+        direct_geomean([1.5 / 1.1, 3.6 / 3.3])
+    )
 
 
 def test_summary_of_nothing_is_empty() -> None:

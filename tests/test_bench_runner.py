@@ -140,6 +140,32 @@ def test_merge_partial_runs(tmp_path) -> None:
         merge([str(p) for p in halves], str(tmp_path / "bad"))
 
 
+def test_weights_from_an_earlier_run_deal_longest_first_so_the_gpus_finish_together(tmp_path) -> None:
+    # round-robin puts both slow ones on one GPU: 300 s against 30 s
+    names = ["slow1", "fast1", "slow2", "fast2"]
+    weights = {"slow1": 150, "slow2": 150, "fast1": 15, "fast2": 15}
+    assert deal(names, 2) == [["slow1", "slow2"], ["fast1", "fast2"]]
+    assert deal(names, 2, weights) == [["slow1", "fast1"], ["slow2", "fast2"]]  # 165 s each, suite order kept
+    # a workload the earlier run did not have weighs the mean (82.5 s)
+    assert deal([*names, "new"], 2, weights) == [["slow1", "new"], ["fast1", "slow2", "fast2"]]
+    rows = [
+        {"workload": "a", "mode": "compile", "wall_s": 10.0},
+        {"workload": "a", "mode": "launchless-compile", "wall_s": 30.0},
+        {"workload": "b", "mode": "compile", "wall_s": 7.0},  # not run in the mode asked for: all its modes count
+        {"workload": "c", "mode": "launchless-compile", "wall_s": None},  # an error row: no time, no weight
+    ]
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"rows": rows}))
+    assert runner.balance_weights(str(path), ["launchless-compile"]) == {"a": 30.0, "b": 7.0}
+    assert runner.balance_weights(str(path), ["compile", "launchless-compile"]) == {"a": 40.0, "b": 7.0}
+    path.write_text("{}")
+    with pytest.raises(runner.BalanceFileUnreadable, match="leave --balance-from out"):
+        runner.balance_weights(str(path), ["compile"])
+    with pytest.raises(SystemExit) as exit_info:  # the command line says so before it looks for a GPU
+        cli.main(["bench", "--suite", "compiler", "--balance-from", str(tmp_path / "missing.json")])
+    assert exit_info.value.code == 2
+
+
 def test_workloads_are_dealt_over_gpus_and_each_part_is_pinned(tmp_path) -> None:
     assert deal(["a", "b", "c", "d", "e"], 2) == [["a", "c", "e"], ["b", "d"]]
     assert deal(["a"], 2) == [["a"]]  # no empty part

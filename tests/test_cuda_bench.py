@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import torch
 
 from launchless.bench import workloads
 from launchless.bench.measure import measure
+from launchless.timing import cuda_latency, cuda_time
 
 pytestmark = pytest.mark.cuda
 
@@ -20,6 +24,25 @@ def test_inference_rows(mode: str) -> None:
     assert row["kernel_floor_ms"] is not None and 0 < row["kernel_floor_ms"] < 3 * row["median_ms"]
     expected = "reference" if mode == "eager" else "bit-identical"
     assert row["correctness"]["status"] == expected
+    assert row["latency_ms"] >= 0.9 * row["median_ms"]  # a waited-for call never hides work the other shows
+
+
+def test_latency_shows_the_host_work_that_back_to_back_calls_hide() -> None:
+    """A call that works on the host for half as long as its kernel runs: back to back the host work hides behind
+    the previous kernel; waited for, it is on the clock."""
+    kernel = lambda: torch.cuda._sleep(2_000_000)  # noqa: E731
+    gpu_ms = cuda_time(kernel, iters=20).median_ms
+    host_s = gpu_ms / 2 / 1e3
+
+    def call() -> None:
+        time.sleep(host_s)
+        kernel()
+
+    back_to_back = cuda_time(call, iters=30).median_ms
+    waited = cuda_latency(call, iters=30).median_ms
+    print(f"kernel {gpu_ms:.3f} ms, back to back {back_to_back:.3f} ms, waited for {waited:.3f} ms")
+    assert back_to_back == pytest.approx(gpu_ms, rel=0.15)
+    assert waited - back_to_back > 0.7 * host_s * 1e3
 
 
 def test_whole_step_hand_graph_matches_eager_training() -> None:

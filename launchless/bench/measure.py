@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .. import zoo
-from ..timing import cuda_time
+from ..timing import cuda_latency, cuda_time
 from ..verify import difference, identical
 from . import modes, training
 from .workloads import BenchWorkload
@@ -74,6 +74,7 @@ def measure(w: BenchWorkload, mode: str, iters: int) -> dict:
         output = _clone(prepared.call())
         timing = cuda_time(prepared.call, warmup=5, iters=iters)
         row.update(median_ms=timing.median_ms, min_ms=timing.min_ms, calls=timing.calls)
+        row["latency_ms"] = cuda_latency(prepared.call, warmup=0, iters=iters).median_ms
         row["peak_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
         floor = row["kernel_floor_ms"] = kernel_floor_ms(prepared.call)
         row["floor_ratio"] = timing.median_ms / floor if floor else None

@@ -5,7 +5,7 @@ A row is one (workload, mode) result from its own subprocess::
 
     {"workload": str, "mode": str, "kind": "inference" | "training",
      "status": "ok" | "skipped" | "error", "reason": str | None,
-     "median_ms", "min_ms", "first_call_ms", "peak_mem_mb", "kernel_floor_ms": float | None,
+     "median_ms", "min_ms", "latency_ms", "first_call_ms", "peak_mem_mb", "kernel_floor_ms": float | None,
      "calls": int | None,
      "correctness": {"status": "bit-identical" | "differs" | "reference" | "n/a", "max_abs_diff": float | None},
      "wall_s": float}
@@ -171,9 +171,29 @@ class _View:
             if mode in self.summary["geomean_first_call_vs_reduce_overhead"]:
                 ratio = self.summary["geomean_first_call_vs_reduce_overhead"][mode]
                 parts.append(f"first call {_x(ratio)} reduce-overhead's")
+            if latency := self._latency_summary(mode):
+                parts.append(latency)
             if parts:
                 items.append((mode, ", ".join(parts)))
         return items
+
+    def _latency_summary(self, mode: str) -> str | None:
+        """ "latency 1.3× vs reduce-overhead (19), worst …": the same comparisons for one waited-for call."""
+        parts = []
+        for key, baseline in (
+            ("latency_geomean_vs_eager", stats.EAGER),
+            ("latency_geomean_vs_reduce_overhead", stats.REDUCE_OVERHEAD),
+        ):
+            if mode != baseline and mode in self.summary.get(key, {}):
+                n = len(stats.speedups(self.rows, baseline, stats.LATENCY)[mode])
+                parts.append(f"{_x(self.summary[key][mode])} vs {baseline} ({n})")
+        worst = self.summary.get("latency_worst_vs_best_pytorch", {}).get(mode)
+        if worst is not None:
+            parts.append(f"worst {_x(worst)} the faster of compile and reduce-overhead")
+        return "latency " + ", ".join(parts) if parts else None
+
+    def has_latency(self) -> bool:
+        return any(stats.ok_median(r, stats.LATENCY) is not None for r in self.rows)
 
 
 # --- JSON -----------------------------------------------------------------------------------------------------
@@ -207,6 +227,18 @@ def _latency_cell(view: _View, workload: str, mode: str) -> str:
     text = _ms(stats.ok_median(row))
     speedup = view.speedup(workload, mode)
     return text if speedup is None else f"{text} ({_x(speedup)})"
+
+
+def _waited_cell(view: _View, workload: str, mode: str) -> str:
+    row = view.by_key.get((workload, mode))
+    word = _status_word(row)
+    if word is not None:
+        return word
+    latency, throughput = stats.ok_median(row, stats.LATENCY), stats.ok_median(row)
+    if latency is None or throughput is None:
+        return _MISSING
+    extra = latency - throughput
+    return f"{_ms(latency)} ({'+' if extra >= 0 else '−'}{_ms(abs(extra))})"
 
 
 def _first_call_cell(view: _View, workload: str, mode: str) -> str:
@@ -246,6 +278,21 @@ def markdown(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) ->
         "Median ms per call (speed-up over eager, above 1 is faster). Floor: summed GPU kernel time per call "
         "(torch.profiler), the launch-free limit. Correctness against the reference: `=` bit-identical, "
         "`≠ d` differs by at most d, `n/a` not compared.",
+    ]
+    if view.has_latency():
+        lines += [
+            "",
+            "## One call waited for",
+            "",
+            "Median ms of a call started on an idle GPU and synchronized (what one batch-1 request sees; in "
+            "parentheses what it adds to the back-to-back median above: host work the GPU waited for).",
+            "",
+        ]
+        lines += _md_table(
+            ["workload", *(f"{m} ms" for m in view.modes)],
+            [[f"`{w}`", *(_waited_cell(view, w, m) for m in view.modes)] for w in view.workloads],
+        )
+    lines += [
         "",
         "## First call and peak memory",
         "",

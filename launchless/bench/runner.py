@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from rich.console import Console
@@ -116,9 +116,46 @@ def _collect(
     return rows
 
 
-def deal(names: list[str], parts: int) -> list[list[str]]:
-    """Workloads dealt round-robin, so that each part gets a share of the slow-to-compile ones."""
-    return [names[i::parts] for i in range(parts) if names[i::parts]]
+def deal(names: list[str], parts: int, weights: Mapping[str, float] | None = None) -> list[list[str]]:
+    """Workloads dealt round-robin, so that each part gets a share of the slow-to-compile ones; with ``weights``
+    (seconds each took in an earlier run) longest first to the least-loaded part, so that the parts finish
+    together. A workload without a weight counts as the mean of the others. Each part keeps suite order."""
+    if not weights:
+        return [names[i::parts] for i in range(parts) if names[i::parts]]
+    known = [weights[n] for n in names if n in weights]
+    default = sum(known) / len(known) if known else 1.0
+    cost = {n: weights.get(n, default) for n in names}
+    loads, members = [0.0] * parts, [set() for _ in range(parts)]
+    for name in sorted(names, key=lambda n: (-cost[n], names.index(n))):
+        i = loads.index(min(loads))
+        loads[i] += cost[name]
+        members[i].add(name)
+    return [[n for n in names if n in part] for part in members if part]
+
+
+class BalanceFileUnreadable(ValueError):
+    """``--balance-from`` named a file that is not an earlier run's bench.json."""
+
+
+def balance_weights(path: str, modes: list[str]) -> dict[str, float]:
+    """Seconds each workload took over ``modes`` (all its modes where none of these ran) in an earlier bench.json."""
+    try:
+        rows = json.loads(Path(path).read_text())["rows"]
+        walls = [(str(r["workload"]), str(r["mode"]), float(r.get("wall_s") or 0.0)) for r in rows]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BalanceFileUnreadable(
+            f"--balance-from {path}: not readable as a bench.json with rows ({exc}); name the bench.json an earlier "
+            "`launchless bench` wrote, or leave --balance-from out to deal round-robin"
+        ) from exc
+    every_mode: dict[str, float] = {}
+    these_modes: dict[str, float] = {}
+    for workload, mode, seconds in walls:
+        every_mode[workload] = every_mode.get(workload, 0.0) + seconds
+        if mode in modes:
+            these_modes[workload] = these_modes.get(workload, 0.0) + seconds
+    weights = {w: s for w, s in every_mode.items() if s > 0}
+    weights.update({w: s for w, s in these_modes.items() if s > 0})
+    return weights
 
 
 def split_cores(parts: int) -> list[set[int] | None]:
@@ -137,6 +174,7 @@ def run_parts(
     modes: list[str],
     gpus: list[int] | None,
     run: Callable[..., list[dict]],
+    weights: Mapping[str, float] | None = None,
 ) -> list[dict]:
     """Every (workload, mode) once: serially on the current GPU, or dealt over ``gpus`` and run at once.
 
@@ -144,7 +182,7 @@ def run_parts(
     if not gpus or len(gpus) == 1:
         gpu = gpus[0] if gpus else None
         return [row for mode in modes for row in run(mode, names, gpu=gpu, cores=None)]
-    parts = deal(names, len(gpus))
+    parts = deal(names, len(gpus), weights)
     results: list[list[dict]] = [[] for _ in parts]
     errors: list[BaseException] = []
 
@@ -199,6 +237,7 @@ def run_suite(
     iters: int,
     timeout_s: float,
     gpus: list[int] | None = None,
+    weights: Mapping[str, float] | None = None,
 ) -> int:
     console = Console(width=None if sys.stdout.isatty() else 220)  # logs and pipes get the whole table
     out = Path(out_dir)
@@ -215,7 +254,7 @@ def run_suite(
             advance = lambda: progress.advance(task)  # noqa: E731
             return run_mode(mode, part, iters, timeout_s, out, advance, gpu=gpu, cores=cores)
 
-        rows = run_parts(names, modes, gpus, run)
+        rows = run_parts(names, modes, gpus, run, weights)
     environment["wall_s"] = round(time.monotonic() - started, 1)
     paths = report.write_all(out, environment, suite, rows)
     console.print(report.rich_table(environment, suite, rows))

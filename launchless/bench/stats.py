@@ -57,11 +57,15 @@ def index(rows: Iterable[Row]) -> dict[tuple[str, str], Row]:
     return {(str(r["workload"]), str(r["mode"])): r for r in rows}
 
 
-def ok_median(row: Row | None) -> float | None:
-    """The row's median in ms if it ran and produced a usable (positive, finite) median, else None."""
+THROUGHPUT = "median_ms"  # back-to-back calls (``timing.cuda_time``): the headline
+LATENCY = "latency_ms"  # one call from an idle GPU, waited for (``timing.cuda_latency``)
+
+
+def ok_median(row: Row | None, key: str = THROUGHPUT) -> float | None:
+    """The row's ``key`` time in ms if it ran and produced a usable (positive, finite) one, else None."""
     if row is None or row.get("status") != "ok":
         return None
-    median = row.get("median_ms")
+    median = row.get(key)
     if not isinstance(median, (int, float)) or not math.isfinite(median) or median <= 0:
         return None
     return float(median)
@@ -78,7 +82,7 @@ def ok_floor(row: Row | None) -> float | None:
     return float(floor)
 
 
-def speedups(rows: Sequence[Row], baseline_mode: str) -> dict[str, dict[str, float]]:
+def speedups(rows: Sequence[Row], baseline_mode: str, key: str = THROUGHPUT) -> dict[str, dict[str, float]]:
     """{mode: {workload: baseline_median / mode_median}} over workloads where both rows are ``ok``.
 
     A workload whose baseline did not run has no speed-ups at all (there is nothing to divide by); the
@@ -89,8 +93,8 @@ def speedups(rows: Sequence[Row], baseline_mode: str) -> dict[str, dict[str, flo
     for mode in ordered_modes(rows):
         per_workload: dict[str, float] = {}
         for workload in ordered_workloads(rows):
-            base = ok_median(by_key.get((workload, baseline_mode)))
-            this = ok_median(by_key.get((workload, mode)))
+            base = ok_median(by_key.get((workload, baseline_mode)), key)
+            this = ok_median(by_key.get((workload, mode)), key)
             if base is not None and this is not None:
                 per_workload[workload] = base / this
         if per_workload:
@@ -112,7 +116,7 @@ def floor_ratios(rows: Sequence[Row]) -> dict[str, dict[str, float]]:
     return {mode: out[mode] for mode in ordered_modes(rows) if mode in out}
 
 
-def vs_best_pytorch(rows: Sequence[Row]) -> dict[str, dict[str, float]]:
+def vs_best_pytorch(rows: Sequence[Row], key: str = THROUGHPUT) -> dict[str, dict[str, float]]:
     """{mode: {workload: faster of compile and reduce-overhead / mode}} for the non-PyTorch modes.
 
     Where both PyTorch compile modes ran; below 1.0 means slower than what a PyTorch user would pick."""
@@ -122,8 +126,8 @@ def vs_best_pytorch(rows: Sequence[Row]) -> dict[str, dict[str, float]]:
         if mode in PYTORCH_MODES:
             continue
         for workload in ordered_workloads(rows):
-            best = [ok_median(by_key.get((workload, m))) for m in (COMPILE, REDUCE_OVERHEAD)]
-            this = ok_median(by_key.get((workload, mode)))
+            best = [ok_median(by_key.get((workload, m)), key) for m in (COMPILE, REDUCE_OVERHEAD)]
+            this = ok_median(by_key.get((workload, mode)), key)
             if this is not None and None not in best:
                 out.setdefault(mode, {})[workload] = min(best) / this  # type: ignore[type-var]
     return out
@@ -153,16 +157,21 @@ def _geomeans(table: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
 
 def summary(rows: Sequence[Row]) -> dict[str, dict[str, float]]:
     """Headline numbers: per mode, geomean speed-up vs eager and vs reduce-overhead, geomean median/floor, the
-    worst ratio to the faster PyTorch compile mode, and geomean first-call time relative to reduce-overhead.
+    worst ratio to the faster PyTorch compile mode, and geomean first-call time relative to reduce-overhead;
+    the first and last two again for latency (``latency_*``) where the rows have it.
 
     Each mode's mean covers only the workloads where it and the baseline both ran, so a mode that fails
     on a workload is not punished (or flattered) by a made-up number there; the report prints the counts.
     """
     best = vs_best_pytorch(rows)
+    latency_best = vs_best_pytorch(rows, LATENCY)
     return {
         "geomean_vs_eager": _geomeans(speedups(rows, EAGER)),
         "geomean_vs_reduce_overhead": _geomeans(speedups(rows, REDUCE_OVERHEAD)),
         "floor_ratio": _geomeans(floor_ratios(rows)),
         "worst_vs_best_pytorch": {mode: min(per.values()) for mode, per in best.items()},
         "geomean_first_call_vs_reduce_overhead": _geomeans(first_call_vs_reduce_overhead(rows)),
+        "latency_geomean_vs_eager": _geomeans(speedups(rows, EAGER, LATENCY)),
+        "latency_geomean_vs_reduce_overhead": _geomeans(speedups(rows, REDUCE_OVERHEAD, LATENCY)),
+        "latency_worst_vs_best_pytorch": {mode: min(per.values()) for mode, per in latency_best.items()},
     }
