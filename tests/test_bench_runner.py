@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import weakref
 
 import pytest
 
@@ -78,6 +79,33 @@ def test_rows_left_by_an_earlier_run_in_the_same_folder_are_ignored(tmp_path) ->
     (tmp_path / "rows-eager-0.jsonl").write_text(json.dumps(stale) + "\n")
     rows = run_mode("eager", NAMES, 3, 20, tmp_path, worker=_worker())
     assert [r["workload"] for r in rows] == NAMES and all(r["pid"] != -1 for r in rows)
+
+
+def test_the_worker_frees_a_workloads_compiled_model_before_measuring_the_next(tmp_path, monkeypatch) -> None:
+    import torch
+
+    from launchless.bench import worker
+
+    alive_at_start = []
+    previous: list = []
+
+    class Compiled:  # what a backend hands Dynamo: held by Dynamo's caches until reset, in a reference cycle
+        def __init__(self, gm) -> None:
+            self.gm, self.cycle = gm, self
+            previous.append(weakref.ref(self))
+
+        def __call__(self, *args):
+            return self.gm(*args)
+
+    def fake_measure(w, mode, iters) -> dict:
+        alive_at_start.append(previous[-1]() is not None if previous else None)
+        torch.compile(torch.nn.Linear(2, 2), backend=lambda gm, example: Compiled(gm))(torch.ones(1, 2))
+        return {"workload": w.name, "mode": mode}
+
+    monkeypatch.setattr(worker, "measure", fake_measure)
+    worker.run("compile", ["timm:resnet18", "hf:gpt2"], 3, str(tmp_path / "rows.jsonl"))
+    assert alive_at_start == [None, False]
+    assert previous[-1]() is None  # the last one too, when the worker ends
 
 
 def test_a_crashed_worker_costs_one_workload(tmp_path) -> None:

@@ -45,10 +45,17 @@ def run(mode: str, names: list[str], iters: int, out: str) -> None:
         row["wall_s"] = time.perf_counter() - start
         with open(out, "a") as f:
             f.write(json.dumps(row) + "\n")
-        gc.collect()
+        release()
+
+
+def release() -> None:
+    """Free what the last workload left before the next is measured: Dynamo's caches hold its compiled code and
+    graphs (reset drops them), the reference cycles among them need a collection, and then the allocator can give
+    their memory back. Otherwise the next row's peak memory and garbage collections count the last one's."""
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_available():
         torch.cuda.empty_cache()
-        if mode in ("compile", "reduce-overhead", "launchless-compile"):
-            torch._dynamo.reset()
 
 
 def main() -> None:
