@@ -363,6 +363,23 @@ def test_chart_writes_png_with_missing_modes(tmp_path) -> None:
     assert len(data) > 1000
 
 
+def test_chart_of_a_suite_without_eager_compares_with_reduce_overhead(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    rows = [
+        row("a", "compile", 2.0),
+        row("a", "reduce-overhead", 1.0, floor=0.5),
+        row("a", "launchless-compile", 0.8),
+        row("b", "reduce-overhead", 3.0),
+        row("b", "launchless-compile", 3.3),
+    ]
+    fig = report.chart(tmp_path / "bench.png", rows, ENV)
+    ax = fig.axes[0]
+    assert ax.get_title().startswith("launchless bench: speed-up over reduce-overhead")
+    heights = sorted(round(bar.get_height() + bar.get_y(), 6) for bar in ax.patches)
+    assert heights == sorted([0.5, 1.25, round(3.0 / 3.3, 6)])  # compile on a; launchless-compile on a and b
+    assert [line.get_label() for line in ax.collections] == ["launch-free limit (reduce-overhead / its kernel floor)"]
+
+
 @pytest.mark.parametrize(
     "rows",
     [

@@ -370,32 +370,40 @@ def rich_table(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) 
 # --- chart ----------------------------------------------------------------------------------------------------
 
 
-def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any]) -> None:
+def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any]) -> Any:
     """Grouped bars of speed-up over eager (log scale), one group per workload, with the launch-free limit.
 
-    Bars grow up or down from the eager line at 1×, so a slowdown points down. The black tick per workload is
-    eager median / eager kernel floor: the speed-up a mode would reach if launches cost nothing. A mode
-    missing on a workload leaves a gap in its slot, never a shifted bar.
+    Bars grow up or down from the baseline's line at 1×, so a slowdown points down. The black tick per workload
+    is the baseline's median / its kernel floor: the speed-up a mode would reach if launches cost nothing. A
+    mode missing on a workload leaves a gap in its slot, never a shifted bar. Without eager rows (the compiler
+    suite) the baseline is reduce-overhead, the mode that suite compares against. Returns the figure.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: only `bench` needs matplotlib
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     view = _View(rows)
-    modes = [m for m in view.modes if m != stats.EAGER and m in view.vs_eager]
-    workloads = [w for w in view.workloads if any(w in view.vs_eager[m] for m in modes) or view.eager_floor(w)]
+    baseline, speedups = stats.EAGER, view.vs_eager
+    if not any(stats.ok_median(view.by_key.get((w, stats.EAGER))) for w in view.workloads) and view.vs_ro:
+        baseline, speedups = stats.REDUCE_OVERHEAD, view.vs_ro
+
+    def baseline_floor(workload: str) -> float | None:
+        return stats.ok_floor(view.by_key.get((workload, baseline)))
+
+    modes = [m for m in view.modes if m != baseline and m in speedups]
+    workloads = [w for w in view.workloads if any(w in speedups[m] for m in modes) or baseline_floor(w)]
 
     fig = Figure(figsize=(max(7.0, 3.5 + 0.35 * len(workloads) * max(1, len(modes))), 4.8), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     where = " · ".join(str(environment[k]) for k in ("gpu", "date") if environment.get(k))
-    title = "launchless bench: speed-up over eager" + (f"\n{where}" if where else "")
+    title = f"launchless bench: speed-up over {baseline}" + (f"\n{where}" if where else "")
     ax.set_title(title, fontsize=10)
     if not workloads:
-        ax.text(0.5, 0.5, "no workload has both eager and another mode", ha="center", va="center")
+        ax.text(0.5, 0.5, f"no workload has both {baseline} and another mode", ha="center", va="center")
         ax.set_axis_off()
         fig.savefig(path, format="png")
-        return
+        return fig
 
     group = 0.8
     width = group / max(1, len(modes))
@@ -404,7 +412,7 @@ def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any])
     for i, mode in enumerate(modes):
         xs, heights = [], []
         for j, w in enumerate(workloads):
-            s = view.vs_eager[mode].get(w)
+            s = speedups[mode].get(w)
             if s is not None:
                 xs.append(j - group / 2 + (i + 0.5) * width)
                 heights.append(s)
@@ -422,13 +430,13 @@ def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any])
                 va="bottom" if h >= 1 else "top",
                 fontsize=6,
             )
-    limit_label = "launch-free limit (eager / kernel floor)"
+    limit_label = f"launch-free limit ({baseline} / its kernel floor)"
     for j, w in enumerate(workloads):
-        floor = view.eager_floor(w)
-        eager = stats.ok_median(view.by_key.get((w, stats.EAGER)))
-        if floor is None or eager is None:
+        floor = baseline_floor(w)
+        base = stats.ok_median(view.by_key.get((w, baseline)))
+        if floor is None or base is None:
             continue
-        limit = eager / floor
+        limit = base / floor
         values.append(limit)
         ax.hlines(limit, j - group / 2, j + group / 2, colors="black", linewidth=2, label=limit_label)
         limit_label = "_nolegend_"
@@ -440,7 +448,7 @@ def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any])
     ax.yaxis.set_minor_formatter(NullFormatter())
     low, high = min(values), max(values)
     ax.set_ylim(low / 1.6, high * 1.6)
-    ax.set_ylabel("speed-up over eager (×, log scale)")
+    ax.set_ylabel(f"speed-up over {baseline} (×, log scale)")
     ax.set_xticks(range(len(workloads)))
     ax.set_xticklabels(
         workloads, rotation=20 if len(workloads) > 4 else 0, ha="right" if len(workloads) > 4 else "center"
@@ -449,6 +457,7 @@ def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any])
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, format="png")
+    return fig
 
 
 # --- all outputs ----------------------------------------------------------------------------------------------
