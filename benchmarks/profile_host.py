@@ -26,6 +26,32 @@ import torch
 from launchless import zoo
 from launchless.bench.modes import inference
 
+CALL = "profile_host.call"
+_LAUNCHES = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
+
+
+def _launch_offsets(events) -> dict:
+    """Median µs from a call's start to its first launch and to its first graph launch, and from its last launch
+    to its end: the host work a waited-for call puts before the GPU starts, and what it does after."""
+    calls = [e for e in events if e.name == CALL]
+    launches = sorted((e for e in events if e.name in _LAUNCHES), key=lambda e: e.time_range.start)
+    first, first_graph, tail = [], [], []
+    for c in calls:
+        inside = [e for e in launches if c.time_range.start <= e.time_range.start <= c.time_range.end]
+        if not inside:
+            continue
+        first.append(inside[0].time_range.start - c.time_range.start)
+        tail.append(c.time_range.end - inside[-1].time_range.end)
+        graphs = [e for e in inside if e.name == "cudaGraphLaunch"]
+        if graphs:
+            first_graph.append(graphs[0].time_range.start - c.time_range.start)
+    median = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    return {
+        "to_first_launch_us": median(first),
+        "to_first_graph_launch_us": median(first_graph),
+        "after_last_launch_us": median(tail),
+    }
+
 
 def _profile(mode: str, name: str, calls: int, warmup: int, out: Path) -> dict:
     torch._dynamo.reset()
@@ -61,8 +87,11 @@ def _profile(mode: str, name: str, calls: int, warmup: int, out: Path) -> dict:
             activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         ) as prof:
             for _ in range(10):
-                prepared.call()
+                torch.cuda.synchronize()  # each call from an idle GPU, as a waited-for call
+                with torch.profiler.record_function(CALL):
+                    prepared.call()
             torch.cuda.synchronize()
+        prof.export_chrome_trace(str(out / f"{name.replace(':', '_')}-{mode}-trace.json"))
     ops = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=45, max_name_column_width=60)
     (out / f"{name.replace(':', '_')}-{mode}-ops.txt").write_text(ops)
     text = io.StringIO()
@@ -73,6 +102,7 @@ def _profile(mode: str, name: str, calls: int, warmup: int, out: Path) -> dict:
     result = {
         "model": name,
         "mode": mode,
+        **_launch_offsets(prof.events()),
         "unprofiled_ms_median": statistics.median(plain),
         "gpu_ms_median": statistics.median(gpu_ms),
         "host_ms_median": statistics.median(host_ms),
