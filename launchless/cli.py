@@ -186,12 +186,13 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     unknown = [m for m in args.modes or () if m not in MODES]
     if unknown:
         parser.error(f"unknown mode(s) {', '.join(unknown)}; choose from: {', '.join(MODES)}")
+    modes = list(args.modes or MODES)
     weights = None
     if args.balance_from:
         from .bench.runner import BalanceFileUnreadable, balance_weights
 
         try:
-            weights = balance_weights(args.balance_from, list(args.modes or MODES))
+            weights = balance_weights(args.balance_from, modes)
         except BalanceFileUnreadable as exc:
             parser.error(str(exc))
     import torch
@@ -210,7 +211,6 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             check_gpus(args.gpus)
         except GpusUnavailable as exc:
             parser.error(str(exc))
-    modes = list(args.modes or MODES)
     return run_suite(args.suite, names, modes, args.out, args.iters, args.timeout, args.gpus, weights)
 
 

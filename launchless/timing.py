@@ -37,7 +37,7 @@ def cuda_latency(fn: Callable[[], object], *, warmup: int = 3, iters: int = 100)
     """Per-call time of ``fn`` started on an idle GPU and waited for: what one request sees when its caller
     needs the result before the next (batch-1 serving). Host work before the first kernel is on the clock
     here; ``cuda_time``'s back-to-back calls hide it behind the previous call's kernels whenever the GPU is
-    the slower of the two, so the two measures differ exactly by the host overhead a mode leaves exposed.
+    the slower of the two, so the difference between the two is the host overhead a mode leaves exposed.
     """
     for _ in range(warmup):
         fn()

@@ -158,7 +158,7 @@ def _geomeans(table: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
 def summary(rows: Sequence[Row]) -> dict[str, dict[str, float]]:
     """Headline numbers: per mode, geomean speed-up vs eager and vs reduce-overhead, geomean median/floor, the
     worst ratio to the faster PyTorch compile mode, and geomean first-call time relative to reduce-overhead;
-    the first and last two again for latency (``latency_*``) where the rows have it.
+    the speed-ups and the worst ratio again for a call waited for (``latency_*``) where the rows have it.
 
     Each mode's mean covers only the workloads where it and the baseline both ran, so a mode that fails
     on a workload is not punished (or flattered) by a made-up number there; the report prints the counts.
