@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -252,6 +252,17 @@ def _first_call_cell(view: _View, workload: str, mode: str) -> str:
     return f"{_ms(row.get('first_call_ms'))} ms / {mem_text} MB"
 
 
+def _per_mode_section(
+    view: _View, title: str, note: str, unit: str, cell: Callable[[_View, str, str], str]
+) -> list[str]:
+    """A titled table with a row per workload and a column per mode."""
+    lines = ["", f"## {title}", "", note, ""]
+    return lines + _md_table(
+        ["workload", *(f"{m} {unit}" for m in view.modes)],
+        [[f"`{w}`", *(cell(view, w, m) for m in view.modes)] for w in view.workloads],
+    )
+
+
 def markdown(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) -> str:
     """The report as Markdown: latency table, first-call/memory table, geomean summary, skips and errors."""
     view = _View(rows)
@@ -280,28 +291,20 @@ def markdown(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) ->
         "`≠ d` differs by at most d, `n/a` not compared.",
     ]
     if view.has_latency():
-        lines += [
-            "",
-            "## One call waited for",
-            "",
+        lines += _per_mode_section(
+            view,
+            "One call waited for",
             "Median ms of a call started on an idle GPU and synchronized (what one batch-1 request sees; in "
             "parentheses what it adds to the back-to-back median above: host work the GPU waited for).",
-            "",
-        ]
-        lines += _md_table(
-            ["workload", *(f"{m} ms" for m in view.modes)],
-            [[f"`{w}`", *(_waited_cell(view, w, m) for m in view.modes)] for w in view.workloads],
+            "ms",
+            _waited_cell,
         )
-    lines += [
-        "",
-        "## First call and peak memory",
-        "",
+    lines += _per_mode_section(
+        view,
+        "First call and peak memory",
         "First call includes capture or compilation.",
-        "",
-    ]
-    lines += _md_table(
-        ["workload", *(f"{m} first ms / peak MB" for m in view.modes)],
-        [[f"`{w}`", *(_first_call_cell(view, w, m) for m in view.modes)] for w in view.workloads],
+        "first ms / peak MB",
+        _first_call_cell,
     )
 
     lines += [
