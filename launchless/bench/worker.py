@@ -17,7 +17,16 @@ from . import workloads
 from .measure import measure
 from .modes import ModeUnavailable
 
-ROW_KEYS = ("median_ms", "min_ms", "calls", "first_call_ms", "peak_mem_mb", "kernel_floor_ms", "floor_ratio")
+ROW_KEYS = (
+    "median_ms",
+    "min_ms",
+    "latency_ms",
+    "calls",
+    "first_call_ms",
+    "peak_mem_mb",
+    "kernel_floor_ms",
+    "floor_ratio",
+)
 
 
 def empty_row(name: str, mode: str, status: str, reason: str | None) -> dict:
