@@ -12,6 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from launchless.blockers import COPY
 from launchless.compiler.diagnose import INPUT_MUTATION, diagnose
+from launchless.compiler.differential import differential_check
 from launchless.compiler.rewrite import (
     ATTRIBUTE,
     CONSTANT,
@@ -19,7 +20,6 @@ from launchless.compiler.rewrite import (
     FOLDED,
     constant_guards,
     constants_still_valid,
-    differential_check,
     rewrite,
 )
 

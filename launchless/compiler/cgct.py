@@ -4,7 +4,7 @@ Only graphs that need it pay: a graph that holds host tensors next to CUDA ones 
 compiled), or whose capture failed on "cannot copy between CPU and CUDA", has its Dynamo graph
 traced to aten ops (once, for real, on the example inputs; fake
 tensors are then propagated for the node metadata the rewrite reads), ``rewrite.rewrite`` builds
-host constants on the device and moves host tables to it once, and ``rewrite.differential_check``
+host constants on the device and moves host tables to it once, and ``differential.differential_check``
 compares the rewritten graph with the original on random inputs. When the device rounds the moved host
 math differently (CUDA divides by a host scalar as a multiplication by its reciprocal), the host computation
 is folded instead: run once, now, by eager's own host ops, its result a guarded device constant. Only a
@@ -29,6 +29,7 @@ from torch import fx
 from ..blockers import DATA_DEPENDENT, HOST_SYNC
 from ..verify import make_probes
 from .diagnose import INPUT_MUTATION, RNG_STATE, diagnose, source_line
+from .differential import differential_check
 from .index_inputs import index_like_inputs
 from .rewrite import (
     ConstantGuard,
@@ -36,7 +37,6 @@ from .rewrite import (
     SkippedRewrite,
     _data_ptr,
     constant_guards,
-    differential_check,
     rewrite,
 )
 

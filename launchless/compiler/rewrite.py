@@ -14,7 +14,7 @@ host side is built from constructors and constants only, that copy need not run 
   runs, and its result is copied to the device as a constant, guarded by its sources.
 Anything not provably safe -- a value that depends on a graph input or a host sync, one also used on the host,
 random or in-place ops, data-dependent shapes -- is left alone and reported with the reason. A rewrite is still
-only trusted after :func:`differential_check` finds the rewritten graph bit-identical on random inputs.
+only trusted after ``differential.differential_check`` finds the rewritten graph bit-identical on random inputs.
 
 On an aten graph traced with real CPU tensors, ``target_device="cpu"`` treats ``.to(device, copy=True)``-style
 copies as the transfers, so the passes and the check can be exercised without a GPU.
@@ -23,16 +23,14 @@ copies as the transfers, so the passes and the check can be exercised without a 
 from __future__ import annotations
 
 import functools
-import math
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-from torch.utils import _pytree as pytree
 
 from ..blockers import DATA_DEPENDENT_OPS, HOST_SYNC_OPS
 from .diagnose import _COPIES, _name, source_line
@@ -156,18 +154,6 @@ def rewrite(
     gm.graph.lint()
     gm.recompile()
     return report
-
-
-def differential_check(
-    original: fx.GraphModule, rewritten: fx.GraphModule, make_inputs: Callable[[], list], trials: int = 3
-) -> tuple[bool, float]:
-    """(bit-identical on every trial, max abs diff) of outputs and mutated inputs: the proof a rewrite must pass."""
-    identical, worst = True, 0.0
-    for trial in range(trials):
-        inputs = make_inputs()
-        same, diff = _compare(_run(original, inputs, trial), _run(rewritten, inputs, trial))
-        identical, worst = identical and same, max(worst, diff)
-    return identical, worst
 
 
 # --- finding the transfers and what they copy -------------------------------------------------------------------
@@ -612,52 +598,3 @@ def _drop_copy(gm: fx.GraphModule, node: fx.Node) -> None:
     if _only_read(node) or (_fresh(src) and len(src.users) == 1):
         node.replace_all_uses_with(src)
         gm.graph.erase_node(node)
-
-
-# --- the differential check -------------------------------------------------------------------------------------
-
-
-def _run(gm: fx.GraphModule, inputs: list, seed: int) -> list:
-    """Outputs of ``gm`` on copies of ``inputs``, then those copies (to see in-place writes); RNG seeded."""
-    args = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        out = gm(*args)
-    return [*pytree.tree_leaves(out), *(a for a in args if isinstance(a, torch.Tensor))]
-
-
-def _compare(a: list, b: list) -> tuple[bool, float]:
-    if len(a) != len(b):
-        return False, math.inf
-    results = [_compare_one(x, y) for x, y in zip(a, b, strict=True)]
-    return all(same for same, _ in results), max((diff for _, diff in results), default=0.0)
-
-
-def _compare_one(x: object, y: object) -> tuple[bool, float]:
-    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
-        return _compare_scalars(x, y)
-    if x.shape != y.shape or x.dtype != y.dtype:
-        return False, math.inf
-    x, y = x.detach().cpu().contiguous(), y.detach().cpu().contiguous()
-    if torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)):
-        return True, 0.0
-    return False, _max_diff(x, y)
-
-
-def _compare_scalars(x: object, y: object) -> tuple[bool, float]:
-    if x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y)):
-        return True, 0.0
-    try:
-        return False, abs(float(x) - float(y))
-    except (TypeError, ValueError):
-        return False, math.inf
-
-
-def _max_diff(x: torch.Tensor, y: torch.Tensor) -> float:
-    """Largest |x - y|, with matching NaNs and infinities counting as equal and a lone NaN as infinite."""
-    if x.numel() == 0:
-        return 0.0
-    a, b = (x, y) if x.is_complex() else (x.double(), y.double())
-    diff = (a - b).abs().double().nan_to_num(nan=math.inf, posinf=math.inf)
-    equal = (a == b) | (a.isnan() & b.isnan())
-    return float(torch.where(equal, torch.zeros_like(diff), diff).max())
