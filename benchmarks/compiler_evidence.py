@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 import launchless as ll
-from launchless import zoo
-from launchless.bench.workloads import COMPILER, WORKLOADS
-from launchless.environment import describe as describe_environment
+from launchless.apps import zoo
+from launchless.apps.bench.workloads import COMPILER, WORKLOADS
+from launchless.apps.environment import describe as describe_environment
 
 # the models a host copy keeps out of plain capture, fasterrcnn_mobilenet (in the standard suite too) among them
 BLOCKED = [w.zoo for w in WORKLOADS.values() if w.suites == (COMPILER,)] + ["tv:fasterrcnn_mobilenet_v3_large_fpn"]

@@ -32,7 +32,7 @@ read -r -a gpus <<<"${GPUS:-$(python3 -c 'import torch; print(*range(torch.cuda.
 read -r -a modes <<<"${MODES:-compile reduce-overhead launchless-compile}"  # the compiler steps' modes
 balance=(${BALANCE:+--balance-from "$BALANCE"})
 names() {  # the compiler suite's blocked (1) or inference (0) workloads
-  python3 -c 'import sys; from launchless.bench.workloads import COMPILER, suite
+  python3 -c 'import sys; from launchless.apps.bench.workloads import COMPILER, suite
 blocked, only = sys.argv[1] == "1", sys.argv[2].split()
 print(*[w.name for w in suite(COMPILER) if (w.suites == (COMPILER,)) == blocked and (not only or w.name in only)])' \
     "$1" "${ONLY:-}"
@@ -71,31 +71,31 @@ for step in "$@"; do
   compiler-tests) run compiler-tests python3 -m pytest -m cuda tests/test_cuda_compiler.py -q -rA -p no:cacheprovider ;;
   compiler-inference)
     ((${#inference[@]})) || { echo "compiler-inference: no workload left by ONLY" | tee -a "$out/steps.txt"; continue; }
-    run compiler-inference python3 -m launchless.cli bench --suite compiler --workloads "${inference[@]}" \
+    run compiler-inference python3 -m launchless.apps.cli bench --suite compiler --workloads "${inference[@]}" \
       --modes "${modes[@]}" --gpus "${gpus[@]}" --timeout 300 --out "$out/compiler-inference" "${balance[@]}" ;;
   compiler-blocked)
     ((${#blocked[@]})) || { echo "compiler-blocked: no workload left by ONLY" | tee -a "$out/steps.txt"; continue; }
-    run compiler-blocked python3 -m launchless.cli bench --suite compiler --workloads "${blocked[@]}" \
+    run compiler-blocked python3 -m launchless.apps.cli bench --suite compiler --workloads "${blocked[@]}" \
       --modes "${modes[@]}" --gpus "${gpus[@]}" --timeout 400 --out "$out/compiler-blocked" "${balance[@]}" ;;
   compiler-suite)
     all=("${inference[@]}" "${blocked[@]}")
     ((${#all[@]})) || { echo "compiler-suite: no workload left by ONLY" | tee -a "$out/steps.txt"; continue; }
-    run compiler-suite python3 -m launchless.cli bench --suite compiler --workloads "${all[@]}" \
+    run compiler-suite python3 -m launchless.apps.cli bench --suite compiler --workloads "${all[@]}" \
       --modes "${modes[@]}" --gpus "${gpus[@]}" --timeout 400 --out "$out/compiler-suite" "${balance[@]}" ;;
   training)
-    run training python3 -m launchless.cli bench --suite training --timeout 300 --gpus "${gpus[@]}" \
+    run training python3 -m launchless.apps.cli bench --suite training --timeout 300 --gpus "${gpus[@]}" \
       --modes eager compile reduce-overhead hand-graph launchless \
       --out "$out/training" ;;
   train-epochs)
     for r in eager eager2 graph; do
       flag=() && [[ $r == graph ]] && flag=(--cuda-graph)
-      run "train-epochs-$r" python3 -m launchless.cli train --model timm:resnet18 --tiny-data --epochs 20 \
+      run "train-epochs-$r" python3 -m launchless.apps.cli train --model timm:resnet18 --tiny-data --epochs 20 \
         --batch 8 --out "$out/train-epochs/$r" "${flag[@]}"
     done ;;
   standard-inference)
-    read -r -a standard <<<"$(python3 -c 'from launchless.bench.workloads import STANDARD, suite
+    read -r -a standard <<<"$(python3 -c 'from launchless.apps.bench.workloads import STANDARD, suite
 print(*[w.name for w in suite(STANDARD) if w.kind != "training"])')"
-    run standard-inference python3 -m launchless.cli bench --suite standard --workloads "${standard[@]}" \
+    run standard-inference python3 -m launchless.apps.cli bench --suite standard --workloads "${standard[@]}" \
       --gpus "${gpus[@]}" --timeout 300 --out "$out/standard-inference" ;;
   evidence-bytes) run evidence-bytes python3 benchmarks/compiler_evidence.py --out "$out/evidence-bytes" --models ;;
   evidence-coverage) run evidence-coverage coverage ;;

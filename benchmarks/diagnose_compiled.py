@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from launchless import zoo
+from launchless.apps import zoo
 from launchless.compiler import backend as _backend
 from launchless.compiler.compiled_graphs import CompiledGraphs
 

@@ -2,7 +2,7 @@
 
 When two modes replay the same kernels (launchless-compile and reduce-overhead share Inductor's) but one is
 slower per call, the difference is host work: Python between graphs, guards, copies, syncs. This runs one zoo
-model in each mode the way ``launchless bench`` does (``launchless.bench.modes``), times each call (CUDA events
+model in each mode the way ``launchless bench`` does (``launchless.apps.bench.modes``), times each call (CUDA events
 and host clock) unprofiled and under cProfile, writes the top functions by own and cumulative time and
 torch.profiler's per-op table (ten calls: CUDA API calls, copies, syncs). A debugging aid for the device, not a
 benchmark.
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from launchless import zoo
-from launchless.bench.modes import inference
+from launchless.apps import zoo
+from launchless.apps.bench.modes import inference
 
 CALL = "profile_host.call"
 _LAUNCHES = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")

@@ -19,9 +19,9 @@ import torch
 from torch.utils import _pytree as pytree
 
 import launchless as ll
-from launchless import zoo
-from launchless.bench.modes import hand_graph
-from launchless.environment import describe
+from launchless.apps import zoo
+from launchless.apps.bench.modes import hand_graph
+from launchless.apps.environment import describe
 from launchless.timing import cuda_time, host_overhead_us
 
 MODELS = [

@@ -7,7 +7,8 @@ y = m(x)                                # replays a verified graph per input sig
 
 from typing import Any
 
-from .blockers import Blocker, dry_run
+from .diagnose.blockers import Blocker
+from .diagnose.dry_run import dry_run
 from .errors import CaptureError, ConfigError, LaunchlessError, NoCudaError, VerificationError
 from .runtime import GraphedModule, wrap
 from .train import GraphedStep, graphed_step

@@ -16,15 +16,15 @@ from typing import Any
 
 import torch
 
-from . import capture as _capture
 from . import state_keys
-from .capture_path import record_capture_branches
-from .diagnosis import capture_error, verification_error
+from .core import capture as _capture
+from .core.capture_path import record_capture_branches
+from .core.churn import ShapeChurn
+from .core.relocation import RelocationWatch
+from .core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
+from .core.verify import BIT_IDENTICAL, SKIPPED, VerifyReport, verify
+from .diagnose.messages import capture_error, verification_error
 from .errors import ConfigError, NoCudaError
-from .relocation import RelocationWatch
-from .shape_churn import ShapeChurn
-from .signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
-from .verify import BIT_IDENTICAL, SKIPPED, VerifyReport, verify
 
 log = logging.getLogger("launchless")
 
@@ -448,7 +448,7 @@ def wrap(model: torch.nn.Module, cuda_graph: bool | str = "auto", **options: Any
     verify="on" | "strict" | "off": prove each graph against eager on two probes before use.
     tolerance_ulps=64: rounding bound for named eager-noise / capture-path differences.
     outputs="clone" | "static": copies, or the graph's own buffers (overwritten by the next replay).
-    address_check="events" | "full": how parameter relocation is noticed (see launchless.relocation).
+    address_check="events" | "full": how parameter relocation is noticed (see launchless.core.relocation).
     """
     if isinstance(model, GraphedModule):
         raise ConfigError("this model is already wrapped by launchless; use its .model to wrap again")

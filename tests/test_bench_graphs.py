@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from launchless.bench import graphs, report
+from launchless.apps.bench import graphs, report
 
 
 def info(variants: list[str], refused: list[str] = (), cgct_in_use: bool | None = None, replays: int = 10) -> dict:

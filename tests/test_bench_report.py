@@ -14,7 +14,7 @@ import statistics
 import pytest
 from rich.console import Console
 
-from launchless.bench import report, stats
+from launchless.apps.bench import report, stats
 
 ENV = {
     "date": "2026-11-29T18:00:00+00:00",

@@ -9,10 +9,10 @@ import weakref
 
 import pytest
 
-from launchless import cli, zoo
-from launchless.bench import modes, runner, stats, workloads
-from launchless.bench.runner import deal, run_mode, run_parts, split_cores
-from launchless.bench.worker import empty_row
+from launchless.apps import cli, zoo
+from launchless.apps.bench import modes, runner, stats, workloads
+from launchless.apps.bench.runner import deal, run_mode, run_parts, split_cores
+from launchless.apps.bench.worker import empty_row
 
 FAKE_WORKER = r"""
 import argparse, json, sys, time
@@ -84,7 +84,7 @@ def test_rows_left_by_an_earlier_run_in_the_same_folder_are_ignored(tmp_path) ->
 def test_the_worker_frees_a_workloads_compiled_model_before_measuring_the_next(tmp_path, monkeypatch) -> None:
     import torch
 
-    from launchless.bench import worker
+    from launchless.apps.bench import worker
 
     alive_at_start = []
     previous: list = []
@@ -147,7 +147,7 @@ def test_merge_partial_runs(tmp_path) -> None:
     import json
     from pathlib import Path
 
-    from launchless.bench.runner import merge
+    from launchless.apps.bench.runner import merge
 
     full = json.loads(Path("benchmarks/results/2026-11-29-bench-quick.json").read_text())
     halves = []

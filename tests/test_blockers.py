@@ -1,4 +1,4 @@
-"""CPU tests for launchless.blockers: dry runs on the meta device, locating and classifying blockers."""
+"""CPU tests for launchless.diagnose: dry runs on the meta device, locating and classifying blockers."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from launchless import blockers
-from launchless.blockers import COPY, DATA_DEPENDENT, HOST_SYNC, Blocker, classify_message, dry_run, locate
+from launchless.diagnose import blockers, source
+from launchless.diagnose.blockers import COPY, DATA_DEPENDENT, HOST_SYNC, Blocker, classify_message
+from launchless.diagnose.dry_run import dry_run
+from launchless.diagnose.source import locate
 
 THIS_FILE = os.path.abspath(__file__)
 
@@ -212,18 +214,18 @@ def test_locate_returns_none_when_only_foreign_frames() -> None:
 def test_site_packages_inside_the_stdlib_dir_is_library_code() -> None:
     stdlib = sysconfig.get_paths()["stdlib"]
     lib = os.path.join(stdlib, "site-packages", "torchvision", "models", "detection", "transform.py")
-    assert not blockers.is_foreign(lib)
+    assert not source.is_foreign(lib)
     loc = locate([frame("/home/me/model.py", 3, "forward", "self.det(x)"), frame(lib, 9, "normalize", "m = ...")])
     assert loc is not None and loc.owner == "torchvision" and loc.caller == "/home/me/model.py:3"
 
 
 def test_is_foreign() -> None:
-    assert blockers.is_foreign(TORCH_FILE)
-    assert blockers.is_foreign(blockers.__file__)
-    assert blockers.is_foreign(os.path.join(sysconfig.get_paths()["stdlib"], "contextlib.py"))
-    assert blockers.is_foreign("<frozen runpy>")
-    assert not blockers.is_foreign(THIS_FILE)
-    assert not blockers.is_foreign(os.path.join(SITE, "torchvision", "ops", "boxes.py"))  # not torch's own
+    assert source.is_foreign(TORCH_FILE)
+    assert source.is_foreign(blockers.__file__)
+    assert source.is_foreign(os.path.join(sysconfig.get_paths()["stdlib"], "contextlib.py"))
+    assert source.is_foreign("<frozen runpy>")
+    assert not source.is_foreign(THIS_FILE)
+    assert not source.is_foreign(os.path.join(SITE, "torchvision", "ops", "boxes.py"))  # not torch's own
 
 
 @pytest.mark.parametrize(
@@ -254,7 +256,7 @@ def test_classify_message(message: str, kind: str) -> None:
 @pytest.mark.zoo
 def test_dry_run_on_torchvision_detector_finds_the_copy_in_torchvision() -> None:
     pytest.importorskip("torchvision")
-    from launchless import zoo
+    from launchless.apps import zoo
 
     w = zoo.build("tv:fasterrcnn_mobilenet_v3_large_fpn")
     blocker = dry_run(w.model, w.args, w.kwargs)
@@ -270,7 +272,7 @@ def test_dry_run_on_torchvision_detector_finds_the_copy_in_torchvision() -> None
 @pytest.mark.zoo
 def test_dry_run_on_timm_resnet18_finds_nothing() -> None:
     pytest.importorskip("timm")
-    from launchless import zoo
+    from launchless.apps import zoo
 
     w = zoo.build("timm:resnet18")
     assert dry_run(w.model, w.args, w.kwargs) is None

@@ -1,4 +1,4 @@
-"""CPU tests for the pure parts of launchless.capture: output cloning and static input buffers.
+"""CPU tests for the pure parts of launchless.core.capture: output cloning and static input buffers.
 
 A replay overwrites the graph's static output buffers in place. ``CapturedGraph.replay_cloned``
 must therefore hand back tensors that share no memory with them, whatever the output tree looks like.
@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch.utils import _pytree as pytree
 
-from launchless.capture import CapturedGraph, _static_like
-from launchless.output_copies import make_cloner
+from launchless.core.capture import CapturedGraph, _static_like
+from launchless.core.output_copies import make_cloner
 
 
 def storages(tree) -> set[int]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from launchless import zoo
-from launchless.cli import main
+from launchless.apps import zoo
+from launchless.apps.cli import main
 
 
 def test_demo_list_prints_every_workload(capsys: pytest.CaptureFixture[str]) -> None:

@@ -269,7 +269,7 @@ def test_an_attribute_reassigned_every_call_is_demoted_to_an_input_with_one_line
 
 
 def test_an_attribute_is_checked_on_every_call_even_outside_the_spot_check(monkeypatch, tmp_path, caplog) -> None:
-    from launchless import relocation
+    from launchless.core import relocation
     from launchless.compiler import compiled_graphs as graphs_module
 
     n = 21
@@ -426,7 +426,7 @@ def test_cgct_leaves_a_graph_with_a_host_sync_alone_without_running_it() -> None
 _NO_RECOMPILE = """
 import torch
 from torch import nn
-from launchless import relocation
+from launchless.core import relocation
 from launchless.compiler.backend import make_backend
 
 compiles = []

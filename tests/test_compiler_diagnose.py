@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from fake_cuda import trace_on_fake_cuda
 
-from launchless.blockers import COPY, DATA_DEPENDENT, HOST_SYNC
 from launchless.compiler.diagnose import CPU_NODE, INPUT_MUTATION, diagnose, source_line
+from launchless.diagnose.blockers import COPY, DATA_DEPENDENT, HOST_SYNC
 
 
 def test_clean_graph_has_no_blockers() -> None:

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import launchless as ll
-from launchless import cli
+from launchless.apps import cli
 from launchless.compiler import backend as _backend
 from launchless.compiler import explain as _explain
 

@@ -10,7 +10,6 @@ from fake_cuda import trace_on_fake_cuda
 from torch import fx, nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from launchless.blockers import COPY
 from launchless.compiler.diagnose import INPUT_MUTATION, diagnose
 from launchless.compiler.differential import differential_check
 from launchless.compiler.rewrite import (
@@ -22,6 +21,7 @@ from launchless.compiler.rewrite import (
     constants_still_valid,
     rewrite,
 )
+from launchless.diagnose.blockers import COPY
 
 aten = torch.ops.aten
 

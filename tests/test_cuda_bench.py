@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from launchless.bench import workloads
-from launchless.bench.measure import measure
+from launchless.apps.bench import workloads
+from launchless.apps.bench.measure import measure
 from launchless.timing import cuda_latency, cuda_time
 
 pytestmark = pytest.mark.cuda
@@ -83,7 +83,7 @@ def test_the_suite_runs_each_mode_in_workers_and_writes_the_report(tmp_path, gpu
 
     import torch
 
-    from launchless.bench.runner import run_suite
+    from launchless.apps.bench.runner import run_suite
 
     pytest.importorskip("timm")
     if gpus and torch.cuda.device_count() < len(gpus):

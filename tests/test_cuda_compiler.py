@@ -143,9 +143,9 @@ def test_training_graph_runs_compiled_with_one_line(caplog: pytest.LogCaptureFix
 
 
 def test_pointer_indirection_reads_new_inputs_in_place_bit_identically() -> None:
-    from launchless import capture as cap
+    from launchless.core import capture as cap
     from launchless.compiler.indirection import IndirectGraph, unavailable_reason
-    from launchless.signature import flatten_inputs
+    from launchless.core.signature import flatten_inputs
 
     if unavailable_reason():
         pytest.skip(unavailable_reason())

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import launchless as ll
-from launchless.verify import BIT_IDENTICAL, CAPTURE_PATH, EAGER_NOISE, identical
+from launchless.core.verify import BIT_IDENTICAL, CAPTURE_PATH, EAGER_NOISE, identical
 
 pytestmark = pytest.mark.cuda
 
@@ -32,7 +32,7 @@ BIT_IDENTICAL_MODELS = {n for n in REAL_MODELS if n != "hf:bert-base"}
 
 
 def _zoo(name: str):
-    from launchless import zoo
+    from launchless.apps import zoo
 
     if not zoo.available(name):
         pytest.skip(f"{name} needs launchless[zoo]")

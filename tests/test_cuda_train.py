@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import launchless as ll
+from launchless.core.verify import identical
 from launchless.train.optim import CapturableOptimizer
-from launchless.verify import identical
 
 pytestmark = pytest.mark.cuda
 DEV = torch.device("cuda")

@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from launchless.index_trace import IndexTrace
+from launchless.core.index_trace import IndexTrace
 
 
 def _found(fn, *inputs) -> set[int]:
@@ -54,7 +54,7 @@ def test_roi_boxes_are_found_through_a_buffer_they_were_written_into() -> None:
 def test_a_forward_the_trace_cannot_run_is_run_again_without_it_and_a_broken_one_still_fails(caplog) -> None:
     from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-    from launchless.capture import CaptureFailed, _traced_warmup
+    from launchless.core.capture import CaptureFailed, _traced_warmup
 
     runs = []
 

@@ -1,4 +1,4 @@
-"""CPU tests for launchless.relocation: noticing when parameters or buffers move."""
+"""CPU tests for launchless.core.relocation: noticing when parameters or buffers move."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from launchless import relocation
-from launchless.relocation import RelocationWatch
+from launchless.core import relocation
+from launchless.core.relocation import RelocationWatch
 
 
 def linear_bn() -> nn.Sequential:
@@ -247,7 +247,7 @@ def test_registrations_inside_a_compiled_forward_do_not_recompile_it() -> None:
 
 def test_the_python_pointer_check_matches_torchs_where_a_build_lacks_it() -> None:
     """CPU wheels up to torch 2.13 have no ``_tensors_data_ptrs_at_indices_equal`` (a CUDA-module function)."""
-    from launchless.relocation import _ptrs_equal_python
+    from launchless.core.relocation import _ptrs_equal_python
 
     tensors = [torch.randn(2), torch.randn(3), torch.randn(4)]
     ptrs = [t.data_ptr() for t in tensors]

@@ -1,4 +1,4 @@
-"""CPU tests for launchless.signature: input flattening, rebuilding and cache keys."""
+"""CPU tests for launchless.core.signature: input flattening, rebuilding and cache keys."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils import _pytree as pytree
 
-from launchless.signature import (
+from launchless.core.signature import (
     Signature,
     TensorSpec,
     UnhashableInput,

@@ -125,7 +125,7 @@ def test_scheduler_steps_are_deferred_while_capturing() -> None:
 
 
 def test_grad_scaler_is_refused_before_it_changes_state() -> None:
-    from launchless.capture import CaptureFailed
+    from launchless.core.capture import CaptureFailed
 
     model, opt, _ = _setup()
     scaler = torch.amp.GradScaler("cpu")

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from launchless.cli import main
+from launchless.apps.cli import main
+from launchless.apps.trainer.data import loaders, make_tiny_imagefolder
 from launchless.errors import ConfigError
-from launchless.train.data import loaders, make_tiny_imagefolder
 
 timm = pytest.importorskip("timm")
 pytest.importorskip("torchvision")
 
-from launchless.train.trainer import train  # noqa: E402
+from launchless.apps.trainer.trainer import train  # noqa: E402
 
 pytestmark = pytest.mark.zoo
 

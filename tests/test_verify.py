@@ -1,4 +1,4 @@
-"""CPU tests for launchless.verify: bit identity, difference sizes, probes and the two-probe protocol.
+"""CPU tests for launchless.core.verify: bit identity, difference sizes, probes and the two-probe protocol.
 
 ``verify`` is driven with a test double for the captured graph (any object with ``replay_cloned``),
 so every verdict -- bit-identical, stale, unexplained, capture-path, eager-noise -- is reachable
@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from launchless.capture_path import pretend_capturing
-from launchless.signature import flatten_inputs, tensor_spec
-from launchless.verify import (
+from launchless.core.capture_path import pretend_capturing
+from launchless.core.signature import flatten_inputs, tensor_spec
+from launchless.core.verify import (
     BIT_IDENTICAL,
     CAPTURE_PATH,
     EAGER_NOISE,

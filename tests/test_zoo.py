@@ -1,4 +1,4 @@
-"""CPU tests for launchless.zoo: registry, errors, reproducibility and input shapes (no big forwards)."""
+"""CPU tests for launchless.apps.zoo: registry, errors, reproducibility and input shapes (no big forwards)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils._pytree import tree_leaves
 
-from launchless import zoo
+from launchless.apps import zoo
 
 EXPECTED = [
     "timm:resnet18",

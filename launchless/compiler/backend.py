@@ -22,7 +22,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from .. import relocation
+from ..core import relocation
 from .cgct import try_rewrite
 from .compiled_graphs import CompiledGraphs, Compiler
 from .decisions import DecisionCache, graph_hash

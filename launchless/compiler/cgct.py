@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..blockers import DATA_DEPENDENT, HOST_SYNC
-from ..verify import make_probes
+from ..core.verify import make_probes
+from ..diagnose.blockers import DATA_DEPENDENT, HOST_SYNC
 from .diagnose import INPUT_MUTATION, RNG_STATE, diagnose, source_line
 from .differential import differential_check
 from .index_inputs import index_like_inputs

@@ -21,12 +21,12 @@ from typing import Any
 import torch
 from torch import fx
 
-from .. import capture as _capture
-from .. import relocation
-from ..blockers import COPY, classify_message, describe_failure
-from ..shape_churn import ShapeChurn
-from ..signature import FlatInputs, Signature, UnhashableInput, positional_rebuilder, signature_of_leaves
-from ..verify import verify
+from ..core import capture as _capture
+from ..core import relocation
+from ..core.churn import ShapeChurn
+from ..core.signature import FlatInputs, Signature, UnhashableInput, positional_rebuilder, signature_of_leaves
+from ..core.verify import verify
+from ..diagnose.blockers import COPY, classify_message, describe_failure
 from . import select
 from .cgct import CgctResult, ConstantWatch, try_rewrite
 from .decisions import Decision, DecisionCache, DecisionKey, DriftMonitor

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from ..blockers import COPY, DATA_DEPENDENT, DATA_DEPENDENT_OPS, HOST_SYNC, HOST_SYNC_OPS
+from ..diagnose.blockers import COPY, DATA_DEPENDENT, DATA_DEPENDENT_OPS, HOST_SYNC, HOST_SYNC_OPS
 
 CPU_NODE = "CPU computation"
 INPUT_MUTATION = "input mutation"

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..index_trace import ROI_OPS, is_integer_dtype
+from ..core.index_trace import ROI_OPS, is_integer_dtype
 
 _INT_METHODS = {"long", "int", "short", "char", "byte"}
 _CASTS = {"to", "type", "_to_copy", "convert_element_type"}  # Dynamo's methods, aten and prims ops

@@ -32,7 +32,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from ..blockers import DATA_DEPENDENT_OPS, HOST_SYNC_OPS
+from ..diagnose.blockers import DATA_DEPENDENT_OPS, HOST_SYNC_OPS
 from .diagnose import _COPIES, _name, source_line
 
 CONSTRUCT = "built on the device"

@@ -23,7 +23,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .. import capture as _capture
+from ..core import capture as _capture
 
 _SCALER = torch.amp.GradScaler
 

@@ -34,11 +34,11 @@ from typing import Any
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from .. import capture as _capture
-from ..blockers import describe_failure
-from ..relocation import spread
-from ..signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
-from ..verify import difference, identical
+from ..core import capture as _capture
+from ..core.relocation import spread
+from ..core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
+from ..core.verify import difference, identical
+from ..diagnose.blockers import describe_failure
 from . import hooks
 from .optim import CapturableOptimizer, OptimizerNotCapturable
 from .snapshot import Snapshot, state_tensors

@@ -7,11 +7,12 @@ from typing import Any
 
 import torch
 
-from . import capture as _capture
-from .blockers import Blocker, FailureRecorder, classify_message, locate_exception
-from .errors import CaptureError, VerificationError
-from .signature import FlatInputs, Signature
-from .verify import VerifyReport
+from ..core import capture as _capture
+from ..core.signature import FlatInputs, Signature
+from ..core.verify import VerifyReport
+from ..errors import CaptureError, VerificationError
+from .blockers import Blocker, FailureRecorder, classify_message
+from .source import locate_exception
 
 FALLBACKS = (
     "or run this model eager (cuda_graph=False); or use cuda_graph='auto', which runs eager with one log line "

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
+from ...core.verify import difference, identical
+from ...timing import cuda_latency, cuda_time
 from .. import zoo
-from ..timing import cuda_latency, cuda_time
-from ..verify import difference, identical
 from . import modes, training
 from .workloads import BenchWorkload
 

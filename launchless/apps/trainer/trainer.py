@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from ..errors import ConfigError
+from ...errors import ConfigError
+from ...train.step import graphed_step
 from .data import loaders
-from .step import graphed_step
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
 OPTIMIZERS = ("sgd", "adamw")

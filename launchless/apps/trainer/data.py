@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 # ImageNet statistics: what timm's models are usually normalised with.
 MEAN = (0.485, 0.456, 0.406)

@@ -3,7 +3,7 @@
 Benchmarks, ``launchless demo`` and GPU tests need realistic graphs (convs, attention, detection
 post-processing) without network access, so nothing here downloads weights, configs or
 tokenizers. timm / transformers / torchvision are imported lazily inside the builders, so
-``import launchless.zoo`` needs only torch; install them with ``pip install 'launchless[zoo]'``.
+``import launchless.apps.zoo`` needs only torch; install them with ``pip install 'launchless[zoo]'``.
 """
 
 from __future__ import annotations

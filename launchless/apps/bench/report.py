@@ -24,7 +24,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from launchless.bench import graphs, stats
+from launchless.apps.bench import graphs, stats
 
 Row = Mapping[str, Any]
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import torch
 
-from .blockers import is_foreign
+from ..diagnose.source import is_foreign
 
 
 def _targets() -> list[tuple[object, str]]:

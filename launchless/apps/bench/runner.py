@@ -39,7 +39,7 @@ def _read_rows(path: Path, seen: int) -> list[dict]:
     return [json.loads(line) for line in lines[seen:] if line.strip()]
 
 
-WORKER = [sys.executable, "-m", "launchless.bench.worker"]
+WORKER = [sys.executable, "-m", "launchless.apps.bench.worker"]
 
 
 def run_mode(

@@ -8,12 +8,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..core.signature import flatten_inputs, signature_of
+from ..diagnose.dry_run import dry_run
+from ..runtime import wrap
+from ..timing import cuda_time
 from . import zoo
-from .blockers import dry_run
 from .environment import describe
-from .runtime import wrap
-from .signature import flatten_inputs, signature_of
-from .timing import cuda_time
 
 
 def _without_cuda(console: Console, w: zoo.Workload) -> int:

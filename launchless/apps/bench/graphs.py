@@ -55,7 +55,7 @@ def recorder() -> Callable[[], dict[str, Any]]:
     """Call before compiling; the returned function summarizes the graphs the backend made since."""
     import torch._dynamo.utils as dynamo_utils
 
-    from ..compiler import backend
+    from ...compiler import backend
 
     before = weakref.WeakSet(backend._registry)  # not ids: a collected graph's id may be reused by a new one
     breaks_before = sum(dynamo_utils.counters["graph_break"].values())

@@ -13,7 +13,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="launchless", description="Safe, automatic CUDA graphs for PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="wrap a real model (random weights), verify it and time eager vs graph")
-    demo.add_argument("--model", default="timm:resnet18", help="a launchless.zoo workload name")
+    demo.add_argument("--model", default="timm:resnet18", help="a launchless.apps.zoo workload name")
     demo.add_argument("--batch", type=int, default=1)
     demo.add_argument("--iters", type=int, default=100)
     demo.add_argument("--list", action="store_true", help="list the workload names and exit")
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     doctor = sub.add_parser(
         "doctor", help="compile a model with the launchless backend and explain each graph: blockers, variant, coverage"
     )
-    doctor.add_argument("--model", default="timm:resnet18", help="a launchless.zoo workload name")
+    doctor.add_argument("--model", default="timm:resnet18", help="a launchless.apps.zoo workload name")
     doctor.add_argument("--batch", type=int, default=1)
     doctor.add_argument("--reprofile", action="store_true", help="measure the graph variants again (ignore the cache)")
     doctor.add_argument("--clear-cache", action="store_true", help="delete the cached graph decisions and exit")
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _doctor(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from .compiler.decisions import DecisionCache
+    from ..compiler.decisions import DecisionCache
 
     if args.clear_cache:
         cache = DecisionCache()
@@ -94,7 +94,7 @@ def _doctor(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return 2
     if args.reprofile:
         DecisionCache().clear()
-    from .compiler.explain import explain
+    from ..compiler.explain import explain
 
     workload = zoo.build(args.model, batch=args.batch, device="cuda")
     print(explain(workload.model.eval(), *workload.args, **workload.kwargs))
@@ -129,9 +129,9 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
 def _train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .errors import ConfigError
-    from .train.data import make_tiny_imagefolder
-    from .train.trainer import train
+    from ..errors import ConfigError
+    from .trainer.data import make_tiny_imagefolder
+    from .trainer.trainer import train
 
     if not args.data and not args.tiny_data:
         parser.error("train needs --data DIR (an ImageFolder with train/ and val/) or --tiny-data")

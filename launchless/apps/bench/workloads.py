@@ -1,4 +1,4 @@
-"""The benchmark's workloads: one small entry each, on top of ``launchless.zoo``.
+"""The benchmark's workloads: one small entry each, on top of ``launchless.apps.zoo``.
 
 A training workload runs a whole step -- forward, cross-entropy on random labels, backward,
 optimizer -- on one fixed batch; an inference workload runs the zoo model's forward.

@@ -1,0 +1,1 @@
+"""``launchless train``: a small ImageFolder trainer built on ``graphed_step``."""
