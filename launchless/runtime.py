@@ -1,97 +1,53 @@
-"""GraphedModule: per-signature capture, replay, invalidation, info and release for inference.
+"""GraphedModule: the inference policy over the graph core -- which calls replay, which capture, which run eager.
 
-Modes: ``False`` runs eager; ``True`` captures at the first sight of a signature and fails loud
-(a forward that cannot be captured raises: a wrong capture would silently return wrong values);
-``"auto"`` captures once a signature has been seen ``auto_after`` times and otherwise runs eager
-with one log line per reason. Calls in grad mode or with the model in training mode run eager:
-graphs here are for inference (training capture is ``graphed_step``).
+Modes: ``False`` runs eager; ``True`` captures at the first sight of a signature and fails loud (a forward
+that cannot be captured raises: a wrong capture would silently return wrong values); ``"auto"`` captures
+once a signature has been seen ``capture_after`` times and otherwise runs eager with one log line per
+reason. Calls in grad mode or with the model in training mode run eager with one WARNING (the caller can
+change either): graphs here are for inference under ``torch.no_grad()`` or ``torch.inference_mode()``
+(training capture is ``graphed_step``).
+
+The key is the call's input signature; the graph is the model's forward captured on static copies of the
+inputs. Counting, limits, refusals, the relocation check before every replay, log-once, ``graph_info()``
+rows and the memory pool are the core's (``core.cache.GraphCache``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import threading
-from collections import OrderedDict
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from . import state_keys
 from .core import capture as _capture
+from .core.cache import GraphCache, Refusal
 from .core.capture_path import record_capture_branches
-from .core.churn import ShapeChurn
 from .core.relocation import RelocationWatch
 from .core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
-from .core.verify import BIT_IDENTICAL, SKIPPED, VerifyReport, verify
+from .core.status import Admission, Stage, VerifyStatus
+from .core.verify import VerifyReport, verify
 from .diagnose.messages import capture_error, verification_error
 from .errors import ConfigError, NoCudaError
+from .options import VERIFY_MODES, VerifyMode, check_choice, check_int, check_number, check_verify
 
-log = logging.getLogger("launchless")
-
-_MODES = (False, True, "auto")
-_VERIFY = ("on", "strict", "off")
-_OUTPUTS = ("clone", "static")
-_ADDRESS_CHECKS = ("events", "full")
-_MAX_TRACKED = 4096
-_RUNTIME_STATE = frozenset(
-    {
-        "_graphs",
-        "_reports",
-        "_seen",
-        "_refused",
-        "_logged",
-        "_eager_reasons",
-        "_watch",
-        "_pool",
-        "_pools",
-        "_lock",
-        "_last_stream",
-        "_evictions",
-        "_churn",
-        "_invalidations",
-    }
-)  # signatures remembered for "auto" counting and refusals
+Mode = bool | Literal["auto"]
+OUTPUTS = {"clone": "copies the next replay cannot overwrite", "static": "the graph's own buffers, overwritten"}
+ADDRESS_CHECKS = {
+    "events": "relocation events plus a spot check of 8 tensors per call",
+    "full": "every parameter and buffer on every call",
+}
+_RUNTIME_STATE = frozenset({"_cache", "_watch", "_eager_reasons", "_last_stream"})  # never copied or pickled
 
 
-def _check_options(
-    cuda_graph: Any,
-    auto_after: int,
-    max_graphs: int,
-    warmup: int,
-    verify_mode: str,
-    outputs: str,
-    tolerance_ulps: float,
-    address_check: str,
-) -> None:
-    if not any(cuda_graph is m or (isinstance(m, str) and cuda_graph == m) for m in _MODES):
-        raise ConfigError(
-            f"cuda_graph={cuda_graph!r} is not accepted; use False (eager), True (capture at "
-            "the first call of each input signature) or 'auto' (capture once it repeats)"
-        )
-    for name, value, low in (
-        ("auto_after", auto_after, 1),
-        ("max_graphs", max_graphs, 1),
-        ("warmup", warmup, 1),
-    ):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ConfigError(f"{name}={value!r} is not accepted; pass an integer >= {low}")
-    if verify_mode not in _VERIFY:
-        raise ConfigError(
-            f"verify={verify_mode!r} is not accepted; use 'on' (bit-identical, or a named "
-            "eager-noise/capture-path class within the rounding bound), 'strict' or 'off'"
-        )
-    if outputs not in _OUTPUTS:
-        raise ConfigError(
-            f"outputs={outputs!r} is not accepted; use 'clone' (safe) or 'static' (the graph's "
-            "own buffers, overwritten by the next replay)"
-        )
-    if isinstance(tolerance_ulps, bool) or not isinstance(tolerance_ulps, (int, float)) or not tolerance_ulps >= 0:
-        raise ConfigError(f"tolerance_ulps={tolerance_ulps!r} is not accepted; pass a number >= 0")
-    if address_check not in _ADDRESS_CHECKS:
-        raise ConfigError(
-            f"address_check={address_check!r} is not accepted; use 'events' (relocation events plus a spot check "
-            "of 8 tensors per call) or 'full' (every parameter and buffer on every call)"
-        )
+def _check_mode(cuda_graph: Any) -> Mode:
+    if cuda_graph is True or cuda_graph is False or (isinstance(cuda_graph, str) and cuda_graph == "auto"):
+        return cuda_graph
+    raise ConfigError(
+        f"cuda_graph={cuda_graph!r} is not accepted; use False (eager), True (capture at the first call of each "
+        "input signature) or 'auto' (capture once it repeats)"
+    )
 
 
 class GraphedModule(torch.nn.Module):
@@ -100,42 +56,41 @@ class GraphedModule(torch.nn.Module):
     def __init__(
         self,
         model: torch.nn.Module,
-        cuda_graph: bool | str = "auto",
+        cuda_graph: Mode = "auto",
         *,
-        auto_after: int = 3,
+        capture_after: int = 3,
         max_graphs: int = 8,
         warmup: int = 3,
-        verify: str = "on",
+        verify: VerifyMode = "on",
         tolerance_ulps: float = 64.0,
-        outputs: str = "clone",
-        address_check: str = "events",
+        outputs: Literal["clone", "static"] = "clone",
+        address_check: Literal["events", "full"] = "events",
     ) -> None:
-        _check_options(cuda_graph, auto_after, max_graphs, warmup, verify, outputs, tolerance_ulps, address_check)
+        mode = _check_mode(cuda_graph)
+        check_int("capture_after", capture_after, minimum=1)
+        check_int("max_graphs", max_graphs, minimum=1)
+        check_int("warmup", warmup, minimum=1)
+        check_verify(verify)
+        check_number("tolerance_ulps", tolerance_ulps, minimum=0)
+        check_choice("outputs", outputs, OUTPUTS)
+        check_choice("address_check", address_check, ADDRESS_CHECKS)
         super().__init__()
         self.model = model
-        self.cuda_graph = cuda_graph
-        self.auto_after, self.max_graphs, self.warmup = auto_after, max_graphs, warmup
-        self.verify_mode, self.tolerance_ulps, self.outputs = verify, tolerance_ulps, outputs
+        self.cuda_graph = mode
+        self.capture_after, self.max_graphs, self.warmup = capture_after, max_graphs, warmup
+        self.verify, self.tolerance_ulps, self.outputs = verify, float(tolerance_ulps), outputs
         self.address_check = address_check
         state_keys.install(self)
         self._init_runtime()
 
     def _init_runtime(self) -> None:
-        """Graphs, counters and locks: process state that is never copied or pickled."""
-        self._graphs: OrderedDict[Signature, _capture.CapturedGraph] = OrderedDict()
-        self._reports: dict[Signature, VerifyReport] = {}
-        self._seen: OrderedDict[Signature, int] = OrderedDict()
-        self._refused: OrderedDict[Signature, tuple[dict, Exception]] = OrderedDict()
-        self._logged: set[str] = set()
-        self._eager_reasons: dict[str, int] = {}
+        """The graph cache, the relocation watch and the counters: process state, never copied or pickled."""
         self._watch = RelocationWatch(self.model, full=self.address_check == "full")
-        self._pool: Any = None
-        self._pools: list[Any] = []  # every pool holding this model's graphs (a failed capture retires one)
-        self._lock = threading.RLock()
+        self._cache: GraphCache[_capture.CapturedGraph] = GraphCache(
+            name=self._name(), capture_after=self.capture_after, max_graphs=self.max_graphs, guards=[self._watch]
+        )
+        self._eager_reasons: dict[str, int] = {}
         self._last_stream: tuple[int, torch.cuda.Stream] | None = None
-        self._evictions = 0
-        self._churn = ShapeChurn()  # "auto": more shapes in use than max_graphs stops eviction
-        self._invalidations = 0
 
     def __getstate__(self) -> dict:
         """Copies and pickles carry the model and the options, never graphs, pools or locks."""
@@ -152,6 +107,11 @@ class GraphedModule(torch.nn.Module):
         except AttributeError:
             return getattr(self._modules["model"], name)
 
+    @property
+    def __launchless_model__(self) -> torch.nn.Module:
+        """The wrapped model (what ``dry_run`` and ``explain`` look into)."""
+        return self._modules["model"]
+
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
         """Straight to the model, so missing/unexpected keys are reported with the model's own names."""
         return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
@@ -166,7 +126,7 @@ class GraphedModule(torch.nn.Module):
         yield from self.model.named_modules(memo, prefix, remove_duplicate)
 
     def extra_repr(self) -> str:
-        return f"cuda_graph={self.cuda_graph!r}, graphs={len(self._graphs)}, max_graphs={self.max_graphs}"
+        return f"cuda_graph={self.cuda_graph!r}, graphs={len(self._cache.graphs)}, max_graphs={self.max_graphs}"
 
     # ---- the call -----------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -175,12 +135,13 @@ class GraphedModule(torch.nn.Module):
             return model(*args, **kwargs)
         if model.training:
             return self._eager(
-                "model is in training mode; call .eval() to replay graphs (wrap() captures inference only)",
+                "the model is in training mode; call .eval() to replay graphs (wrap() captures inference; "
+                "graphed_step captures training steps)",
                 args,
                 kwargs,
             )
-        if self._watch.moved():
-            self._invalidate()
+        cache = self._cache
+        cache.validate(())  # every call: the grad-mode check below reads the parameters the watch follows
         flat = flatten_inputs(args, kwargs)
         if torch.is_grad_enabled() and (self._watch.requires_grad() or _any_requires_grad(flat.leaves)):
             return self._eager(
@@ -193,25 +154,22 @@ class GraphedModule(torch.nn.Module):
             sig = signature_of(flat)
         except UnhashableInput as exc:
             return self._eager(str(exc), args, kwargs)
-        graph = self._graphs.get(sig)
+        graph = cache.get(sig)
         if graph is not None:
-            return self._replay(sig, graph, flat.leaves)
-        refused = self._refused.get(sig)
-        if refused is not None:
-            if self.cuda_graph is True:
-                raise refused[1]
-            return model(*args, **kwargs)
-        if self.cuda_graph == "auto":
-            if self._count(sig) < self.auto_after:
-                return model(*args, **kwargs)
-            if not self._churn.admits(sig, len(self._graphs), self.max_graphs):
-                self._log_once("churn", logging.INFO, self._churn.message(self._name(), self.max_graphs, "max_graphs"))
-                return model(*args, **kwargs)
-        return self._capture_and_run(sig, flat, explicit=False)
+            return self._replay(graph, flat.leaves)
+        admission = cache.admit(sig) if self.cuda_graph == "auto" else self._admit_now(sig)
+        if admission is Admission.CAPTURE:
+            return self._capture_and_run(sig, flat, explicit=False)
+        if admission is Admission.REFUSED and self.cuda_graph is True:
+            raise cache.refusal(sig).error
+        return model(*args, **kwargs)
 
-    def _replay(self, sig: Signature, graph: _capture.CapturedGraph, leaves: list) -> Any:
-        with self._lock:
-            self._graphs.move_to_end(sig)
+    def _admit_now(self, sig: Signature) -> Admission:
+        """``cuda_graph=True``: every signature is captured at its first call (a refused one raises again)."""
+        return Admission.REFUSED if self._cache.refusal(sig) is not None else Admission.CAPTURE
+
+    def _replay(self, graph: _capture.CapturedGraph, leaves: list) -> Any:
+        with self._cache.lock:
             self._order_streams(graph)
             if self.outputs == "clone":
                 return graph.replay_cloned(leaves)
@@ -226,161 +184,98 @@ class GraphedModule(torch.nn.Module):
                 current.wait_stream(self._last_stream[1])
             self._last_stream = (raw, current)
 
-    def _count(self, sig: Signature) -> int:
-        count = self._seen.pop(sig, 0) + 1
-        self._seen[sig] = count
-        if len(self._seen) > _MAX_TRACKED:
-            self._seen.popitem(last=False)
-        return count
-
     # ---- capture, verification, refusal ---------------------------------------------------------
     def _capture_and_run(self, sig: Signature, flat: FlatInputs, *, explicit: bool) -> Any:
         device = self._watch.cuda_device or next(
             (x.device for x in flat.leaves if isinstance(x, torch.Tensor) and x.is_cuda), None
         )
         if device is None:
-            return self._refuse(
-                sig,
-                flat,
-                NoCudaError(
-                    f"launchless: {self._name()} has no parameters, buffers or inputs on a CUDA device, so there "
-                    "is nothing to capture; move the model to the GPU (model.cuda()) or use cuda_graph=False"
-                ),
-                "no CUDA device",
-                explicit,
+            error = NoCudaError(
+                f"launchless: {self._name()} has no parameters, buffers or inputs on a CUDA device, so there "
+                "is nothing to capture; move the model to the GPU (model.cuda()) or use cuda_graph=False"
             )
-        with self._lock, _capture.CAPTURE_LOCK:
-            if self._pool is None:
-                self._pool = _capture.new_pool()
-                self._pools.append(self._pool)
-            branches: list[str] = []
-            try:
+            return self._refuse(
+                sig, flat, Refusal(Stage.NO_DEVICE, "no CUDA device", str(error), error=error), explicit
+            )
+        cache = self._cache
+        branches: list[str] = []
+        try:
+            with cache.capturing(sig) as pool:
                 with record_capture_branches(branches):
                     graph = _capture.capture(
                         self.model,
                         flat,
                         device=device,
-                        pool=self._pool,
+                        pool=pool,
                         warmup=self.warmup,
-                        trace_indices=self.verify_mode != "off",
+                        trace_indices=self.verify != "off",
                     )
-            except _capture.CaptureFailed as fail:
-                if fail.stage == "capture":
-                    self._pool = None  # a failed capture leaves its pool unusable for new captures
-                if fail.stage == "warm-up" and fail.cause is not None:
-                    raise fail.cause from None  # the forward itself is broken: eager would raise the same
-                error = capture_error(self.model, self._name(), sig, flat, fail, device)
-                return self._refuse(sig, flat, error, fail.stage, explicit)
-            report = (
-                verify(
-                    graph,
-                    self.model,
-                    flat,
-                    mode=self.verify_mode,
-                    tolerance_ulps=self.tolerance_ulps,
-                    branches=branches,
-                    from_call=graph.index_inputs,
+                report = (
+                    verify(
+                        graph,
+                        self.model,
+                        flat,
+                        mode=self.verify,
+                        tolerance_ulps=self.tolerance_ulps,
+                        branches=branches,
+                        from_call=graph.index_inputs,
+                    )
+                    if self.verify != "off"
+                    else VerifyReport(VerifyStatus.SKIPPED, True)
                 )
-                if self.verify_mode != "off"
-                else VerifyReport(SKIPPED, True)
+        except _capture.CaptureFailed as fail:
+            if fail.stage == Stage.WARM_UP and fail.cause is not None:
+                raise fail.cause from None  # the forward itself is broken: eager would raise the same
+            error = capture_error(self.model, self._name(), sig, flat, fail, device)
+            refusal = Refusal(
+                fail.stage, error.reason, str(error), operation=error.operation, source=error.source, error=error
             )
-            self._reports[sig] = report
-            if not report.passed:
-                del graph
-                if not self._graphs:  # its pool has no graph left: PyTorch refuses to capture into it again
-                    self._pool = None
-                return self._refuse(sig, flat, verification_error(self._name(), sig, report), "verification", explicit)
-            if report.status not in (BIT_IDENTICAL, SKIPPED):
-                self._log_once(
-                    f"class:{report.status}",
-                    logging.INFO,
-                    f"launchless: {self._name()} {sig.describe()} replays within the rounding bound, "
-                    f"not bit-identically ({report.status}: {report.detail}; max abs diff "
-                    f"{report.max_abs:.3g}, rel {report.max_rel:.3g}, bound {report.bound:.3g})",
-                )
-            self._seen.pop(sig, None)
-            self._graphs[sig] = graph
-            self._evict()
-            return self._replay(sig, graph, flat.leaves)
+            return self._refuse(sig, flat, refusal, explicit)
+        if not report.passed:
+            del graph
+            cache.discard()
+            error = verification_error(self._name(), sig, report)
+            return self._refuse(
+                sig, flat, Refusal(Stage.VERIFICATION, "verification", str(error), error=error), explicit
+            )
+        if report.status not in (VerifyStatus.BIT_IDENTICAL, VerifyStatus.SKIPPED):
+            cache.log_once(
+                f"class:{report.status}",
+                logging.INFO,
+                f"launchless: {self._name()} {sig.describe()} replays within the rounding bound, "
+                f"not bit-identically ({report.status}: {report.detail}; max abs diff "
+                f"{report.max_abs:.3g}, rel {report.max_rel:.3g}, bound {report.bound:.3g})",
+            )
+        cache.keep(sig, graph, report, flat.leaves)
+        return self._replay(graph, flat.leaves)
 
-    def _refuse(self, sig: Signature, flat: FlatInputs, error: Exception, reason: str, explicit: bool) -> Any:
-        entry = {
-            "signature": sig.describe(),
-            "reason": getattr(error, "reason", reason),
-            "message": str(error),
-            "operation": getattr(error, "operation", None),
-            "source": getattr(error, "source", None),
-        }
-        self._refused[sig] = (entry, error)
-        if len(self._refused) > _MAX_TRACKED:
-            self._refused.popitem(last=False)
+    def _refuse(self, sig: Signature, flat: FlatInputs, refusal: Refusal, explicit: bool) -> Any:
+        self._cache.refuse(sig, refusal, log_line=False)
         if self.cuda_graph is True or explicit:
-            raise error
-        self._log_once(
-            f"refuse:{reason}:{entry['source']}",
+            raise refusal.error
+        self._cache.log_once(
+            f"refuse:{refusal.stage}:{refusal.source}",
             logging.INFO,
-            f"{error}. Running eager for this input signature.",
+            f"{refusal.message}. Running eager for this input signature.",
         )
         args, kwargs = flat.rebuild(flat.leaves)
         return self.model(*args, **kwargs)
 
     def _eager(self, reason: str, args: tuple, kwargs: dict) -> Any:
+        """A call the caller could graph by changing how it calls (grad mode, training mode, an input): eager,
+        with one WARNING per reason."""
         self._eager_reasons[reason] = self._eager_reasons.get(reason, 0) + 1
-        self._log_once(
-            f"eager:{reason}",
-            logging.WARNING if self.cuda_graph is True else logging.INFO,
-            f"launchless: {self._name()} runs eager: {reason}",
-        )
-        return self.model(*args, **kwargs)
-
-    def _log_once(self, key: str, level: int, message: str) -> None:
-        if key not in self._logged:
-            self._logged.add(key)
-            log.log(level, message)
+        self._cache.log_once(f"eager:{reason}", logging.WARNING, f"launchless: {self._name()} runs eager: {reason}")
+        return self._modules["model"](*args, **kwargs)
 
     def _name(self) -> str:
         return f"{type(self.model).__name__}.forward"
 
-    # ---- eviction, invalidation, release -----------------------------------------------------------
-    def _evict(self) -> None:
-        while len(self._graphs) > self.max_graphs:
-            sig, _ = self._graphs.popitem(last=False)
-            self._reports.pop(sig, None)
-            self._evictions += 1
-            self._churn.evicted(sig)
-            self._log_once(
-                "evict",
-                logging.WARNING,
-                f"launchless: {self._name()} has more than max_graphs={self.max_graphs} input "
-                "signatures; evicting the least recently used graph (raise max_graphs, or pad inputs "
-                "to fewer shapes). Shown once.",
-            )
-
-    def _invalidate(self) -> None:
-        dropped = len(self._graphs)
-        self._drop_all()
-        self._invalidations += 1
-        if dropped:
-            log.info(
-                f"launchless: {self._name()}: parameters or buffers were relocated (.to(), .half(), "
-                f"load_state_dict(assign=True), a swapped submodule or parameter); dropped {dropped} graph(s), "
-                "they are captured again as needed"
-            )
-
-    def _drop_all(self) -> None:
-        with self._lock:
-            self._graphs.clear()
-            self._reports.clear()
-            self._seen.clear()
-            self._refused.clear()
-            self._churn.reset()
-            self._pool = None
-            self._pools = []
-            self._last_stream = None
-
+    # ---- release and explicit capture ------------------------------------------------------------
     def release_graphs(self) -> None:
         """Free every graph, its static buffers and the memory pool; later calls capture again."""
-        self._drop_all()
+        self._cache.drop_all()
+        self._last_stream = None
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()
 
@@ -393,20 +288,17 @@ class GraphedModule(torch.nn.Module):
             raise ConfigError("capture_graph() needs graphs on: wrap with cuda_graph=True or 'auto'")
         if self.model.training:
             raise ConfigError("capture_graph() captures inference graphs: call .eval() on the model first")
-        if self._watch.moved():
-            self._invalidate()
         flat = flatten_inputs(args, kwargs)
         sig = signature_of(flat)
-        if sig not in self._graphs:
-            self._refused.pop(sig, None)
-            with torch.no_grad():
+        if self._cache.lookup(sig, flat.leaves) is None:
+            self._cache.forget_refusal(sig)
+            with torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext():
                 self._capture_and_run(sig, flat, explicit=True)
-        return self._info(sig)
+        return self._row(sig, self._cache.graphs[sig])
 
     # ---- reporting ------------------------------------------------------------------------------
-    def _info(self, sig: Signature) -> dict:
-        graph = self._graphs[sig]
-        report = self._reports.get(sig)
+    def _row(self, sig: Signature, graph: _capture.CapturedGraph) -> dict:
+        report = self._cache.reports.get(sig)
         return {
             "signature": sig.describe(),
             "replays": graph.replays,
@@ -417,18 +309,14 @@ class GraphedModule(torch.nn.Module):
 
     def graph_info(self) -> dict:
         """Captured signatures with replay count, capture time, memory and verification; eager fallbacks."""
-        pool = sum(map(_capture.pool_bytes, self._pools))
+        cache = self._cache
         return {
             "mode": self.cuda_graph,
-            "max_graphs": self.max_graphs,
-            "graphs": [self._info(sig) for sig in self._graphs],
-            "pool_bytes": pool,
-            "fallbacks": [entry for entry, _ in self._refused.values()],
+            **cache.summary(),
+            "graphs": cache.rows(self._row),
+            "pool_bytes": cache.pool.bytes(),
+            "fallbacks": cache.fallbacks(lambda sig: sig.describe()),
             "eager_calls": dict(self._eager_reasons),
-            "evictions": self._evictions,
-            # "auto" with more shapes in use than max_graphs: eviction stopped, this many calls ran eager
-            "calls_over_max_graphs": self._churn.calls_without_graph if self._churn.stop_evicting else None,
-            "invalidations": self._invalidations,
         }
 
 
@@ -436,22 +324,46 @@ def _any_requires_grad(leaves: list) -> bool:
     return any(isinstance(x, torch.Tensor) and x.requires_grad for x in leaves)
 
 
-def wrap(model: torch.nn.Module, cuda_graph: bool | str = "auto", **options: Any) -> GraphedModule:
+def wrap(
+    model: torch.nn.Module,
+    cuda_graph: Mode = "auto",
+    *,
+    capture_after: int = 3,
+    max_graphs: int = 8,
+    warmup: int = 3,
+    verify: VerifyMode = "on",
+    tolerance_ulps: float = 64.0,
+    outputs: Literal["clone", "static"] = "clone",
+    address_check: Literal["events", "full"] = "events",
+) -> GraphedModule:
     """Wrap ``model`` so inference replays verified CUDA graphs, one per input signature.
 
     cuda_graph: False (eager), True (capture at first sight; raise if the forward cannot be captured)
         or "auto" (capture once a signature repeats; otherwise eager with one log line).
-    auto_after=3: calls of one signature before "auto" captures it.
+    capture_after=3: calls of one signature before "auto" captures it.
     max_graphs=8: graphs kept; least recently used evicted (one warning line). Under "auto", once an evicted
         signature comes back (more in use than max_graphs), nothing more is evicted and the others run eager.
     warmup=3: eager runs on the capture stream before capturing.
     verify="on" | "strict" | "off": prove each graph against eager on two probes before use.
     tolerance_ulps=64: rounding bound for named eager-noise / capture-path differences.
     outputs="clone" | "static": copies, or the graph's own buffers (overwritten by the next replay).
-    address_check="events" | "full": how parameter relocation is noticed (see launchless.core.relocation).
+    address_check="events" | "full": how parameter relocation is noticed (see ``launchless.core.relocation``).
     """
     if isinstance(model, GraphedModule):
         raise ConfigError("this model is already wrapped by launchless; use its .model to wrap again")
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"wrap() takes a torch.nn.Module, got {type(model).__name__}; wrap the module itself")
-    return GraphedModule(model, cuda_graph, **options)
+    return GraphedModule(
+        model,
+        cuda_graph,
+        capture_after=capture_after,
+        max_graphs=max_graphs,
+        warmup=warmup,
+        verify=verify,
+        tolerance_ulps=tolerance_ulps,
+        outputs=outputs,
+        address_check=address_check,
+    )
+
+
+__all__ = ["VERIFY_MODES", "GraphedModule", "wrap"]

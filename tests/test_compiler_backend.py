@@ -100,6 +100,7 @@ def _graphs_on_fakes(monkeypatch, tmp_path, times=None, **options):
     from launchless.compiler import compiled_graphs as graphs_module
     from launchless.compiler import select
     from launchless.compiler.decisions import Decision, DecisionCache, choose
+    from launchless.core import pool as pool_module
 
     measured = []
 
@@ -115,7 +116,7 @@ def _graphs_on_fakes(monkeypatch, tmp_path, times=None, **options):
         graphs_module._capture, "capture", lambda fn, flat, *, static, **kw: _FakeCaptured(fn, flat, static)
     )
     monkeypatch.setattr(graphs_module, "verify", lambda *a, **k: _Report())
-    monkeypatch.setattr(graphs_module._capture, "new_pool", lambda: ("pool",))  # CPU builds up to 2.13 have none
+    monkeypatch.setattr(pool_module, "new_pool", lambda: ("pool",))  # CPU builds up to 2.13 have none
     monkeypatch.setattr(select, "measure", measure)
     weight = torch.nn.Parameter(torch.randn(3))
     compiled = graphs_module.CompiledGraphs(
@@ -173,7 +174,7 @@ def test_a_drifted_variant_is_measured_again_and_the_new_decision_cached(monkeyp
     x = torch.randn(3)
     for _ in range(2):
         compiled(x, w)  # the second call captures and decides: graph (1 ms) over no-graph (2 ms)
-    (entry,) = compiled._graphs.values()
+    (entry,) = compiled._graphs.graphs.values()
     entry.monitor = DriftMonitor(entry.decision, every=1, window=2)
     monkeypatch.setattr(torch.cuda, "Event", _SlowEvent)
     with caplog.at_level(logging.INFO, logger="launchless"):
@@ -196,11 +197,12 @@ def test_moved_parameters_and_too_many_shapes_each_log_once(monkeypatch, tmp_pat
         for _ in range(4):
             x = torch.randn(3)
             assert torch.equal(compiled(x, moved), x * moved)
-        for n in (4, 4, 3, 3, 4, 4):  # two shapes, room for one graph
-            compiled(torch.randn(n), torch.nn.Parameter(torch.randn(n)) if n == 4 else moved)
+        for n in (4, 4, 2, 2, 4, 4):  # two batch shapes, one parameter, room for one graph
+            x = torch.randn(n, 3)
+            assert torch.equal(compiled(x, moved), x * moved)
     messages = [r.getMessage() for r in caplog.records]
     assert sum("evicting" in m for m in messages) == 1
-    assert sum("L_w_ moved; its graphs are captured again" in m for m in messages) == 1
+    assert sum("L_w_ moved; dropped 1 graph(s), captured again" in m for m in messages) == 1
 
 
 def test_more_shapes_in_use_than_max_graphs_stops_eviction_instead_of_capturing_every_call(
@@ -210,7 +212,7 @@ def test_more_shapes_in_use_than_max_graphs_stops_eviction_instead_of_capturing_
     call forever; once an evicted shape comes back the graphs held stay and the other shapes run compiled."""
     compiled, _, measured = _graphs_on_fakes(monkeypatch, tmp_path, max_graphs=2)
     ws = {n: torch.nn.Parameter(torch.randn(n)) for n in (3, 4, 5)}
-    compiled._static_unmoved = lambda args, entry: True  # one parameter per shape here; the real one is shared
+    compiled._graphs.guards = []  # one parameter per shape here; the real one is shared
     with caplog.at_level(logging.INFO, logger="launchless"):
         for _ in range(6):
             for n in (3, 4, 5):
@@ -295,7 +297,7 @@ def test_an_attribute_is_checked_on_every_call_even_outside_the_spot_check(monke
             compiled(x, *tensors)
         tensors[hidden - 1] = torch.randn(3)  # reassigned once, e.g. by a user between calls
         assert torch.equal(compiled(x, *tensors), fn(x, *tensors))
-    assert sum(f"input {hidden} moved; its graphs are captured again" in r.getMessage() for r in caplog.records) == 1
+    assert sum(f"input {hidden} moved; dropped 1 graph(s), captured again" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_a_graph_the_compiler_rejects_runs_as_the_fx_graph_with_one_line(caplog: pytest.LogCaptureFixture) -> None:

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 import launchless as ll
-from launchless.core.verify import BIT_IDENTICAL, CAPTURE_PATH, EAGER_NOISE, identical
+from launchless.core.status import VerifyStatus
+from launchless.core.verify import identical
 
 pytestmark = pytest.mark.cuda
 
@@ -102,11 +103,11 @@ def test_real_model_replay_is_verified(name: str) -> None:
         got = m(*args, **kwargs)
         want = _eager(w.model, args, kwargs)
     if name in BIT_IDENTICAL_MODELS:
-        assert report["status"] == BIT_IDENTICAL
+        assert report["status"] == VerifyStatus.BIT_IDENTICAL
         assert identical(got, want)
     else:
-        assert report["status"] in (BIT_IDENTICAL, CAPTURE_PATH, EAGER_NOISE)
-        if report["status"] != BIT_IDENTICAL:
+        assert report["status"] in (VerifyStatus.BIT_IDENTICAL, VerifyStatus.CAPTURE_PATH, VerifyStatus.EAGER_NOISE)
+        if report["status"] != VerifyStatus.BIT_IDENTICAL:
             assert report["max_abs_diff"] <= report["bound"]
     assert m.graph_info()["graphs"][0]["replays"] >= 3  # two probes + the call
 
@@ -118,16 +119,16 @@ def test_bert_strict_mode_names_the_class() -> None:
         try:
             info = m.capture_graph(*w.args, **w.kwargs)
         except ll.VerificationError as exc:
-            assert exc.report["status"] in (CAPTURE_PATH, EAGER_NOISE)
+            assert exc.report["status"] in (VerifyStatus.CAPTURE_PATH, VerifyStatus.EAGER_NOISE)
             assert "strict" in str(exc) and "max abs diff" in str(exc)
             print(f"bert strict: {exc.report}")
         else:
-            assert info["verification"]["status"] == BIT_IDENTICAL
+            assert info["verification"]["status"] == VerifyStatus.BIT_IDENTICAL
 
 
 def test_auto_captures_only_repeated_signatures() -> None:
     model = Mlp().cuda().eval()
-    m = ll.wrap(model, cuda_graph="auto", auto_after=3)
+    m = ll.wrap(model, cuda_graph="auto", capture_after=3)
     x = torch.randn(4, 64, device="cuda")
     with torch.no_grad():
         for i in range(2):
@@ -155,7 +156,7 @@ def test_lru_eviction_warns_once(caplog: pytest.LogCaptureFixture) -> None:
 
 def test_auto_stops_evicting_when_more_shapes_are_in_use_than_max_graphs(caplog: pytest.LogCaptureFixture) -> None:
     model = Mlp().cuda().eval()
-    m = ll.wrap(model, cuda_graph="auto", auto_after=1, max_graphs=2)
+    m = ll.wrap(model, cuda_graph="auto", capture_after=1, max_graphs=2)
     replays = []
     with caplog.at_level(logging.INFO, logger="launchless"), torch.no_grad():
         for _ in range(5):
@@ -251,7 +252,7 @@ def test_data_dependent_shape_is_refused() -> None:
 
 def test_auto_falls_back_with_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
     model = SyncsOnItem().cuda().eval()
-    m = ll.wrap(model, cuda_graph="auto", auto_after=1)
+    m = ll.wrap(model, cuda_graph="auto", capture_after=1)
     x = torch.randn(2, 8, device="cuda")
     with caplog.at_level(logging.INFO, logger="launchless"), torch.no_grad():
         for _ in range(5):
@@ -285,7 +286,7 @@ def test_static_outputs_and_static_input_passthrough() -> None:
         assert identical(ya, want_a)
         yb = m(b)
         assert yb is ya and identical(ya, model(b))  # documented: overwritten by the next replay
-        graph = next(iter(m._graphs.values()))
+        graph = next(iter(m._cache.graphs.values()))
         static_input = graph.static_leaves[0]
         static_input.copy_(a)
         assert identical(m(static_input), want_a)
@@ -344,7 +345,7 @@ def test_two_threads_capture_at_once() -> None:
     with torch.no_grad():
         for i in range(2):
             assert identical(results[i], models[i](inputs[i]))
-            assert wrapped[i].graph_info()["graphs"][0]["verification"]["status"] == BIT_IDENTICAL
+            assert wrapped[i].graph_info()["graphs"][0]["verification"]["status"] == VerifyStatus.BIT_IDENTICAL
 
 
 def test_release_graphs_frees_the_pool() -> None:
@@ -379,7 +380,7 @@ def test_random_ops_are_not_trusted_under_verification() -> None:
     m = ll.wrap(Noisy().cuda().eval(), cuda_graph=True)
     with torch.no_grad(), pytest.raises(ll.VerificationError) as info:
         m(torch.zeros(1024, device="cuda"))
-    assert info.value.report["status"] == EAGER_NOISE
+    assert info.value.report["status"] == VerifyStatus.EAGER_NOISE
 
 
 class CaptureAware(nn.Module):
@@ -402,7 +403,7 @@ def test_capture_dependent_path_is_named_measured_and_bounded() -> None:
     x = torch.randn(16, 64, device="cuda")
     with torch.no_grad():
         report = m.capture_graph(x)["verification"]
-    assert report["status"] == CAPTURE_PATH and report["passed"]
+    assert report["status"] == VerifyStatus.CAPTURE_PATH and report["passed"]
     assert 0 < report["max_abs_diff"] <= report["bound"]
     assert "reproduces the graph bit for bit" in report["detail"]
     assert any("test_cuda_runtime.py" in branch for branch in report["capture_branches"])
@@ -442,7 +443,7 @@ def test_nested_outputs_survive_the_next_replay() -> None:
         ya = m(a)
         yb = m(b)
         assert identical(ya, model(a)) and identical(yb, model(b))
-    assert m.graph_info()["graphs"][0]["verification"]["status"] == BIT_IDENTICAL
+    assert m.graph_info()["graphs"][0]["verification"]["status"] == VerifyStatus.BIT_IDENTICAL
 
 
 class TakesAList(Mlp):
@@ -488,7 +489,7 @@ def test_a_float_timestep_is_verified_on_the_calls_own_values() -> None:
     x, t = torch.randn(4, 3, 16, 16, device="cuda"), torch.tensor([10.0, 200.0, 500.0, 999.0], device="cuda")
     with torch.no_grad():
         report = m.capture_graph(x, t)["verification"]
-        assert report["status"] == BIT_IDENTICAL and report["probes_differ"], report
+        assert report["status"] == VerifyStatus.BIT_IDENTICAL and report["probes_differ"], report
         assert report["inputs_probed_from_the_call"] == [1], report  # t, found by the warm-up's trace
         x2, t2 = torch.randn_like(x), t.flip(0)
         assert identical(m(x2, t2), _eager(model, (x2, t2), {}))

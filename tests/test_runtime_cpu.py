@@ -55,9 +55,9 @@ def eager_count(m: GraphedModule, needle: str) -> int:
         ({"cuda_graph": "yes"}, ["cuda_graph='yes'", "False", "True", "'auto'"]),
         ({"cuda_graph": 1}, ["cuda_graph=1", "False", "True", "'auto'"]),
         ({"cuda_graph": None}, ["cuda_graph=None"]),
-        ({"auto_after": 0}, ["auto_after=0", "integer >= 1"]),
-        ({"auto_after": True}, ["auto_after=True", "integer >= 1"]),
-        ({"auto_after": 2.5}, ["auto_after=2.5", "integer >= 1"]),
+        ({"capture_after": 0}, ["capture_after=0", "integer >= 1"]),
+        ({"capture_after": True}, ["capture_after=True", "integer >= 1"]),
+        ({"capture_after": 2.5}, ["capture_after=2.5", "integer >= 1"]),
         ({"max_graphs": 0}, ["max_graphs=0", "integer >= 1"]),
         ({"warmup": 0}, ["warmup=0", "integer >= 1"]),
         ({"verify": "x"}, ["verify='x'", "'on'", "'strict'", "'off'"]),
@@ -84,7 +84,7 @@ def test_non_numeric_tolerance_is_a_config_error(value) -> None:
 
 @pytest.mark.parametrize("mode", [False, True, "auto"])
 def test_valid_modes_are_accepted(mode) -> None:
-    m = wrap(net(), cuda_graph=mode, auto_after=1, max_graphs=1, warmup=1, verify="strict", outputs="static")
+    m = wrap(net(), cuda_graph=mode, capture_after=1, max_graphs=1, warmup=1, verify="strict", outputs="static")
     assert m.graph_info()["mode"] is mode or m.graph_info()["mode"] == mode
     assert f"cuda_graph={mode!r}" in repr(m)
 
@@ -192,12 +192,12 @@ def test_cuda_graph_true_on_cpu_raises_no_cuda_error() -> None:
 def test_auto_on_cpu_runs_eager_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger=LOGGER)
     model = net().eval()
-    m = wrap(model, cuda_graph="auto", auto_after=3)
+    m = wrap(model, cuda_graph="auto", capture_after=3)
     xs = [torch.randn(2, 4) for _ in range(6)]
     with torch.no_grad():
         for i, x in enumerate(xs):
             assert torch.equal(m(x), model(x))
-            if i < 2:  # below auto_after nothing is attempted yet
+            if i < 2:  # below capture_after nothing is attempted yet
                 assert launchless_records(caplog) == [] and m.graph_info()["fallbacks"] == []
     records = launchless_records(caplog)
     assert len(records) == 1
@@ -214,7 +214,7 @@ def test_auto_on_cpu_runs_eager_and_logs_once(caplog: pytest.LogCaptureFixture) 
 
 def test_auto_counts_each_signature_separately(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger=LOGGER)
-    m = wrap(net().eval(), cuda_graph="auto", auto_after=2)
+    m = wrap(net().eval(), cuda_graph="auto", capture_after=2)
     with torch.no_grad():
         m(torch.randn(2, 4))
         m(torch.randn(3, 4))
@@ -318,7 +318,7 @@ def test_capture_graph_on_cpu_raises_even_in_auto() -> None:
 
 def test_relocation_is_counted_as_an_invalidation() -> None:
     model = net().eval()
-    m = wrap(model, cuda_graph="auto", auto_after=1)
+    m = wrap(model, cuda_graph="auto", capture_after=1)
     with torch.no_grad():
         m(torch.randn(2, 4))
         assert m.graph_info()["invalidations"] == 0 and len(m.graph_info()["fallbacks"]) == 1
@@ -339,6 +339,7 @@ def test_graph_info_structure() -> None:
     assert set(info) == {
         "mode",
         "max_graphs",
+        "capture_after",
         "graphs",
         "pool_bytes",
         "fallbacks",
@@ -354,12 +355,12 @@ def test_graph_info_structure() -> None:
         for _ in range(3):
             m(torch.randn(2, 4))
     (entry,) = m.graph_info()["fallbacks"]
-    assert set(entry) == {"signature", "reason", "message", "operation", "source"}
+    assert set(entry) == {"signature", "stage", "reason", "message", "operation", "source"}
 
 
 def test_release_graphs_on_cpu_forgets_refusals_without_touching_cuda() -> None:
     initialised = torch.cuda.is_initialized()
-    m = wrap(net().eval(), cuda_graph="auto", auto_after=2)
+    m = wrap(net().eval(), cuda_graph="auto", capture_after=2)
     x = torch.randn(2, 4)
     with torch.no_grad():
         m(x)
@@ -369,5 +370,5 @@ def test_release_graphs_on_cpu_forgets_refusals_without_touching_cuda() -> None:
     assert m.graph_info()["fallbacks"] == [] and m.graph_info()["graphs"] == []
     assert torch.cuda.is_initialized() == initialised
     with torch.no_grad():
-        m(x)  # counting starts again: one call is below auto_after
+        m(x)  # counting starts again: one call is below capture_after
     assert m.graph_info()["fallbacks"] == []

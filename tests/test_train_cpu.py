@@ -53,7 +53,7 @@ def test_decorator_form_and_bad_option() -> None:
     model, opt, step = _setup()
     decorated = ll.graphed_step(model=model, optimizer=opt)(step)
     assert isinstance(decorated, ll.GraphedStep)
-    with pytest.raises(ValueError, match="capture_after=1 is not accepted; pass >= 2"):
+    with pytest.raises(ll.ConfigError, match="capture_after=1 is not accepted; pass an integer >= 2"):
         ll.graphed_step(step, model=model, optimizer=opt, capture_after=1)
 
 

@@ -13,11 +13,8 @@ from torch import nn
 
 from launchless.core.capture_path import pretend_capturing
 from launchless.core.signature import flatten_inputs, tensor_spec
+from launchless.core.status import VerifyStatus
 from launchless.core.verify import (
-    BIT_IDENTICAL,
-    CAPTURE_PATH,
-    EAGER_NOISE,
-    FAILED,
     difference,
     identical,
     input_probes,
@@ -284,9 +281,9 @@ def test_graph_equal_to_eager_is_bit_identical() -> None:
     flat, eager = setup(model, torch.randn(3, 8))
     graph = FakeGraph(eager)
     report = verify(graph, model, flat)
-    assert report.status == BIT_IDENTICAL and report.passed
+    assert report.status == VerifyStatus.BIT_IDENTICAL and report.passed
     assert report.probes_differ and report.detail == ""
-    assert report.as_dict()["status"] == BIT_IDENTICAL
+    assert report.as_dict()["status"] == VerifyStatus.BIT_IDENTICAL
     # the graph was fed the two probes, not the example
     probes = make_probes(flat.leaves)
     assert len(graph.seen) == 2 and identical(graph.seen, list(probes))
@@ -301,7 +298,7 @@ def test_verify_accepts_keyword_and_scalar_inputs() -> None:
     model = Scaled()
     flat, eager = setup(model, torch.randn(2, 3), scale=2.5, bias=torch.randn(3))
     report = verify(FakeGraph(eager), model, flat)
-    assert report.status == BIT_IDENTICAL and report.passed
+    assert report.status == VerifyStatus.BIT_IDENTICAL and report.passed
 
 
 @torch.no_grad()
@@ -311,7 +308,7 @@ def test_stale_graph_fails() -> None:
     flat, _ = setup(model, x)
     frozen = model(x)
     report = verify(FakeGraph(lambda leaves: frozen.clone()), model, flat)
-    assert report.status == FAILED and not report.passed
+    assert report.status == VerifyStatus.FAILED and not report.passed
     assert not report.probes_differ
     assert "stale" in report.detail
 
@@ -329,7 +326,7 @@ def test_input_independent_output_is_not_called_stale() -> None:
     model = Const()
     flat, eager = setup(model, torch.randn(4))
     report = verify(FakeGraph(eager), model, flat)
-    assert report.status == BIT_IDENTICAL and report.passed
+    assert report.status == VerifyStatus.BIT_IDENTICAL and report.passed
     assert "do not depend on the inputs" in report.detail
 
 
@@ -339,7 +336,7 @@ def test_unexplained_difference_fails(no_cuda_stream) -> None:
     flat, eager = setup(model, torch.randn(3, 8))
     graph = FakeGraph(lambda leaves: ulps_off(eager(leaves), 2))
     report = verify(graph, model, flat)
-    assert report.status == FAILED and not report.passed
+    assert report.status == VerifyStatus.FAILED and not report.passed
     assert "eager is deterministic" in report.detail and "no capture-dependent branch" in report.detail
     # the measured size is the size of the difference on the probes
     probes = make_probes(flat.leaves)
@@ -360,17 +357,17 @@ def test_capture_branch_explains_a_small_difference(no_cuda_stream) -> None:
         return FakeGraph(lambda leaves: ulps_off(eager(leaves), 2))
 
     report = verify(graph(), model, flat, branches=["lib.py:1"])
-    assert report.status == CAPTURE_PATH and report.passed
+    assert report.status == VerifyStatus.CAPTURE_PATH and report.passed
     assert report.branches == ["lib.py:1"]
     assert "branches on is_current_stream_capturing()" in report.detail
     assert 0 < report.max_abs <= report.bound
 
     strict = verify(graph(), model, flat, mode="strict", branches=["lib.py:1"])
-    assert strict.status == CAPTURE_PATH and not strict.passed
+    assert strict.status == VerifyStatus.CAPTURE_PATH and not strict.passed
     assert "verify='strict' demands bit identity" in strict.detail
 
     tight = verify(graph(), model, flat, tolerance_ulps=0.5, branches=["lib.py:1"])
-    assert tight.status == CAPTURE_PATH and not tight.passed
+    assert tight.status == VerifyStatus.CAPTURE_PATH and not tight.passed
     assert "exceeds the rounding bound" in tight.detail
     assert tight.max_abs > tight.bound
 
@@ -381,7 +378,7 @@ def test_capture_branch_beyond_the_bound_fails(no_cuda_stream) -> None:
     flat, eager = setup(model, torch.randn(3, 8))
     graph = FakeGraph(lambda leaves: ulps_off(eager(leaves), 1000))
     report = verify(graph, model, flat, branches=["lib.py:1"])
-    assert report.status == CAPTURE_PATH and not report.passed
+    assert report.status == VerifyStatus.CAPTURE_PATH and not report.passed
     assert report.max_abs > report.bound
     assert "exceeds the rounding bound" in report.detail
 
@@ -408,7 +405,7 @@ def test_forced_capture_path_reproducing_the_graph_is_named(no_cuda_stream, monk
 
     assert not identical(eager(flat.leaves), replay(flat.leaves))  # the two paths really differ
     report = verify(FakeGraph(replay), model, flat)
-    assert report.status == CAPTURE_PATH and report.passed
+    assert report.status == VerifyStatus.CAPTURE_PATH and report.passed
     assert report.branches == []
     assert "eager forced onto the capture path reproduces the graph bit for bit" in report.detail
 
@@ -427,12 +424,12 @@ def test_eager_noise_within_the_bound_passes(no_cuda_stream) -> None:
     model = Noisy(4 * EPS32)
     flat, eager = setup(model, torch.randn(256))
     report = verify(FakeGraph(eager), model, flat)
-    assert report.status == EAGER_NOISE and report.passed
+    assert report.status == VerifyStatus.EAGER_NOISE and report.passed
     assert "eager run twice" in report.detail
     assert 0 < report.max_abs <= report.bound
 
     strict = verify(FakeGraph(eager), model, flat, mode="strict")
-    assert strict.status == EAGER_NOISE and not strict.passed
+    assert strict.status == VerifyStatus.EAGER_NOISE and not strict.passed
 
 
 @torch.no_grad()
@@ -440,7 +437,7 @@ def test_eager_noise_beyond_the_bound_fails(no_cuda_stream) -> None:
     model = Noisy(1e-2)
     flat, eager = setup(model, torch.randn(256))
     report = verify(FakeGraph(eager), model, flat)
-    assert report.status == EAGER_NOISE and not report.passed
+    assert report.status == VerifyStatus.EAGER_NOISE and not report.passed
     assert "exceeds the rounding bound" in report.detail
 
 
@@ -456,7 +453,7 @@ def test_verify_does_not_touch_the_example_inputs() -> None:
 
 def test_status_names_are_the_public_strings() -> None:
     # graph_info()["graphs"][i]["verification"]["status"] and the demo compare against these strings
-    assert {BIT_IDENTICAL, EAGER_NOISE, CAPTURE_PATH, FAILED} == {
+    assert {VerifyStatus.BIT_IDENTICAL, VerifyStatus.EAGER_NOISE, VerifyStatus.CAPTURE_PATH, VerifyStatus.FAILED} == {
         "bit-identical",
         "eager-noise",
         "capture-path",
@@ -484,7 +481,7 @@ def test_a_model_that_random_probes_do_not_fit_is_verified_on_its_own_inputs(no_
     model = RowLookup()
     flat, eager = setup(model, *_row_lookup_inputs())
     report = verify(FakeGraph(eager), model, flat)
-    assert report.status == BIT_IDENTICAL and report.passed and report.probes_differ
+    assert report.status == VerifyStatus.BIT_IDENTICAL and report.passed and report.probes_differ
     assert "outside the inputs' domain" in report.detail and "own inputs" in report.detail
 
 
@@ -501,7 +498,11 @@ def test_a_stale_graph_still_fails_on_the_models_own_inputs(no_cuda_stream) -> N
     graph = FakeGraph(stale_on_real_rows)
     report = verify(graph, model, flat)
     assert len(graph.seen) == 4  # the second protocol ran, on the model's own rows
-    assert not report.passed and report.status == EAGER_NOISE and "exceeds the rounding bound" in report.detail
+    assert (
+        not report.passed
+        and report.status == VerifyStatus.EAGER_NOISE
+        and "exceeds the rounding bound" in report.detail
+    )
 
 
 def test_input_probes_reorder_rows_and_keep_the_rest() -> None:
@@ -543,5 +544,5 @@ def test_inputs_read_as_addresses_are_probed_from_the_call_so_eager_stays_in_ran
     with pytest.raises(IndexError):  # random timesteps: the hazard itself
         verify(FakeGraph(eager), model, flat)
     report = verify(FakeGraph(eager), model, flat, from_call=frozenset({1}))
-    assert report.status == BIT_IDENTICAL and report.passed and report.probes_differ  # x is still random
+    assert report.status == VerifyStatus.BIT_IDENTICAL and report.passed and report.probes_differ  # x is still random
     assert report.as_dict()["inputs_probed_from_the_call"] == [1]

@@ -12,10 +12,12 @@ compiled, without a CUDA graph, with one log line naming why.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import re
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -23,6 +25,8 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from ..core import relocation
+from ..errors import ConfigError
+from ..options import VerifyMode, check_bool, check_int, check_known, check_verify
 from .cgct import try_rewrite
 from .compiled_graphs import CompiledGraphs, Compiler
 from .decisions import DecisionCache, graph_hash
@@ -102,61 +106,144 @@ _counter = 0
 _registry: weakref.WeakSet[CompiledGraphs] = weakref.WeakSet()  # for explain(): what each graph does
 
 
+@dataclasses.dataclass(frozen=True)
+class BackendOptions:
+    """What ``make_backend(...)`` and ``torch.compile(..., backend="launchless", options={...})`` accept.
+
+    capture_after=2: calls of one input signature before its graph is captured (the first call compiles and
+        autotunes).
+    max_graphs=8: graphs kept per compiled FX graph; least recently used evicted.
+    verify="on" | "strict" | "off": prove each graph against the compiled function on two probes before use.
+    selective=True: per graph, keep the fastest of no graph / graph / graph + pointer indirection, measured once
+        and cached on disk.
+    indirection=True: pointer indirection (inputs read where the caller keeps them instead of copied in).
+    cgct=True: rewrite host copies and host constants that keep a graph from being captured.
+    cache_dir=None: where decisions are cached (default ``~/.cache/launchless/decisions`` or
+        ``$LAUNCHLESS_CACHE_DIR``).
+    reprofile=False: measure again instead of using cached decisions.
+    """
+
+    capture_after: int = 2
+    max_graphs: int = 8
+    verify: VerifyMode = "on"
+    selective: bool = True
+    indirection: bool = True
+    cgct: bool = True
+    cache_dir: str | None = None
+    reprofile: bool = False
+
+    def __post_init__(self) -> None:
+        check_int("capture_after", self.capture_after, minimum=1)
+        check_int("max_graphs", self.max_graphs, minimum=1)
+        check_verify(self.verify)
+        for name in ("selective", "indirection", "cgct", "reprofile"):
+            check_bool(name, getattr(self, name))
+        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
+            raise ConfigError(f"cache_dir={self.cache_dir!r} is not accepted; pass a directory path or None")
+
+    def updated(self, options: Mapping[str, Any] | None) -> BackendOptions:
+        """These options with ``torch.compile(..., options=...)``'s on top, checked like the rest."""
+        if not options:
+            return self
+        if not isinstance(options, Mapping):
+            raise ConfigError(f"options={options!r} is not accepted; pass a dict of launchless backend options")
+        check_known("the launchless backend", options, {f.name: f for f in dataclasses.fields(self)})
+        return dataclasses.replace(self, **options)
+
+
+_counter = 0
+_registry: weakref.WeakSet[CompiledGraphs] = weakref.WeakSet()  # for explain(): what each graph does
+
+
 def make_backend(
     inner: Compiler = inductor_without_graphs,
     *,
+    capture_after: int = 2,
+    max_graphs: int = 8,
+    verify: VerifyMode = "on",
+    selective: bool = True,
+    indirection: bool = True,
+    cgct: bool = True,
     cache_dir: str | None = None,
     reprofile: bool = False,
-    cgct: bool = True,
-    **options: Any,
 ) -> Callable[..., Any]:
-    """A Dynamo backend. ``options`` go to ``CompiledGraphs`` (capture_after, max_graphs, verify_mode,
-    selective, indirection); decisions are cached in ``cache_dir`` (default: ``decisions.default_cache_dir``)
-    and measured again with ``reprofile=True``."""
-    cache = DecisionCache(cache_dir, reprofile=reprofile)
+    """A Dynamo backend with these options (see ``BackendOptions``); ``torch.compile(..., options={...})`` given
+    to the backend it returns overrides them for that compile."""
+    defaults = BackendOptions(
+        capture_after=capture_after,
+        max_graphs=max_graphs,
+        verify=verify,
+        selective=selective,
+        indirection=indirection,
+        cgct=cgct,
+        cache_dir=cache_dir,
+        reprofile=reprofile,
+    )
+    caches: dict[tuple[str | None, bool], DecisionCache] = {}
     # the relocation hooks (global module registration hooks) go in now, before Dynamo traces anything: Dynamo
     # guards on that hook dict when a forward builds a ModuleList (``self.layers[:n]``), so hooks installed at
     # the first capture would fail that guard and recompile every such graph once (Mistral: two graphs)
     relocation.epoch()
 
-    def backend(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+    def decision_cache(opts: BackendOptions) -> DecisionCache:
+        key = (None if opts.cache_dir is None else os.fspath(opts.cache_dir), opts.reprofile)
+        if key not in caches:
+            caches[key] = DecisionCache(key[0], reprofile=opts.reprofile)
+        return caches[key]
+
+    def backend(
+        gm: fx.GraphModule, example_inputs: list, *, options: Mapping[str, Any] | None = None, mode: str | None = None
+    ) -> Callable[..., Any]:
+        if mode not in (None, "default"):
+            raise ConfigError(
+                f"torch.compile(mode={mode!r}) does not apply to the launchless backend (it captures its own "
+                "graphs); leave mode out and pass launchless's options as options={...}"
+            )
+        opts = defaults.updated(options)
         global _counter
         _counter += 1
         name = f"graph {_counter}"
         tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
         if not any(t.is_cuda for t in tensors):
             log.info("launchless: %s has no CUDA input; it runs compiled, without a CUDA graph", name)
-            return _compile_or_rescue(name, gm, example_inputs, inner, cgct)
+            return _compile_or_rescue(name, gm, example_inputs, inner, opts.cgct)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            log.info(
-                "launchless: %s needs autograd (training); it runs compiled, without a CUDA graph "
-                "(capture whole training steps with launchless.graphed_step)",
+            log.warning(
+                "launchless: %s was compiled in grad mode with parameters that require grad (training); it runs "
+                "compiled, without a CUDA graph. Call the model under torch.no_grad() or torch.inference_mode() "
+                "for inference graphs, or capture whole training steps with launchless.graphed_step",
                 name,
             )
-            return _compile_or_rescue(name, gm, example_inputs, inner, cgct)
+            return _compile_or_rescue(name, gm, example_inputs, inner, opts.cgct)
         static = static_input_indices(gm, example_inputs)
         early = (
-            try_rewrite(gm, example_inputs, static, inner) if cgct and holds_host_tensors(gm, example_inputs) else None
+            try_rewrite(gm, example_inputs, static, inner)
+            if opts.cgct and holds_host_tensors(gm, example_inputs)
+            else None
         )
         if early is not None and early.compiled is not None:
             compiled = early.compiled
         else:  # CGCT is tried once: not again should the compiler reject the graph
-            compiled = _compile_or_rescue(name, gm, example_inputs, inner, cgct and early is None)
+            compiled = _compile_or_rescue(name, gm, example_inputs, inner, opts.cgct and early is None)
         names = input_names(gm)
         graphs = CompiledGraphs(
             compiled,
             static,
             name=name,
-            cache=cache,
+            capture_after=opts.capture_after,
+            max_graphs=opts.max_graphs,
+            verify=opts.verify,
+            selective=opts.selective,
+            indirection=opts.indirection,
+            cache=decision_cache(opts),
             graph_key=graph_hash(gm),
             attributes=tensor_attribute_indices(names, example_inputs, static),
             input_names=names,
             index_inputs=index_like_inputs(gm, example_inputs),
-            **options,
         )
         if early is not None:
             graphs.adopt_cgct(early, lambda: _compile_or_rescue(name, gm, example_inputs, inner, False))
-        elif cgct:
+        elif opts.cgct:
             graphs.source = (gm, list(example_inputs), inner)
         _registry.add(graphs)
         return graphs

@@ -12,9 +12,6 @@ one log line.
 from __future__ import annotations
 
 import logging
-import operator
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,9 +19,10 @@ import torch
 from torch import fx
 
 from ..core import capture as _capture
-from ..core import relocation
-from ..core.churn import ShapeChurn
+from ..core.cache import GraphCache, Refusal
+from ..core.relocation import InputAddresses, picker
 from ..core.signature import FlatInputs, Signature, UnhashableInput, positional_rebuilder, signature_of_leaves
+from ..core.status import Admission, Stage
 from ..core.verify import verify
 from ..diagnose.blockers import COPY, classify_message, describe_failure
 from . import select
@@ -33,8 +31,6 @@ from .decisions import Decision, DecisionCache, DecisionKey, DriftMonitor
 from .indirection import IndirectGraph, IndirectionUnavailable, unavailable_reason
 
 log = logging.getLogger("launchless")
-_ptrs_equal = relocation.ptrs_equal
-_MAX_TRACKED = 4096  # shapes counted towards capture_after, and refused ones: oldest forgotten first
 Compiler = Callable[[fx.GraphModule, list], Callable[..., Any]]
 
 
@@ -49,17 +45,14 @@ def capture_device(leaves: Sequence[Any]) -> torch.device | None:
 
 
 class _Entry:
-    """What runs for one input signature: the chosen variant, its replay, and the static addresses."""
+    """What runs for one input signature: the chosen variant and its replay."""
 
-    def __init__(self, graph: _capture.CapturedGraph, ptrs: list[int], decision: Decision, report: Any) -> None:
-        self.graph, self.ptrs, self.decision, self.report = graph, ptrs, decision, report
+    def __init__(self, graph: _capture.CapturedGraph, decision: Decision, report: Any) -> None:
+        self.graph, self.decision, self.report = graph, decision, report
         self.indirect: IndirectGraph | None = None
         self.pi_reason: str | None = None
         self.device: torch.device | None = None
         self.monitor: DriftMonitor | None = None  # only for measured decisions
-        self.epoch = relocation.epoch()  # parameters are compared in full only when this moved
-        self.spot_ptrs: list[int] | None = None
-        self.always_ptrs: list[int] | None = None
 
     def replay(self, leaves: list) -> Any:
         if self.decision.variant == "graph+pi" and self.indirect is not None:
@@ -89,7 +82,7 @@ class CompiledGraphs:
         name: str,
         capture_after: int = 2,
         max_graphs: int = 8,
-        verify_mode: str = "on",
+        verify: str = "on",
         selective: bool = True,
         indirection: bool = True,
         cache: DecisionCache | None = None,
@@ -106,14 +99,15 @@ class CompiledGraphs:
         self._moves: dict[int, int] = {}
         self.selective, self.cache, self.graph_key = selective, cache, graph_key
         self.indirection = indirection and unavailable_reason() is None
-        self.capture_after, self.max_graphs, self.verify_mode = capture_after, max_graphs, verify_mode
-        self._graphs: OrderedDict[Signature, _Entry] = OrderedDict()
-        self._seen: dict[Signature, int] = {}
-        self._churn = ShapeChurn()  # more shapes in use than max_graphs: keep the graphs held, capture no more
-        self._refused: dict[Signature, str] = {}
-        self._logged: set[str] = set()
-        self._pool: Any = None
-        self._lock = threading.RLock()
+        self.verify = verify
+        self._addresses = InputAddresses((), describe=self._names)
+        self._graphs: GraphCache[_Entry] = GraphCache(
+            name=name,
+            capture_after=capture_after,
+            max_graphs=max_graphs,
+            max_graphs_hint="max_graphs (make_backend(max_graphs=...) or options={'max_graphs': ...})",
+            guards=[self._addresses],
+        )
         self.source: tuple[fx.GraphModule, list, Compiler] | None = None  # for CGCT; dropped after one try
         self.cgct: CgctResult | None = None
         self._watch: ConstantWatch | None = None  # CGCT's device copies of host constants, kept current
@@ -128,34 +122,19 @@ class CompiledGraphs:
         """Static host inputs the graph in use no longer reads (CGCT replaced them by watched device copies)."""
         return self.cgct.unread_inputs if self._before_cgct is not None else frozenset()
 
-    def _drop_graphs(self) -> None:
-        """Every graph goes, and their pool with them: PyTorch asserts when capturing into a pool none of whose
-        graphs remain. The next calls capture again."""
-        self._graphs.clear()
-        self._pool = None
-        self._seen.clear()
-        self._churn.reset()
-
     def _watch_addresses(self, indices: frozenset[int]) -> None:
-        """The static inputs whose addresses the graphs read: spot-checked per call, all after a relocation."""
-        order = sorted(indices)
-        self._static_order = order
-        self._pick_static = _picker(order)
-        self._static_index = list(range(len(order)))
-        always = [k for k, i in enumerate(order) if i in self.attributes]
-        self._always_positions = always  # positions within the static inputs checked on every call, in full
-        self._pick_always = _picker([order[k] for k in always])
-        self._always_index = list(range(len(always)))
-        spot = relocation.spread(len(order))
-        self._spot_positions = spot  # positions within the static inputs checked on every call
-        self._pick_spot = _picker([order[i] for i in spot])
-        self._spot_index = list(range(len(spot)))
+        """The static inputs whose addresses the graphs read: spot-checked per call, all after a relocation,
+        module attributes every call (``core.relocation.InputAddresses``, the cache's validity check)."""
+        guard = InputAddresses(indices, always=self.attributes, describe=self._names)
+        self._graphs.guards = [guard if g is self._addresses else g for g in self._graphs.guards]
+        self._addresses = guard
+        self._pick_static = picker(guard.order)
 
     def _key(self, args: tuple) -> Signature:
         """The signature of the inputs that change: Dynamo guards parameters' shapes and dtypes itself."""
         if len(args) != self._arity:
             self._arity = len(args)
-            self._pick_dynamic = _picker([i for i in range(len(args)) if i not in self.static])
+            self._pick_dynamic = picker([i for i in range(len(args)) if i not in self.static])
             self._rebuild = positional_rebuilder(len(args))
         return signature_of_leaves(("compiled", self._arity), self._pick_dynamic(args))
 
@@ -165,76 +144,47 @@ class CompiledGraphs:
         try:
             sig = self._key(args)
         except UnhashableInput as exc:
-            self._log_once(f"launchless: {self.name} runs without a CUDA graph: {exc}")
+            self._graphs.log_once(
+                f"unhashable:{exc}", logging.INFO, f"launchless: {self.name} runs without a CUDA graph: {exc}"
+            )
             return self.compiled(*args)
         flat = FlatInputs(list(args), ("fast", len(args), ()), self._rebuild)
-        entry = self._graphs.get(sig)
+        graphs = self._graphs
+        entry = graphs.lookup(sig, args)
         if entry is not None:
             if entry.decision.variant == "no-graph":
                 return self.compiled(*args)
-            if self._static_unmoved(args, entry):
-                self._graphs.move_to_end(sig)
-                if entry.monitor is not None and entry.monitor.should_sample():
-                    return self._sampled(sig, entry, flat, args)
-                return entry.replay(flat.leaves)
-            if self._static_moved(args, entry):  # .to(), load_state_dict(assign=True), an attribute reassigned
-                sig = self._key(args)  # an attribute became an input: it is part of the signature now
-        if sig in self._refused:
-            return self.compiled(*args)
-        self._seen[sig] = count = self._seen.get(sig, 0) + 1
-        if len(self._seen) > _MAX_TRACKED:  # shapes seen once and never again (a dynamic length) are forgotten
-            del self._seen[next(iter(self._seen))]
-        if count < self.capture_after:
-            return self.compiled(*args)  # the first call compiles and autotunes; capture comes after
-        if not self._churn.admits(sig, len(self._graphs), self.max_graphs):
-            self._log_once(self._churn.message(self.name, self.max_graphs, "max_graphs (make_backend(max_graphs=...))"))
-            return self.compiled(*args)
-        return self._capture(sig, flat, args)
+            if entry.monitor is not None and entry.monitor.should_sample():
+                return self._sampled(sig, entry, flat, args)
+            return entry.replay(flat.leaves)
+        if self._addresses.moved and self._demote(self._addresses.moved):  # .to(), an attribute reassigned
+            sig = self._key(args)  # an attribute became an input: it is part of the signature now
+        admission = graphs.admit(sig)
+        if admission is Admission.CAPTURE:
+            return self._capture(sig, flat, args)
+        return self.compiled(*args)  # refused, over capacity, or the first call (it compiles and autotunes)
 
-    def _static_leaves(self, args: Sequence[Any]) -> list:
-        return self._pick_static(args)
-
-    def _static_unmoved(self, args: Sequence[Any], entry: _Entry) -> bool:
-        """Parameters still where the graph reads them: a spot check of 8 per call, all of them after any
-        event that can move them (``Module._apply``, parameter/buffer registration) -- as the runtime does."""
-        if not entry.ptrs:
-            return True
-        if self._always_positions:
-            if entry.always_ptrs is None:
-                entry.always_ptrs = [entry.ptrs[k] for k in self._always_positions]
-            if not _ptrs_equal(self._pick_always(args), entry.always_ptrs, self._always_index):
-                return False
-        if entry.epoch == relocation.epoch():
-            spot = [entry.ptrs[i] for i in self._spot_positions] if entry.spot_ptrs is None else entry.spot_ptrs
-            entry.spot_ptrs = spot
-            return _ptrs_equal(self._pick_spot(args), spot, self._spot_index)
-        if _ptrs_equal(self._static_leaves(args), entry.ptrs, self._static_index):
-            entry.epoch = relocation.epoch()
-            return True
-        return False
-
-    def _static_moved(self, args: Sequence[Any], entry: _Entry) -> bool:
-        """Static inputs moved: every graph is captured again. A module attribute that moves a second time is
-        reassigned by the model on every call (e.g. ``self.anchors = anchors.to(x)``): from then on it is an
-        input like the batch -- copied in, or pointed at -- instead of a capture per call. True if so."""
-        now = [t.data_ptr() for t in self._static_leaves(args)]
-        moved = [i for i, a, b in zip(self._static_order, now, entry.ptrs, strict=True) if a != b]
+    def _demote(self, moved: list[int]) -> bool:
+        """Static inputs moved and every graph went (the cache's validity check). A module attribute that moves
+        a second time is reassigned by the model on every call (e.g. ``self.anchors = anchors.to(x)``): from then
+        on it is an input like the batch -- copied in, or pointed at -- instead of a capture per call. True if so."""
+        self._addresses.moved = []
         for i in moved:
             self._moves[i] = self._moves.get(i, 0) + 1
         demote = frozenset(i for i in moved if i in self.attributes and self._moves[i] >= 2)
-        self._drop_graphs()
-        if demote:
-            self.static = self.static - demote
-            self._arity = -1  # the signature now includes them
-            self._watch_addresses(self.static - self._unread)
-            self._log_once(
-                f"launchless: {self.name}: {self._names(demote)} gets a new tensor on every call (a module "
-                "attribute assigned in forward); it is copied into the graph like an input from now on. "
-                "Update it in place (copy_) to let the graph read it where it is"
-            )
-            return True
-        self._log_once(f"launchless: {self.name}: {self._names(moved)} moved; its graphs are captured again")
-        return False
+        if not demote:
+            return False
+        self.static = self.static - demote
+        self._arity = -1  # the signature now includes them
+        self._watch_addresses(self.static - self._unread)
+        self._graphs.log_once(
+            f"demote:{sorted(demote)}",
+            logging.INFO,
+            f"launchless: {self.name}: {self._names(demote)} gets a new tensor on every call (a module "
+            "attribute assigned in forward); it is copied into the graph like an input from now on. "
+            "Update it in place (copy_) to let the graph read it where it is",
+        )
+        return True
 
     def _names(self, indices: Sequence[int] | frozenset[int], most: int = 3) -> str:
         """Dynamo's names of some inputs, e.g. ``L_self_modules_fc_parameters_weight_``."""
@@ -250,54 +200,48 @@ class CompiledGraphs:
                     return self._capture(sig, flat, args)
                 if self.cgct is not None and self.cgct.compiled is None:
                     why = f"a static input (a module attribute) is on the host; CGCT: {self.cgct.why_not}"
-            return self._refuse(sig, args, why)
-        with self._lock, _capture.CAPTURE_LOCK:
-            if self._pool is None:
-                self._pool = _capture.new_pool()
-            try:
+            return self._refuse(sig, args, Stage.NO_DEVICE, why)
+        graphs = self._graphs
+        try:
+            with graphs.capturing(sig) as pool:
                 graph = _capture.capture(
                     self.compiled,
                     flat,
                     device=device,
-                    pool=self._pool,
+                    pool=pool,
                     warmup=1,
                     static=self.static,
                     keep_graph=self.indirection,
                 )
-            except _capture.CaptureFailed as fail:
-                if fail.stage == "capture":
-                    self._pool = None
-                why = describe_failure(fail.cause, str(fail))
-                if classify_message(str(fail.cause or fail)) == COPY:
-                    if self.source is not None and self._apply_cgct():
-                        return self._capture(sig, flat, args)  # once more, with the rewritten graph
-                    if self.cgct is not None and self.cgct.compiled is None:
-                        why += f"; CGCT: {self.cgct.why_not}"
-                return self._refuse(sig, args, why)
-            report = verify(
-                graph, self.compiled, flat, mode=self.verify_mode, keep=self.static, from_call=self.index_inputs
+                report = verify(
+                    graph, self.compiled, flat, mode=self.verify, keep=self.static, from_call=self.index_inputs
+                )
+        except _capture.CaptureFailed as fail:
+            why = describe_failure(fail.cause, str(fail))
+            if classify_message(str(fail.cause or fail)) == COPY:
+                if self.source is not None and self._apply_cgct():
+                    return self._capture(sig, flat, args)  # once more, with the rewritten graph
+                if self.cgct is not None and self.cgct.compiled is None:
+                    why += f"; CGCT: {self.cgct.why_not}"
+            return self._refuse(sig, args, fail.stage, why)
+        if not report.passed:
+            del graph
+            graphs.discard()
+            return self._refuse(
+                sig, args, Stage.VERIFICATION, f"verification failed ({report.status}: {report.detail})"
             )
-            if not report.passed:
-                del graph
-                if not self._graphs:
-                    self._pool = None
-                return self._refuse(sig, args, f"verification failed ({report.status}: {report.detail})")
-            ptrs = [t.data_ptr() for t in self._static_leaves(args)]
-            entry = _Entry(graph, ptrs, Decision("graph", {}), report)
-            entry.device = device
+        entry = _Entry(graph, Decision("graph", {}), report)
+        entry.device = device
+        with graphs.capturing(sig):
             if self.indirection:
                 self._add_indirection(entry, flat)
             entry.decision = self._decide(sig, self._runners(entry, flat, args), device)
-            if entry.decision.variant in entry.decision.times_ms:
-                entry.monitor = DriftMonitor(entry.decision)
-            if entry.indirect is not None and entry.decision.variant != "graph+pi":
-                entry.indirect.reset()
-            self._graphs[sig] = entry
-            self._seen.pop(sig, None)
-            while len(self._graphs) > self.max_graphs:
-                self._churn.evicted(self._graphs.popitem(last=False)[0])
-                self._log_once(f"launchless: {self.name}: more than max_graphs={self.max_graphs} shapes; evicting")
-            return self.compiled(*args) if entry.decision.variant == "no-graph" else entry.replay(flat.leaves)
+        if entry.decision.variant in entry.decision.times_ms:
+            entry.monitor = DriftMonitor(entry.decision)
+        if entry.indirect is not None and entry.decision.variant != "graph+pi":
+            entry.indirect.reset()
+        graphs.keep(sig, entry, report, args)
+        return self.compiled(*args) if entry.decision.variant == "no-graph" else entry.replay(flat.leaves)
 
     def _host_inputs_are_static(self, leaves: Sequence[Any]) -> bool:
         """Every host tensor input is static, and the others share one CUDA device: a case for CGCT."""
@@ -322,18 +266,17 @@ class CompiledGraphs:
         self._before_cgct = original
         self._watch = ConstantWatch(result.moved) if result.moved else None
         self._watch_addresses(self.static - self._unread)  # an unread input may move: its copy is watched
-        self._drop_graphs()  # (none yet, unless another signature captured the graph as it was)
+        self._graphs.drop_all()  # (none yet, unless another signature captured the graph as it was)
         self.compiled = result.compiled
         applied = "; ".join(a.describe() for a in result.report.applied)
         self._log_once(f"launchless: {self.name}: CGCT rewrote host copies, proven bit-identical: {applied}")
 
     def _undo_cgct(self, why: str) -> None:
         """A moved constant's source changed beyond an in-place refresh: back to the graph as compiled."""
-        with self._lock:
+        with self._graphs.lock:
             self.compiled, self._before_cgct, self._watch = self._before_cgct(), None, None
             self._watch_addresses(self.static)
-            self._drop_graphs()
-            self._refused.clear()
+            self._graphs.drop_all()
             self._log_once(f"launchless: {self.name}: CGCT undone ({why}); it runs as compiled, without the rewrite")
 
     def _add_indirection(self, entry: _Entry, flat: Any) -> None:
@@ -344,7 +287,7 @@ class CompiledGraphs:
             entry.pi_reason = str(exc)
             return
         report = verify(
-            entry.indirect, self.compiled, flat, mode=self.verify_mode, keep=self.static, from_call=self.index_inputs
+            entry.indirect, self.compiled, flat, mode=self.verify, keep=self.static, from_call=self.index_inputs
         )
         entry.indirect.reset()
         if not report.passed:
@@ -392,45 +335,42 @@ class CompiledGraphs:
             self._log_once(f"launchless: {self.name} {sig.describe()}: {old} drifted; now {entry.decision.variant}")
         return out
 
-    def _refuse(self, sig: Signature, args: Sequence[Any], why: str) -> Any:
-        self._refused[sig] = why
-        if len(self._refused) > _MAX_TRACKED:  # one per shape: a dynamic length must not grow it forever
-            del self._refused[next(iter(self._refused))]
-        self._log_once(f"launchless: {self.name} {sig.describe()} runs without a CUDA graph: {why}")
+    def _refuse(self, sig: Signature, args: Sequence[Any], stage: Stage, why: str) -> Any:
+        self._graphs.refuse(
+            sig, Refusal(stage, why, f"launchless: {self.name} {sig.describe()} runs without a CUDA graph: {why}")
+        )
         return self.compiled(*args)
 
     def _log_once(self, message: str) -> None:
-        if message not in self._logged:
-            self._logged.add(message)
-            log.info(message)
+        self._graphs.log_once(message, logging.INFO, message)
+
+    def _row(self, sig: Signature, e: _Entry) -> dict[str, Any]:
+        return {
+            "signature": sig.describe(),
+            "variant": e.decision.variant,
+            "times_ms": dict(e.decision.times_ms),
+            "replays": e.graph.replays + (e.indirect.replays if e.indirect else 0),
+            "verification": str(e.report.status),
+            "indirection": "verified" if e.indirect is not None else e.pi_reason,
+            "bytes_copied_per_replay": e.copied_bytes(),
+            "bytes_copied_per_replay_with_pi": None  # the PI variant's, chosen or not
+            if e.indirect is None
+            else e.indirect.copied_bytes // max(1, e.indirect.replays),
+        }
 
     def graph_info(self) -> dict:
         """Per signature: the variant chosen and the times that chose it, verification, bytes copied."""
+        graphs = self._graphs
         return {
             "name": self.name,
+            **graphs.summary(),
             "static_inputs": len(self.static),
             # attributes reassigned every call (only a demotion takes an input out of the static ones)
             "demoted_inputs": [self._names([i], 1) for i in sorted(self.attributes - self.static)],
             # floats read as addresses (a box's batch index): verified on the call's own values, not random ones
             "index_inputs": [self._names([i], 1) for i in sorted(self.index_inputs)],
-            "graphs": [
-                {
-                    "signature": s.describe(),
-                    "variant": e.decision.variant,
-                    "times_ms": dict(e.decision.times_ms),
-                    "replays": e.graph.replays + (e.indirect.replays if e.indirect else 0),
-                    "verification": e.report.status,
-                    "indirection": "verified" if e.indirect is not None else e.pi_reason,
-                    "bytes_copied_per_replay": e.copied_bytes(),
-                    "bytes_copied_per_replay_with_pi": None  # the PI variant's, chosen or not
-                    if e.indirect is None
-                    else e.indirect.copied_bytes // max(1, e.indirect.replays),
-                }
-                for s, e in self._graphs.items()
-            ],
-            "fallbacks": [{"signature": s.describe(), "reason": r} for s, r in self._refused.items()],
-            # more shapes in use than max_graphs: eviction stopped, and this many calls ran without a graph
-            "calls_over_max_graphs": self._churn.calls_without_graph if self._churn.stop_evicting else None,
+            "graphs": graphs.rows(self._row),
+            "fallbacks": graphs.fallbacks(lambda sig: sig.describe()),
             "cgct": None
             if self.cgct is None
             else {
@@ -440,14 +380,3 @@ class CompiledGraphs:
                 "constants_refreshed": self._watch.refreshed if self._watch is not None else 0,
             },
         }
-
-
-def _picker(indices: list[int]) -> Callable[[Sequence[Any]], list]:
-    """A fast ``lambda seq: [seq[i] for i in indices]`` (operator.itemgetter, always returning a list)."""
-    if not indices:
-        return lambda seq: []
-    if len(indices) == 1:
-        (i,) = indices
-        return lambda seq: [seq[i]]
-    get = operator.itemgetter(*indices)
-    return lambda seq: list(get(seq))

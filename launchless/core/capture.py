@@ -29,6 +29,7 @@ from .index_trace import IndexTrace
 from .output_aliases import fill_aliases, find_input_aliases
 from .output_copies import IMMUTABLE_OUTPUTS, make_cloner
 from .signature import FlatInputs
+from .status import Stage
 
 CAPTURE_LOCK = threading.RLock()
 _failed_graphs: list[torch.cuda.CUDAGraph] = []
@@ -37,21 +38,22 @@ _failed_graphs: list[torch.cuda.CUDAGraph] = []
 class CaptureFailed(Exception):
     """Internal: carries the original exception of a failed warm-up or capture."""
 
-    def __init__(self, stage: str, cause: BaseException | None, message: str) -> None:
+    def __init__(self, stage: Stage, cause: BaseException | None, message: str) -> None:
         super().__init__(message)
         self.stage = stage
         self.cause = cause
 
 
-def new_pool() -> Any:
-    return torch.cuda.graph_pool_handle()
-
-
 def _static_like(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A buffer the graph reads, on ``device``, with the example's strides when it is dense."""
-    out = torch.empty_like(t, device=device, requires_grad=t.requires_grad)
-    with torch.no_grad():
-        out.copy_(t)
+    """A buffer the graph reads, on ``device``, with the example's strides when it is dense.
+
+    Always a normal tensor, also under ``torch.inference_mode()``: an inference tensor has no version counter
+    (the check for a forward writing its input reads it) and may not be written outside inference mode -- the
+    graph must replay under ``no_grad`` and ``inference_mode`` alike, with inputs made under either."""
+    with torch.inference_mode(False):
+        out = torch.empty_like(t, device=device, requires_grad=t.requires_grad)
+        with torch.no_grad():
+            out.copy_(t)
     return out
 
 
@@ -138,7 +140,7 @@ def _check_outputs(outputs: Any) -> None:
     for leaf in pytree.tree_leaves(outputs):
         if not isinstance(leaf, (torch.Tensor, *IMMUTABLE_OUTPUTS)):
             raise CaptureFailed(
-                "outputs",
+                Stage.OUTPUTS,
                 None,
                 f"the forward returns an object of type {type(leaf).__name__} that launchless cannot look "
                 "into; its tensors would be overwritten by the next replay. Return tensors (tuples, lists, "
@@ -191,10 +193,10 @@ def capture(
                 for _ in range(warmup - traced):
                     fn(*args, **kwargs)
             except Exception as exc:
-                raise CaptureFailed("warm-up", exc, f"the forward failed during warm-up: {exc}") from exc
+                raise CaptureFailed(Stage.WARM_UP, exc, f"the forward failed during warm-up: {exc}") from exc
         if _versions(static_leaves, slots) != before:
             raise CaptureFailed(
-                "warm-up",
+                Stage.INPUT_MUTATION,
                 None,
                 "the forward writes into its own input in place; a graph would change its static copy, not "
                 "your tensor. Clone the input inside forward (x = x.clone()) or avoid the in-place op",
@@ -210,17 +212,17 @@ def capture(
                 graph.capture_begin(pool=pool, capture_error_mode="thread_local")
             except Exception as exc:  # e.g. a pool whose graphs are all gone: its generator state is set already
                 _abandon(graph, device, pool, generator, rng_before, ended=True)
-                raise CaptureFailed("capture", exc, str(exc)) from exc
+                raise CaptureFailed(Stage.CAPTURE, exc, str(exc)) from exc
             try:
                 outputs = fn(*args, **kwargs)
             except BaseException as exc:
                 _abandon(graph, device, pool, generator, rng_before)
-                raise CaptureFailed("capture", exc, str(exc)) from exc
+                raise CaptureFailed(Stage.CAPTURE, exc, str(exc)) from exc
             try:
                 graph.capture_end()
             except Exception as exc:
                 _abandon(graph, device, pool, generator, rng_before, ended=True)
-                raise CaptureFailed("capture", exc, str(exc)) from exc
+                raise CaptureFailed(Stage.CAPTURE, exc, str(exc)) from exc
             if keep_graph:  # the template stays readable (pointer indirection); replays need the instance
                 graph.instantiate()
         caller.wait_stream(stream)
@@ -249,7 +251,7 @@ def _traced_warmup(fn: Callable[..., Any], args: tuple, kwargs: dict, leaves: li
     try:
         fn(*args, **kwargs)
     except Exception as exc:
-        raise CaptureFailed("warm-up", exc, f"the forward failed during warm-up: {exc}") from exc
+        raise CaptureFailed(Stage.WARM_UP, exc, f"the forward failed during warm-up: {exc}") from exc
     return frozenset()
 
 
@@ -280,12 +282,3 @@ def _abandon(
     _failed_graphs.append(graph)
     with contextlib.suppress(Exception):
         torch.cuda.synchronize(device)
-
-
-def pool_bytes(pool: Any) -> int:
-    """Bytes reserved in segments of ``pool`` (reads the allocator snapshot: not for hot paths)."""
-    try:
-        segments = torch.cuda.memory_snapshot()
-    except Exception:
-        return 0
-    return sum(s.get("total_size", 0) for s in segments if tuple(s.get("segment_pool_id", ())) == tuple(pool))

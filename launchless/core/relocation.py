@@ -23,6 +23,8 @@ import functools
 import itertools
 import operator
 import threading
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch.nn.modules import module as _module
@@ -126,5 +128,82 @@ class RelocationWatch:
         self._snapshot()
         return self._ids != old_ids or self._ptrs != old_ptrs
 
+    # ---- the graph cache's validity check (``cache.Guard``) --------------------------------------------
+    def arm(self, leaves: object = ()) -> None:
+        """Watched from construction on: a capture reads the parameters where the last check saw them."""
+
+    def stale(self, leaves: object = ()) -> str | None:
+        if not self.moved():
+            return None
+        return (
+            "parameters or buffers were relocated (.to(), .half(), load_state_dict(assign=True), a swapped "
+            "submodule or parameter)"
+        )
+
     def requires_grad(self) -> bool:
         return any(t.requires_grad for t in self._tensors)
+
+
+def picker(indices: list[int]) -> Callable[[Sequence[Any]], list]:
+    """A fast ``lambda seq: [seq[i] for i in indices]`` (operator.itemgetter, always returning a list)."""
+    if not indices:
+        return lambda seq: []
+    if len(indices) == 1:
+        (i,) = indices
+        return lambda seq: [seq[i]]
+    get = operator.itemgetter(*indices)
+    return lambda seq: list(get(seq))
+
+
+class InputAddresses:
+    """The graph cache's validity check for inputs a graph reads in place, where they are: a compiled graph's
+    parameters and buffers, handed to it as inputs on every call.
+
+    As ``RelocationWatch`` does for a module: a spot check of 8 per call, all of them after any event that can
+    move them. Plain module attributes (``always``: no event announces their replacement) are compared on every
+    call. After a failed check, ``moved`` holds the positions that moved, for the policy to act on.
+    """
+
+    def __init__(
+        self, positions: Sequence[int], *, always: frozenset[int] = frozenset(), describe: Callable[[list], str] = str
+    ) -> None:
+        self.order = sorted(positions)
+        self._pick = picker(self.order)
+        self._index = list(range(len(self.order)))
+        always_at = [k for k, i in enumerate(self.order) if i in always]
+        self._always_at = always_at
+        self._pick_always = picker([self.order[k] for k in always_at])
+        self._always_index = list(range(len(always_at)))
+        self._spot_at = spread(len(self.order))
+        self._pick_spot = picker([self.order[k] for k in self._spot_at])
+        self._spot_index = list(range(len(self._spot_at)))
+        self._describe = describe
+        self._ptrs: list[int] | None = None  # armed: the addresses the graphs read
+        self._epoch = -1
+        self.moved: list[int] = []
+
+    def arm(self, leaves: Sequence[Any]) -> None:
+        self._ptrs = [t.data_ptr() for t in self._pick(leaves)]
+        self._always_ptrs = [self._ptrs[k] for k in self._always_at]
+        self._spot_ptrs = [self._ptrs[k] for k in self._spot_at]
+        self._epoch = epoch()
+
+    def stale(self, leaves: Sequence[Any]) -> str | None:
+        if self._ptrs is None or not self.order:
+            return None
+        if self._always_at and not ptrs_equal(self._pick_always(leaves), self._always_ptrs, self._always_index):
+            return self._moved(leaves)
+        if self._epoch == _epoch:
+            return (
+                None if ptrs_equal(self._pick_spot(leaves), self._spot_ptrs, self._spot_index) else self._moved(leaves)
+            )
+        if ptrs_equal(self._pick(leaves), self._ptrs, self._index):
+            self._epoch = _epoch
+            return None
+        return self._moved(leaves)
+
+    def _moved(self, leaves: Sequence[Any]) -> str:
+        now = [t.data_ptr() for t in self._pick(leaves)]
+        self.moved = [i for i, a, b in zip(self.order, now, self._ptrs, strict=True) if a != b]
+        self._ptrs = None  # disarmed: the graphs are dropped, the next one kept arms it again
+        return f"{self._describe(self.moved)} moved"

@@ -35,12 +35,8 @@ from torch.utils import _pytree as pytree
 from .capture import CapturedGraph
 from .capture_path import pretend_capturing
 from .signature import FlatInputs
+from .status import VerifyStatus
 
-BIT_IDENTICAL = "bit-identical"
-EAGER_NOISE = "eager-noise"
-CAPTURE_PATH = "capture-path"
-FAILED = "failed"
-SKIPPED = "skipped"
 PROBE_SEED = 0x1A0C
 
 
@@ -48,7 +44,7 @@ PROBE_SEED = 0x1A0C
 class VerifyReport:
     """Outcome of verifying one graph; ``passed`` decides whether it is ever replayed."""
 
-    status: str
+    status: VerifyStatus
     passed: bool
     max_abs: float = 0.0
     max_rel: float = 0.0
@@ -207,10 +203,10 @@ def verify(
     probes = make_probes(flat.leaves, keep, from_call)
     report = _protocol(graph, fn, flat, probes, mode, tolerance_ulps, branches)
     report.from_call = tuple(sorted(from_call))
-    if report.status != EAGER_NOISE or report.passed:
+    if report.status != VerifyStatus.EAGER_NOISE or report.passed:
         return report
     again = _protocol(graph, fn, flat, input_probes(flat.leaves, keep), mode, tolerance_ulps, branches)
-    if again.status == BIT_IDENTICAL and again.probes_differ and not again.detail:
+    if again.status == VerifyStatus.BIT_IDENTICAL and again.probes_differ and not again.detail:
         again.detail = (
             "random probes are outside the inputs' domain (on them eager differs from itself, the graph from eager"
             f" by {report.max_abs:.3g}); bit-identical on the call's own inputs and on them reordered"
@@ -241,7 +237,7 @@ def _protocol(
     probes_differ = not identical(graphed[0], graphed[1])
     if eager_differ and not probes_differ:
         return VerifyReport(
-            FAILED,
+            VerifyStatus.FAILED,
             False,
             probes_differ=False,
             branches=branches,
@@ -250,21 +246,23 @@ def _protocol(
     mismatched = [i for i in range(2) if not identical(eager[i], graphed[i])]
     if not mismatched:
         detail = "" if eager_differ else "outputs do not depend on the inputs (stale check not applicable)"
-        return VerifyReport(BIT_IDENTICAL, True, probes_differ=probes_differ, branches=branches, detail=detail)
+        return VerifyReport(
+            VerifyStatus.BIT_IDENTICAL, True, probes_differ=probes_differ, branches=branches, detail=detail
+        )
     i = mismatched[0]
     max_abs, max_rel, bound = max(
         (difference(eager[k], graphed[k], tolerance_ulps) for k in mismatched), key=lambda d: d[0] - d[2]
     )
-    report = VerifyReport(FAILED, False, max_abs, max_rel, bound, probes_differ, branches)
+    report = VerifyReport(VerifyStatus.FAILED, False, max_abs, max_rel, bound, probes_differ, branches)
     noise_side = not identical(eager[i], _eager(fn, flat, probes[i], torch.cuda.Stream()))
     if noise_side or not identical(eager[i], _eager(fn, flat, probes[i])):
-        report.status = EAGER_NOISE
+        report.status = VerifyStatus.EAGER_NOISE
         report.detail = "eager run twice (or on another stream) already differs"
     else:
         with pretend_capturing():
             forced = _eager(fn, flat, probes[i])
         if identical(forced, graphed[i]) or branches:
-            report.status = CAPTURE_PATH
+            report.status = VerifyStatus.CAPTURE_PATH
             report.detail = (
                 "eager forced onto the capture path reproduces the graph bit for bit"
                 if identical(forced, graphed[i])
@@ -272,7 +270,7 @@ def _protocol(
             )
         else:
             report.detail = "eager is deterministic and no capture-dependent branch explains the difference"
-    if report.status != FAILED:
+    if report.status != VerifyStatus.FAILED:
         report.passed = mode != "strict" and max_abs <= bound
         if not report.passed:
             report.detail += (

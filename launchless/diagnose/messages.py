@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..core import capture as _capture
+from ..core.pool import new_pool
 from ..core.signature import FlatInputs, Signature
 from ..core.verify import VerifyReport
 from ..errors import CaptureError, VerificationError
@@ -29,7 +30,7 @@ def find_blocker(model: torch.nn.Module, flat: FlatInputs, device: torch.device)
             return model(*args, **kwargs)
 
     with contextlib.suppress(_capture.CaptureFailed):
-        _capture.capture(recorded, flat, device=device, pool=_capture.new_pool(), warmup=1)
+        _capture.capture(recorded, flat, device=device, pool=new_pool(), warmup=1)
     return recorder.blocker
 
 

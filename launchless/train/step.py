@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -35,13 +34,18 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler
 
 from ..core import capture as _capture
+from ..core.cache import GraphCache, Refusal
 from ..core.relocation import spread
 from ..core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
+from ..core.status import Admission, Stage, VerifyStatus
 from ..core.verify import difference, identical
 from ..diagnose.blockers import describe_failure
+from ..errors import ConfigError
+from ..options import VerifyMode, check_instance, check_int, check_verify
 from . import hooks
 from .optim import CapturableOptimizer, OptimizerNotCapturable
 from .snapshot import Snapshot, state_tensors
+from .validity import TrainingState
 
 log = logging.getLogger("launchless")
 
@@ -79,37 +83,52 @@ class GraphedStep:
         scaler: torch.amp.GradScaler | None = None,
         capture_after: int = 3,
         max_graphs: int = 8,
-        verify: bool = True,
-        tolerance_ulps: float = 64.0,
+        verify: VerifyMode = "on",
     ) -> None:
-        if capture_after < 2:
-            raise ValueError(
-                f"capture_after={capture_after} is not accepted; pass >= 2: the eager steps before capture create "
-                "the optimizer state and warm up the capture stream"
-            )
+        _check_arguments(fn, model, optimizer, scaler)
+        check_int(
+            "capture_after",
+            capture_after,
+            minimum=2,
+            why=": the eager steps before capture create the optimizer state and warm up the capture stream",
+        )
+        check_int("max_graphs", max_graphs, minimum=1)
+        check_verify(verify)
         self.fn, self.model, self.optimizer, self.scaler = fn, model, optimizer, scaler
-        self.capture_after, self.max_graphs = capture_after, max_graphs
-        self.verify, self.tolerance_ulps = verify, tolerance_ulps
-        self._graphs: OrderedDict[Signature, _Graph] = OrderedDict()
-        self._seen: dict[Signature, int] = {}
-        self._refused: dict[Signature, str] = {}
+        self.capture_after, self.max_graphs, self.verify = capture_after, max_graphs, verify
+        self._state = TrainingState(model, optimizer, scaler)
+        self._cache: GraphCache[_Graph] = GraphCache(
+            name="training step",
+            capture_after=capture_after,
+            max_graphs=max_graphs,
+            max_graphs_hint="graphed_step(max_graphs=...)",
+            guards=[self._state],
+            on_invalidate=self._state_changed,
+        )
         self._eager_reason: str | None = None
         self._checked = False
-        self._logged: set[str] = set()
         self._optim: CapturableOptimizer | None = None
         self._stream: torch.cuda.Stream | None = None
-        self._pool: Any = None
-        self._reports: dict[Signature, dict] = {}
         self._params: list[torch.Tensor] = []
         self._grads_owner: _Graph | None = None  # the graph whose gradient tensors .grad points at
-        self._trainable_spot: list[tuple[torch.Tensor, bool]] = []  # (parameter, requires_grad when captured)
         self._extra_state = 0  # tensors the step writes outside the model and optimizer (found while capturing)
+
+    def _state_changed(self, why: str) -> None:
+        """A validity check dropped the graphs: the optimizer is prepared again for the state now in use (a loaded
+        checkpoint brings ``capturable=False``, host step counters, number learning rates), and the parameters
+        and gradients are read again at the next capture."""
+        self._params = []
+        self._grads_owner = None
+        if self._optim is not None:
+            try:
+                self._optim = CapturableOptimizer(self.optimizer, self._device())
+            except OptimizerNotCapturable as exc:
+                self._eager_reason = str(exc)
+                self._log_once(f"launchless: training runs eager from now on: {exc}")
 
     def _capture_again(self, why: str) -> None:
         """Drop every graph (the next calls capture again, after ``capture_after``) with one log line."""
-        self._graphs.clear()
-        self._pool = None  # PyTorch asserts when capturing into a pool none of whose graphs remain
-        self._seen.clear()
+        self._cache.drop_all()
         self._params = []
         self._grads_owner = None
         self._log_once(f"launchless: {why}")
@@ -132,16 +151,16 @@ class GraphedStep:
         try:
             sig = signature_of(flat)
         except UnhashableInput as exc:
-            self._log_once(f"launchless: training step runs eager: {exc}")
+            self._cache.log_once(f"unhashable:{exc}", logging.WARNING, f"launchless: training step runs eager: {exc}")
             return self.fn(*batch, **kwargs)
         if not self.model.training:  # train/eval changes what the step computes: its own graph
             sig = sig._replace(context=(*sig.context, "eval"))
-        entry = self._graphs.get(sig)
-        if entry is not None and self._trainable_changed():  # (un)freezing changes which gradients it computes
-            self._capture_again("parameters were frozen or unfrozen; the training step is captured again")
-            entry = None
+        cache = self._cache
+        entry = cache.lookup(sig, flat.leaves)  # the training state is checked first (``validity``)
+        if self._eager_reason is not None:  # the optimizer prepared again could not be captured
+            return self.fn(*batch, **kwargs)
         if self._optim is not None and self._optim.float_lr_changed():
-            if self._graphs:  # they froze the old number
+            if cache.graphs:  # they froze the old number
                 self._optim.move_lr_to_device()
                 entry = None
                 self._capture_again(
@@ -153,23 +172,14 @@ class GraphedStep:
         if entry is not None:
             changed = self._optim.sync() if self._optim else None
             if changed is None:
-                self._graphs.move_to_end(sig)
                 return self._replay(entry, flat)
-            self._graphs.clear()
-            self._pool = None
+            cache.drop_all()
             self._eager_reason = changed
             self._log_once(f"launchless: training runs eager from now on: {changed}")
             return self._eager(flat)
-        if sig in self._refused:
-            return self._eager(flat)
-        self._seen[sig] = count = self._seen.get(sig, 0) + 1
-        if count < self.capture_after:
+        if cache.admit(sig) is not Admission.CAPTURE:
             return self._eager(flat)
         return self._capture(sig, flat)
-
-    def _trainable_changed(self) -> bool:
-        """A spot check of 8 parameters spread over the model: unfreezing a backbone flips many at once."""
-        return any(p.requires_grad is not flag for p, flag in self._trainable_spot)
 
     def _whole_run_reason(self) -> str | None:
         if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
@@ -229,45 +239,40 @@ class GraphedStep:
 
     # ---- capture and verification --------------------------------------------------------------------
     def _capture(self, sig: Signature, flat: FlatInputs) -> Any:
-        with _capture.CAPTURE_LOCK:
+        cache = self._cache
+        with cache.capturing(sig):
             if not self._params:
                 self._params = [p for p in self.model.parameters() if p.requires_grad]
-                every = list(self.model.parameters())
-                self._trainable_spot = [(every[i], every[i].requires_grad) for i in spread(len(every))]
             whole_reason = ""
             for level in (WHOLE_STEP, FORWARD_BACKWARD):
                 entry, outcome = self._try_level(level, flat)
                 if entry is not None:
-                    self._reports[sig] = outcome
-                    self._graphs[sig] = entry
+                    out = outcome.pop("_out")
+                    cache.keep(sig, entry, outcome, flat.leaves)
                     if level == FORWARD_BACKWARD:
                         self._log_once(
                             f"launchless: training step {sig.describe()} runs {level} "
                             f"(whole step not captured: {whole_reason})"
                         )
-                    while len(self._graphs) > self.max_graphs:
-                        self._graphs.popitem(last=False)
-                        self._log_once(f"launchless: more than max_graphs={self.max_graphs} step signatures; evicting")
-                    return outcome.pop("_out")
+                    return out
                 whole_reason = whole_reason or outcome["reason"]
                 if self._eager_reason:  # nothing of this run is captured (e.g. distillation)
                     self._log_once(f"launchless: training runs eager: {self._eager_reason}")
                     return self._eager(flat)
-            why = (
-                outcome["reason"]
-                if outcome["reason"] == whole_reason
-                else (f"{outcome['reason']} (whole step: {whole_reason})")
-            )
-            self._refused[sig] = why
-            self._log_once(f"launchless: training step {sig.describe()} runs eager: {why}")
-            return self._eager(flat)
+        why = (
+            outcome["reason"]
+            if outcome["reason"] == whole_reason
+            else f"{outcome['reason']} (whole step: {whole_reason})"
+        )
+        stage = Stage.VERIFICATION if outcome["reason"].startswith("verification") else Stage.CAPTURE
+        cache.refuse(sig, Refusal(stage, why, f"launchless: training step {sig.describe()} runs eager: {why}"))
+        return self._eager(flat)
 
     def _try_level(self, level: str, flat: FlatInputs) -> tuple[_Graph | None, dict]:
         """Capture and verify at one level; on failure the state is as before and the reason is returned."""
         device = self._device()
         before = Snapshot(state_tensors(self.model, self.optimizer), device=device, params=self._params)
-        if self._pool is None:
-            self._pool = _capture.new_pool()
+        pool = self._cache.pool
         schedulers: list[LRScheduler] = []
         deferred: list[Callable[[], Any]] = []
         scalers: set[torch.amp.GradScaler] = set()
@@ -283,11 +288,11 @@ class GraphedStep:
                     patches.enter_context(hooks.deferred_optimizer(self.optimizer, deferred))
                 with writes:
                     graph = _capture.capture(
-                        self.fn, flat, device=device, pool=self._pool, warmup=0, stream=self._stream
+                        self.fn, flat, device=device, pool=pool.handle(), warmup=0, stream=self._stream
                     )
         except _capture.CaptureFailed as fail:
-            if fail.stage == "capture":
-                self._pool = None
+            if fail.stage == Stage.CAPTURE:
+                pool.retire()  # a capture that failed midway leaves its pool unusable
             for scaler in scalers:
                 hooks.reset_scaler(scaler)
             before.restore()
@@ -301,8 +306,7 @@ class GraphedStep:
                 "the module that holds them as model="
             )
             del graph
-            if not self._graphs:
-                self._pool = None
+            self._cache.discard()
             return None, {"reason": self._eager_reason}
         entry = _Graph(graph, list(dict.fromkeys(schedulers)), level, deferred)
         entry.grads_in, entry.grads_out = grads_in, [p.grad for p in self._params]
@@ -318,15 +322,14 @@ class GraphedStep:
                 known.add(_key(t))
                 before.add_tensors([t])
         self._extra_state = max(self._extra_state, len(before.tensors) - len(state_tensors(self.model, self.optimizer)))
-        if self.verify:
+        if self.verify != "off":
             report, out = self._verify(entry, flat, before)
         else:
-            report, out = {"status": "skipped", "passed": True}, self._replay(entry, flat)
+            report, out = {"status": VerifyStatus.SKIPPED, "passed": True}, self._replay(entry, flat)
         if not report["passed"]:
             before.restore()
             del entry, graph
-            if not self._graphs:  # its pool has no graph left: PyTorch refuses to capture into it again
-                self._pool = None
+            self._cache.discard()
             return None, {"reason": f"verification failed ({report['detail']})"}
         return entry, {**report, "_out": out}
 
@@ -336,13 +339,13 @@ class GraphedStep:
         eager_state = before.current()
         before.restore()
         graph_out = self._replay(entry, flat)
-        report = {"status": "bit-identical", "passed": True, "max_abs_diff": 0.0}
+        report = {"status": VerifyStatus.BIT_IDENTICAL, "passed": True, "max_abs_diff": 0.0}
         live = before.live()  # compared in place: no third copy of the model and optimizer state
         if identical(eager_out, graph_out) and identical(eager_state, live):
             return report, graph_out
         diff = max(difference(eager_state, live, 0.0)[0], difference(eager_out, graph_out, 0.0)[0])
-        if diff == 0.0:  # equal values; only the sign of a zero differs
-            report["status"] = "identical values"
+        if diff == 0.0 and self.verify != "strict":  # equal values; only the sign of a zero differs
+            report["status"] = VerifyStatus.IDENTICAL_VALUES
             return report, graph_out
         del live
         noise, runs = 0.0, 0
@@ -359,54 +362,100 @@ class GraphedStep:
         before.restore()  # the step kept is a replay: compared in place above, so no copy of its state is held
         graph_out = self._replay(entry, flat)
         report.update(max_abs_diff=diff, eager_noise=noise)
-        if noise > 0 and diff <= NOISE_FACTOR * noise:
-            report.update(status="eager-noise", detail=f"eager runs differ by up to {noise:.3g} ({runs + 1} runs)")
+        if noise > 0 and diff <= NOISE_FACTOR * noise and self.verify != "strict":
+            report.update(
+                status=VerifyStatus.EAGER_NOISE, detail=f"eager runs differ by up to {noise:.3g} ({runs + 1} runs)"
+            )
         else:
+            strict = "; verify='strict' demands bit identity" if self.verify == "strict" else ""
             report.update(
                 passed=False,
-                status="failed",
-                detail=f"replay differs from eager by {diff:.3g}, eager from eager by {noise:.3g}",
+                status=VerifyStatus.FAILED,
+                detail=f"replay differs from eager by {diff:.3g}, eager from eager by {noise:.3g}{strict}",
             )
         return report, graph_out
 
     def _log_once(self, message: str) -> None:
-        if message not in self._logged:
-            self._logged.add(message)
-            log.info(message)
+        self._cache.log_once(message, logging.INFO, message)
+
+    def _row(self, sig: Signature, e: _Graph) -> dict[str, Any]:
+        report = self._cache.reports.get(sig, {})
+        return {
+            "signature": sig.describe(),
+            "level": e.level,
+            "replays": e.graph.replays,
+            "verification": {k: (str(v) if k == "status" else v) for k, v in report.items() if not k.startswith("_")},
+        }
 
     def graph_info(self) -> dict:
         """Which level runs: captured signatures with replays and verification, eager fallbacks and why."""
-        levels = sorted({e.level for e in self._graphs.values()})
+        cache = self._cache
+        fallbacks = cache.fallbacks(lambda sig: sig.describe())
         if self._eager_reason:
             level = "eager"
-        elif not self._graphs:
-            level = "eager (warming up)" if not self._refused else "eager"
+        elif not cache.graphs:
+            level = "eager (warming up)" if not fallbacks else "eager"
         else:
-            level = " + ".join(levels)
+            level = " + ".join(sorted({e.level for e in cache.graphs.values()}))
         return {
             "level": level,
             "eager_reason": self._eager_reason,
-            "graphs": [
-                {
-                    "signature": s.describe(),
-                    "level": e.level,
-                    "replays": e.graph.replays,
-                    "verification": {k: v for k, v in self._reports.get(s, {}).items() if not k.startswith("_")},
-                }
-                for s, e in self._graphs.items()
-            ],
-            "fallbacks": [{"signature": s.describe(), "reason": r} for s, r in self._refused.items()],
+            **cache.summary(),
+            "graphs": cache.rows(self._row),
+            "fallbacks": fallbacks,
             "extra_state_tensors": self._extra_state,
         }
 
 
+def _check_arguments(fn: Any, model: Any, optimizer: Any, scaler: Any) -> None:
+    """The step, model, optimizer and scaler are what they claim to be -- a swapped pair names the fix."""
+    if isinstance(model, torch.optim.Optimizer) and isinstance(optimizer, torch.nn.Module):
+        raise ConfigError(
+            "graphed_step got the optimizer as model= and the model as optimizer=; pass model=<your nn.Module>, "
+            "optimizer=<its torch.optim.Optimizer>"
+        )
+    if not callable(fn):
+        raise ConfigError(f"graphed_step takes the training step function first, got {type(fn).__name__}")
+    check_instance("model", model, torch.nn.Module, "pass the module whose parameters the step trains")
+    check_instance("optimizer", optimizer, torch.optim.Optimizer, "pass the torch.optim optimizer the step calls")
+    if scaler is not None:
+        check_instance("scaler", scaler, torch.amp.GradScaler, "pass the torch.amp.GradScaler the step uses, or None")
+
+
 def graphed_step(
-    fn: Callable[..., Any] | None = None, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, **options: Any
+    fn: Callable[..., Any] | None = None,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None = None,
+    capture_after: int = 3,
+    max_graphs: int = 8,
+    verify: VerifyMode = "on",
 ) -> GraphedStep | Callable[[Callable[..., Any]], GraphedStep]:
-    """Capture the whole training step ``fn(*batch)``; also usable as ``@graphed_step(model=..., optimizer=...)``."""
+    """Capture the whole training step ``fn(*batch)``; also usable as ``@graphed_step(model=..., optimizer=...)``.
+
+    capture_after=3: steps of one batch signature before it is captured (>= 2: the eager steps create the
+        optimizer state); they are real steps.
+    max_graphs=8: step graphs kept (one per batch signature and train/eval mode); least recently used evicted.
+    verify="on" | "strict" | "off": each graph is proven against an eager step from the same state (bit-identical,
+        or within 4x eager's own run-to-run difference where the backward is non-deterministic); "strict" demands
+        bit identity; "off" skips the proof (unsafe).
+    """
+
+    def make(f: Callable[..., Any]) -> GraphedStep:
+        return GraphedStep(
+            f,
+            model=model,
+            optimizer=optimizer,
+            scaler=scaler,
+            capture_after=capture_after,
+            max_graphs=max_graphs,
+            verify=verify,
+        )
+
     if fn is None:
-        return lambda f: GraphedStep(f, model=model, optimizer=optimizer, **options)
-    return GraphedStep(fn, model=model, optimizer=optimizer, **options)
+        return make
+    return make(fn)
 
 
 def _key(t: torch.Tensor) -> tuple:

@@ -1,0 +1,109 @@
+"""Is the training state a captured step reads still the one in use? Checked before every replay.
+
+A whole-step graph reads and writes the tensors it found when it was captured: the parameters, their
+gradients, the optimizer's state (momentum, Adam's moments and step counters, the learning-rate tensor) and a
+GradScaler's scale. Resuming a checkpoint replaces them -- ``optimizer.load_state_dict`` builds new state
+dicts and new ``param_groups``, ``optimizer.state.clear()`` drops them, ``add_param_group`` adds parameters
+the graph never updates, ``load_state_dict(assign=True)`` or ``.to()`` relocate the parameters -- and a graph
+replayed after that would update the old tensors while training goes on with the new ones: wrong weights,
+no error. ``TrainingState`` notices each of these cheaply (object identities, lengths, a spot check of state
+tensors, the relocation counter) and names what changed; the graph cache then drops the graphs and the step
+is captured again from the state now in use.
+
+Not stale: ``model.load_state_dict(sd)`` and ``scaler.load_state_dict(sd)`` copy into the same tensors (the
+graph reads the new values), and schedulers run eager after each replay, so loading their state needs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..core.relocation import RelocationWatch, spread
+
+
+def _state_slots(optimizer: torch.optim.Optimizer) -> list[tuple[Any, str, int]]:
+    """(parameter, state key, id of the tensor there) for every tensor of the optimizer's state."""
+    return [
+        (p, key, id(v))
+        for p, state in optimizer.state.items()
+        for key, v in state.items()
+        if isinstance(v, torch.Tensor)
+    ]
+
+
+def _scaler_fields(scaler: torch.amp.GradScaler | None) -> tuple:
+    """What a captured ``scaler.update()`` baked in: its tensors' identities and its Python-number factors."""
+    if scaler is None or not scaler.is_enabled():
+        return ()
+    return (
+        id(getattr(scaler, "_scale", None)),
+        id(getattr(scaler, "_growth_tracker", None)),
+        scaler.get_growth_factor(),
+        scaler.get_backoff_factor(),
+        scaler.get_growth_interval(),
+    )
+
+
+class TrainingState:
+    """The graph cache's validity check for a training step (``core.cache.Guard``)."""
+
+    def __init__(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None
+    ) -> None:
+        self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self._watch = RelocationWatch(model)
+        self._armed = False
+
+    def arm(self, leaves: Sequence[Any] = ()) -> None:
+        optimizer = self.optimizer
+        self._watch.moved()  # follow the parameters as they are now
+        self._state = optimizer.state
+        self._state_len = len(optimizer.state)
+        self._groups = optimizer.param_groups
+        self._group_ids = [id(g) for g in optimizer.param_groups]
+        self._group_params = [len(g["params"]) for g in optimizer.param_groups]
+        slots = _state_slots(optimizer)
+        self._spot = [slots[i] for i in spread(len(slots))]  # up to 8 (parameter, key, id), spread over the state
+        self._scaler = _scaler_fields(self.scaler)
+        every = list(self.model.parameters())
+        self._trainable = [(every[i], every[i].requires_grad) for i in spread(len(every))]
+        self._armed = True
+
+    def stale(self, leaves: Sequence[Any] = ()) -> str | None:
+        """What changed since the graphs were captured, or None. Cheap: identities and lengths first."""
+        if not self._armed:
+            return None
+        why = self._why()
+        if why is not None:
+            self._armed = False  # the graphs go; the next one kept arms the check again
+        return why
+
+    def _why(self) -> str | None:
+        optimizer = self.optimizer
+        if optimizer.state is not self._state or optimizer.param_groups is not self._groups:
+            return "the optimizer's state was replaced (optimizer.load_state_dict: a checkpoint resumed?)"
+        if len(optimizer.state) != self._state_len:
+            return "the optimizer's state was cleared or grew (optimizer.state.clear(), new parameters stepped)"
+        groups = optimizer.param_groups
+        if len(groups) != len(self._group_ids) or any(id(g) != i for g, i in zip(groups, self._group_ids, strict=True)):
+            return "the optimizer's param_groups changed (add_param_group, or groups replaced)"
+        if any(len(g["params"]) != n for g, n in zip(groups, self._group_params, strict=True)):
+            return "parameters were added to or removed from an optimizer param group"
+        state = optimizer.state
+        for param, key, ident in self._spot:
+            held = state.get(param)
+            if held is None or id(held.get(key)) != ident:
+                return "tensors of the optimizer's state were replaced"
+        if self._watch.stale() is not None:
+            return (
+                "the model's parameters were relocated (.to(), load_state_dict(assign=True), a swapped submodule "
+                "or parameter)"
+            )
+        if _scaler_fields(self.scaler) != self._scaler:
+            return "the GradScaler's tensors or its growth/backoff settings changed"
+        if any(p.requires_grad is not flag for p, flag in self._trainable):
+            return "parameters were frozen or unfrozen"
+        return None
