@@ -35,7 +35,7 @@ def test_resnet18_replays_inductor_kernels_bit_identically_without_copying_param
     (graphs,) = [g for g in _graphs() if g.graph_info()["graphs"]]
     info = graphs.graph_info()
     assert info["graphs"][0]["replays"] >= 3 and info["graphs"][0]["verification"] == "bit-identical", info
-    captured = next(iter(graphs._graphs.values())).graph
+    captured = next(iter(graphs._graphs.graphs.values())).graph
     assert len(captured.tensor_slots) == 1 and info["static_inputs"] >= 60  # only the image is copied
     reference = graphs.compiled(*_inputs(graphs, x))  # Inductor's callable itself, without the graph
     assert torch.equal(outs[-1], outs[-2])
@@ -44,7 +44,7 @@ def test_resnet18_replays_inductor_kernels_bit_identically_without_copying_param
 
 def _inputs(graphs: CompiledGraphs, x: torch.Tensor) -> list:
     """The flat inputs Dynamo passed last time: static ones from the captured graph, the image in its slot."""
-    captured = next(iter(graphs._graphs.values())).graph
+    captured = next(iter(graphs._graphs.graphs.values())).graph
     leaves = list(captured.static_leaves)
     for i in captured.tensor_slots:
         leaves[i] = x

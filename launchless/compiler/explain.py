@@ -169,7 +169,7 @@ def explain(
                 if cgct:
                     notes.insert(0, "; ".join(cgct["applied"]) or f"CGCT not applied: {cgct['why_not']}")
                 report.note = "\n".join(notes)
-                report.kernels = kernels_in_graphs(runner._graphs.values())
+                report.kernels = kernels_in_graphs(runner._graphs.graphs.values())
             else:
                 report.note = "runs compiled without a CUDA graph (no CUDA input, or autograd)"
             explanation.graphs.append(report)
