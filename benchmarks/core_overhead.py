@@ -81,7 +81,14 @@ def wrapper_overhead(label: str, rounds: int) -> list[dict]:
                     rows.append({"tree": label, "model": name, "grad_mode": mode_name, "error": str(exc)[:200]})
                     continue
                 replay = hand_replay(model, x)
-                us = [host_overhead_us(lambda: m(x), lambda: replay(x), rounds=rounds) for _ in range(3)]
+
+                def wrapped(m=m, x=x):
+                    return m(x)
+
+                def by_hand(replay=replay, x=x):
+                    return replay(x)
+
+                us = [host_overhead_us(wrapped, by_hand, rounds=rounds) for _ in range(3)]
                 rows.append({"tree": label, "model": name, "grad_mode": mode_name, "wrapper_us": statistics.median(us)})
                 m.release_graphs()
     return rows
