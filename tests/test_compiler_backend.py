@@ -54,6 +54,44 @@ def test_a_cpu_graph_runs_compiled_with_one_line(caplog: pytest.LogCaptureFixtur
     assert len(calls) == 1 and len(lines) == 1 and "has no CUDA input" in lines[0]
 
 
+def test_options_given_to_torch_compile_reach_the_backend_and_are_checked() -> None:
+    """``torch.compile(m, backend=..., options={...})`` is the standard way to pass backend options."""
+    import launchless as ll
+    from launchless.compiler.backend import BackendOptions
+
+    def inner(gm, example_inputs):
+        return gm.forward
+
+    backend = make_backend(inner)
+    model, x = _Net(), torch.randn(2, 4)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, options={"max_graphs": 3, "verify": "strict"})
+    assert torch.equal(compiled(x), model(x))
+    assert BackendOptions().updated({"max_graphs": 3}).max_graphs == 3
+    for bad, needle in (
+        ({"bogus": 1}, "does not know the option(s) 'bogus'"),
+        ({"max_graphs": 0}, "max_graphs=0 is not accepted"),
+        ({"verify": "maybe"}, "verify='maybe' is not accepted"),
+        ({"cgct": "yes"}, "cgct='yes' is not accepted; pass True or False"),
+    ):
+        torch._dynamo.reset()
+        with pytest.raises(Exception) as info:  # Dynamo wraps what a backend raises
+            torch.compile(model, backend=backend, options=bad)(x)
+        assert needle in str(info.value), str(info.value)
+        with pytest.raises(ll.ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+            BackendOptions().updated(bad)
+    with pytest.raises(TypeError):
+        make_backend(inner, bogus=1)  # a misspelt keyword is not accepted silently
+
+
+def test_a_compile_mode_is_refused_with_the_fix() -> None:
+    import launchless as ll
+
+    gm, inputs = dynamo_graph(_Net(), torch.randn(2, 4))
+    with pytest.raises(ll.ConfigError, match="pass launchless's options as options="):
+        make_backend(lambda g, e: g.forward)(gm, inputs, mode="reduce-overhead")
+
+
 def test_the_backend_is_found_by_name() -> None:
     from torch._dynamo.backends.registry import lookup_backend
 
@@ -271,8 +309,8 @@ def test_an_attribute_reassigned_every_call_is_demoted_to_an_input_with_one_line
 
 
 def test_an_attribute_is_checked_on_every_call_even_outside_the_spot_check(monkeypatch, tmp_path, caplog) -> None:
-    from launchless.core import relocation
     from launchless.compiler import compiled_graphs as graphs_module
+    from launchless.core import relocation
 
     n = 21
     hidden = next(i for i in range(1, n) if i - 1 not in relocation.spread(n - 1))  # not among the 8 spot-checked
@@ -297,7 +335,9 @@ def test_an_attribute_is_checked_on_every_call_even_outside_the_spot_check(monke
             compiled(x, *tensors)
         tensors[hidden - 1] = torch.randn(3)  # reassigned once, e.g. by a user between calls
         assert torch.equal(compiled(x, *tensors), fn(x, *tensors))
-    assert sum(f"input {hidden} moved; dropped 1 graph(s), captured again" in r.getMessage() for r in caplog.records) == 1
+    assert (
+        sum(f"input {hidden} moved; dropped 1 graph(s), captured again" in r.getMessage() for r in caplog.records) == 1
+    )
 
 
 def test_a_graph_the_compiler_rejects_runs_as_the_fx_graph_with_one_line(caplog: pytest.LogCaptureFixture) -> None:

@@ -139,12 +139,14 @@ def test_training_graph_runs_compiled_with_one_line(caplog: pytest.LogCaptureFix
         for _ in range(3):
             compiled(x).sum().backward()
     assert model.weight.grad is not None
-    assert sum("needs autograd" in r.getMessage() for r in caplog.records) == 1
+    lines = [r for r in caplog.records if "compiled in grad mode" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING  # the caller controls grad mode: a warning
 
 
 def test_pointer_indirection_reads_new_inputs_in_place_bit_identically() -> None:
-    from launchless.core import capture as cap
     from launchless.compiler.indirection import IndirectGraph, unavailable_reason
+    from launchless.core import capture as cap
+    from launchless.core.pool import new_pool
     from launchless.core.signature import flatten_inputs
 
     if unavailable_reason():
@@ -156,7 +158,7 @@ def test_pointer_indirection_reads_new_inputs_in_place_bit_identically() -> None
 
     x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
     flat = flatten_inputs((x, y), {})
-    graph = cap.capture(fn, flat, device=torch.device("cuda"), pool=cap.new_pool(), keep_graph=True)
+    graph = cap.capture(fn, flat, device=torch.device("cuda"), pool=new_pool(), keep_graph=True)
     indirect = IndirectGraph(graph)
     assert indirect.pi.patched_nodes >= 2
     for _ in range(3):
@@ -404,3 +406,34 @@ def test_boxes_are_verified_on_the_calls_own_rows_not_random_ones() -> None:
     (graph,) = info["graphs"]
     assert graph["verification"] == "bit-identical" and graph["replays"] >= 2, info
     torch.testing.assert_close(out, model(image, boxes))
+
+
+@pytest.mark.parametrize(
+    "grad_mode", [pytest.param(torch.no_grad, id="no_grad"), pytest.param(torch.inference_mode, id="inference_mode")]
+)
+def test_the_backend_captures_under_both_grad_modes(grad_mode) -> None:
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)).cuda().eval()
+    compiled = _compiled(model)
+    with grad_mode():
+        xs = [torch.randn(4, 64, device="cuda") for _ in range(5)]
+        outs = [compiled(x) for x in xs]
+        again = [compiled(x) for x in xs]  # replays on the same inputs give the same bits
+    (graphs,) = [g for g in _graphs() if g.graph_info()["graphs"]]
+    (row,) = graphs.graph_info()["graphs"]
+    assert row["replays"] >= 8 and row["verification"] == "bit-identical"
+    assert all(torch.equal(a, b) for a, b in zip(outs, again, strict=True))
+    assert not torch.equal(outs[0], outs[1])  # not a stale graph
+
+
+def test_options_passed_through_torch_compile_reach_the_graphs() -> None:
+    torch._dynamo.reset()
+    ll_backend._registry.clear()
+    model = nn.Linear(8, 8).cuda().eval()
+    compiled = torch.compile(
+        model, backend=ll_backend.launchless_backend, options={"capture_after": 4, "selective": False}
+    )
+    with torch.no_grad():
+        for i in range(4):
+            compiled(torch.randn(2, 8, device="cuda"))
+            captured = any(g.graph_info()["graphs"] for g in _graphs())
+            assert captured == (i == 3), i  # captured at the fourth call, not the second (the default)

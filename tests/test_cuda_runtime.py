@@ -493,3 +493,36 @@ def test_a_float_timestep_is_verified_on_the_calls_own_values() -> None:
         assert report["inputs_probed_from_the_call"] == [1], report  # t, found by the warm-up's trace
         x2, t2 = torch.randn_like(x), t.flip(0)
         assert identical(m(x2, t2), _eager(model, (x2, t2), {}))
+
+
+GRAD_MODES = [pytest.param(torch.no_grad, id="no_grad"), pytest.param(torch.inference_mode, id="inference_mode")]
+
+
+@pytest.mark.parametrize("grad_mode", GRAD_MODES)
+@pytest.mark.parametrize("mode", [True, "auto"])
+def test_captures_and_replays_under_both_grad_modes(grad_mode, mode) -> None:
+    model = Mlp().cuda().eval()
+    m = ll.wrap(model, cuda_graph=mode, capture_after=2)
+    xs = [torch.randn(4, 64, device="cuda") for _ in range(5)]
+    with grad_mode():
+        outs = [m(x) for x in xs]
+        expected = [model(x) for x in xs]
+    assert all(identical(o, e) for o, e in zip(outs, expected, strict=True))
+    (graph,) = m.graph_info()["graphs"]
+    assert graph["replays"] >= 3 and graph["verification"]["status"] == VerifyStatus.BIT_IDENTICAL
+    assert graph["state"] == "replaying"
+    assert all(o.is_inference() == (grad_mode is torch.inference_mode) for o in outs)  # as eager's would be
+
+
+@pytest.mark.parametrize("made_under", GRAD_MODES)
+@pytest.mark.parametrize("called_under", GRAD_MODES)
+def test_inputs_made_under_one_grad_mode_replay_under_the_other(made_under, called_under) -> None:
+    model = Mlp().cuda().eval()
+    m = ll.wrap(model, cuda_graph=True)
+    with made_under():
+        xs = [torch.randn(4, 64, device="cuda") for _ in range(3)]
+    with called_under():
+        outs = [m(x) for x in xs]
+        expected = [model(x) for x in xs]
+    assert all(identical(o, e) for o, e in zip(outs, expected, strict=True))
+    assert m.graph_info()["graphs"][0]["replays"] == 3
