@@ -129,7 +129,7 @@ def test_swapped_model_and_optimizer_name_the_fix() -> None:
     step, model, opt = step_parts()
     with pytest.raises(ll.ConfigError, match="optimizer as model= and the model as optimizer="):
         ll.graphed_step(step, model=opt, optimizer=model)
-    with pytest.raises(ll.ConfigError, match="optimizer= takes a torch.optim"):
+    with pytest.raises(ll.ConfigError, match=r"optimizer= takes a torch\.optim"):
         ll.graphed_step(step, model=model, optimizer="sgd")
 
 
