@@ -105,14 +105,20 @@ class CapturedGraph:
 
     def load(self, leaves: list) -> None:
         """Copy new inputs into the static buffers, in one multi-tensor launch where there are several; a static
-        buffer passed back in is not copied."""
+        buffer passed back in is not copied. A host input is copied before the call returns, as eager's own
+        ``.to(device)`` does: a caller may refill its (pinned) buffer right after the call."""
         pairs = [(static, leaves[i]) for i, static in self.slot_buffers if leaves[i] is not static]
-        if len(pairs) > 1 and not torch.is_grad_enabled():  # _foreach_copy_ has no autograd formula
-            dsts, srcs = zip(*pairs, strict=True)
+        on_device = [(d, s) for d, s in pairs if not _from_host(d, s)]
+        if len(on_device) > 1 and not torch.is_grad_enabled():  # _foreach_copy_ has no autograd formula
+            dsts, srcs = zip(*on_device, strict=True)
             torch._foreach_copy_(list(dsts), list(srcs), non_blocking=True)
         else:
-            for static, src in pairs:
+            for static, src in on_device:
                 static.copy_(src, non_blocking=True)
+        if len(on_device) != len(pairs):
+            for static, src in pairs:
+                if _from_host(static, src):
+                    static.copy_(src)  # blocking: the host buffer may be reused as soon as the call returns
 
     def replay(self, leaves: list) -> Any:
         """Replay on new inputs and return the graph's own output buffers (overwritten next replay)."""
@@ -134,6 +140,10 @@ class CapturedGraph:
         if not self.aliases:
             return self._clone()
         return self._clone(lambda new: fill_aliases(self.aliases, leaves, new))
+
+
+def _from_host(static: torch.Tensor, src: torch.Tensor) -> bool:
+    return src.device.type == "cpu" and static.device.type != "cpu"
 
 
 def _check_outputs(outputs: Any) -> None:

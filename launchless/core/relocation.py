@@ -57,8 +57,26 @@ def _bump(*_: object) -> None:
     _epoch += 1
 
 
+def _bumping(owner: object, name: str) -> None:
+    """Make ``owner.name`` count a possible change before it runs (once, however often installed)."""
+    original = getattr(owner, name)
+    if getattr(original, "_launchless_bumps", False):
+        return
+
+    @functools.wraps(original)
+    def bumped(*args: object, **kwargs: object) -> object:
+        _bump()
+        return original(*args, **kwargs)
+
+    bumped._launchless_bumps = True  # type: ignore[attr-defined]
+    setattr(owner, name, bumped)
+
+
 def _install() -> None:
-    """Hook the events that relocate tensors; idempotent and process-wide."""
+    """Hook the events that relocate tensors or change what a forward runs; idempotent and process-wide.
+
+    Forward hooks are part of what a graph recorded: one added or removed after a capture must not be
+    ignored by the replay, so registering one (per module or global) and removing any hook count as events."""
     global _installed
     with _install_lock:
         if _installed:
@@ -66,17 +84,19 @@ def _install() -> None:
         _module.register_module_parameter_registration_hook(_bump)
         _module.register_module_buffer_registration_hook(_bump)
         _module.register_module_module_registration_hook(_bump)
-        original = torch.nn.Module._apply
-        if not getattr(original, "_launchless_bumps", False):
-
-            @functools.wraps(original)
-            def _apply(self: torch.nn.Module, *args: object, **kwargs: object) -> torch.nn.Module:
-                _bump()
-                return original(self, *args, **kwargs)
-
-            _apply._launchless_bumps = True  # type: ignore[attr-defined]
-            torch.nn.Module._apply = _apply  # type: ignore[method-assign]
+        _bumping(torch.nn.Module, "_apply")
+        for name in ("register_forward_hook", "register_forward_pre_hook"):
+            _bumping(torch.nn.Module, name)
+        for name in ("register_module_forward_hook", "register_module_forward_pre_hook"):
+            _bumping(_module, name)
+        _bumping(torch.utils.hooks.RemovableHandle, "remove")
         _installed = True
+
+
+def _hooks(model: torch.nn.Module) -> tuple:
+    """Which forward hooks would run: each module's and the global ones (handle ids are never reused)."""
+    mine = tuple((tuple(m._forward_pre_hooks), tuple(m._forward_hooks)) for m in model.modules())
+    return mine, tuple(_module._global_forward_pre_hooks), tuple(_module._global_forward_hooks)
 
 
 def epoch() -> int:
@@ -102,6 +122,7 @@ class RelocationWatch:
 
     def _snapshot(self) -> None:
         self._epoch = _epoch
+        self._hook_ids = _hooks(self._model)
         self._dicts = [d for m in self._model.modules() for d in (m._parameters, m._buffers) if d]
         self._tensors = list(filter(_not_none, itertools.chain.from_iterable(map(dict.values, self._dicts))))
         self._ids = tuple(map(id, self._tensors))
@@ -119,14 +140,15 @@ class RelocationWatch:
         return tuple(map(id, current)) == self._ids and ptrs_equal(current, self._ptrs, self._indices)
 
     def moved(self) -> bool:
-        """True once after parameters or buffers were relocated; the watch then follows the new ones."""
+        """True once after parameters or buffers were relocated (or forward hooks added or removed); the watch then
+        follows the new ones."""
         if self._epoch == _epoch and (
             self._unchanged_full() if self._full else ptrs_equal(self._spot, self._spot_ptrs, self._spot_indices)
         ):
             return False
-        old_ids, old_ptrs = self._ids, self._ptrs
+        old_ids, old_ptrs, old_hooks = self._ids, self._ptrs, self._hook_ids
         self._snapshot()
-        return self._ids != old_ids or self._ptrs != old_ptrs
+        return self._ids != old_ids or self._ptrs != old_ptrs or self._hook_ids != old_hooks
 
     # ---- the graph cache's validity check (``cache.Guard``) --------------------------------------------
     def arm(self, leaves: object = ()) -> None:
@@ -137,7 +159,7 @@ class RelocationWatch:
             return None
         return (
             "parameters or buffers were relocated (.to(), .half(), load_state_dict(assign=True), a swapped "
-            "submodule or parameter)"
+            "submodule or parameter), or forward hooks were added or removed"
         )
 
     def requires_grad(self) -> bool:
