@@ -60,17 +60,28 @@ class TrainingState:
     def arm(self, leaves: Sequence[Any] = ()) -> None:
         optimizer = self.optimizer
         self._watch.moved()  # follow the parameters as they are now
-        self._state = optimizer.state
-        self._state_len = len(optimizer.state)
-        self._groups = optimizer.param_groups
-        self._group_ids = [id(g) for g in optimizer.param_groups]
-        self._group_params = [len(g["params"]) for g in optimizer.param_groups]
         slots = _state_slots(optimizer)
         self._spot = [slots[i] for i in spread(len(slots))]  # up to 8 (parameter, key, id), spread over the state
-        self._scaler = _scaler_fields(self.scaler)
         every = list(self.model.parameters())
-        self._trainable = [(every[i], every[i].requires_grad) for i in spread(len(every))]
+        self._trainable = [every[i] for i in spread(len(every))]
+        self._fingerprint = self._now()
         self._armed = True
+
+    def _now(self) -> tuple:
+        """What the graphs depend on, as one tuple compared in C: identities, lengths, flags."""
+        optimizer = self.optimizer
+        state, groups = optimizer.state, optimizer.param_groups
+        held = [state.get(p) for p, _, _ in self._spot]
+        return (
+            id(state),
+            id(groups),
+            len(state),
+            tuple(map(id, groups)),
+            tuple(len(g["params"]) for g in groups),
+            tuple(None if h is None else id(h.get(key)) for h, (_, key, _) in zip(held, self._spot, strict=True)),
+            _scaler_fields(self.scaler),
+            tuple(p.requires_grad for p in self._trainable),
+        )
 
     def stale(self, leaves: Sequence[Any] = ()) -> str | None:
         """What changed since the graphs were captured, or None. Cheap: identities and lengths first."""
@@ -82,28 +93,26 @@ class TrainingState:
         return why
 
     def _why(self) -> str | None:
-        optimizer = self.optimizer
-        if optimizer.state is not self._state or optimizer.param_groups is not self._groups:
+        now = self._now()
+        if now == self._fingerprint:
+            return None if self._watch.stale() is None else _RELOCATED
+        was = self._fingerprint
+        if now[:2] != was[:2]:
             return "the optimizer's state was replaced (optimizer.load_state_dict: a checkpoint resumed?)"
-        if len(optimizer.state) != self._state_len:
+        if now[2] != was[2]:
             return "the optimizer's state was cleared or grew (optimizer.state.clear(), new parameters stepped)"
-        groups = optimizer.param_groups
-        if len(groups) != len(self._group_ids) or any(id(g) != i for g, i in zip(groups, self._group_ids, strict=True)):
+        if now[3] != was[3]:
             return "the optimizer's param_groups changed (add_param_group, or groups replaced)"
-        if any(len(g["params"]) != n for g, n in zip(groups, self._group_params, strict=True)):
+        if now[4] != was[4]:
             return "parameters were added to or removed from an optimizer param group"
-        state = optimizer.state
-        for param, key, ident in self._spot:
-            held = state.get(param)
-            if held is None or id(held.get(key)) != ident:
-                return "tensors of the optimizer's state were replaced"
-        if self._watch.stale() is not None:
-            return (
-                "the model's parameters were relocated (.to(), load_state_dict(assign=True), a swapped submodule "
-                "or parameter)"
-            )
-        if _scaler_fields(self.scaler) != self._scaler:
+        if now[5] != was[5]:
+            return "tensors of the optimizer's state were replaced"
+        if now[6] != was[6]:
             return "the GradScaler's tensors or its growth/backoff settings changed"
-        if any(p.requires_grad is not flag for p, flag in self._trainable):
-            return "parameters were frozen or unfrozen"
-        return None
+        return "parameters were frozen or unfrozen"
+
+
+_RELOCATED = (
+    "the model's parameters were relocated (.to(), load_state_dict(assign=True), a swapped submodule or "
+    "parameter), or its forward hooks changed"
+)
