@@ -30,7 +30,7 @@ from .core.status import Admission, Stage, VerifyStatus
 from .core.verify import VerifyReport, verify
 from .diagnose.messages import capture_error, verification_error
 from .errors import ConfigError, NoCudaError
-from .options import VERIFY_MODES, VerifyMode, check_choice, check_int, check_number, check_verify
+from .options import VerifyMode, check_choice, check_int, check_number, check_verify
 
 Mode = bool | Literal["auto"]
 OUTPUTS = {"clone": "copies the next replay cannot overwrite", "static": "the graph's own buffers, overwritten"}
@@ -366,4 +366,4 @@ def wrap(
     )
 
 
-__all__ = ["VERIFY_MODES", "GraphedModule", "wrap"]
+__all__ = ["GraphedModule", "wrap"]

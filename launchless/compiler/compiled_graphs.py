@@ -128,7 +128,6 @@ class CompiledGraphs:
         guard = InputAddresses(indices, always=self.attributes, describe=self._names)
         self._graphs.guards = [guard if g is self._addresses else g for g in self._graphs.guards]
         self._addresses = guard
-        self._pick_static = picker(guard.order)
 
     def _key(self, args: tuple) -> Signature:
         """The signature of the inputs that change: Dynamo guards parameters' shapes and dtypes itself."""

@@ -89,12 +89,14 @@ class CapturedGraph:
         capture_ms: float,
         pool_growth: int,
         device_index: int = 0,  # the capture device: replays on another stream are ordered there
+        host_slots: frozenset[int] = frozenset(),  # inputs that come from host memory (their signature says so)
     ) -> None:
         self.graph = graph
         self.device_index = device_index
         self.static_leaves = static_leaves
         self.tensor_slots = tensor_slots
-        self.slot_buffers = [(i, static_leaves[i]) for i in tensor_slots]
+        self.slot_buffers = [(i, static_leaves[i]) for i in tensor_slots if i not in host_slots]
+        self.host_buffers = [(i, static_leaves[i]) for i in tensor_slots if i in host_slots]
         self.outputs = outputs
         self.aliases = find_input_aliases(outputs, static_leaves)  # outputs that are (views of) inputs
         self._clone = make_cloner(outputs, frozenset(a.position for a in self.aliases))
@@ -108,17 +110,14 @@ class CapturedGraph:
         buffer passed back in is not copied. A host input is copied before the call returns, as eager's own
         ``.to(device)`` does: a caller may refill its (pinned) buffer right after the call."""
         pairs = [(static, leaves[i]) for i, static in self.slot_buffers if leaves[i] is not static]
-        on_device = [(d, s) for d, s in pairs if not _from_host(d, s)]
-        if len(on_device) > 1 and not torch.is_grad_enabled():  # _foreach_copy_ has no autograd formula
-            dsts, srcs = zip(*on_device, strict=True)
+        if len(pairs) > 1 and not torch.is_grad_enabled():  # _foreach_copy_ has no autograd formula
+            dsts, srcs = zip(*pairs, strict=True)
             torch._foreach_copy_(list(dsts), list(srcs), non_blocking=True)
         else:
-            for static, src in on_device:
-                static.copy_(src, non_blocking=True)
-        if len(on_device) != len(pairs):
             for static, src in pairs:
-                if _from_host(static, src):
-                    static.copy_(src)  # blocking: the host buffer may be reused as soon as the call returns
+                static.copy_(src, non_blocking=True)
+        for i, static in self.host_buffers:
+            static.copy_(leaves[i])  # blocking: the host buffer may be reused as soon as the call returns
 
     def replay(self, leaves: list) -> Any:
         """Replay on new inputs and return the graph's own output buffers (overwritten next replay)."""
@@ -140,10 +139,6 @@ class CapturedGraph:
         if not self.aliases:
             return self._clone()
         return self._clone(lambda new: fill_aliases(self.aliases, leaves, new))
-
-
-def _from_host(static: torch.Tensor, src: torch.Tensor) -> bool:
-    return src.device.type == "cpu" and static.device.type != "cpu"
 
 
 def _check_outputs(outputs: Any) -> None:
@@ -239,7 +234,10 @@ def capture(
         capture_ms = (time.perf_counter() - start) * 1e3
         _check_outputs(outputs)
         growth = torch.cuda.memory_reserved(device) - reserved
-        captured = CapturedGraph(graph, static_leaves, slots, outputs, capture_ms, growth, torch.cuda.current_device())
+        host = frozenset(i for i in slots if flat.leaves[i].device.type == "cpu" and device.type != "cpu")
+        captured = CapturedGraph(
+            graph, static_leaves, slots, outputs, capture_ms, growth, torch.cuda.current_device(), host_slots=host
+        )
         captured.index_inputs = index_inputs
         return captured
 
