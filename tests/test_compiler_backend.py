@@ -439,7 +439,7 @@ def test_moved_constants_are_kept_current_per_call_and_a_new_shape_undoes_the_re
     with FakeTensorMode():
         cuda_x = torch.empty(4, device="cuda")
     assert graphs._host_inputs_are_static([cuda_x, table])  # a host attribute beside GPU inputs: CGCT's case
-    assert graphs._pick_static([cuda_x, table]) == []  # its address is not checked: the watch follows it
+    assert graphs._addresses.order == []  # its address is not checked: the watch follows it
     assert not graphs._host_inputs_are_static([torch.randn(4), table])  # nothing on the GPU
     x = torch.randn(4)
     assert torch.equal(graphs(x, table), x * table)  # (first call: runs compiled, the rewritten graph)
@@ -449,7 +449,7 @@ def test_moved_constants_are_kept_current_per_call_and_a_new_shape_undoes_the_re
         wider = torch.randn(5)
         assert torch.equal(graphs(torch.randn(5).zero_() + 1, wider), wider)  # the original graph, compiled now
     assert originals == [1] and not graphs.graph_info()["cgct"]["in_use"]
-    assert graphs._pick_static([x, wider]) == [wider]  # the original graph reads it: its address is checked again
+    assert graphs._addresses.order == [1]  # the original graph reads it: its address is checked again
     assert sum("CGCT undone" in r.getMessage() for r in caplog.records) == 1
 
 
