@@ -308,3 +308,19 @@ def test_several_inputs_are_loaded_in_one_multi_tensor_launch(monkeypatch) -> No
     a.requires_grad_()
     out = g.replay_cloned([a, b, static_in[2]])  # in grad mode: a copy each (foreach has no autograd formula)
     assert calls == [2] and torch.equal(out, a.sum() + b.sum())
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_no_collection_during_a_capture_and_the_collector_is_left_as_found(enabled: bool) -> None:
+    import gc
+
+    from launchless.core.capture import _no_cyclic_gc
+
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        with _no_cyclic_gc():
+            assert not gc.isenabled()
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

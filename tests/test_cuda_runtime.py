@@ -526,3 +526,30 @@ def test_inputs_made_under_one_grad_mode_replay_under_the_other(made_under, call
         expected = [model(x) for x in xs]
     assert all(identical(o, e) for o, e in zip(outs, expected, strict=True))
     assert m.graph_info()["graphs"][0]["replays"] >= 3  # and the two verification probes
+
+
+def test_a_graph_collected_as_garbage_during_a_capture_cannot_break_it() -> None:
+    """Earlier code left CUDA graphs in reference cycles; the cyclic collector may free them at any allocation. A
+    graph destroyed while this thread captures invalidates the capture (cudaGraphExecDestroy is not permitted then):
+    seen as a whole training step refused after other tests had run. Collections must not run during a capture."""
+    import gc
+
+    x = torch.randn(4, 64, device="cuda")
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)  # a collection at nearly every allocation of a container
+    try:
+        for _ in range(4):
+            garbage = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(garbage):
+                y = x * 2
+            cycle = [garbage, y]
+            cycle.append(cycle)
+            del garbage, y, cycle
+        model = Mlp().cuda().eval()
+        m = ll.wrap(model, cuda_graph=True)
+        with torch.no_grad():
+            out = m(x)
+            assert identical(out, model(x))
+    finally:
+        gc.set_threshold(*threshold)
+    assert len(m.graph_info()["graphs"]) == 1

@@ -16,6 +16,7 @@ captured into again (see ``_abandon``).
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import threading
 import time
@@ -55,6 +56,23 @@ def _static_like(t: torch.Tensor, device: torch.device) -> torch.Tensor:
         with torch.no_grad():
             out.copy_(t)
     return out
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """No cyclic garbage collection while a stream captures. A collection can run at any Python allocation;
+    when the garbage it frees holds a ``CUDAGraph`` (a graph left in a reference cycle by earlier code), its
+    destructor calls ``cudaGraphExecDestroy``, which is not permitted while this thread captures: PyTorch only
+    warns, but the capture is invalidated ("operation failed due to a previous error during capture") and a
+    sound forward looks uncapturable. (PyTorch's ``torch.cuda.graph`` ran ``gc.collect()`` before capturing up to
+    2.8 for the same reason; not collecting at all during the capture costs nothing.)"""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @contextlib.contextmanager
@@ -212,7 +230,7 @@ def capture(
         rng_before = generator.clone_state()
         graph = torch.cuda.CUDAGraph(keep_graph=True) if keep_graph else torch.cuda.CUDAGraph()
         start = time.perf_counter()
-        with torch.cuda.stream(stream), _capture_autocast():
+        with torch.cuda.stream(stream), _capture_autocast(), _no_cyclic_gc():
             try:
                 graph.capture_begin(pool=pool, capture_error_mode="thread_local")
             except Exception as exc:  # e.g. a pool whose graphs are all gone: its generator state is set already
