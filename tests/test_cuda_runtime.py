@@ -528,6 +528,25 @@ def test_inputs_made_under_one_grad_mode_replay_under_the_other(made_under, call
     assert m.graph_info()["graphs"][0]["replays"] >= 3  # and the two verification probes
 
 
+class LeavesAGraphAsGarbage(nn.Module):
+    """Its forward drops the last plain reference to a CUDA graph held in a reference cycle and then allocates
+    Python containers: with the collector at threshold 1, the cycle is collected inside the forward -- during a
+    capture, unless collection is held off."""
+
+    def __init__(self, graveyard: list) -> None:
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+        self.graveyard = graveyard
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.cuda.is_current_stream_capturing() and self.graveyard:
+            cycle = [self.graveyard.pop()]
+            cycle.append(cycle)
+            del cycle
+            _ = [[i] for i in range(100)]  # allocations: the collector runs here
+        return self.lin(x)
+
+
 def test_a_graph_collected_as_garbage_during_a_capture_cannot_break_it() -> None:
     """Earlier code left CUDA graphs in reference cycles; the cyclic collector may free them at any allocation. A
     graph destroyed while this thread captures invalidates the capture (cudaGraphExecDestroy is not permitted then):
@@ -535,21 +554,21 @@ def test_a_graph_collected_as_garbage_during_a_capture_cannot_break_it() -> None
     import gc
 
     x = torch.randn(4, 64, device="cuda")
+    graveyard = []
+    for _ in range(2):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = x * 2
+        graveyard.append(graph)
+        del graph, y
+    model = LeavesAGraphAsGarbage(graveyard).cuda().eval()
+    m = ll.wrap(model, cuda_graph=True)
     threshold = gc.get_threshold()
-    gc.set_threshold(1)  # a collection at nearly every allocation of a container
+    gc.set_threshold(1)
     try:
-        for _ in range(4):
-            garbage = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(garbage):
-                y = x * 2
-            cycle = [garbage, y]
-            cycle.append(cycle)
-            del garbage, y, cycle
-        model = Mlp().cuda().eval()
-        m = ll.wrap(model, cuda_graph=True)
         with torch.no_grad():
             out = m(x)
-            assert identical(out, model(x))
     finally:
         gc.set_threshold(*threshold)
-    assert len(m.graph_info()["graphs"]) == 1
+    assert not graveyard  # the capture did drop a graph into the collector's reach
+    assert identical(out, model(x)) and len(m.graph_info()["graphs"]) == 1
