@@ -12,6 +12,7 @@ Two measurements, both on a CUDA GPU:
 
     python benchmarks/core_overhead.py --out /tmp/o                       # this tree
     python benchmarks/core_overhead.py --compare old/ . --out /tmp/o      # two trees, alternating processes
+    python benchmarks/core_overhead.py --baseline old/ --out /tmp/o       # two trees in one process, alternating rounds
 """
 
 from __future__ import annotations
@@ -91,6 +92,55 @@ def wrapper_overhead(label: str, rounds: int) -> list[dict]:
                 us = [host_overhead_us(wrapped, by_hand, rounds=rounds) for _ in range(3)]
                 rows.append({"tree": label, "model": name, "grad_mode": mode_name, "wrapper_us": statistics.median(us)})
                 m.release_graphs()
+    return rows
+
+
+def load_as(tree: str, name: str):
+    """The ``launchless`` package of another source tree, imported under ``name`` next to this one (its modules
+    import each other relatively), so both run in one process and can be timed in alternating rounds."""
+    import importlib.util
+
+    init = Path(tree) / "launchless" / "__init__.py"
+    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(init.parent)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def against_baseline(tree: str, rounds: int) -> list[dict]:
+    """Extra Python microseconds per call of this tree's ``wrap`` over ``tree``'s, in alternating rounds of one
+    process (``no_grad``: the older tree may not capture under ``inference_mode``)."""
+    import launchless as ll
+    from launchless.timing import host_overhead_us
+
+    before = load_as(tree, "launchless_before")
+    rows = []
+    for name, (model, x) in models().items():
+        model, x = model.cuda().eval(), x.cuda()
+        with torch.no_grad():
+            new, old = ll.wrap(model, cuda_graph=True), before.wrap(model, cuda_graph=True)
+            new(x), old(x)  # capture and verify both
+            replay = hand_replay(model, x)
+
+            def call_new(m=new, x=x):
+                return m(x)
+
+            def call_old(m=old, x=x):
+                return m(x)
+
+            def by_hand(replay=replay, x=x):
+                return replay(x)
+
+            rows.append(
+                {
+                    "model": name,
+                    "grad_mode": "no_grad",
+                    "after_minus_before_us": [host_overhead_us(call_new, call_old, rounds=rounds) for _ in range(5)],
+                    "after_minus_hand_us": [host_overhead_us(call_new, by_hand, rounds=rounds) for _ in range(5)],
+                    "before_minus_hand_us": [host_overhead_us(call_old, by_hand, rounds=rounds) for _ in range(5)],
+                }
+            )
     return rows
 
 
@@ -176,6 +226,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compare", nargs="*", help="source trees to compare, run alternately")
+    parser.add_argument("--baseline", help="a source tree to time against this one in one process")
     parser.add_argument("--only-wrapper", action="store_true")
     parser.add_argument("--out")
     a = parser.parse_args()
@@ -185,6 +236,8 @@ def main() -> None:
     from launchless.apps.environment import describe
 
     result: dict = {"environment": describe()}
+    if a.baseline:
+        result["against_baseline"] = against_baseline(a.baseline, a.rounds)
     if a.compare:
         result["wrapper"] = compare(a.compare, a.repeats, a.rounds, Path(a.out or "."))
     else:

@@ -570,5 +570,5 @@ def test_a_graph_collected_as_garbage_during_a_capture_cannot_break_it() -> None
             out = m(x)
     finally:
         gc.set_threshold(*threshold)
-    assert not graveyard  # the capture did drop a graph into the collector's reach
+    assert len(graveyard) == 1  # the capture dropped one graph into the collector's reach
     assert identical(out, model(x)) and len(m.graph_info()["graphs"]) == 1

@@ -16,6 +16,7 @@ graph reads the new values), and schedulers run eager after each replay, so load
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +33,15 @@ def _state_slots(optimizer: torch.optim.Optimizer) -> list[tuple[Any, str, int]]
         for key, v in state.items()
         if isinstance(v, torch.Tensor)
     ]
+
+
+_PARAMS = operator.itemgetter("params")
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
+
+
+def _held_id(held: dict | None, key: str) -> int | None:
+    """The identity of the tensor at ``key`` of one parameter's state (None when that state is gone)."""
+    return None if held is None else id(held.get(key))
 
 
 def _scaler_fields(scaler: torch.amp.GradScaler | None) -> tuple:
@@ -61,7 +71,9 @@ class TrainingState:
         optimizer = self.optimizer
         self._watch.moved()  # follow the parameters as they are now
         slots = _state_slots(optimizer)
-        self._spot = [slots[i] for i in spread(len(slots))]  # up to 8 (parameter, key, id), spread over the state
+        spot = [slots[i] for i in spread(len(slots))]  # up to 8 (parameter, key, id), spread over the state
+        self._spot_params = [p for p, _, _ in spot]
+        self._spot_keys = [key for _, key, _ in spot]
         every = list(self.model.parameters())
         self._trainable = [every[i] for i in spread(len(every))]
         self._fingerprint = self._now()
@@ -71,16 +83,15 @@ class TrainingState:
         """What the graphs depend on, as one tuple compared in C: identities, lengths, flags."""
         optimizer = self.optimizer
         state, groups = optimizer.state, optimizer.param_groups
-        held = [state.get(p) for p, _, _ in self._spot]
         return (
             id(state),
             id(groups),
             len(state),
             tuple(map(id, groups)),
-            tuple(len(g["params"]) for g in groups),
-            tuple(None if h is None else id(h.get(key)) for h, (_, key, _) in zip(held, self._spot, strict=True)),
-            _scaler_fields(self.scaler),
-            tuple(p.requires_grad for p in self._trainable),
+            tuple(map(len, map(_PARAMS, groups))),
+            tuple(map(_held_id, map(state.get, self._spot_params), self._spot_keys)),
+            _scaler_fields(self.scaler) if self.scaler is not None else (),
+            tuple(map(_REQUIRES_GRAD, self._trainable)),
         )
 
     def stale(self, leaves: Sequence[Any] = ()) -> str | None:
