@@ -16,6 +16,7 @@ import contextlib
 import copy
 import dataclasses
 import gc
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -194,6 +195,15 @@ def bit_identical(actual: Any, expected: Any) -> bool:
     except AssertionError:
         return False
     return True
+
+
+def run_in_threads(work: Callable[[int], None], count: int = 2) -> None:
+    """Run ``work(0)`` ... ``work(count - 1)`` on as many threads at once, and wait for all of them."""
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def graph_count(wrapped: Any) -> int:

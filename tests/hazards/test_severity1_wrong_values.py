@@ -103,6 +103,7 @@ from conftest import (
     make_step,
     mlp,
     replays,
+    run_in_threads,
     run_twins,
     sgd_momentum,
     spy_on,
@@ -642,11 +643,7 @@ def test_two_threads_calling_one_wrapped_model(streams: str, grad_mode) -> None:
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_in_threads(work)
     assert not errors, errors
     torch.cuda.synchronize()
     assert replays(m) - held >= 2 * calls, m.graph_info()

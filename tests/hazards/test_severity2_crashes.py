@@ -57,6 +57,7 @@ from conftest import (
     mlp,
     other_grad_mode,
     replays,
+    run_in_threads,
     run_twins,
     sgd_momentum,
     train_twins,
@@ -241,11 +242,7 @@ def test_two_threads_wrapping_and_capturing_different_models(grad_mode) -> None:
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_in_threads(work)
     assert not errors, errors
     torch.cuda.synchronize()
     with grad_mode():
