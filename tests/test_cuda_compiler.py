@@ -1,4 +1,4 @@
-"""GPU behaviour of the torch.compile backend (issue: compiler path). Run with ``python -m pytest -m cuda``."""
+"""GPU behaviour of the torch.compile backend. Run with ``python -m pytest -m cuda``."""
 
 from __future__ import annotations
 

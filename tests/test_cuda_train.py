@@ -1,4 +1,4 @@
-"""GPU behaviour of graphed_step (issue: training capture). Run with ``python -m pytest -m cuda``.
+"""GPU behaviour of graphed_step. Run with ``python -m pytest -m cuda``.
 
 Each test trains a graphed copy and an eager copy of one model from the same state on the same
 batches. The eager copy's optimizer is prepared the same way (``CapturableOptimizer``: capturable Adam,

@@ -258,8 +258,8 @@ def test_distributed_model_trains_eager_with_one_line(tmp_path, caplog: pytest.L
                 graphed(x, y)
         lines = [r.getMessage() for r in caplog.records if "runs eager" in r.getMessage()]
         assert lines == [
-            "launchless: training runs eager: DistributedDataParallel steps are not captured yet (multi-GPU "
-            "capture is a later issue)"
+            "launchless: training runs eager: DistributedDataParallel steps are not captured (multi-GPU training "
+            "runs eager)"
         ]
     finally:
         dist.destroy_process_group()

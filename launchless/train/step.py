@@ -183,12 +183,12 @@ class GraphedStep:
 
     def _whole_run_reason(self) -> str | None:
         if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
-            return "DistributedDataParallel steps are not captured yet (multi-GPU capture is a later issue)"
+            return "DistributedDataParallel steps are not captured (multi-GPU training runs eager)"
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             return (
-                f"distributed training (world size {dist.get_world_size()}) is not captured yet (multi-GPU capture "
-                "is a later issue)"
+                f"distributed training (world size {dist.get_world_size()}) is not captured (multi-GPU training runs "
+                "eager)"
             )
         devices = {p.device for p in self.model.parameters()}
         if not devices or any(d.type != "cuda" for d in devices):
