@@ -290,7 +290,8 @@ class GraphedModule(torch.nn.Module):
             raise ConfigError("capture_graph() captures inference graphs: call .eval() on the model first")
         flat = flatten_inputs(args, kwargs)
         sig = signature_of(flat)
-        if self._cache.lookup(sig, flat.leaves) is None:
+        self._cache.validate(flat.leaves)  # as every call does: the watch follows relocated parameters first
+        if self._cache.get(sig) is None:
             self._cache.forget_refusal(sig)
             with torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext():
                 self._capture_and_run(sig, flat, explicit=True)
