@@ -156,7 +156,10 @@ class GraphedStep:
         if not self.model.training:  # train/eval changes what the step computes: its own graph
             sig = sig._replace(context=(*sig.context, "eval"))
         cache = self._cache
-        entry = cache.lookup(sig, flat.leaves)  # the training state is checked first (``validity``)
+        # the training state is checked on every call, not only before a replay: a checkpoint resumed and then a new
+        # batch shape must drop the old graphs (and prepare the optimizer again) before anything is captured
+        cache.validate(flat.leaves)
+        entry = cache.get(sig)
         if self._eager_reason is not None:  # the optimizer prepared again could not be captured
             return self.fn(*batch, **kwargs)
         if self._optim is not None and self._optim.float_lr_changed():

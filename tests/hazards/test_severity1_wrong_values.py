@@ -678,6 +678,32 @@ def test_checkpoint_resume_mid_run(opt_name: str) -> None:
 
 @cuda
 @pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
+def test_checkpoint_resume_then_a_new_batch_shape_first(opt_name: str) -> None:
+    # After a resume the next batch has a shape never captured: the old graphs must go (and the optimizer be
+    # prepared again) before the new shape is captured, not after -- and the old shape, back later, captured anew.
+    model, opt, twin, twin_opt = train_twins(OPTIMIZERS[opt_name])
+    graphed = ll.graphed_step(make_step(model, opt), model=model, optimizer=opt)
+    saved: dict[str, tuple] = {}
+
+    def events(i: int) -> None:
+        if i == 4:
+            saved["graphed"] = copy.deepcopy((model.state_dict(), opt.state_dict()))
+            saved["eager"] = copy.deepcopy((twin.state_dict(), twin_opt.state_dict()))
+        if i == 8:
+            assert_whole_step_replaying(graphed)
+            model.load_state_dict(saved["graphed"][0])
+            opt.load_state_dict(saved["graphed"][1])
+            twin.load_state_dict(saved["eager"][0])
+            twin_opt.load_state_dict(saved["eager"][1])
+
+    batches = classifier_batches(8) + classifier_batches(5, size=8, seed=7) + classifier_batches(4, seed=9)
+    run_twins(graphed, make_step(twin, twin_opt), batches, events)
+    assert_same_training_state(model, opt, twin, twin_opt)
+    assert_whole_step_replaying(graphed)
+
+
+@cuda
+@pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
 def test_optimizer_state_cleared_mid_run(opt_name: str) -> None:
     model, opt, twin, twin_opt = train_twins(OPTIMIZERS[opt_name])
     graphed = ll.graphed_step(make_step(model, opt), model=model, optimizer=opt)
