@@ -83,6 +83,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -654,24 +655,30 @@ def test_two_threads_calling_one_wrapped_model(streams: str, grad_mode) -> None:
 
 
 # ---- training: graphed_step ----------------------------------------------------------------------------------
+def resume_checkpoint(graphed, trained: tuple, twins: tuple, *, save_at: int, load_at: int) -> Callable[[int], None]:
+    """Events for ``run_twins``: each run writes its own checkpoint (model and optimizer) before step ``save_at``
+    and resumes from it before step ``load_at``, once the graphed run replays a whole-step graph."""
+    saved: dict[str, tuple] = {}
+
+    def events(i: int) -> None:
+        if i == save_at:
+            saved["graphed"] = copy.deepcopy(tuple(x.state_dict() for x in trained))
+            saved["eager"] = copy.deepcopy(tuple(x.state_dict() for x in twins))
+        if i == load_at:
+            assert_whole_step_replaying(graphed)
+            for objects, key in ((trained, "graphed"), (twins, "eager")):
+                for x, state in zip(objects, saved[key], strict=True):
+                    x.load_state_dict(state)
+
+    return events
+
+
 @cuda
 @pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
 def test_checkpoint_resume_mid_run(opt_name: str) -> None:
     model, opt, twin, twin_opt = train_twins(OPTIMIZERS[opt_name])
     graphed = ll.graphed_step(make_step(model, opt), model=model, optimizer=opt)
-    saved: dict[str, tuple] = {}
-
-    def events(i: int) -> None:
-        if i == 4:  # each run writes its own checkpoint...
-            saved["graphed"] = copy.deepcopy((model.state_dict(), opt.state_dict()))
-            saved["eager"] = copy.deepcopy((twin.state_dict(), twin_opt.state_dict()))
-        if i == 8:  # ...and resumes from it at step 8 of 12
-            assert_whole_step_replaying(graphed)
-            model.load_state_dict(saved["graphed"][0])
-            opt.load_state_dict(saved["graphed"][1])
-            twin.load_state_dict(saved["eager"][0])
-            twin_opt.load_state_dict(saved["eager"][1])
-
+    events = resume_checkpoint(graphed, (model, opt), (twin, twin_opt), save_at=4, load_at=8)  # of 12 steps
     run_twins(graphed, make_step(twin, twin_opt), classifier_batches(12), events)
     assert_same_training_state(model, opt, twin, twin_opt)
 
@@ -683,19 +690,7 @@ def test_checkpoint_resume_then_a_new_batch_shape_first(opt_name: str) -> None:
     # prepared again) before the new shape is captured, not after -- and the old shape, back later, captured anew.
     model, opt, twin, twin_opt = train_twins(OPTIMIZERS[opt_name])
     graphed = ll.graphed_step(make_step(model, opt), model=model, optimizer=opt)
-    saved: dict[str, tuple] = {}
-
-    def events(i: int) -> None:
-        if i == 4:
-            saved["graphed"] = copy.deepcopy((model.state_dict(), opt.state_dict()))
-            saved["eager"] = copy.deepcopy((twin.state_dict(), twin_opt.state_dict()))
-        if i == 8:
-            assert_whole_step_replaying(graphed)
-            model.load_state_dict(saved["graphed"][0])
-            opt.load_state_dict(saved["graphed"][1])
-            twin.load_state_dict(saved["eager"][0])
-            twin_opt.load_state_dict(saved["eager"][1])
-
+    events = resume_checkpoint(graphed, (model, opt), (twin, twin_opt), save_at=4, load_at=8)
     batches = classifier_batches(8) + classifier_batches(5, size=8, seed=7) + classifier_batches(4, seed=9)
     run_twins(graphed, make_step(twin, twin_opt), batches, events)
     assert_same_training_state(model, opt, twin, twin_opt)
