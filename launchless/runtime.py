@@ -28,7 +28,7 @@ from .core.relocation import RelocationWatch
 from .core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
 from .core.status import Admission, Stage, VerifyStatus
 from .core.verify import VerifyReport, verify
-from .diagnose.messages import capture_error, verification_error
+from .diagnose.messages import capture_error, out_of_memory_error, verification_error
 from .errors import ConfigError, NoCudaError
 from .options import VerifyMode, check_choice, check_int, check_number, check_verify
 
@@ -165,8 +165,12 @@ class GraphedModule(torch.nn.Module):
         return model(*args, **kwargs)
 
     def _admit_now(self, sig: Signature) -> Admission:
-        """``cuda_graph=True``: every signature is captured at its first call (a refused one raises again)."""
-        return Admission.REFUSED if self._cache.refusal(sig) is not None else Admission.CAPTURE
+        """``cuda_graph=True``: every signature is captured at its first call (a refused one raises again,
+        unless it ran out of memory: that is tried again at every call, and raises while it lasts)."""
+        refusal = self._cache.refusal(sig)
+        if refusal is None or refusal.transient:
+            return Admission.CAPTURE
+        return Admission.REFUSED
 
     def _replay(self, graph: _capture.CapturedGraph, leaves: list) -> Any:
         with self._cache.lock:
@@ -210,20 +214,13 @@ class GraphedModule(torch.nn.Module):
                         warmup=self.warmup,
                         trace_indices=self.verify != "off",
                     )
-                report = (
-                    verify(
-                        graph,
-                        self.model,
-                        flat,
-                        mode=self.verify,
-                        tolerance_ulps=self.tolerance_ulps,
-                        branches=branches,
-                        from_call=graph.index_inputs,
-                    )
-                    if self.verify != "off"
-                    else VerifyReport(VerifyStatus.SKIPPED, True)
-                )
+                report = self._verify(graph, flat, branches)
         except _capture.CaptureFailed as fail:
+            if _capture.out_of_memory(fail.cause):
+                cache.discard()
+                error = out_of_memory_error(self._name(), sig, fail)
+                refusal = Refusal(fail.stage, error.reason, str(error), error=error, transient=True)
+                return self._refuse(sig, flat, refusal, explicit, level=logging.WARNING)
             if fail.stage == Stage.WARM_UP and fail.cause is not None:
                 raise fail.cause from None  # the forward itself is broken: eager would raise the same
             error = capture_error(self.model, self._name(), sig, flat, fail, device)
@@ -249,14 +246,32 @@ class GraphedModule(torch.nn.Module):
         cache.keep(sig, graph, report, flat.leaves)
         return self._replay(graph, flat.leaves)
 
-    def _refuse(self, sig: Signature, flat: FlatInputs, refusal: Refusal, explicit: bool) -> Any:
+    def _verify(self, graph: _capture.CapturedGraph, flat: FlatInputs, branches: list[str]) -> VerifyReport:
+        """Prove ``graph`` against eager, unless verify="off" (raises ``CaptureFailed`` when out of memory)."""
+        if self.verify == "off":
+            return VerifyReport(VerifyStatus.SKIPPED, True)
+        return verify(
+            graph,
+            self.model,
+            flat,
+            mode=self.verify,
+            tolerance_ulps=self.tolerance_ulps,
+            branches=branches,
+            from_call=graph.index_inputs,
+        )
+
+    def _refuse(
+        self, sig: Signature, flat: FlatInputs, refusal: Refusal, explicit: bool, *, level: int = logging.INFO
+    ) -> Any:
         self._cache.refuse(sig, refusal, log_line=False)
         if self.cuda_graph is True or explicit:
             raise refusal.error
+        retry = self._cache.retry_in(sig)
         self._cache.log_once(
-            f"refuse:{refusal.stage}:{refusal.source}",
-            logging.INFO,
-            f"{refusal.message}. Running eager for this input signature.",
+            f"refuse:{refusal.stage}:{refusal.reason}:{refusal.source}",
+            level,
+            f"{refusal.message}. Running eager for this input signature"
+            + (f"; trying again in {retry} calls." if retry is not None else "."),
         )
         args, kwargs = flat.rebuild(flat.leaves)
         return self.model(*args, **kwargs)

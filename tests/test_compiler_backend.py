@@ -132,6 +132,9 @@ class _FakeCaptured:
 class _Report:
     status, passed, detail = "bit-identical", True, ""
 
+    def as_dict(self) -> dict:
+        return {"status": self.status, "passed": self.passed, "detail": self.detail}
+
 
 def _graphs_on_fakes(monkeypatch, tmp_path, times=None, **options):
     """A CompiledGraphs whose capture, verification, device and timing are stand-ins: its bookkeeping runs."""

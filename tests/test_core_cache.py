@@ -72,6 +72,35 @@ def test_a_refused_signature_stays_refused_and_is_logged_once(caplog) -> None:
     assert row["stage"] == "capture" and row["reason"] == "host sync"
 
 
+def test_out_of_memory_is_tried_again_after_a_wait_that_doubles() -> None:
+    from launchless.core.cache import RETRY_FIRST, RETRY_MOST
+
+    c = cache(capture_after=1)
+    oom = Refusal(Stage.CAPTURE, "out of GPU memory", transient=True)
+
+    def calls_until_capture() -> int:
+        calls = 1
+        while c.admit("a") is not Admission.CAPTURE:
+            assert c.state("a") is SignatureState.REFUSED
+            calls += 1
+        return calls
+
+    assert c.admit("a") is Admission.CAPTURE
+    waits = []
+    for _ in range(9):
+        c.refuse("a", oom, log_line=False)
+        assert c.retry_in("a") == (waits[-1] * 2 if waits else RETRY_FIRST) or c.retry_in("a") == RETRY_MOST
+        waits.append(calls_until_capture())
+    assert waits == [8, 16, 32, 64, 128, 256, 512, 1024, 1024], waits
+    c.keep("a", "graph-a", {}, ())  # captured at last: the next out-of-memory refusal waits the shortest time
+    c.drop_all(forget_refusals=False)
+    assert c.admit("a") is Admission.CAPTURE
+    c.refuse("a", oom, log_line=False)
+    assert c.retry_in("a") == RETRY_FIRST
+    c.refuse("a", Refusal(Stage.CAPTURE, "host sync"), log_line=False)  # a lasting cause replaces it: no retry
+    assert c.retry_in("a") is None and all(c.admit("a") is Admission.REFUSED for _ in range(2000))
+
+
 def test_eviction_is_least_recently_used_with_one_warning(caplog) -> None:
     c = cache(capture_after=1, max_graphs=2)
     with caplog.at_level(logging.INFO, logger="launchless"):

@@ -34,7 +34,7 @@ def test_resnet18_replays_inductor_kernels_bit_identically_without_copying_param
     outs = [compiled(x) for _ in range(4)]
     (graphs,) = [g for g in _graphs() if g.graph_info()["graphs"]]
     info = graphs.graph_info()
-    assert info["graphs"][0]["replays"] >= 3 and info["graphs"][0]["verification"] == "bit-identical", info
+    assert info["graphs"][0]["replays"] >= 3 and info["graphs"][0]["verification"]["status"] == "bit-identical", info
     captured = next(iter(graphs._graphs.graphs.values())).graph
     assert len(captured.tensor_slots) == 1 and info["static_inputs"] >= 60  # only the image is copied
     reference = graphs.compiled(*_inputs(graphs, x))  # Inductor's callable itself, without the graph
@@ -336,7 +336,7 @@ def test_an_attribute_reassigned_every_call_becomes_a_copied_input_with_one_line
     (graphs,) = [g for g in _graphs() if g.graph_info()["graphs"]]
     info = graphs.graph_info()
     assert len(info["demoted_inputs"]) == 1 and "state" in info["demoted_inputs"][0], info
-    assert info["graphs"][0]["replays"] >= 4 and info["graphs"][0]["verification"] == "bit-identical"
+    assert info["graphs"][0]["replays"] >= 4 and info["graphs"][0]["verification"]["status"] == "bit-identical"
     assert sum("gets a new tensor on every call" in r.getMessage() for r in caplog.records) == 1
     from launchless import explain
 
@@ -404,7 +404,7 @@ def test_boxes_are_verified_on_the_calls_own_rows_not_random_ones() -> None:
     info = graphs.graph_info()
     assert len(info["index_inputs"]) == 1 and "boxes" in info["index_inputs"][0], info
     (graph,) = info["graphs"]
-    assert graph["verification"] == "bit-identical" and graph["replays"] >= 2, info
+    assert graph["verification"]["status"] == "bit-identical" and graph["replays"] >= 2, info
     torch.testing.assert_close(out, model(image, boxes))
 
 
@@ -420,7 +420,7 @@ def test_the_backend_captures_under_both_grad_modes(grad_mode) -> None:
         again = [compiled(x) for x in xs]  # replays on the same inputs give the same bits
     (graphs,) = [g for g in _graphs() if g.graph_info()["graphs"]]
     (row,) = graphs.graph_info()["graphs"]
-    assert row["replays"] >= 8 and row["verification"] == "bit-identical"
+    assert row["replays"] >= 8 and row["verification"]["status"] == "bit-identical"
     assert all(torch.equal(a, b) for a, b in zip(outs, again, strict=True))
     assert not torch.equal(outs[0], outs[1])  # not a stale graph
 

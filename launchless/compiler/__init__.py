@@ -1,1 +1,8 @@
-"""The compiler path (a torch.compile backend): diagnosis of what blocks capture in each FX graph so far."""
+"""The compiler path: ``torch.compile(model, backend="launchless")``.
+
+``graph_info()`` lists what every live compiled graph replays (see ``backend.graph_info``).
+"""
+
+from .backend import graph_info
+
+__all__ = ["graph_info"]

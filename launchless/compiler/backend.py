@@ -102,10 +102,6 @@ def _compile_or_rescue(
     return gm.forward
 
 
-_counter = 0
-_registry: weakref.WeakSet[CompiledGraphs] = weakref.WeakSet()  # for explain(): what each graph does
-
-
 @dataclasses.dataclass(frozen=True)
 class BackendOptions:
     """What ``make_backend(...)`` and ``torch.compile(..., backend="launchless", options={...})`` accept.
@@ -249,6 +245,14 @@ def make_backend(
         return graphs
 
     return backend
+
+
+def graph_info() -> list[dict[str, Any]]:
+    """``graph_info()`` of every FX graph the launchless backend compiled that is still alive, in compile order:
+    per input signature the variant kept, its verification and replays, and the signatures refused with why.
+    (``launchless.explain(model, *inputs)`` compiles one model and says what each of its graphs does.)"""
+    graphs = sorted(_registry, key=lambda g: int(g.name.rsplit(" ", 1)[-1]))  # named "graph <n>" in compile order
+    return [g.graph_info() for g in graphs]
 
 
 launchless_backend = make_backend()

@@ -222,7 +222,7 @@ class CompiledGraphs:
                     return self._capture(sig, flat, args)  # once more, with the rewritten graph
                 if self.cgct is not None and self.cgct.compiled is None:
                     why += f"; CGCT: {self.cgct.why_not}"
-            return self._refuse(sig, args, fail.stage, why)
+            return self._refuse(sig, args, fail.stage, why, transient=_capture.out_of_memory(fail.cause))
         if not report.passed:
             del graph
             graphs.discard()
@@ -334,9 +334,14 @@ class CompiledGraphs:
             self._log_once(f"launchless: {self.name} {sig.describe()}: {old} drifted; now {entry.decision.variant}")
         return out
 
-    def _refuse(self, sig: Signature, args: Sequence[Any], stage: Stage, why: str) -> Any:
+    def _refuse(self, sig: Signature, args: Sequence[Any], stage: Stage, why: str, *, transient: bool = False) -> Any:
+        """``sig`` runs compiled without a graph, one log line per reason; out of GPU memory (``transient``) is
+        a WARNING and the signature is tried again later."""
+        message = f"launchless: {self.name} {sig.describe()} runs without a CUDA graph: {why}"
         self._graphs.refuse(
-            sig, Refusal(stage, why, f"launchless: {self.name} {sig.describe()} runs without a CUDA graph: {why}")
+            sig,
+            Refusal(stage, why, message + ("; trying again later" if transient else ""), transient=transient),
+            level=logging.WARNING if transient else logging.INFO,
         )
         return self.compiled(*args)
 
@@ -349,7 +354,7 @@ class CompiledGraphs:
             "variant": e.decision.variant,
             "times_ms": dict(e.decision.times_ms),
             "replays": e.graph.replays + (e.indirect.replays if e.indirect else 0),
-            "verification": str(e.report.status),
+            "verification": e.report.as_dict(),
             "indirection": "verified" if e.indirect is not None else e.pi_reason,
             "bytes_copied_per_replay": e.copied_bytes(),
             "bytes_copied_per_replay_with_pi": None  # the PI variant's, chosen or not

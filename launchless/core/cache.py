@@ -32,6 +32,7 @@ log = logging.getLogger("launchless")
 
 G = TypeVar("G")  # what a policy holds per signature: a captured forward, a training step, a compiled graph's entry
 REMEMBER = 4096  # signatures counted towards capture_after, and refused ones: oldest forgotten first
+RETRY_FIRST, RETRY_MOST = 8, 1024  # calls before a transient refusal is tried again: 8, 16, 32, ... 1024
 
 
 class Guard(Protocol):
@@ -54,6 +55,8 @@ class Refusal:
     operation: str | None = None
     source: str | None = None
     error: Exception | None = None
+    # a passing cause (out of GPU memory): tried again after a number of calls that doubles each time
+    transient: bool = False
 
     def row(self, signature: str) -> dict[str, Any]:
         return {
@@ -95,6 +98,7 @@ class GraphCache(Generic[G]):
         self.invalidations = 0
         self._seen: OrderedDict[Hashable, int] = OrderedDict()
         self._refused: OrderedDict[Hashable, Refusal] = OrderedDict()
+        self._retry: dict[Hashable, list[int]] = {}  # transient refusals: [calls left, calls to wait next time]
         self._capturing: Hashable | None = None
         self._logged: set[str] = set()
 
@@ -124,7 +128,7 @@ class GraphCache(Generic[G]):
 
     def admit(self, key: Hashable) -> Admission:
         """For a signature without a graph: refused before, still waiting, over capacity, or to capture now."""
-        if key in self._refused:
+        if key in self._refused and not self._retry_due(key):
             return Admission.REFUSED
         count = self._seen.pop(key, 0) + 1
         self._seen[key] = count
@@ -137,8 +141,25 @@ class GraphCache(Generic[G]):
             return Admission.OVER_CAPACITY
         return Admission.CAPTURE
 
+    def _retry_due(self, key: Hashable) -> bool:
+        """A transient refusal counts this call; once its wait is over the signature is captured again."""
+        retry = self._retry.get(key)
+        if retry is None:
+            return False
+        retry[0] -= 1
+        if retry[0] > 0:
+            return False
+        del self._refused[key]
+        self._seen[key] = self.capture_after  # waited long enough: the next admission captures
+        return True
+
     def refusal(self, key: Hashable) -> Refusal | None:
         return self._refused.get(key)
+
+    def retry_in(self, key: Hashable) -> int | None:
+        """Calls before a transient refusal of ``key`` is tried again (None: not a transient refusal)."""
+        retry = self._retry.get(key)
+        return retry[0] if retry is not None and key in self._refused else None
 
     def forget_refusal(self, key: Hashable) -> None:
         """An explicit capture request tries a refused signature again."""
@@ -169,6 +190,7 @@ class GraphCache(Generic[G]):
                 for guard in self.guards:
                     guard.arm(leaves)
             self._seen.pop(key, None)
+            self._retry.pop(key, None)  # captured: a later out-of-memory refusal waits the shortest time again
             self.graphs[key] = graph
             self.reports[key] = report
             while len(self.graphs) > self.max_graphs:
@@ -189,11 +211,18 @@ class GraphCache(Generic[G]):
         self.pool.release_if_empty(len(self.graphs))
 
     def refuse(self, key: Hashable, refusal: Refusal, *, level: int = logging.INFO, log_line: bool = True) -> None:
-        """``key`` runs without a graph from now on; one log line per reason and source line."""
+        """``key`` runs without a graph from now on -- a transient refusal until its wait is over (see
+        ``retry_in``); one log line per reason and source line."""
         self._refused[key] = refusal
         self._seen.pop(key, None)
+        if refusal.transient:
+            wait = self._retry.get(key, [0, RETRY_FIRST])[1]
+            self._retry[key] = [wait, min(2 * wait, RETRY_MOST)]
+        else:
+            self._retry.pop(key, None)
         if len(self._refused) > REMEMBER:
-            self._refused.popitem(last=False)
+            old, _ = self._refused.popitem(last=False)
+            self._retry.pop(old, None)
         if log_line:
             self.log_once(f"refuse:{refusal.stage}:{refusal.reason}:{refusal.source}", level, refusal.message)
 
@@ -209,6 +238,7 @@ class GraphCache(Generic[G]):
             self._seen.clear()
             if forget_refusals:
                 self._refused.clear()
+                self._retry.clear()
             self.churn.reset()
             self.pool.release()
             if why is not None:

@@ -45,6 +45,14 @@ class CaptureFailed(Exception):
         self.cause = cause
 
 
+def out_of_memory(exc: BaseException | None) -> bool:
+    """Whether ``exc`` says the GPU ran out of memory: a passing condition, unlike a blocker in the forward
+    (another model's graphs freed, a smaller batch), so the signature is tried again later."""
+    if exc is None:
+        return False
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
 def _static_like(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A buffer the graph reads, on ``device``, with the example's strides when it is dense.
 
@@ -262,22 +270,25 @@ def capture(
 
 def _traced_warmup(fn: Callable[..., Any], args: tuple, kwargs: dict, leaves: list) -> frozenset[int]:
     """One warm-up run that also finds the inputs read as addresses. A forward that fails only under the
-    trace (a dispatch mode it does not support) is run again without it, and nothing is known."""
+    trace (a dispatch mode it does not support) is run again without it, and nothing is known; one that fails
+    without the trace too is a broken forward, reported as such (not as a trace problem)."""
     try:
         with IndexTrace(leaves) as trace:
             fn(*args, **kwargs)
         return frozenset(trace.found)
     except Exception as exc:
-        logging.getLogger("launchless").info(
-            "launchless: the warm-up could not be traced for inputs read as addresses (%s: %s); verification "
-            "probes every float input at random",
-            type(exc).__name__,
-            str(exc).strip().splitlines()[0] if str(exc).strip() else "",
-        )
+        traced_error = exc
     try:
         fn(*args, **kwargs)
     except Exception as exc:
         raise CaptureFailed(Stage.WARM_UP, exc, f"the forward failed during warm-up: {exc}") from exc
+    first_line = str(traced_error).strip().splitlines()[0] if str(traced_error).strip() else ""
+    logging.getLogger("launchless").info(
+        "launchless: the warm-up could not be traced for inputs read as addresses (%s: %s); verification "
+        "probes every float input at random",
+        type(traced_error).__name__,
+        first_line,
+    )
     return frozenset()
 
 

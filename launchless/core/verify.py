@@ -32,10 +32,10 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from .capture import CapturedGraph
+from .capture import CapturedGraph, CaptureFailed
 from .capture_path import pretend_capturing
 from .signature import FlatInputs
-from .status import VerifyStatus
+from .status import Stage, VerifyStatus
 
 PROBE_SEED = 0x1A0C
 
@@ -198,8 +198,25 @@ def verify(
     Inputs known to be read as addresses (``from_call``) are probed from the call's own values. Random probes
     can still fall outside what a model accepts where that is not known (a row id kept as a float): eager then
     reads out of bounds and differs from itself. Such a graph gets a second protocol on the call's own inputs
-    (see ``input_probes``) and passes only bit-identical there, with outputs that follow the inputs."""
-    branches = list(branches or [])
+    (see ``input_probes``) and passes only bit-identical there, with outputs that follow the inputs.
+    Running out of GPU memory raises ``CaptureFailed`` (stage verification): the caller refuses the graph for now,
+    the caller's own call is not failed."""
+    try:
+        return _verify(graph, fn, flat, mode, tolerance_ulps, list(branches or []), keep, from_call)
+    except torch.cuda.OutOfMemoryError as exc:
+        raise CaptureFailed(Stage.VERIFICATION, exc, str(exc)) from exc
+
+
+def _verify(
+    graph: CapturedGraph,
+    fn: Callable[..., Any],
+    flat: FlatInputs,
+    mode: str,
+    tolerance_ulps: float,
+    branches: list[str],
+    keep: frozenset[int],
+    from_call: frozenset[int],
+) -> VerifyReport:
     probes = make_probes(flat.leaves, keep, from_call)
     report = _protocol(graph, fn, flat, probes, mode, tolerance_ulps, branches)
     report.from_call = tuple(sorted(from_call))

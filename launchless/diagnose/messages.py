@@ -65,6 +65,19 @@ def capture_error(
     )
 
 
+def out_of_memory_error(name: str, sig: Signature, fail: _capture.CaptureFailed) -> CaptureError:
+    """The GPU ran out of memory while warming up, capturing or verifying: nothing is wrong with the forward."""
+    said = str(fail.cause or fail).strip()
+    first_line = said.splitlines()[0].rstrip(".") if said else "out of memory"
+    return CaptureError(
+        f"launchless: out of GPU memory during the {fail.stage} of {name} for input {sig.describe()} "
+        f"(PyTorch said: {first_line}). A graph holds its inputs, outputs and intermediates for as long as it is "
+        "kept. Fixes: free GPU memory (release_graphs() on wrapped models you no longer call, fewer max_graphs, "
+        "smaller batches); 'auto' runs this signature eager and tries to capture it again later",
+        reason="out of GPU memory",
+    )
+
+
 def verification_error(name: str, sig: Signature, report: VerifyReport) -> VerificationError:
     size = f"max abs diff {report.max_abs:.3g}, rel {report.max_rel:.3g}, bound {report.bound:.3g}"
     branches = f"; capture-dependent branches: {'; '.join(report.branches)}" if report.branches else ""

@@ -268,7 +268,13 @@ class GraphedStep:
             else f"{outcome['reason']} (whole step: {whole_reason})"
         )
         stage = Stage.VERIFICATION if outcome["reason"].startswith("verification") else Stage.CAPTURE
-        cache.refuse(sig, Refusal(stage, why, f"launchless: training step {sig.describe()} runs eager: {why}"))
+        transient = bool(outcome.get("transient"))  # out of GPU memory: tried again later
+        message = f"launchless: training step {sig.describe()} runs eager: {why}"
+        cache.refuse(
+            sig,
+            Refusal(stage, why, message + ("; trying again later" if transient else ""), transient=transient),
+            level=logging.WARNING if transient else logging.INFO,
+        )
         return self._eager(flat)
 
     def _try_level(self, level: str, flat: FlatInputs) -> tuple[_Graph | None, dict]:
@@ -299,7 +305,10 @@ class GraphedStep:
             for scaler in scalers:
                 hooks.reset_scaler(scaler)
             before.restore()
-            return None, {"reason": describe_failure(fail.cause, str(fail))}
+            return None, {
+                "reason": describe_failure(fail.cause, str(fail)),
+                "transient": _capture.out_of_memory(fail.cause),
+            }
         foreign = writes.foreign_parameters(self.model)
         if foreign:  # checked at the first capture: the whole run then trains eager
             before.restore()
@@ -326,7 +335,13 @@ class GraphedStep:
                 before.add_tensors([t])
         self._extra_state = max(self._extra_state, len(before.tensors) - len(state_tensors(self.model, self.optimizer)))
         if self.verify != "off":
-            report, out = self._verify(entry, flat, before)
+            try:
+                report, out = self._verify(entry, flat, before)
+            except torch.cuda.OutOfMemoryError as exc:
+                before.restore()
+                del entry, graph
+                self._cache.discard()
+                return None, {"reason": describe_failure(exc, str(exc)), "transient": True}
         else:
             report, out = {"status": VerifyStatus.SKIPPED, "passed": True}, self._replay(entry, flat)
         if not report["passed"]:

@@ -14,6 +14,10 @@ Scenarios (entry point) and what goes wrong without the library's protection:
 #     its private pool forever after the model is gone.
 # test_graph_memory_stays_bounded_under_ever_new_shapes (wrap, "auto"): a graph per shape, never freed, grows
 #     GPU memory with every new batch size.
+# test_out_of_memory_while_capturing_is_tried_again (wrap "auto" and True, graphed_step, torch.compile backend):
+#     running out of GPU memory is passing (another model's graphs freed, smaller batches), unlike a blocker in the
+#     forward; refused for good, the signature would run eager for the rest of the process (and raise for ever
+#     under cuda_graph=True) with nothing but an INFO line.
 # test_release_graphs_then_call_again (wrap): released graphs must free their pool and later calls capture again.
 # test_copy_of_a_wrapped_model_with_graphs (wrap; deepcopy and pickle): a copy sharing the original's graphs would
 #     replay the original's weights; a CUDAGraph, a memory pool or a lock cannot be copied or pickled.
@@ -43,6 +47,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import io
+import logging
 import pickle
 import re
 
@@ -73,6 +78,7 @@ from torch import nn
 
 import launchless as ll
 from launchless.compiler.backend import launchless_backend, make_backend
+from launchless.core.cache import RETRY_FIRST
 
 cuda = pytest.mark.cuda
 MiB = 1 << 20
@@ -152,6 +158,115 @@ def test_graph_memory_stays_bounded_under_ever_new_shapes() -> None:
     assert early > 0, "no graph memory to measure"
     # a graph's output alone is ~1 MiB: 24 graphs kept would add 24 MiB or more
     assert late - early <= 8 * MiB, f"graph memory grew from {early / MiB:.1f} to {late / MiB:.1f} MiB"
+
+
+class RunsOutOfMemory(nn.Module):
+    """A Linear whose capture fails with a real out-of-memory error for as long as ``exhausted`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+        self.exhausted = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        exhaust_while_capturing(self.exhausted, x.device)
+        return self.lin(x)
+
+
+def exhaust_while_capturing(exhausted: bool, device: torch.device) -> None:
+    if exhausted and torch.cuda.is_current_stream_capturing():
+        torch.empty(1 << 50, dtype=torch.uint8, device=device)  # a petabyte: torch.OutOfMemoryError
+
+
+def oom_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "memory" in r.getMessage()]
+
+
+@cuda
+def test_out_of_memory_while_capturing_is_tried_again(grad_mode, caplog) -> None:
+    model = RunsOutOfMemory().cuda().eval()
+    x = torch.randn(8, 64, device="cuda")
+    m = ll.wrap(model, cuda_graph="auto", capture_after=1)
+    with grad_mode(), caplog.at_level(logging.INFO, logger="launchless"):
+        assert_bit_identical(m(x), model(x), "the call whose capture ran out of memory")
+        model.exhausted = False  # memory was freed
+        for _ in range(RETRY_FIRST - 1):
+            m(x)
+        assert graph_count(m) == 0, "tried again before its wait was over"
+        assert_bit_identical(m(x), model(x), "the call that captured")
+        assert graph_count(m) == 1
+        assert_bit_identical(call_replays(m, lambda: m(x)), model(x))
+    (line,) = oom_warnings(caplog)
+    assert "out of GPU memory during the capture" in line and f"trying again in {RETRY_FIRST} calls" in line, line
+
+    model.exhausted = True  # cuda_graph=True raises while memory is short, and captures once it is not
+    strict = ll.wrap(model, cuda_graph=True)
+    with grad_mode():
+        for _ in range(2):
+            with pytest.raises(ll.CaptureError, match="out of GPU memory"):
+                strict(x)
+        model.exhausted = False
+        assert_bit_identical(strict(x), model(x))
+        assert graph_count(strict) == 1 and not strict.graph_info()["fallbacks"]
+
+
+@cuda
+def test_out_of_memory_while_capturing_a_training_step_is_tried_again(caplog) -> None:
+    model = RunsOutOfMemory().cuda().train()
+    opt = sgd_momentum(model.parameters())
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    graphed = ll.graphed_step(step, model=model, optimizer=opt, capture_after=2)
+    x = torch.randn(8, 64, device="cuda")
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(2):
+            graphed(x)
+        assert graph_count(graphed) == 0
+        model.exhausted = False
+        for _ in range(RETRY_FIRST):
+            graphed(x)
+        assert graph_count(graphed) == 1
+        assert graphed.graph_info()["level"] == "whole-step graph"
+        before = replays(graphed)
+        graphed(x)
+        assert replays(graphed) > before
+    (line,) = oom_warnings(caplog)
+    assert "out of memory" in line and "trying again later" in line, line
+
+
+@cuda
+def test_out_of_memory_while_capturing_a_compiled_graph_is_tried_again(fresh_dynamo, caplog) -> None:
+    from launchless.compiler import graph_info
+
+    state = {"exhausted": True}
+
+    def inner(gm, example_inputs):
+        def run(*args):
+            exhaust_while_capturing(state["exhausted"], torch.device("cuda"))
+            return gm(*args)
+
+        return run
+
+    model = mlp(64).cuda().eval()
+    compiled = torch.compile(model, backend=make_backend(inner, capture_after=1, selective=False, indirection=False))
+    x = torch.randn(8, 64, device="cuda")
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="launchless"):
+        assert_bit_identical(compiled(x), model(x))
+        state["exhausted"] = False
+        for _ in range(RETRY_FIRST):
+            compiled(x)
+        assert_bit_identical(compiled(x), model(x))
+    info = graph_info()[-1]  # compile order: this test's graph is the last one compiled
+    assert len(info["graphs"]) == 1 and info["graphs"][0]["replays"] >= 1, info
+    assert info["graphs"][0]["verification"]["status"] == "bit-identical", info
+    (line,) = oom_warnings(caplog)
+    assert "out of memory" in line and "trying again later" in line, line
 
 
 @cuda
