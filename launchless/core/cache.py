@@ -190,6 +190,7 @@ class GraphCache(Generic[G]):
                 for guard in self.guards:
                     guard.arm(leaves)
             self._seen.pop(key, None)
+            self._refused.pop(key, None)  # cuda_graph=True tries a passing refusal again at every call
             self._retry.pop(key, None)  # captured: a later out-of-memory refusal waits the shortest time again
             self.graphs[key] = graph
             self.reports[key] = report

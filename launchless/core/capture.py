@@ -20,6 +20,7 @@ import gc
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,6 +35,19 @@ from .status import Stage
 
 CAPTURE_LOCK = threading.RLock()
 _failed_graphs: list[torch.cuda.CUDAGraph] = []
+_side_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream captures and their warm-ups run on: one per device for the process, never a new one per
+    capture. The caching allocator reuses a freed block only for the stream it was allocated on, so the blocks of
+    a graph evicted from a shared pool were never reused by a capture on a fresh stream: the pool grew by 6 MiB
+    with every new batch size of a small MLP (``max_graphs=2``, an H200) until the last graph in it went."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with CAPTURE_LOCK:
+        if index not in _side_streams:
+            _side_streams[index] = torch.cuda.Stream(index)
+        return _side_streams[index]
 
 
 class CaptureFailed(Exception):
@@ -199,7 +213,7 @@ def capture(
     """Warm up ``fn`` on a side stream, capture it there, and return the replayable graph.
 
     ``stream``: capture on this stream (training passes the stream its eager warm-up steps ran on);
-    by default a new side stream. ``static``: indices of leaves the graph reads in place (parameters and
+    by default the device's ``side_stream``. ``static``: indices of leaves the graph reads in place (parameters and
     buffers handed over by the compiler): no placeholder, no copy; the caller checks their addresses.
     ``keep_graph``: keep the graph's template (for pointer indirection) next to its instance.
     ``trace_indices``: the first warm-up run finds the float inputs read as addresses (``index_trace``), for
@@ -214,7 +228,7 @@ def capture(
         slots = [i for i, x in enumerate(static_leaves) if isinstance(x, torch.Tensor) and i not in static]
         args, kwargs = flat.rebuild(static_leaves)
         caller = torch.cuda.current_stream(device)
-        stream = stream or torch.cuda.Stream(device)
+        stream = stream or side_stream(device)
         stream.wait_stream(caller)
         before = _versions(static_leaves, slots)
         with torch.cuda.stream(stream), _capture_autocast():
@@ -309,7 +323,8 @@ def _abandon(
     Python, so the pool stays marked as recording: callers capture into a new pool afterwards.
     """
     if not ended:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "The CUDA Graph is empty": nothing was recorded before the failure
             graph.capture_end()
     _end_pool_allocation(device, pool)
     with contextlib.suppress(Exception):
