@@ -52,7 +52,7 @@ def scenario(label, **kw):
         rows_log.append((rows, t // MiB, a / MiB, n, live_graphs()))
     print(label, m.graph_info()["evictions"], "evictions")
     for r in rows_log[::3]:
-        print("  rows %d pool total %d MiB allocated %.2f MiB segments %d live CUDAGraph %d" % r)
+        print("  rows {} pool total {} MiB allocated {:.2f} MiB segments {} live CUDAGraph {}".format(*r))
     del m
     settle()
 
@@ -77,10 +77,10 @@ def manual(shared=True, free_outputs=True):
         if len(held) > 2:
             held.pop(0)
         settle()
-        log.append((rows,) + pools())
-    print("manual shared=%s" % shared)
+        log.append((rows, *pools()))
+    print(f"manual shared={shared}")
     for r in log[::3]:
-        print("  rows %d pool total %d B allocated %d B segments %d" % r)
+        print("  rows {} pool total {} B allocated {} B segments {}".format(*r))
     del held
     settle()
 
