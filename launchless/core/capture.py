@@ -30,6 +30,7 @@ from torch.utils import _pytree as pytree
 from .index_trace import IndexTrace
 from .output_aliases import fill_aliases, find_input_aliases
 from .output_copies import IMMUTABLE_OUTPUTS, make_cloner
+from .output_tree import see_into
 from .signature import FlatInputs
 from .status import Stage
 
@@ -182,15 +183,16 @@ class CapturedGraph:
 
 
 def _check_outputs(outputs: Any) -> None:
+    see_into(outputs)  # caches and dataclasses: their tensors are copied and verified like any output's
     for leaf in pytree.tree_leaves(outputs):
         if not isinstance(leaf, (torch.Tensor, *IMMUTABLE_OUTPUTS)):
             raise CaptureFailed(
                 Stage.OUTPUTS,
                 None,
                 f"the forward returns an object of type {type(leaf).__name__} that launchless cannot look "
-                "into; its tensors would be overwritten by the next replay. Return tensors (tuples, lists, "
-                "dicts, dataclasses registered with torch.utils._pytree), e.g. use_cache=False for "
-                "transformers models",
+                "into; its tensors would be overwritten by the next replay. Return tensors in tuples, lists, "
+                "dicts, namedtuples, dataclasses, transformers outputs and caches, or register the class with "
+                "torch.utils._pytree.register_pytree_node",
             )
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-IMMUTABLE_OUTPUTS = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.Size)
+IMMUTABLE_OUTPUTS = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.Size, type)
 
 
 class TensorCopier:

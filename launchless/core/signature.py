@@ -16,6 +16,8 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils import _pytree as pytree
 
+from .output_tree import is_cache
+
 Tensor = torch.Tensor
 
 
@@ -53,7 +55,11 @@ def _describe_value(leaf: tuple) -> str:
 
 
 class UnhashableInput(TypeError):
-    """A non-tensor input cannot be part of a cache key."""
+    """A non-tensor input cannot be part of a cache key (or is an object the forward changes in place)."""
+
+
+def _is_cache_object(value: Any) -> bool:
+    return is_cache(type(value))
 
 
 class FlatInputs(NamedTuple):
@@ -83,7 +89,7 @@ def flatten_inputs(args: tuple, kwargs: dict) -> FlatInputs:
     if all(map(_flat_leaf, args)) and all(map(_flat_leaf, kwargs.values())):
         keys = tuple(kwargs)
         return FlatInputs([*args, *kwargs.values()], ("fast", len(args), keys), _rebuild_fast(len(args), keys))
-    leaves, spec = pytree.tree_flatten((args, kwargs))
+    leaves, spec = pytree.tree_flatten((args, kwargs), is_leaf=_is_cache_object)
 
     def rebuild(new_leaves: list) -> tuple[tuple, dict]:
         return pytree.tree_unflatten(new_leaves, spec)
@@ -99,6 +105,12 @@ def _leaf_key(leaf: Any) -> Any:
     """A plain tuple (the same fields as TensorSpec: building a NamedTuple per call costs more)."""
     if isinstance(leaf, Tensor):
         return (leaf.shape, leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad)
+    if _is_cache_object(leaf):
+        raise UnhashableInput(
+            f"a transformers cache ({type(leaf).__name__}) is passed in, and the forward updates it in place; a "
+            "replay works on the graph's own copies and would leave your cache behind, so calls with a cache "
+            "passed in run eager (calls without one, such as the prefill, are captured)"
+        )
     try:
         hash(leaf)
     except TypeError as exc:

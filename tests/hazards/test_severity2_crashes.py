@@ -37,7 +37,6 @@ Scenarios (entry point) and what goes wrong without the library's protection:
 from __future__ import annotations
 
 import copy
-import dataclasses
 import inspect
 import re
 import threading
@@ -299,13 +298,13 @@ def test_graph_captured_under_one_grad_mode_replayed_under_the_other(grad_mode) 
     assert graph_count(m) == 1
 
 
-@dataclasses.dataclass
-class Boxed:  # not registered with torch.utils._pytree: launchless cannot look inside
-    value: torch.Tensor
+class Boxed:  # a plain object, not registered with torch.utils._pytree: launchless cannot look inside
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
 
 
 class MaybeBoxed(nn.Module):
-    """Returns a plain dataclass or a tensor depending on a flag, as transformers' ``return_dict`` does."""
+    """Returns an opaque object or a tensor depending on a flag, as transformers' ``return_dict`` does."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -24,8 +24,10 @@ Scenarios (entry point) and what goes wrong without the library's protection:
 #     replay the original's weights; a CUDAGraph, a memory pool or a lock cannot be copied or pickled.
 # test_wrap_verify_off_skips_verification (wrap): verify="off" must really skip the proof, and say so.
 # test_graphed_step_verify_off_skips_verification (graphed_step): the same option name with the same meaning.
-# test_unregistered_dataclass_output_is_refused_by_name (wrap): tensors inside an object the library cannot look
-#     into would be overwritten by the next replay; it must be refused naming the type.
+# test_opaque_object_output_is_refused_by_name (wrap): tensors inside an object the library cannot look into would
+#     be overwritten by the next replay; it must be refused naming the type.
+# test_dataclass_outputs_are_copied_and_verified (wrap): a dataclass of the user's own (frozen, with attributes
+#     added after __init__) must come back as a fresh object per call, not the graph's buffers.
 # test_torch_compile_options_reach_the_backend (torch.compile backend): options={...} must be honoured, not
 #     dropped or rejected by Dynamo's call.
 # test_copy_of_a_wrapped_model_on_cpu (wrap, CPU): deepcopy and pickle keep the model and the options.
@@ -85,18 +87,36 @@ cuda = pytest.mark.cuda
 MiB = 1 << 20
 
 
-@dataclasses.dataclass
-class Unregistered:  # not registered with torch.utils._pytree: launchless cannot see the tensor inside
-    logits: torch.Tensor
+class Opaque:  # a plain object: launchless cannot know what it holds
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
 
 
-class ReturnsUnregistered(nn.Module):
+class ReturnsOpaque(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(64, 64)
 
-    def forward(self, x: torch.Tensor) -> Unregistered:
-        return Unregistered(self.lin(x))
+    def forward(self, x: torch.Tensor) -> Opaque:
+        return Opaque(self.lin(x))
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    logits: torch.Tensor
+    scale: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "probabilities", self.logits.softmax(-1))  # not a field: kept all the same
+
+
+class ReturnsDataclass(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> Prediction:
+        return Prediction(self.lin(x), 2.0)
 
 
 # ---- memory -------------------------------------------------------------------------------------------------------
@@ -483,16 +503,34 @@ def test_graphed_step_verify_off_skips_verification() -> None:
 
 
 @cuda
-def test_unregistered_dataclass_output_is_refused_by_name() -> None:
-    model = ReturnsUnregistered().cuda().eval()
+def test_opaque_object_output_is_refused_by_name() -> None:
+    model = ReturnsOpaque().cuda().eval()
     x = torch.randn(4, 64, device="cuda")
-    with torch.no_grad(), pytest.raises(ll.CaptureError, match="Unregistered"):
+    with torch.no_grad(), pytest.raises(ll.CaptureError, match="Opaque"):
         ll.wrap(model, cuda_graph=True)(x)
     soft = ll.wrap(model, cuda_graph="auto", capture_after=1)
     with torch.no_grad():
         for _ in range(3):
-            assert_bit_identical(soft(x), model(x), "'auto' runs it eager")
+            out, want = soft(x), model(x)
+            assert type(out) is Opaque and torch.equal(out.logits, want.logits), "'auto' runs it eager"
     assert graph_count(soft) == 0
+
+
+@cuda
+def test_dataclass_outputs_are_copied_and_verified(grad_mode) -> None:
+    model = ReturnsDataclass().cuda().eval()
+    m = ll.wrap(model, cuda_graph=True)
+    x, x2 = torch.randn(4, 64, device="cuda"), torch.randn(4, 64, device="cuda")
+    with grad_mode():
+        m(x)
+        first = call_replays(m, lambda: m(x))
+        kept = first.probabilities.clone()
+        second = call_replays(m, lambda: m(x2))
+        want = model(x2)
+    assert type(second) is Prediction and second.scale == 2.0
+    assert_bit_identical((second.logits, second.probabilities), (want.logits, want.probabilities))
+    assert torch.equal(first.probabilities, kept), "the first result was overwritten by the next replay"
+    assert m.graph_info()["graphs"][0]["verification"]["status"] == "bit-identical"
 
 
 @cuda
