@@ -26,11 +26,12 @@ from .core.cache import GraphCache, Refusal
 from .core.capture_path import record_capture_branches
 from .core.relocation import RelocationWatch
 from .core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
-from .core.status import Admission, Stage, VerifyStatus
+from .core.status import Admission, SplitStatus, Stage, VerifyStatus
 from .core.verify import VerifyReport, verify
 from .diagnose.messages import capture_error, out_of_memory_error, verification_error
 from .errors import ConfigError, NoCudaError
 from .options import VerifyMode, check_choice, check_int, check_number, check_verify
+from .split import SPLITTABLE, EagerPart, SplitForward
 
 Mode = bool | Literal["auto"]
 OUTPUTS = {"clone": "copies the next replay cannot overwrite", "static": "the graph's own buffers, overwritten"}
@@ -38,7 +39,7 @@ ADDRESS_CHECKS = {
     "events": "relocation events plus a spot check of 8 tensors per call",
     "full": "every parameter and buffer on every call",
 }
-_RUNTIME_STATE = frozenset({"_cache", "_watch", "_eager_reasons", "_last_stream"})  # never copied or pickled
+_RUNTIME_STATE = frozenset({"_cache", "_watch", "_eager_reasons", "_last_stream", "_split"})  # never copied or pickled
 
 
 def _check_mode(cuda_graph: Any) -> Mode:
@@ -52,6 +53,9 @@ def _check_mode(cuda_graph: Any) -> Mode:
 
 class GraphedModule(torch.nn.Module):
     """A model that replays a verified CUDA graph per input signature and keeps the model's API."""
+
+    _splits = True  # a forward refused whole runs split by submodule under "auto" (not inside a piece)
+    _refusal_level = logging.INFO  # a piece of a split leaves its refusals to the split's report
 
     def __init__(
         self,
@@ -87,10 +91,15 @@ class GraphedModule(torch.nn.Module):
         """The graph cache, the relocation watch and the counters: process state, never copied or pickled."""
         self._watch = RelocationWatch(self.model, full=self.address_check == "full")
         self._cache: GraphCache[_capture.CapturedGraph] = GraphCache(
-            name=self._name(), capture_after=self.capture_after, max_graphs=self.max_graphs, guards=[self._watch]
+            name=self._name(),
+            capture_after=self.capture_after,
+            max_graphs=self.max_graphs,
+            guards=[self._watch],
+            on_invalidate=lambda why: self._drop_split(),
         )
         self._eager_reasons: dict[str, int] = {}
         self._last_stream: tuple[int, torch.cuda.Stream] | None = None
+        self._split: SplitForward | None = None  # the forward run as captured submodules, once refused whole
 
     def __getstate__(self) -> dict:
         """Copies and pickles carry the model and the options, never graphs, pools or locks."""
@@ -160,9 +169,12 @@ class GraphedModule(torch.nn.Module):
         admission = cache.admit(sig) if self.cuda_graph == "auto" else self._admit_now(sig)
         if admission is Admission.CAPTURE:
             return self._capture_and_run(sig, flat, explicit=False)
-        if admission is Admission.REFUSED and self.cuda_graph is True:
-            raise cache.refusal(sig).error
-        return model(*args, **kwargs)
+        if admission is Admission.REFUSED:
+            if self.cuda_graph is True:
+                raise cache.refusal(sig).error
+            if self._split is not None and sig in self._split.outcomes:
+                return self._run_split(sig, flat)
+        return self._run_eager(args, kwargs)
 
     def _admit_now(self, sig: Signature) -> Admission:
         """``cuda_graph=True``: every signature is captured at its first call (a refused one raises again,
@@ -207,7 +219,7 @@ class GraphedModule(torch.nn.Module):
             with cache.capturing(sig) as pool:
                 with record_capture_branches(branches):
                     graph = _capture.capture(
-                        self.model,
+                        self._target(),
                         flat,
                         device=device,
                         pool=pool,
@@ -223,7 +235,7 @@ class GraphedModule(torch.nn.Module):
                 return self._refuse(sig, flat, refusal, explicit, level=logging.WARNING)
             if fail.stage == Stage.WARM_UP and fail.cause is not None:
                 raise fail.cause from None  # the forward itself is broken: eager would raise the same
-            error = capture_error(self.model, self._name(), sig, flat, fail, device)
+            error = capture_error(self._target(), self._name(), sig, flat, fail, device)
             refusal = Refusal(
                 fail.stage, error.reason, str(error), operation=error.operation, source=error.source, error=error
             )
@@ -252,7 +264,7 @@ class GraphedModule(torch.nn.Module):
             return VerifyReport(VerifyStatus.SKIPPED, True)
         return verify(
             graph,
-            self.model,
+            self._target(),
             flat,
             mode=self.verify,
             tolerance_ulps=self.tolerance_ulps,
@@ -264,24 +276,134 @@ class GraphedModule(torch.nn.Module):
         self, sig: Signature, flat: FlatInputs, refusal: Refusal, explicit: bool, *, level: int = logging.INFO
     ) -> Any:
         self._cache.refuse(sig, refusal, log_line=False)
+        splittable = refusal.stage in SPLITTABLE and not refusal.transient and self._splits
         if self.cuda_graph is True or explicit:
+            if splittable:
+                _add_note(refusal.error, self._split_note(sig, flat, refusal))
             raise refusal.error
+        if splittable:
+            return self._run_split(sig, flat, refusal)
         retry = self._cache.retry_in(sig)
         self._cache.log_once(
             f"refuse:{refusal.stage}:{refusal.reason}:{refusal.source}",
-            level,
+            min(level, self._refusal_level) if level <= logging.INFO else level,
             f"{refusal.message}. Running eager for this input signature"
             + (f"; trying again in {retry} calls." if retry is not None else "."),
         )
         args, kwargs = flat.rebuild(flat.leaves)
-        return self.model(*args, **kwargs)
+        return self._run_eager(args, kwargs)
+
+    # ---- junction splits ------------------------------------------------------------------------------
+    def _run_split(self, sig: Signature, flat: FlatInputs, refusal: Refusal | None = None) -> Any:
+        """A signature refused whole: its forward runs through the captured submodules (``split``), searched
+        and decided at its first call; eager where the split was dropped."""
+        args, kwargs = flat.rebuild(flat.leaves)
+        with self._cache.lock:  # the split routes the model's submodules while it runs: one call at a time
+            split = self._split
+            if split is None:
+                split = self._split = self._new_split(refusal)
+            outcome = split.outcomes.get(sig)
+            if outcome is None:
+                out = split.search(args, kwargs)
+                outcome = split.decide(sig, flat, verify_mode=self.verify, tolerance_ulps=self.tolerance_ulps)
+                self._log_split(sig, split, outcome)
+                if outcome.status is SplitStatus.VERIFIED:
+                    return out
+                if not any(o.status is SplitStatus.VERIFIED for o in split.outcomes.values()):
+                    split.release()  # no signature uses the pieces: their memory goes
+            elif outcome.status is SplitStatus.VERIFIED:
+                return split.run(args, kwargs)
+        return self._run_eager(args, kwargs)
+
+    def _new_split(self, refusal: Refusal | None) -> SplitForward:
+        why = EagerPart(
+            "",
+            type(self.model).__name__,
+            refusal.reason if refusal else "refused as a whole",
+            refusal.source if refusal else None,
+        )
+        return SplitForward(self.model, name=self._name(), why=why, make_piece=self._make_piece)
+
+    def _make_piece(self, module: torch.nn.Module) -> GraphedModule:
+        """One submodule's graph cache: captured at its first call, verified, quiet about its own refusals
+        (the split reports them), calling the submodule's own forward (the split routes its calls here)."""
+        piece = GraphedModule(
+            module,
+            "auto",
+            capture_after=1,
+            max_graphs=self.max_graphs,
+            warmup=self.warmup,
+            verify=self.verify,
+            tolerance_ulps=self.tolerance_ulps,
+            outputs="clone",
+            address_check=self.address_check,
+        )
+        forward = _own_forward(module)
+        piece.__dict__["_target"] = lambda: forward
+        piece._splits = False
+        piece._refusal_level = logging.DEBUG
+        return piece
+
+    def _split_note(self, sig: Signature, flat: FlatInputs, refusal: Refusal) -> str:
+        """What cuda_graph='auto' would run instead (searched on this call, then released)."""
+        split = self._new_split(refusal)
+        try:
+            args, kwargs = flat.rebuild(flat.leaves)
+            split.search(args, kwargs)
+            outcome = split.decide(
+                sig, flat, verify_mode=self.verify, tolerance_ulps=self.tolerance_ulps, measure=False
+            )
+        except Exception as exc:  # the note is a courtesy: the refusal is the error
+            return f" (a split by submodule could not be tried: {type(exc).__name__}: {exc})"
+        finally:
+            split.release()
+        if outcome.status is not SplitStatus.VERIFIED:
+            return f" A split by submodule was tried and is not usable: {outcome.detail}."
+        return (
+            f" cuda_graph='auto' runs it split by submodule, verified against eager ({split.describe()}); "
+            "wrap with cuda_graph='auto' to allow it."
+        )
+
+    def _log_split(self, sig: Signature, split: SplitForward, outcome: Any) -> None:
+        root = split.eager[""]
+        where = f" at {root.source}" if root.source else ""
+        if outcome.status is SplitStatus.VERIFIED:
+            share = sum(outcome.shares.values())
+            speed = f"; {outcome.speedup:.2f}x over eager" if outcome.speedup else ""
+            message = (
+                f"launchless: {self._name()} cannot be captured whole ({root.reason}{where}); it runs split by "
+                f"submodule, verified against eager: {len(split.pieces)} piece(s) replay"
+                + (f" ({share:.0%} of eager GPU time)" if outcome.shares else "")
+                + f"{speed}. {split.describe()}. graph_info()['split'] has the details"
+            )
+        else:
+            message = (
+                f"launchless: {self._name()} {sig.describe()} cannot be captured whole ({root.reason}{where}) and "
+                f"its split by submodule is dropped: {outcome.detail}. Running eager for this input signature"
+            )
+        self._cache.log_once(f"split:{outcome.status}", logging.INFO, message)
+
+    def _drop_split(self) -> None:
+        """The model changed (parameters moved, a submodule swapped): the split is searched again when needed."""
+        if self._split is not None:
+            self._split.release()
+            self._split = None
 
     def _eager(self, reason: str, args: tuple, kwargs: dict) -> Any:
         """A call the caller could graph by changing how it calls (grad mode, training mode, an input): eager,
         with one WARNING per reason."""
         self._eager_reasons[reason] = self._eager_reasons.get(reason, 0) + 1
         self._cache.log_once(f"eager:{reason}", logging.WARNING, f"launchless: {self._name()} runs eager: {reason}")
-        return self._modules["model"](*args, **kwargs)
+        return self._run_eager(args, kwargs)
+
+    def _run_eager(self, args: tuple, kwargs: dict) -> Any:
+        """The model's forward without a graph."""
+        return self._target()(*args, **kwargs)
+
+    def _target(self) -> Any:
+        """What is captured, verified and run eager: the model (a piece of a split: its submodule's own forward,
+        not ``module.__call__``, which the split routes to the piece)."""
+        return self._modules["model"]
 
     def _name(self) -> str:
         return f"{type(self.model).__name__}.forward"
@@ -290,6 +412,7 @@ class GraphedModule(torch.nn.Module):
     def release_graphs(self) -> None:
         """Free every graph, its static buffers and the memory pool; later calls capture again."""
         self._cache.drop_all()
+        self._drop_split()
         self._last_stream = None
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()
@@ -333,7 +456,21 @@ class GraphedModule(torch.nn.Module):
             "pool_bytes": cache.pool.bytes(),
             "fallbacks": cache.fallbacks(lambda sig: sig.describe()),
             "eager_calls": dict(self._eager_reasons),
+            # a forward refused whole runs through captured submodules: the pieces, what runs eager, the decisions
+            "split": None if self._split is None else self._split.info(lambda sig: sig.describe()),
         }
+
+
+def _own_forward(module: torch.nn.Module) -> Any:
+    """The submodule's forward as it is now (an instance's own ``forward`` included), called without going
+    through ``module.__call__``, which the split routes to the piece."""
+    return module.__dict__.get("forward") or type(module).forward.__get__(module)
+
+
+def _add_note(error: Exception | None, note: str) -> None:
+    """Append ``note`` to the error's message (once)."""
+    if error is not None and note and not str(error).endswith(note):
+        error.args = (f"{error}{note}", *error.args[1:])
 
 
 def _any_requires_grad(leaves: list) -> bool:

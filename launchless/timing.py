@@ -77,3 +77,20 @@ def host_overhead_us(
         diffs.append(per_call[0] - per_call[1])
     torch.cuda.synchronize()
     return statistics.median(diffs)
+
+
+def interleaved_latency_ms(calls: dict[str, Callable[[], object]], *, rounds: int = 7) -> dict[str, float]:
+    """Median waited-for milliseconds per call of each of ``calls``, measured in interleaved rounds (one call of
+    each per round, the GPU idle before each), so drift in clocks or load hits all alike. Host work is on the
+    clock: this is what one request that waits for its result sees."""
+    for call in calls.values():
+        call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            call()
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(values) for name, values in times.items()}

@@ -347,15 +347,16 @@ def test_graph_info_structure() -> None:
         "evictions",
         "calls_over_max_graphs",
         "invalidations",
+        "split",
     }
-    assert info["mode"] == "auto" and info["max_graphs"] == 5
+    assert info["mode"] == "auto" and info["max_graphs"] == 5 and info["split"] is None
     assert (info["graphs"], info["pool_bytes"], info["fallbacks"], info["eager_calls"]) == ([], 0, [], {})
     assert (info["evictions"], info["invalidations"], info["calls_over_max_graphs"]) == (0, 0, None)
     with torch.no_grad():
         for _ in range(3):
             m(torch.randn(2, 4))
     (entry,) = m.graph_info()["fallbacks"]
-    assert set(entry) == {"signature", "stage", "reason", "message", "operation", "source"}
+    assert set(entry) == {"signature", "stage", "reason", "message", "operation", "source", "transient"}
 
 
 def test_release_graphs_on_cpu_forgets_refusals_without_touching_cuda() -> None:

@@ -66,6 +66,7 @@ class Refusal:
             "message": self.message or self.reason,
             "operation": self.operation,
             "source": self.source,
+            "transient": self.transient,
         }
 
 

@@ -59,3 +59,11 @@ class Admission(Label):
     WAIT = "wait"  # seen fewer than capture_after times
     OVER_CAPACITY = "over capacity"  # more shapes in use than max_graphs: keeps the graphs held
     CAPTURE = "capture"
+
+
+class SplitStatus(Label):
+    """Where the split of a forward that cannot be captured whole stands, per input signature."""
+
+    SEARCHING = "searching"  # pieces being captured; the calls run them already (each piece is verified)
+    VERIFIED = "verified"  # the joined forward equals eager and is faster: calls run it
+    DROPPED = "dropped"  # not equal to eager, or not faster: calls run eager

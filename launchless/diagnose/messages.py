@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ FALLBACKS = (
 )
 
 
-def find_blocker(model: torch.nn.Module, flat: FlatInputs, device: torch.device) -> Blocker | None:
+def find_blocker(model: Callable[..., Any], flat: FlatInputs, device: torch.device) -> Blocker | None:
     """Capture again, into a throwaway pool, under a recorder that names the aten op that raised."""
     recorder = FailureRecorder()
 
@@ -35,7 +36,7 @@ def find_blocker(model: torch.nn.Module, flat: FlatInputs, device: torch.device)
 
 
 def capture_error(
-    model: torch.nn.Module,
+    model: Callable[..., Any],
     name: str,
     sig: Signature,
     flat: FlatInputs,
