@@ -113,6 +113,7 @@ class SplitForward:
         self._make_piece = make_piece
         self.pieces: dict[str, Piece] = {}
         self._modules: dict[str, nn.Module] = {}  # piece path -> the submodule it stands for
+        self._own: dict[str, Any] = {}  # piece path -> the instance's own forward when the piece was made, if any
         self.eager: dict[str, EagerPart] = {"": why}
         self.outcomes: dict[Hashable, SplitOutcome] = {}
         self._add_children("", model)
@@ -125,6 +126,7 @@ class SplitForward:
                 self._add_children(child_path, child)
             elif worth_a_graph(child):
                 self._modules[child_path] = child
+                self._own[child_path] = child.__dict__.get("forward", _ABSENT)
                 self.pieces[child_path] = self._make_piece(child)
 
     def refine(self) -> bool:
@@ -136,6 +138,7 @@ class SplitForward:
             if refusal is None:
                 continue
             module = self._modules.pop(path)
+            self._own.pop(path)
             del self.pieces[path]
             piece.release_graphs()
             self.eager[path] = EagerPart(path, type(module).__name__, refusal["reason"], refusal.get("source"))
@@ -155,7 +158,10 @@ class SplitForward:
         try:
             for path, target in routes.items():
                 module = self._modules[path]
-                previous.append((module, module.__dict__.get("forward", _ABSENT)))
+                held = module.__dict__.get("forward", _ABSENT)
+                if held is not self._own[path]:  # the user gave it another forward since: that one runs, eager
+                    continue
+                previous.append((module, held))
                 module.__dict__["forward"] = target
             yield
         finally:
