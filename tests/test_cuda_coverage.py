@@ -1,0 +1,223 @@
+"""GPU tests of coverage: forwards that cannot be captured whole run split by submodule (pieces verified, the
+joined forward verified against eager and faster), and transformers models capture with their default cache
+outputs. Real models use random weights (``launchless.apps.zoo``)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import launchless as ll
+from launchless.core.verify import identical
+
+pytestmark = pytest.mark.cuda
+
+GRAD_MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
+
+
+@pytest.fixture(params=list(GRAD_MODES))
+def grad_mode(request):
+    return GRAD_MODES[request.param]
+
+
+def _zoo(name: str):
+    from launchless.apps import zoo
+
+    if not zoo.available(name):
+        pytest.skip(f"{name} needs launchless[zoo]")
+    return zoo.build(name, device="cuda")
+
+
+class Backbone(nn.Module):
+    """Twenty small layers: launch-bound at batch 1, where a graph pays off."""
+
+    def __init__(self, width: int = 128, depth: int = 20) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+
+class Detector(nn.Module):
+    """A host copy in the root's own code (as torchvision's transform normalises with a host tensor), and a
+    head that syncs on the values (a data-dependent filter): the whole forward cannot be captured."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.backbone = Backbone()
+        self.head = Head()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x - torch.tensor([0.5], device="cpu").to(x.device)  # a host copy
+        return self.head(self.backbone(x))
+
+
+class Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.score = nn.Linear(128, 128)
+        self.box = nn.Linear(128, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.score(x)
+        keep = scores.mean(-1) > -10  # data-dependent: nonzero syncs
+        return self.box(scores[keep.nonzero().squeeze(-1)])
+
+
+def split_info(m) -> dict:
+    info = m.graph_info()["split"]
+    assert info is not None, m.graph_info()
+    return info
+
+
+def test_a_forward_refused_whole_runs_split_verified_and_faster(grad_mode, caplog) -> None:
+    model = Detector().cuda().eval()
+    m = ll.wrap(model, cuda_graph="auto", capture_after=1)
+    x, x2 = torch.randn(1, 128, device="cuda"), torch.randn(1, 128, device="cuda")
+    with grad_mode(), caplog.at_level(logging.INFO, logger="launchless"):
+        assert identical(m(x), model(x))
+        for _ in range(3):
+            assert identical(m(x2), model(x2))
+    info = split_info(m)
+    pieces = {row["module"]: row for row in info["pieces"]}
+    assert set(pieces) == {"backbone", "head.score", "head.box"}, info
+    assert pieces["backbone"]["replays"] >= 4 and pieces["backbone"]["verification"] == ["bit-identical"]
+    assert [row["module"] for row in info["eager"]] == ["(root)", "head"]
+    assert "test_cuda_coverage.py" in info["eager"][0]["source"] and info["eager"][1]["source"]
+    (sig,) = info["signatures"]
+    assert sig["status"] == "verified" and sig["verification"]["status"] == "bit-identical", sig
+    assert sig["speedup"] > 1.03 and 0 < sig["captured_share"] <= 1, sig
+    lines = [r.getMessage() for r in caplog.records if "split by submodule" in r.getMessage()]
+    assert len(lines) == 1 and "verified against eager" in lines[0], lines
+    assert not any("forward" in mod.__dict__ for mod in model.modules()), "a route outlived the call"
+
+
+def test_cuda_graph_true_names_the_split_it_would_use() -> None:
+    model = Detector().cuda().eval()
+    x = torch.randn(1, 128, device="cuda")
+    with torch.no_grad(), pytest.raises(ll.CaptureError) as caught:
+        ll.wrap(model, cuda_graph=True)(x)
+    message = str(caught.value)
+    assert "cuda_graph='auto' runs it split by submodule" in message and "backbone" in message, message
+
+
+def test_a_split_that_is_not_faster_is_dropped(caplog) -> None:
+    class Slow(nn.Module):  # one tiny layer: a replay costs more than its one launch
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.lin(x - torch.tensor(1.0).to(x.device))
+
+    model = Slow().cuda().eval()
+    m = ll.wrap(model, cuda_graph="auto", capture_after=1)
+    x = torch.randn(2, 8, device="cuda")
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(3):
+            assert identical(m(x), model(x))
+    (sig,) = split_info(m)["signatures"]
+    assert sig["status"] == "dropped" and "not faster than eager" in sig["detail"], sig
+    assert split_info(m)["pieces"][0]["graphs"] == 0, "the dropped split's graphs are released"
+    assert any("split by submodule is dropped" in r.getMessage() for r in caplog.records)
+
+
+def test_a_split_follows_the_model_when_a_submodule_is_swapped() -> None:
+    model = Detector().cuda().eval()
+    m = ll.wrap(model, cuda_graph="auto", capture_after=1)
+    x = torch.randn(1, 128, device="cuda")
+    with torch.no_grad():
+        m(x)
+        assert split_info(m)["signatures"][0]["status"] == "verified"
+        model.backbone = Backbone().cuda().eval()  # new weights: the old pieces must not replay
+        assert identical(m(x), model(x))
+        assert identical(m(x), model(x))
+    info = split_info(m)
+    assert {row["module"] for row in info["pieces"]} >= {"backbone"} and info["signatures"][0]["status"] == "verified"
+
+
+@pytest.mark.parametrize("name", ["tv:fasterrcnn_mobilenet_v3_large_fpn", "tv:raft_small"])
+def test_real_models_blocked_by_host_work_graph_their_backbone(name: str) -> None:
+    w = _zoo(name)
+    m = ll.wrap(w.model, cuda_graph="auto", capture_after=1)
+    with torch.no_grad():
+        for _ in range(3):
+            args, kwargs = w.inputs()
+            assert identical(m(*args, **kwargs), w.model(*args, **kwargs)), name
+    info = split_info(m)
+    (sig,) = info["signatures"][:1]
+    print(name, sig["status"], sig["speedup"], sig["captured_share"], [p["module"] for p in info["pieces"]])
+    assert sig["status"] == "verified", sig
+    modules = {row["module"] for row in info["pieces"] if row["graphs"]}
+    backbone = {"backbone", "backbone.body", "feature_encoder", "context_encoder"}
+    assert any(piece == b or piece.startswith(b + ".") for piece in modules for b in backbone), info
+
+
+def test_a_decoder_captures_whole_with_its_default_cache_and_a_cache_passed_in_runs_eager(caplog) -> None:
+    transformers = pytest.importorskip("transformers")
+    transformers.utils.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg).cuda().eval()
+    m = ll.wrap(model, cuda_graph=True)
+    ids, ids2 = (torch.randint(0, 128, (1, 8), device="cuda") for _ in range(2))
+    with torch.no_grad():
+        first = m(ids)
+        second = m(ids2)
+        want = model(ids2)
+    assert identical(second, want), "logits and the returned cache, bit for bit"
+    assert type(second.past_key_values) is type(want.past_key_values)
+    row = m.graph_info()["graphs"][0]
+    assert row["replays"] >= 1 and row["verification"]["status"] == "bit-identical", row
+    nxt = torch.randint(0, 128, (1, 1), device="cuda")
+    soft = ll.wrap(model, cuda_graph="auto", capture_after=1)
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="launchless"):
+        cont = model(nxt, past_key_values=first.past_key_values).logits  # the returned cache keeps decoding
+        decoded = soft(nxt, past_key_values=second.past_key_values).logits
+        assert identical(decoded, model(nxt, past_key_values=want.past_key_values).logits)
+    assert cont.shape == (1, 1, 128)
+    assert any("updates it in place" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("arch", ["T5ForConditionalGeneration", "BartForConditionalGeneration"])
+def test_encoder_decoders_capture_whole_with_their_default_cache(arch: str) -> None:
+    transformers = pytest.importorskip("transformers")
+    transformers.utils.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    if arch.startswith("T5"):
+        cfg = transformers.T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                                    decoder_start_token_id=0)  # fmt: skip
+    else:
+        cfg = transformers.BartConfig(vocab_size=128, d_model=64, encoder_layers=2, decoder_layers=2,
+                                      encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                                      decoder_ffn_dim=128, max_position_embeddings=64)  # fmt: skip
+    model = getattr(transformers, arch)(cfg).cuda().eval()
+    m = ll.wrap(model, cuda_graph=True)
+    ids = torch.randint(3, 128, (1, 10), device="cuda")
+    dec = torch.randint(3, 128, (1, 4), device="cuda")
+    with torch.no_grad():
+        m(input_ids=ids, decoder_input_ids=dec)
+        out = m(input_ids=ids.flip(1), decoder_input_ids=dec)
+        want = model(input_ids=ids.flip(1), decoder_input_ids=dec)
+    assert identical(out, want) or m.graph_info()["graphs"][0]["verification"]["passed"]
+    assert m.graph_info()["graphs"][0]["replays"] >= 1
+
+
+def test_a_model_in_a_split_keeps_its_hooks_and_the_user_can_call_it_plain_meanwhile() -> None:
+    model = Detector().cuda().eval()
+    seen = []
+    model.backbone.register_forward_hook(lambda mod, args, out: seen.append(out.shape))
+    m = ll.wrap(model, cuda_graph="auto", capture_after=1)
+    x = torch.randn(1, 128, device="cuda")
+    with torch.no_grad():
+        m(x)
+        count = len(seen)
+        assert identical(m(x), model(x))
+    assert len(seen) == count + 2, "the hook runs around the replay and in the plain call"
