@@ -304,14 +304,14 @@ class GraphedModule(torch.nn.Module):
                 split = self._split = self._new_split(refusal)
             outcome = split.outcomes.get(sig)
             if outcome is None:
-                out = split.search(args, kwargs)
+                split.search(flat)
                 outcome = split.decide(sig, flat, verify_mode=self.verify, tolerance_ulps=self.tolerance_ulps)
                 self._log_split(sig, split, outcome)
-                if outcome.status is SplitStatus.VERIFIED:
-                    return out
-                if not any(o.status is SplitStatus.VERIFIED for o in split.outcomes.values()):
+                if outcome.status is not SplitStatus.VERIFIED and not any(
+                    o.status is SplitStatus.VERIFIED for o in split.outcomes.values()
+                ):
                     split.release()  # no signature uses the pieces: their memory goes
-            elif outcome.status is SplitStatus.VERIFIED:
+            if outcome.status is SplitStatus.VERIFIED:
                 return split.run(args, kwargs)
         return self._run_eager(args, kwargs)
 
@@ -348,8 +348,7 @@ class GraphedModule(torch.nn.Module):
         """What cuda_graph='auto' would run instead (searched on this call, then released)."""
         split = self._new_split(refusal)
         try:
-            args, kwargs = flat.rebuild(flat.leaves)
-            split.search(args, kwargs)
+            split.search(flat)
             outcome = split.decide(
                 sig, flat, verify_mode=self.verify, tolerance_ulps=self.tolerance_ulps, measure=False
             )

@@ -38,8 +38,12 @@ from .timing import interleaved_latency_ms
 
 log = logging.getLogger("launchless")
 
-SPLITTABLE = frozenset({Stage.CAPTURE, Stage.OUTPUTS, Stage.INPUT_MUTATION, Stage.VERIFICATION})
-"""Refusals a split can work around: the blocker is in some part of the forward, not in its inputs or device."""
+SPLITTABLE = frozenset({Stage.CAPTURE, Stage.OUTPUTS, Stage.VERIFICATION})
+"""Refusals of a whole forward a split can work around: the blocker is in some part of it, not in its device. A
+forward that writes into the caller's input is not split: it runs eager, as the caller's tensor must change."""
+EXPANDABLE = SPLITTABLE | {Stage.INPUT_MUTATION}
+"""Refusals of a piece that its children may not share (a piece writing into its input writes into an
+intermediate of its parent's eager code, which the expanded piece's own code then does eagerly)."""
 MAX_ROUNDS = 24  # forward passes one search may take (each expands at least one piece)
 MIN_SPEEDUP = 1.03  # the joined forward must beat eager by this much, or the split is dropped
 _ABSENT = object()
@@ -142,7 +146,7 @@ class SplitForward:
             del self.pieces[path]
             piece.release_graphs()
             self.eager[path] = EagerPart(path, type(module).__name__, refusal["reason"], refusal.get("source"))
-            if Stage(refusal["stage"]) in SPLITTABLE:
+            if Stage(refusal["stage"]) in EXPANDABLE:
                 self._add_children(path, module)
             changed = True
         return changed
@@ -176,14 +180,14 @@ class SplitForward:
         with self.routed():
             return self.model(*args, **kwargs)
 
-    def search(self, args: tuple, kwargs: dict) -> Any:
-        """Run the forward, expanding what refuses, until the plan holds; returns the last run's outputs."""
-        out = None
+    def search(self, flat: FlatInputs) -> None:
+        """Run the forward, expanding what refuses, until the plan holds. It runs on copies of the call's
+        tensors: the caller's own are used once, by the call itself."""
+        args, kwargs = flat.rebuild(copies(flat.leaves))
         for _ in range(MAX_ROUNDS):
-            out = self.run(args, kwargs)
+            self.run(args, kwargs)
             if not self.refine():
                 break
-        return out
 
     # ---- the decision per signature ------------------------------------------------------------------------------
     def decide(
@@ -219,8 +223,9 @@ class SplitForward:
         return verify(_Joined(self, flat), self.model, flat, mode=mode, tolerance_ulps=tolerance_ulps)
 
     def _measure(self, flat: FlatInputs, outcome: SplitOutcome) -> None:
-        """Waited-for time of eager and of the joined forward, interleaved; each piece's share of eager GPU time."""
-        args, kwargs = flat.rebuild(flat.leaves)
+        """Waited-for time of eager and of the joined forward, interleaved; each piece's share of eager GPU time
+        (on copies of the call's tensors)."""
+        args, kwargs = flat.rebuild(copies(flat.leaves))
         times = interleaved_latency_ms(
             {"eager": lambda: self.model(*args, **kwargs), "split": lambda: self.run(args, kwargs)}
         )
@@ -312,6 +317,11 @@ class _Joined:
     def replay_cloned(self, leaves: list) -> Any:
         args, kwargs = self._flat.rebuild(leaves)
         return self._split.run(args, kwargs)
+
+
+def copies(leaves: list) -> list:
+    """The call's leaves with every tensor copied (same layout): runs that are not the call itself use these."""
+    return [torch.empty_like(x).copy_(x) if isinstance(x, torch.Tensor) else x for x in leaves]
 
 
 def lasting_refusal(piece: Piece) -> dict | None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from launchless.core.signature import flatten_inputs
 from launchless.split import EagerPart, SplitForward, is_container, worth_a_graph
 
 
@@ -92,7 +93,8 @@ def test_the_search_expands_refused_pieces_and_runs_the_model_as_eager_would() -
     model = Net()
     split = split_of(model)
     x = torch.randn(5, 4)
-    out = split.search((x,), {})
+    split.search(flatten_inputs((x,), {}))
+    out = split.run((x,), {})
     assert list(split.pieces) == ["stem", "heads.0", "heads.1", "body.a", "body.b"]
     assert [p.module or "(root)" for p in split.eager.values()] == ["(root)", "body"]
     assert split.eager["body"] == EagerPart("body", "Block", "capture blocker", "model.py:7")
@@ -108,7 +110,7 @@ def test_a_refusal_a_split_cannot_work_around_is_not_expanded() -> None:
     model = Net()
     model.body.blocked = "no CUDA device"
     split = split_of(model)
-    split.search((torch.randn(2, 4),), {})
+    split.search(flatten_inputs((torch.randn(2, 4),), {}))
     assert "body" in split.eager and not any(path.startswith("body.") for path in split.pieces)
 
 
@@ -149,15 +151,16 @@ def test_a_module_shared_by_two_paths_is_one_piece_serving_both() -> None:
     model = TwoParents()
     split = split_of(model)
     x = torch.randn(2, 8)
-    assert torch.equal(split.search((x,), {}), model(x))
+    split.search(flatten_inputs((x,), {}))
+    assert torch.equal(split.run((x,), {}), model(x))
     assert {"left.0", "right.0"} <= set(split.pieces) and no_routes_left(model)
-    assert (split.pieces["left.0"].calls, split.pieces["right.0"].calls) == (2, 0), "one piece serves both calls"
+    assert (split.pieces["left.0"].calls, split.pieces["right.0"].calls) == (4, 0), "one piece serves both calls"
 
 
 def test_info_lists_pieces_eager_parts_and_release_frees_every_piece() -> None:
     model = Net()
     split = split_of(model)
-    split.search((torch.randn(2, 4),), {})
+    split.search(flatten_inputs((torch.randn(2, 4),), {}))
     info = split.info(str)
     assert [row["module"] for row in info["pieces"]] == list(split.pieces)
     assert all(row["graphs"] == 1 and row["verification"] == ["bit-identical"] for row in info["pieces"])
@@ -166,3 +169,13 @@ def test_info_lists_pieces_eager_parts_and_release_frees_every_piece() -> None:
     assert split.describe() == "pieces that replay: stem, heads.0, heads.1, body.a, body.b; eager: (root), body"
     split.release()
     assert all(piece.released == 1 for piece in split.pieces.values())
+
+
+def test_the_search_runs_on_copies_of_the_callers_tensors() -> None:
+    model = Net()
+    seen: list[int] = []
+    model.stem.register_forward_pre_hook(lambda mod, args: seen.append(args[0].data_ptr()))
+    split = split_of(model)
+    x = torch.randn(2, 4)
+    split.search(flatten_inputs((x,), {}))
+    assert seen and x.data_ptr() not in seen, "a search run used the caller's own tensor"
