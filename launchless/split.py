@@ -274,13 +274,15 @@ class SplitForward:
         """The pieces (graphs, replays, verification), what runs eager and why, and the decision per signature."""
         pieces = []
         for path, piece in self.pieces.items():
-            graphs = piece.graph_info()["graphs"]
+            piece_info = piece.graph_info()
+            graphs = piece_info["graphs"]
             pieces.append(
                 {
                     "module": path,
                     "type": type(self._modules[path]).__name__,
                     "graphs": len(graphs),
                     "replays": sum(g["replays"] for g in graphs),
+                    "pool_bytes": piece_info.get("pool_bytes", 0),
                     "verification": sorted({str(g["verification"]["status"]) for g in graphs if g["verification"]}),
                 }
             )

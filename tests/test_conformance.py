@@ -1,0 +1,119 @@
+"""CPU tests of the conformance matrix: rows classified from ``graph_info()``, the report files, ``launchless
+verify`` with a model of the user's own, and -- as far as a CPU allows -- every zoo model built with its inputs
+and diagnosed on the meta device (a model that stops building is caught here, not on the GPU)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from launchless.apps import cli
+from launchless.apps.conformance import report
+from launchless.apps.conformance.check import _classify, dry_check, empty_row
+from launchless.apps.conformance.user_model import ModelSpecError, load
+
+
+def _info(**overrides) -> dict:
+    info = {"graphs": [], "split": None, "fallbacks": [], "eager_calls": {}, "pool_bytes": 0}
+    return info | overrides
+
+
+def _classified(info: dict) -> dict:
+    row = empty_row("m", "task")
+    _classify(row, info)
+    return row
+
+
+def test_a_whole_graph_row() -> None:
+    graph = {"replays": 3, "verification": {"status": "bit-identical", "passed": True}}
+    row = _classified(_info(graphs=[graph], pool_bytes=3 * 2**20))
+    assert (row["status"], row["verified"], row["verification"], row["graph_mb"]) == ("graph", True, "bit-identical", 3)
+
+
+def test_a_split_row_and_a_dropped_split_row() -> None:
+    split = {
+        "pieces": [{"module": "backbone", "graphs": 1, "pool_bytes": 2**20}, {"module": "head", "graphs": 0}],
+        "eager": [{"module": "(root)", "reason": "host copy", "source": "det.py:9"}],
+        "signatures": [
+            {"status": "verified", "verification": {"status": "bit-identical"}, "captured_share": 0.8, "detail": ""}
+        ],
+    }
+    row = _classified(_info(split=split))
+    assert row["status"] == "split" and row["verified"] and row["pieces"] == ["backbone"]
+    assert (row["captured_share"], row["graph_mb"], row["source"]) == (0.8, 1.0, "det.py:9")
+    split["signatures"][0] |= {"status": "dropped", "detail": "not faster than eager"}
+    row = _classified(_info(split=split))
+    assert row["status"] == "eager" and not row["verified"]
+    assert row["reason"] == "host copy; split dropped: not faster than eager"
+
+
+def test_an_eager_row_names_the_reason_and_line() -> None:
+    fallback = {"reason": "host sync", "source": "m.py:3"}
+    row = _classified(_info(fallbacks=[fallback]))
+    assert (row["status"], row["reason"], row["source"]) == ("eager", "host sync", "m.py:3")
+
+
+def _row(model: str, task: str, status: str, speedup: float | None, verified: bool = True) -> dict:
+    row = empty_row(model, task)
+    row.update(status=status, verified=verified, speedup=speedup, identical_to_eager=status != "error")
+    return row
+
+
+def test_the_report_files_and_the_summary_against_the_targets(tmp_path) -> None:
+    rows = [
+        _row("a", "classification", "graph", 3.0),
+        _row("b", "detection", "split", 1.1),
+        _row("c", "detection", "eager", 0.98, verified=False),
+        _row("d", "video", "error", None, verified=False),
+    ]
+    s = report.summary(rows)
+    assert s["counts"] == {"graph": 1, "split": 1, "eager": 1, "error": 1}
+    assert (s["accelerated_verified"], s["at_least_1_2x"], s["slower_than_eager"]) == (2, 1, ["c"])
+    environment = {"date": "2026-12-01", "gpu": "NVIDIA H200", "torch": "2.11"}
+    paths = report.write_all(tmp_path, environment, rows)
+    data = json.loads(paths["json"].read_text())
+    assert isinstance(data, list) and [r["model"] for r in data] == ["a", "b", "c", "d"]
+    assert all({"model", "task", "status", "verified", "speedup", "gpu", "torch"} <= set(r) for r in data)
+    md = paths["md"].read_text()
+    assert "## detection" in md and "| b | split |" in md and "Slower than eager: c" in md
+    assert paths["png"].stat().st_size > 1000
+
+
+def test_verify_loads_a_users_module_function_and_diagnoses_it_without_a_gpu(tmp_path, monkeypatch, capsys) -> None:
+    (tmp_path / "my_models.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            class Net(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.fc = torch.nn.Linear(4, 4)
+
+                def forward(self, x):
+                    return self.fc(x) * x.sum().item()  # a host sync
+
+            def build():
+                return Net(), lambda: ((torch.randn(2, 4),), {})
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model, make, task = load("my_models:build", device="cpu")
+    assert isinstance(model, torch.nn.Module) and not model.training and task == "user"
+    args, kwargs = make()
+    assert args[0].shape == (2, 4) and kwargs == {}
+    row = dry_check(model, make(), name="my_models:build", task=task)
+    assert row["blocker"] and "host sync" in row["blocker"], row
+    if not torch.cuda.is_available():
+        assert cli.main(["verify", "my_models:build"]) == 2
+        assert "host sync" in capsys.readouterr().out
+    with pytest.raises(ModelSpecError, match="is not a zoo workload"):
+        load("no_such_thing", device="cpu")
+    with pytest.raises(ModelSpecError, match="cannot load"):
+        load("no_such_module_here:build", device="cpu")
+    sys.modules.pop("my_models", None)
