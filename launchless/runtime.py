@@ -165,7 +165,10 @@ class GraphedModule(torch.nn.Module):
             return self._eager(str(exc), args, kwargs)
         graph = cache.get(sig)
         if graph is not None:
-            return self._replay(graph, flat.leaves)
+            if graph.host_sources and graph.host_sources.changed():
+                cache.drop_all("a host tensor copied into a graph as a constant was written or replaced")
+            else:
+                return self._replay(graph, flat.leaves)
         admission = cache.admit(sig) if self.cuda_graph == "auto" else self._admit_now(sig)
         if admission is Admission.CAPTURE:
             return self._capture_and_run(sig, flat, explicit=False)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from .host_constants import HostCopies, HostCopyRecorder, HostCopyReplayer, HostSources
 from .index_trace import IndexTrace
 from .output_aliases import fill_aliases, find_input_aliases
 from .output_copies import IMMUTABLE_OUTPUTS, make_cloner
@@ -145,6 +146,8 @@ class CapturedGraph:
         self.pool_growth = pool_growth
         self.replays = 0
         self.index_inputs: frozenset[int] = frozenset()  # float inputs read as addresses (capture's trace)
+        self.host_constants: HostCopies = HostCopies()
+        self.host_sources: HostSources | None = None  # host tensors its constants came from, still alive
 
     def load(self, leaves: list) -> None:
         """Copy new inputs into the static buffers, in one multi-tensor launch where there are several; a static
@@ -236,9 +239,13 @@ def capture(
         with torch.cuda.stream(stream), _capture_autocast():
             traced = bool(trace_indices and warmup)  # the first warm-up run is the traced one
             index_inputs = _traced_warmup(fn, args, kwargs, static_leaves) if traced else frozenset()
+            copies = HostCopies()
             try:
-                for _ in range(warmup - traced):
-                    fn(*args, **kwargs)
+                for k in range(warmup - traced):
+                    if k == warmup - traced - 1:  # the last one records the host-to-device copies
+                        copies = _recorded_warmup(fn, args, kwargs)
+                    else:
+                        fn(*args, **kwargs)
             except Exception as exc:
                 raise CaptureFailed(Stage.WARM_UP, exc, f"the forward failed during warm-up: {exc}") from exc
         if _versions(static_leaves, slots) != before:
@@ -261,7 +268,12 @@ def capture(
                 _abandon(graph, device, pool, generator, rng_before, ended=True)
                 raise CaptureFailed(Stage.CAPTURE, exc, str(exc)) from exc
             try:
-                outputs = fn(*args, **kwargs)
+                if copies:
+                    with HostCopyReplayer(copies) as replayer:
+                        outputs = fn(*args, **kwargs)
+                    replayer.check_all_used()
+                else:
+                    outputs = fn(*args, **kwargs)
             except BaseException as exc:
                 _abandon(graph, device, pool, generator, rng_before)
                 raise CaptureFailed(Stage.CAPTURE, exc, str(exc)) from exc
@@ -281,7 +293,21 @@ def capture(
             graph, static_leaves, slots, outputs, capture_ms, growth, torch.cuda.current_device(), host_slots=host
         )
         captured.index_inputs = index_inputs
+        captured.host_constants = copies  # the device tensors the graph's host constants are copied from
+        captured.host_sources = HostSources(copies)
         return captured
+
+
+def _recorded_warmup(fn: Callable[..., Any], args: tuple, kwargs: dict) -> HostCopies:
+    """One warm-up run that records its host-to-device copies (``host_constants``). A forward that fails only
+    under the recorder (a dispatch mode it does not support) runs again without it, and nothing is recorded."""
+    try:
+        with HostCopyRecorder() as recorder:
+            fn(*args, **kwargs)
+        return recorder.copies
+    except Exception:
+        fn(*args, **kwargs)
+        return HostCopies()
 
 
 def _traced_warmup(fn: Callable[..., Any], args: tuple, kwargs: dict, leaves: list) -> frozenset[int]:

@@ -1,0 +1,85 @@
+"""CPU tests of host constants (``core.host_constants``): host-to-device copies recorded on a warm-up run and
+served from the recorded device tensors on the next run, refused when the host value changes, and host sources
+that outlive the call watched. The ``meta`` device stands in for the GPU (the copies are the same aten ops)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from launchless.core.host_constants import (
+    MAX_BYTES,
+    HostCopyRecorder,
+    HostCopyReplayer,
+    HostSources,
+    HostValueChanged,
+)
+
+DEVICE = torch.device("meta")
+
+
+class Model(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.arange(4.0)  # a host tensor the module holds
+        self.scale = 2.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        size = torch.tensor([x.shape[0], x.shape[1]], dtype=torch.float32)  # made from Python values each call
+        buffer = torch.empty(4, device=x.device)
+        buffer.copy_(self.table * self.scale)  # copy_ from the host
+        return x.sum() + size.to(x.device).sum() + buffer.sum() + self.table.to(x.device)[0]
+
+
+def test_copies_are_recorded_then_served_from_the_device() -> None:
+    model, x = Model(), torch.empty(3, 5, device=DEVICE)
+    with HostCopyRecorder() as recorder:
+        model(x)
+    copies = recorder.copies
+    assert len(copies) == 3 and all(r.device == DEVICE for r in copies.results)
+    assert [tuple(s.shape) for s in copies.sources] == [(4,), (2,), (4,)]  # copy_, size, table: call order
+    with HostCopyReplayer(copies) as replayer:
+        model(x)
+    replayer.check_all_used()
+    assert replayer.position == 3
+
+
+def test_a_host_value_that_changes_between_runs_is_refused() -> None:
+    model, x = Model(), torch.empty(3, 5, device=DEVICE)
+    with HostCopyRecorder() as recorder:
+        model(x)
+    model.scale = 3.0  # e.g. a value read from a clock or a counter
+    with pytest.raises(HostValueChanged, match="differs between two runs"), HostCopyReplayer(recorder.copies):
+        model(x)
+
+
+def test_fewer_copies_at_capture_are_refused() -> None:
+    with HostCopyRecorder() as recorder:
+        torch.ones(2).to(DEVICE)
+        torch.ones(3).to(DEVICE)
+    with HostCopyReplayer(recorder.copies) as replayer:
+        torch.ones(2).to(DEVICE)
+    with pytest.raises(HostValueChanged, match="2 host tensors"):
+        replayer.check_all_used()
+
+
+def test_only_sources_that_outlive_the_call_are_watched_and_a_write_is_seen() -> None:
+    model, x = Model(), torch.empty(3, 5, device=DEVICE)
+    with HostCopyRecorder() as recorder:
+        model(x)
+    sources = HostSources(recorder.copies)
+    assert sources and len(sources._watched) == 1, "only the module's own table outlives the call"
+    assert not sources.changed()
+    model.table.add_(1)
+    assert sources.changed()
+    replaced = HostSources(recorder.copies)
+    model.table = torch.arange(4.0)  # the old tensor is freed
+    assert replaced.changed()
+
+
+def test_large_host_tensors_are_data_not_constants() -> None:
+    big = torch.zeros(MAX_BYTES // 4 + 1)
+    with HostCopyRecorder() as recorder:
+        big.to(DEVICE)
+        torch.zeros(8).to(DEVICE)
+    assert len(recorder.copies) == 1
