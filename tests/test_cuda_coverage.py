@@ -221,3 +221,49 @@ def test_a_model_in_a_split_keeps_its_hooks_and_the_user_can_call_it_plain_meanw
         count = len(seen)
         assert identical(m(x), model(x))
     assert len(seen) == count + 2, "the hook runs around the replay and in the plain call"
+
+
+class HostBuilt(nn.Module):
+    """Builds tensors on the host inside forward: a size from Python values and a table the module holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.table = torch.linspace(0, 1, 16)  # a host tensor, not a buffer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        size = torch.tensor([x.shape[0], x.shape[1]], dtype=x.dtype, device=x.device)
+        return self.lin(x) * self.table.to(x.device) + size.sum()
+
+
+def test_host_constants_are_made_once_on_the_device_and_watched(grad_mode) -> None:
+    model = HostBuilt().cuda().eval()
+    m = ll.wrap(model, cuda_graph=True)
+    x, x2 = torch.randn(4, 16, device="cuda"), torch.randn(4, 16, device="cuda")
+    with grad_mode():
+        m(x)
+        assert identical(m(x2), model(x2))
+        row = m.graph_info()["graphs"][0]
+        assert row["replays"] >= 2 and row["verification"]["status"] == "bit-identical", row
+        model.table.mul_(2)  # the host tensor changes: the graph holding its old value must not replay
+        assert identical(m(x2), model(x2))
+        assert m.graph_info()["invalidations"] == 1
+        assert identical(m(x), model(x))
+
+
+def test_a_host_value_that_changes_every_call_is_refused_with_the_reason() -> None:
+    import itertools
+
+    counter = itertools.count()
+
+    class Clocked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.lin(x) + torch.tensor(float(next(counter)), device=x.device)
+
+    model = Clocked().cuda().eval()
+    with torch.no_grad(), pytest.raises(ll.CaptureError, match="differs between two runs"):
+        ll.wrap(model, cuda_graph=True)(torch.randn(2, 8, device="cuda"))
