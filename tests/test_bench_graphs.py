@@ -89,3 +89,26 @@ def test_recorder_sees_no_graph_for_a_cpu_model_and_counts_no_break() -> None:
     assert s["dynamo_graphs"] == 0 and s["variants"] == {}  # a CPU graph is compiled, never captured
     assert s["graph_breaks"] == 0
     torch._dynamo.reset()
+
+
+def test_runtime_summaries_say_whole_graph_split_or_eager() -> None:
+    from launchless.apps.bench.graphs import describe, markdown_lines, runtime_summary
+
+    base = {"graphs": [], "fallbacks": [], "eager_calls": {}, "split": None}
+    whole = runtime_summary(base | {"graphs": [{"replays": 4}]})
+    assert describe(whole) == "whole graph"
+    split = {
+        "pieces": [{"module": "backbone", "graphs": 1}, {"module": "rpn.head", "graphs": 1}],
+        "eager": [{"module": "(root)", "reason": "host copy"}, {"module": "rpn", "reason": "host sync"}],
+        "signatures": [{"status": "verified", "captured_share": 0.49, "detail": ""}],
+    }
+    text = describe(runtime_summary(base | {"split": split}))
+    assert text == "split (host copy): 2 pieces replay (49 % of eager GPU time: backbone, rpn.head); eager: (root), rpn"
+    split["signatures"][0] |= {"status": "dropped", "detail": "not faster than eager"}
+    eager = runtime_summary(base | {"split": split, "fallbacks": [{"reason": "host copy"}]})
+    assert describe(eager) == "eager: host copy; split dropped: not faster than eager"
+    lines = markdown_lines([{"workload": "det", "graphs": eager}])
+    assert (
+        "## What `launchless` ran" in lines
+        and "- `det`: eager: host copy; split dropped: not faster than eager" in lines
+    )

@@ -1,8 +1,10 @@
-"""What the launchless backend did with a workload's graphs, for the bench report.
+"""What launchless did with a workload, for the bench report.
 
-A speed figure alone does not say why the compiler path is slow on a model: graphs refused, graphs the
-selective step left without a CUDA graph, or Dynamo recompiling. The ``launchless-compile`` mode records,
-per workload, a summary of every ``CompiledGraphs`` the backend made and Dynamo's graph-break count.
+A speed figure alone does not say why a mode is slow on a model: graphs refused, graphs the selective step left
+without a CUDA graph, Dynamo recompiling, or a forward that runs split. The ``launchless-compile`` mode records,
+per workload, a summary of every ``CompiledGraphs`` the backend made and Dynamo's graph-break count; the
+``launchless`` mode whether the forward replays whole, runs split (its pieces and their share of the GPU time)
+or runs eager, and why.
 """
 
 from __future__ import annotations
@@ -68,8 +70,45 @@ def recorder() -> Callable[[], dict[str, Any]]:
     return summary
 
 
+def runtime_summary(info: Mapping[str, Any]) -> dict[str, Any]:
+    """A wrapped model's ``graph_info()`` as what runs: ``graph``, ``split`` (pieces, share) or ``eager`` (why)."""
+    split = info.get("split")
+    verified = [s for s in (split or {}).get("signatures", []) if s["status"] == "verified"]
+    if any(g["replays"] for g in info["graphs"]):
+        return {"runtime": "graph", "graphs": len(info["graphs"])}
+    if verified:
+        return {
+            "runtime": "split",
+            "pieces": [p["module"] for p in split["pieces"] if p["graphs"]],
+            "captured_share": verified[0]["captured_share"],
+            "eager": [part["module"] for part in split["eager"]],
+            "reason": split["eager"][0]["reason"],
+        }
+    reasons = [f["reason"] for f in info["fallbacks"]] or list(info.get("eager_calls", {}))
+    if split and split["signatures"]:
+        reasons.append(f"split dropped: {split['signatures'][0]['detail']}")
+    return {"runtime": "eager", "reason": "; ".join(reasons) or None}
+
+
+def describe_runtime(summary: Mapping[str, Any]) -> str:
+    """One line: ``whole graph``, ``split: 4 pieces replay (49 % of GPU time: backbone, ...); eager: ...``."""
+    if summary["runtime"] == "graph":
+        return "whole graph"
+    if summary["runtime"] == "split":
+        share = summary.get("captured_share")
+        share_text = f"{100 * share:.0f} % of eager GPU time: " if share is not None else ""
+        return (
+            f"split ({summary['reason']}): {len(summary['pieces'])} pieces replay ({share_text}"
+            f"{', '.join(summary['pieces'])}); eager: {', '.join(summary['eager'])}"
+        )
+    return f"eager: {summary.get('reason')}"
+
+
 def describe(summary: Mapping[str, Any]) -> str:
-    """One line: ``12 Dynamo graphs (3 breaks): 10 graph, 1 graph+pi, 1 no-graph; refused 1: why; CGCT in 2``."""
+    """One line: ``12 Dynamo graphs (3 breaks): 10 graph, 1 graph+pi, 1 no-graph; refused 1: why; CGCT in 2``
+    (for the backend), or what the runtime wrapper ran (``describe_runtime``)."""
+    if "runtime" in summary:
+        return describe_runtime(summary)
     variants = ", ".join(f"{n} {v}" for v, n in sorted(summary["variants"].items())) or "none captured"
     text = f"{summary['dynamo_graphs']} Dynamo graphs ({summary['graph_breaks']} breaks): {variants}"
     if summary["refused"]:
@@ -86,7 +125,13 @@ def describe(summary: Mapping[str, Any]) -> str:
 
 def markdown_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """The report's section on the backend's graphs; empty when no row carries a summary."""
-    lines = [f"- `{r['workload']}`: {describe(r['graphs'])}" for r in rows if r.get("graphs")]
-    if not lines:
-        return []
-    return ["", "## The launchless backend's graphs", "", "Per workload under `launchless-compile`.", "", *lines]
+    backend = [r for r in rows if r.get("graphs") and "runtime" not in r["graphs"]]
+    runtime = [r for r in rows if r.get("graphs") and "runtime" in r["graphs"]]
+    lines: list[str] = []
+    if runtime:
+        lines += ["", "## What `launchless` ran", "", 'Per workload under `launchless` (`wrap`, `"auto"`).', ""]
+        lines += [f"- `{r['workload']}`: {describe_runtime(r['graphs'])}" for r in runtime]
+    if backend:
+        lines += ["", "## The launchless backend's graphs", "", "Per workload under `launchless-compile`.", ""]
+        lines += [f"- `{r['workload']}`: {describe(r['graphs'])}" for r in backend]
+    return lines

@@ -87,10 +87,11 @@ def inference(mode: str, model: torch.nn.Module, args: tuple, kwargs: dict) -> P
         summary = recorder()
         compiled = torch.compile(model, backend=launchless_backend)
         return Prepared(lambda: compiled(*args, **kwargs), details=summary)
-    if mode == "launchless":
+    if mode == "launchless":  # as a user runs it: "auto", captured (or split) at the first call
         import launchless
 
-        wrapped = launchless.wrap(model, cuda_graph=True)
-        wrapped.capture_graph(*args, **kwargs)
-        return Prepared(lambda: wrapped(*args, **kwargs))
+        from .graphs import runtime_summary
+
+        wrapped = launchless.wrap(model, cuda_graph="auto", capture_after=1)
+        return Prepared(lambda: wrapped(*args, **kwargs), details=lambda: runtime_summary(wrapped.graph_info()))
     raise ModeUnavailable(f"unknown mode {mode!r}")
