@@ -187,7 +187,25 @@ def _doctor(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     workload = zoo.build(args.model, batch=args.batch, device="cuda")
     print(explain(workload.model.eval(), *workload.args, **workload.kwargs))
+    print(f"\nlaunchless.wrap(model) ('auto'): {_runtime_line(workload)}")
     return 0
+
+
+def _runtime_line(workload) -> str:
+    """What the run-time wrapper does with the model: whole graph, split (pieces, share) or eager (why)."""
+    import torch
+
+    from ..runtime import wrap
+    from .bench.graphs import describe_runtime, runtime_summary
+
+    wrapped = wrap(workload.model, cuda_graph="auto", capture_after=1)
+    with torch.no_grad():
+        for _ in range(2):
+            args, kwargs = workload.inputs()
+            wrapped(*args, **kwargs)
+    line = describe_runtime(runtime_summary(wrapped.graph_info()))
+    wrapped.release_graphs()
+    return line
 
 
 def _add_train_parser(sub: argparse._SubParsersAction) -> None:
