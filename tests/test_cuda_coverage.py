@@ -55,7 +55,7 @@ class Detector(nn.Module):
         self.head = Head()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x - torch.tensor([0.5], device="cpu").to(x.device)  # a host copy
+        x = x - torch.arange(300_000, device="cpu").to(x.device)[:128] / 1e6  # a host copy too large for a constant
         return self.head(self.backbone(x))
 
 
@@ -115,7 +115,8 @@ def test_a_split_that_is_not_faster_is_dropped(caplog) -> None:
             self.lin = nn.Linear(8, 8)
 
         def forward(self, x):
-            return self.lin(x - torch.tensor(1.0).to(x.device))
+            y = self.lin(x)
+            return y * 2 if y.sum() > 0 else y  # a host sync
 
     model = Slow().cuda().eval()
     m = ll.wrap(model, cuda_graph="auto", capture_after=1)
@@ -151,6 +152,11 @@ def test_real_models_blocked_by_host_work_graph_their_backbone(name: str) -> Non
         for _ in range(3):
             args, kwargs = w.inputs()
             assert identical(m(*args, **kwargs), w.model(*args, **kwargs)), name
+    info = m.graph_info()
+    if any(g["replays"] for g in info["graphs"]):  # its host copies were small: constants, one whole graph
+        print(name, "whole graph", info["graphs"][0]["verification"]["status"])
+        assert info["graphs"][0]["verification"]["passed"], info
+        return
     info = split_info(m)
     (sig,) = info["signatures"][:1]
     print(name, sig["status"], sig["speedup"], sig["captured_share"], [p["module"] for p in info["pieces"]])

@@ -67,7 +67,7 @@ class CopiesFromHost(nn.Module):
         self.lin = nn.Linear(8, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        offsets = torch.arange(8).to(x.device)  # the CPU->GPU copy under test
+        offsets = torch.arange(300_000).to(x.device)[:8]  # a host tensor too large to be a constant: data
         return self.lin(x) + offsets
 
 
@@ -239,7 +239,7 @@ def test_host_copy_names_the_copy_and_the_line() -> None:
     with torch.no_grad(), pytest.raises(ll.CaptureError) as info:
         m(torch.randn(2, 8, device="cuda"))
     message = str(info.value)
-    assert "CPU<->GPU copy" in message and "torch.arange(8).to(x.device)" in message
+    assert "CPU<->GPU copy" in message and "torch.arange(300_000).to(x.device)" in message
     assert info.value.source and "test_cuda_runtime.py" in info.value.source
 
 
@@ -257,8 +257,8 @@ def test_auto_falls_back_with_one_log_line(caplog: pytest.LogCaptureFixture) -> 
     with caplog.at_level(logging.INFO, logger="launchless"), torch.no_grad():
         for _ in range(5):
             assert identical(m(x), model(x))
-    lines = [r for r in caplog.records if "cannot capture" in r.getMessage()]
-    assert len(lines) == 1
+    lines = [r for r in caplog.records if "cannot be captured whole" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in caplog.records]  # the split's decision, once
     fallback = m.graph_info()["fallbacks"][0]
     assert fallback["reason"] == "host sync" and "test_cuda_runtime.py" in fallback["source"]
 

@@ -83,3 +83,21 @@ def test_large_host_tensors_are_data_not_constants() -> None:
         big.to(DEVICE)
         torch.zeros(8).to(DEVICE)
     assert len(recorder.copies) == 1
+
+
+def test_tensors_made_from_python_values_on_the_device_are_recorded_too() -> None:
+    from launchless.core.host_constants import recording, replaying
+
+    def forward() -> torch.Tensor:
+        a = torch.tensor([3.0, 4.0], device=DEVICE)  # the copy happens below the dispatcher's Python key
+        b = torch.as_tensor([1, 2], device=DEVICE)
+        c = torch.tensor(torch.ones(2), device=DEVICE)  # from a tensor: an ordinary _to_copy
+        return a, b, c
+
+    with recording() as recorder:
+        forward()
+    assert [s.tolist() for s in recorder.copies.sources] == [[3.0, 4.0], [1, 2], [1.0, 1.0]]
+    with replaying(recorder.copies) as replayer:
+        a, b, c = forward()
+    replayer.check_all_used()
+    assert (a.device, b.dtype, c.shape) == (DEVICE, torch.int64, (2,))

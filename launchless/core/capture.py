@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from .host_constants import HostCopies, HostCopyRecorder, HostCopyReplayer, HostSources
+from .host_constants import HostCopies, HostSources, recording, replaying
 from .index_trace import IndexTrace
 from .output_aliases import fill_aliases, find_input_aliases
 from .output_copies import IMMUTABLE_OUTPUTS, make_cloner
@@ -269,7 +269,7 @@ def capture(
                 raise CaptureFailed(Stage.CAPTURE, exc, str(exc)) from exc
             try:
                 if copies:
-                    with HostCopyReplayer(copies) as replayer:
+                    with replaying(copies) as replayer:
                         outputs = fn(*args, **kwargs)
                     replayer.check_all_used()
                 else:
@@ -302,7 +302,7 @@ def _recorded_warmup(fn: Callable[..., Any], args: tuple, kwargs: dict) -> HostC
     """One warm-up run that records its host-to-device copies (``host_constants``). A forward that fails only
     under the recorder (a dispatch mode it does not support) runs again without it, and nothing is recorded."""
     try:
-        with HostCopyRecorder() as recorder:
+        with recording() as recorder:
             fn(*args, **kwargs)
         return recorder.copies
     except Exception:

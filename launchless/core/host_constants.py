@@ -28,6 +28,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 MAX_BYTES = 1 << 20
@@ -56,6 +57,49 @@ def _host_copy(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     if isinstance(target, torch.Tensor) and target.device.type != "cpu" and _is_host(args[1]) and _small(args[1]):
         return args[1]
     return None
+
+
+_FACTORIES = (torch.tensor, torch.as_tensor)
+
+
+class _FactoriesViaHost(TorchFunctionMode):
+    """``torch.tensor(data, device="cuda")`` copies its data to the device below the dispatcher's Python key, where
+    no dispatch mode sees it: made on the host and moved with ``.to``, the copy is an ``aten::_to_copy`` like any."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        from_values = not (args and isinstance(args[0], torch.Tensor))  # data from Python values (or numpy)
+        if func in _FACTORIES and from_values and device is not None and torch.device(device).type != "cpu":
+            return func(*args, **{**kwargs, "device": "cpu"}).to(device)
+        return func(*args, **kwargs)
+
+
+class _Both:
+    """Enter the factory rewrite and a dispatch mode together."""
+
+    def __init__(self, mode: TorchDispatchMode) -> None:
+        self._factories, self._mode = _FactoriesViaHost(), mode
+
+    def __enter__(self) -> Any:
+        self._factories.__enter__()
+        return self._mode.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self._mode.__exit__(*exc)
+        finally:
+            self._factories.__exit__(*exc)
+
+
+def recording() -> _Both:
+    """``with recording() as recorder: fn(...)``; then ``recorder.copies``."""
+    return _Both(HostCopyRecorder())
+
+
+def replaying(copies: HostCopies) -> _Both:
+    """``with replaying(copies) as replayer: fn(...)`` while capturing; then ``replayer.check_all_used()``."""
+    return _Both(HostCopyReplayer(copies))
 
 
 class HostCopies:
