@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import socket
+import sys
+from collections.abc import Mapping
 
 import pytest
 import torch
@@ -164,3 +167,153 @@ def test_hf_workload_inputs(name: str) -> None:
         assert (cfg.d_model, cfg.d_ff, cfg.num_layers, cfg.num_heads, vocab) == (512, 2048, 6, 8, 32128)
     if name == "hf:xlnet-base":
         assert w.model.config.use_mems_eval is False
+
+
+# --- tasks and the full registry ------------------------------------------------------------------
+
+# Floors per task: the conformance matrix counts on at least this many of each.
+TASK_FLOORS = {
+    "classification": 20,
+    "detection": 10,
+    "instance-segmentation": 2,
+    "semantic-segmentation": 6,
+    "keypoints": 1,
+    "video": 5,
+    "optical-flow": 2,
+    "encoder": 7,
+    "decoder": 9,
+    "encoder-decoder": 5,
+    "vision": 7,
+    "audio": 3,
+    "diffusion": 3,
+}
+
+ORIGINAL_TASKS = {
+    "timm:resnet18": "classification",
+    "timm:mobilenetv3_small_100": "classification",
+    "timm:efficientnet_b0": "classification",
+    "timm:convnext_atto": "classification",
+    "timm:vit_tiny_patch16_224": "classification",
+    "timm:resnet50": "classification",
+    "hf:bert-base": "encoder",
+    "hf:gpt2": "decoder",
+    "hf:t5-small": "encoder-decoder",
+    "hf:xlnet-base": "encoder",
+    "tv:fasterrcnn_mobilenet_v3_large_fpn": "detection",
+    "tv:fasterrcnn_resnet50_fpn": "detection",
+    "tv:retinanet_resnet50_fpn": "detection",
+    "tv:fcos_resnet50_fpn": "detection",
+    "tv:maskrcnn_resnet50_fpn": "instance-segmentation",
+    "tv:ssdlite320_mobilenet_v3_large": "detection",
+    "tv:raft_small": "optical-flow",
+    "hf:mistral-tiny": "decoder",
+    "hf:rt-detr": "detection",
+    "hf:mask2former": "semantic-segmentation",
+}
+
+# Called with explicit flags that drop caches / mems: they keep that behaviour (benchmarks rely on it).
+NO_CACHE = {"hf:gpt2", "hf:mistral-tiny", "hf:t5-small"}
+PREFIX_FAMILY = {"timm": "timm", "tv": "torchvision", "hf": "transformers", "diffusers": "diffusers"}
+
+
+def test_tasks_cover_every_workload_once() -> None:
+    assert "tasks" in zoo.__all__ and "TASKS" in zoo.__all__
+    by_task = zoo.tasks()
+    assert list(by_task) == [t for t in zoo.TASKS if t in by_task]  # in TASKS order
+    assert set(by_task) == set(TASK_FLOORS) == set(zoo.TASKS)
+    listed = [n for group in by_task.values() for n in group]
+    assert sorted(listed) == sorted(zoo.names()) and len(listed) == len(set(listed))
+    assert len(by_task) >= 12 and len(listed) >= 85
+    for task, floor in TASK_FLOORS.items():
+        assert len(by_task[task]) >= floor, (task, by_task[task])
+    for task, group in by_task.items():
+        assert all(zoo._REGISTRY[n].task == task for n in group)
+
+
+def test_original_workloads_keep_names_order_and_get_tasks() -> None:
+    assert zoo.names()[: len(ORIGINAL_TASKS)] == list(ORIGINAL_TASKS)
+    assert {n: zoo._REGISTRY[n].task for n in ORIGINAL_TASKS} == ORIGINAL_TASKS
+
+
+def test_names_follow_their_family() -> None:
+    for name in zoo.names():
+        prefix, _, short = name.partition(":")
+        spec = zoo._REGISTRY[name]
+        assert short and spec.family == PREFIX_FAMILY[prefix], name
+        assert spec.task in zoo.TASKS, name
+    assert all(zoo._REGISTRY[n].package == "diffusers" for n in zoo.tasks()["diffusion"])
+
+
+def test_unknown_task_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown task 'nope'"):
+        dataclasses.replace(zoo._REGISTRY["timm:resnet18"], task="nope")
+
+
+def test_missing_diffusers_makes_diffusion_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "diffusers", None)  # import diffusers now raises ImportError
+    assert not any(zoo.available(n) for n in zoo.tasks()["diffusion"])
+    with pytest.raises(ImportError, match="needs 'diffusers'"):
+        zoo.build(zoo.tasks()["diffusion"][0])
+
+
+@pytest.mark.zoo
+def test_workload_carries_its_task() -> None:
+    pytest.importorskip("timm")
+    w = zoo.build("timm:resnet18")
+    assert (w.task, w.family) == ("classification", "timm")
+
+
+def _tensors(obj: object):
+    """Tensors in an output: nested tuples / lists / dicts (model outputs are dicts) and dataclasses."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, Mapping):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, list | tuple):
+        for v in obj:
+            yield from _tensors(v)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from _tensors(getattr(obj, f.name))
+
+
+def _no_network(*args, **kwargs):
+    raise AssertionError("a zoo builder tried to open a network connection")
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("name", zoo.names())
+def test_every_workload_builds_and_runs(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random weights only: builds offline at batch 1 and one CPU forward gives finite float outputs."""
+    if not zoo.available(name):
+        pytest.skip(f"{zoo._REGISTRY[name].package} is not installed")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(socket.socket, "connect", _no_network)
+    spec = zoo._REGISTRY[name]
+    w = zoo.build(name)
+    assert (w.name, w.task, w.family) == (name, spec.task, spec.family)
+    assert _all_eval(w.model)
+    assert all(p.device.type == "cpu" and p.dtype == torch.float32 for p in w.model.parameters())
+
+    given = list(_tensors((w.args, w.kwargs)))
+    fresh = list(_tensors(w.inputs()))
+    assert given and [(t.shape, t.dtype) for t in given] == [(t.shape, t.dtype) for t in fresh]
+    if spec.family == "transformers":
+        cfg = w.model.config
+        vocab = getattr(cfg, "vocab_size", None) or getattr(getattr(cfg, "text_config", None), "vocab_size", None)
+        for key, ids in w.kwargs.items():
+            if key.endswith("input_ids"):
+                assert int(ids.min()) >= 0 and int(ids.max()) < vocab, key
+
+    with torch.no_grad():
+        out = w.model(*w.args, **w.kwargs)
+    floats = [t for t in _tensors(out) if t.is_floating_point()]
+    assert floats, f"{name}: no float tensor in the output"
+    assert all(bool(torch.isfinite(t).all()) for t in floats), f"{name}: non-finite output"
+    if spec.task != "detection":  # random-weight detectors may keep no box above their score threshold
+        assert any(t.numel() for t in floats), f"{name}: only empty outputs"
+    if spec.task in ("decoder", "encoder-decoder") and name not in NO_CACHE:
+        from transformers import Cache
+
+        assert any(isinstance(v, Cache) for v in out.values()), f"{name}: no cache returned by default"
