@@ -85,7 +85,8 @@ def test_large_host_tensors_are_data_not_constants() -> None:
     assert len(recorder.copies) == 1
 
 
-def test_tensors_made_from_python_values_on_the_device_are_recorded_too() -> None:
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])
+def test_tensors_made_from_python_values_on_the_device_are_recorded_too(grad_mode) -> None:
     from launchless.core.host_constants import recording, replaying
 
     def forward() -> torch.Tensor:
@@ -94,10 +95,12 @@ def test_tensors_made_from_python_values_on_the_device_are_recorded_too() -> Non
         c = torch.tensor(torch.ones(2), device=DEVICE)  # from a tensor: an ordinary _to_copy
         return a, b, c
 
-    with recording() as recorder:
+    with grad_mode(), recording() as recorder:  # under inference_mode a move is aten::to, not aten::_to_copy
         forward()
-    assert [s.tolist() for s in recorder.copies.sources] == [[3.0, 4.0], [1, 2], [1.0, 1.0]]
-    with replaying(recorder.copies) as replayer:
+        torch.arange(3).to(DEVICE)
+    assert [s.tolist() for s in recorder.copies.sources] == [[3.0, 4.0], [1, 2], [1.0, 1.0], [0, 1, 2]]
+    with grad_mode(), replaying(recorder.copies) as replayer:
         a, b, c = forward()
+        torch.arange(3).to(DEVICE)
     replayer.check_all_used()
     assert (a.device, b.dtype, c.shape) == (DEVICE, torch.int64, (2,))

@@ -49,8 +49,8 @@ def _small(t: torch.Tensor) -> bool:
 def _host_copy(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     """The host source of a host-to-device copy, or None for any other op."""
     name = func._schema.name
-    if name == "aten::_to_copy" and args and _is_host(args[0]):
-        device = kwargs.get("device")
+    if name in ("aten::_to_copy", "aten::to") and args and _is_host(args[0]):  # aten::to: under inference_mode
+        device = kwargs.get("device", next((a for a in args[1:] if isinstance(a, torch.device)), None))
         if device is not None and torch.device(device).type != "cpu" and _small(args[0]):
             return args[0]
     target = args[0] if name == "aten::copy_" and len(args) > 1 else None
