@@ -273,3 +273,35 @@ def test_a_host_value_that_changes_every_call_is_refused_with_the_reason() -> No
     model = Clocked().cuda().eval()
     with torch.no_grad(), pytest.raises(ll.CaptureError, match="differs between two runs"):
         ll.wrap(model, cuda_graph=True)(torch.randn(2, 8, device="cuda"))
+
+
+def test_a_split_model_called_from_threads_and_after_a_failing_call() -> None:
+    import threading
+
+    model = Detector().cuda().eval()
+    m = ll.wrap(model, cuda_graph="auto", capture_after=1)
+    x = torch.randn(1, 128, device="cuda")
+    with torch.no_grad():
+        want = model(x)
+        assert identical(m(x), want)
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            with torch.no_grad():
+                for _ in range(20):
+                    assert identical(m(x), want)
+        except BaseException as exc:  # re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=serve) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    with torch.no_grad(), pytest.raises(RuntimeError):
+        m(torch.randn(1, 64, device="cuda"))  # a wrong shape: the model's own error, raised from inside the split
+    assert not any("forward" in mod.__dict__ for mod in model.modules()), "a route outlived the failing call"
+    with torch.no_grad():
+        assert identical(m(x), want)
