@@ -301,7 +301,7 @@ def test_a_split_model_called_from_threads_and_after_a_failing_call() -> None:
         t.join()
     assert not errors, errors
     with torch.no_grad(), pytest.raises(RuntimeError):
-        m(torch.randn(1, 64, device="cuda"))  # a wrong shape: the model's own error, raised from inside the split
+        m(torch.randn(1, 64, device="cuda"))  # a wrong shape: the model's own error, raised as eager raises it
     assert not any("forward" in mod.__dict__ for mod in model.modules()), "a route outlived the failing call"
     with torch.no_grad():
         assert identical(m(x), want)
