@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from launchless.apps import cli
+from launchless.apps import cli, zoo
 from launchless.apps.conformance import report
 from launchless.apps.conformance.check import _classify, dry_check, empty_row
 from launchless.apps.conformance.user_model import ModelSpecError, load
@@ -117,3 +117,18 @@ def test_verify_loads_a_users_module_function_and_diagnoses_it_without_a_gpu(tmp
     with pytest.raises(ModelSpecError, match="cannot load"):
         load("no_such_module_here:build", device="cpu")
     sys.modules.pop("my_models", None)
+
+
+def test_every_task_the_matrix_needs_is_in_the_zoo() -> None:
+    tasks = zoo.tasks()
+    assert sum(map(len, tasks.values())) >= 80 and len(tasks) >= 9, {t: len(n) for t, n in tasks.items()}
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("name", zoo.names())
+def test_every_zoo_model_builds_and_is_diagnosed_on_the_cpu(name: str) -> None:
+    if not zoo.available(name):
+        pytest.skip(f"{name} needs a package that is not installed")
+    workload = zoo.build(name)
+    row = dry_check(workload.model, workload.inputs(), name=name, task="any")
+    assert row["built"] and (row["blocker"] is None or isinstance(row["blocker"], str))
