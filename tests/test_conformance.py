@@ -119,6 +119,29 @@ def test_verify_loads_a_users_module_function_and_diagnoses_it_without_a_gpu(tmp
     sys.modules.pop("my_models", None)
 
 
+def test_models_run_task_by_task_and_a_resumed_run_keeps_earlier_rows(tmp_path) -> None:
+    from launchless.apps.cli import interleaved
+    from launchless.apps.conformance.runner import run_matrix
+
+    assert interleaved({"a": ["a1", "a2", "a3"], "b": ["b1"], "c": ["c1", "c2"]}) == [
+        "a1",
+        "b1",
+        "c1",
+        "a2",
+        "c2",
+        "a3",
+    ]
+    first, second = _row("a1", "a", "graph", 2.0), _row("b1", "b", "split", 1.5)
+    first |= {"gpu": "NVIDIA H200", "torch": "2.11.0", "date": "2026-12-01T01:00:00+00:00"}
+    second |= {"gpu": "NVIDIA H200", "torch": "2.11.0", "date": "2026-12-01T02:00:00+00:00"}
+    (tmp_path / "rows-20261201T010000-0.jsonl").write_text(json.dumps(first) + "\n")
+    (tmp_path / "rows-20261201T020000-0.jsonl").write_text(json.dumps(second) + "\n")
+    paths = run_matrix(["b1", "a1"], str(tmp_path), resume=True)  # nothing left to check: no GPU needed
+    data = json.loads(paths["json"].read_text())
+    assert [r["model"] for r in data] == ["b1", "a1"] and data[1]["date"].startswith("2026-12-01T01")
+    assert "2026-12-01T02:00:00+00:00 · gpu NVIDIA H200" in paths["md"].read_text()
+
+
 def test_every_task_the_matrix_needs_is_in_the_zoo() -> None:
     tasks = zoo.tasks()
     assert sum(map(len, tasks.values())) >= 80 and len(tasks) >= 9, {t: len(n) for t, n in tasks.items()}

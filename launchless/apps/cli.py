@@ -93,6 +93,9 @@ def _add_conformance_parsers(sub: argparse._SubParsersAction) -> None:
     matrix.add_argument("--timeout", type=float, default=300, help="seconds one model may take")
     matrix.add_argument("--gpus", nargs="+", type=int, metavar="INDEX", help="deal the models over these GPUs")
     matrix.add_argument("--list", action="store_true", help="list the models per task and exit")
+    matrix.add_argument(
+        "--resume", action="store_true", help="keep the rows an interrupted run left in --out; check only the rest"
+    )
     verify = sub.add_parser(
         "verify",
         help="check one model as the conformance matrix does; exit 1 when it is refused or not verified",
@@ -115,7 +118,7 @@ def _conformance(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     unknown = [t for t in args.tasks or () if t not in by_task]
     if unknown:
         parser.error(f"unknown task(s) {', '.join(unknown)}; choose from: {', '.join(by_task)}")
-    names = args.models or [n for t, ns in by_task.items() if not args.tasks or t in args.tasks for n in ns]
+    names = args.models or interleaved({t: ns for t, ns in by_task.items() if not args.tasks or t in args.tasks})
     bad = [n for n in names if n not in zoo.names()]
     if bad:
         parser.error(f"unknown model(s) {', '.join(bad)}; see `launchless conformance --list`")
@@ -127,9 +130,19 @@ def _conformance(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         return 2
     from .conformance.runner import run_matrix
 
-    paths = run_matrix(names, args.out, iters=args.iters, timeout_s=args.timeout, gpus=args.gpus)
+    paths = run_matrix(names, args.out, iters=args.iters, timeout_s=args.timeout, gpus=args.gpus, resume=args.resume)
     print(paths["md"].read_text())
     return 0
+
+
+def interleaved(by_task: dict[str, list[str]]) -> list[str]:
+    """The models task by task in turn (one of each task, then the next of each...): a run cut short has covered
+    every task."""
+    queues = [list(names) for names in by_task.values()]
+    order: list[str] = []
+    while any(queues):
+        order += [queue.pop(0) for queue in queues if queue]
+    return order
 
 
 def _verify(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

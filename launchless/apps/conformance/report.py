@@ -40,9 +40,19 @@ def summary(rows: Sequence[Row]) -> dict[str, Any]:
 
 
 def write_json(path: Path, environment: Mapping[str, Any], rows: Sequence[Row]) -> None:
-    """A list of rows; each carries the GPU, versions and date it was measured with."""
+    """A list of rows; each carries the GPU, versions and date it was measured with (its own, where it has them:
+    a merged matrix keeps each part's)."""
     env = {k: environment.get(k) for k in ("date", "gpu", "driver", "cuda", "torch", "triton", "python")}
-    path.write_text(json.dumps([{**row, **env} for row in rows], indent=1) + "\n", encoding="utf-8")
+    path.write_text(json.dumps([{**env, **row} for row in rows], indent=1) + "\n", encoding="utf-8")
+
+
+def environment_of(rows: Sequence[Row]) -> dict[str, Any]:
+    """Where the rows were measured (the first row's record; the latest date among them)."""
+    keys = ("date", "gpu", "driver", "cuda", "torch", "triton", "python")
+    env = {k: next((r[k] for r in rows if r.get(k)), None) for k in keys}
+    dates = [r["date"] for r in rows if r.get("date")]
+    env["date"] = max(dates) if dates else None
+    return env
 
 
 def _num(value: Any, digits: int = 2, suffix: str = "") -> str:

@@ -37,7 +37,7 @@ def run_part(
     env = dict(os.environ)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    part = "" if gpu is None else f"-gpu{gpu}"
+    part = ("" if gpu is None else f"-gpu{gpu}") + time.strftime("-%Y%m%dT%H%M%S")
     while remaining:
         jsonl = out / f"rows{part}-{len(rows)}.jsonl"
         jsonl.unlink(missing_ok=True)
@@ -74,12 +74,41 @@ def run_part(
     return rows
 
 
+def done_rows(out: Path) -> list[dict[str, Any]]:
+    """The rows earlier runs left in ``out`` (the last one per model)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for path in sorted(out.glob("rows*.jsonl")):
+        for row in _rows(path):
+            rows[row["model"]] = row
+    return list(rows.values())
+
+
 def run_matrix(
-    names: list[str], out_dir: str, *, iters: int = 50, timeout_s: float = 300, gpus: list[int] | None = None
+    names: list[str],
+    out_dir: str,
+    *,
+    iters: int = 50,
+    timeout_s: float = 300,
+    gpus: list[int] | None = None,
+    resume: bool = False,
 ) -> dict[str, Path]:
-    """Check every model of ``names``; write conformance.json / .md / .png into ``out_dir``."""
+    """Check every model of ``names``; write conformance.json / .md / .png into ``out_dir``. ``resume``: keep the
+    rows an earlier (interrupted) run left there and check only the others."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    earlier = [r for r in done_rows(out) if r["model"] in names] if resume else []
+    names_done = {r["model"] for r in earlier}
+    todo = [n for n in names if n not in names_done]
+    rows = _check(todo, out, iters=iters, timeout_s=timeout_s, gpus=gpus)
+    ordered = sorted(earlier + rows, key=lambda r: names.index(r["model"]))
+    return report.write_all(out, report.environment_of(ordered) if ordered else describe(), ordered)
+
+
+def _check(
+    names: list[str], out: Path, *, iters: int, timeout_s: float, gpus: list[int] | None
+) -> list[dict[str, Any]]:
+    if not names:
+        return []
     if not gpus or len(gpus) == 1:
         rows = run_part(names, out, iters=iters, timeout_s=timeout_s, gpu=gpus[0] if gpus else None)
     else:
@@ -98,4 +127,4 @@ def run_matrix(
         for t in threads:
             t.join()
         rows = sorted((r for part in results for r in part), key=lambda r: names.index(r["model"]))
-    return report.write_all(out, describe(), rows)
+    return rows

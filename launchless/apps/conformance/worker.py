@@ -10,12 +10,16 @@ from typing import Any
 import torch
 
 from .. import zoo
+from ..environment import describe
 from .check import check, empty_row
 
 
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+ENVIRONMENT = ("date", "gpu", "driver", "cuda", "torch", "triton", "python")
 
 
 def task_of(name: str) -> str:
@@ -40,10 +44,12 @@ def check_zoo_model(name: str, *, iters: int) -> dict[str, Any]:
 
 
 def run(names: list[str], out: str, iters: int) -> None:
+    environment = {k: v for k, v in describe().items() if k in ENVIRONMENT}
     for name in names:
         start = time.perf_counter()
         row = check_zoo_model(name, iters=iters)
         row["wall_s"] = round(time.perf_counter() - start, 2)
+        row.update(environment)  # each row says where it was measured: parts of a matrix may be merged
         with open(out, "a") as f:
             f.write(json.dumps(row) + "\n")
         torch._dynamo.reset()
