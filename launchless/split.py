@@ -16,8 +16,9 @@ The split keeps the part that blocks eager and graphs the rest, by submodule:
   the user's module; its hooks run around the replay). The shadow is removed when the call returns or raises.
 - The search runs on the call that found the whole forward refused: forward, expand what refused, forward
   again, until nothing more is refused. Then the joined forward is proven against eager on two probes, like a
-  graph (``core.verify``), and timed against eager (waited-for calls, interleaved): a split that is not equal
-  to eager, or not faster than it, is dropped and that signature runs eager. Every decision is one log line.
+  graph (``core.verify``), and timed against eager in interleaved rounds, waited-for and back to back: a split
+  that is not equal to eager, or not faster than it both ways, is dropped and that signature runs eager. Every
+  decision is one log line.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from torch import nn
 from .core.signature import FlatInputs
 from .core.status import SplitStatus, Stage, VerifyStatus
 from .core.verify import VerifyReport, verify
-from .timing import interleaved_latency_ms
+from .timing import interleaved_back_to_back_ms, interleaved_latency_ms
 
 log = logging.getLogger("launchless")
 
@@ -80,8 +81,10 @@ class SplitOutcome:
     status: SplitStatus
     detail: str = ""
     verification: dict | None = None
-    eager_ms: float | None = None
+    eager_ms: float | None = None  # waited-for, per call
     split_ms: float | None = None
+    eager_back_to_back_ms: float | None = None
+    split_back_to_back_ms: float | None = None
     shares: dict[str, float] = dataclasses.field(default_factory=dict)  # piece path -> share of eager GPU time
 
     @property
@@ -226,15 +229,22 @@ class SplitForward:
         """Waited-for time of eager and of the joined forward, interleaved; each piece's share of eager GPU time
         (on copies of the call's tensors)."""
         args, kwargs = flat.rebuild(copies(flat.leaves))
-        times = interleaved_latency_ms(
-            {"eager": lambda: self.model(*args, **kwargs), "split": lambda: self.run(args, kwargs)}
-        )
-        outcome.eager_ms, outcome.split_ms = times["eager"], times["split"]
+        calls = {"eager": lambda: self.model(*args, **kwargs), "split": lambda: self.run(args, kwargs)}
+        waited = interleaved_latency_ms(calls)
+        back_to_back = interleaved_back_to_back_ms(calls)
+        outcome.eager_ms, outcome.split_ms = waited["eager"], waited["split"]
+        outcome.eager_back_to_back_ms, outcome.split_back_to_back_ms = back_to_back["eager"], back_to_back["split"]
         outcome.shares = self._shares(args, kwargs)
         if outcome.split_ms * MIN_SPEEDUP > outcome.eager_ms:
             outcome.status = SplitStatus.DROPPED
             outcome.detail = (
                 f"not faster than eager ({outcome.split_ms:.3f} ms against {outcome.eager_ms:.3f} ms a call)"
+            )
+        elif back_to_back["split"] > back_to_back["eager"]:  # less host time, more GPU time (copies in and out)
+            outcome.status = SplitStatus.DROPPED
+            outcome.detail = (
+                f"slower than eager back to back ({back_to_back['split']:.3f} ms against "
+                f"{back_to_back['eager']:.3f} ms a call), though faster waited-for"
             )
 
     def _shares(self, args: tuple, kwargs: dict) -> dict[str, float]:
@@ -296,6 +306,8 @@ class SplitForward:
                     "speedup": None if outcome.speedup is None else round(outcome.speedup, 3),
                     "eager_ms": outcome.eager_ms,
                     "split_ms": outcome.split_ms,
+                    "eager_back_to_back_ms": outcome.eager_back_to_back_ms,
+                    "split_back_to_back_ms": outcome.split_back_to_back_ms,
                     "captured_share": round(sum(outcome.shares.values()), 4) if outcome.shares else None,
                     "shares": dict(outcome.shares),
                     "verification": outcome.verification,

@@ -94,3 +94,24 @@ def interleaved_latency_ms(calls: dict[str, Callable[[], object]], *, rounds: in
             torch.cuda.synchronize()
             times[name].append((time.perf_counter() - start) * 1e3)
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+def interleaved_back_to_back_ms(
+    calls: dict[str, Callable[[], object]], *, rounds: int = 5, per_round: int = 5
+) -> dict[str, float]:
+    """Median milliseconds per call of each of ``calls`` issued back to back (``per_round`` calls between two CUDA
+    events, without waiting), in interleaved rounds: the GPU time a mode costs when the host keeps ahead."""
+    for call in calls.values():
+        call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(per_round):
+                call()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) / per_round)
+    return {name: statistics.median(values) for name, values in times.items()}

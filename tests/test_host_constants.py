@@ -104,3 +104,24 @@ def test_tensors_made_from_python_values_on_the_device_are_recorded_too(grad_mod
         torch.arange(3).to(DEVICE)
     replayer.check_all_used()
     assert (a.device, b.dtype, c.shape) == (DEVICE, torch.int64, (2,))
+
+
+def test_host_operands_of_device_ops_are_recorded_and_served_from_the_device() -> None:
+    from launchless.core.host_constants import recording, replaying
+
+    table = torch.randn(6, 4, device=DEVICE)
+
+    def forward() -> tuple[torch.Tensor, torch.Tensor]:
+        picked = table[:, [1, 3]]  # an index list made on the host: the op copies it to the device itself
+        rows = table[torch.arange(3)]  # a host index tensor
+        return picked, rows
+
+    with recording() as recorder:
+        forward()
+    copies = recorder.copies
+    assert copies.ops == [("aten::index", 2), ("aten::index", 1)], copies.ops  # (self, None, list) and (self, rows)
+    assert all(r.device == DEVICE for r in copies.results)
+    with replaying(copies) as replayer:
+        picked, rows = forward()
+    replayer.check_all_used()
+    assert picked.shape == (6, 2) and rows.shape == (3, 4)

@@ -8,12 +8,14 @@ which a capture refuses as well -- only on Python values, shapes and host state.
 CGCT does:
 
 - the last warm-up run goes through ``HostCopyRecorder``: every host-to-device copy is done as usual and, in
-  order, its host source and a device copy of its result are kept;
-- the capture run goes through ``HostCopyReplayer``: each host-to-device copy, met in the same order with an
-  equal host source, becomes a device-to-device copy from the kept result (a fresh tensor each time, so a
-  forward that writes into it in place cannot change the constant). A copy that is not met in the same order
-  or with the same value means the host code does not compute the same thing twice (a clock, a counter): the
-  capture is refused with that reason;
+  order, its host source and a device copy are kept. A copy is a move (``.to``, ``.cuda()``, ``torch.tensor(...,
+  device=)``) or a small host tensor handed to an op on device tensors, which copies it itself (``dst.copy_(host)``,
+  an index list built on the host: ``x[:, [-2]]``, ``table[host_index]``);
+- the capture run goes through ``HostCopyReplayer``: each such copy, met in the same order with an equal host
+  value, becomes a device-to-device copy from the kept tensor (a fresh tensor each time, so a forward that writes
+  into it in place cannot change the constant). A copy that is not met in the same order or with the same value
+  means the host code does not compute the same thing twice (a clock, a counter): the capture is refused with
+  that reason;
 - verification then proves the graph on two probes whose values differ (the differential check);
 - host sources that outlive the call (a CPU tensor the module holds) are watched: a graph whose source was
   written or replaced since its capture is dropped before it could replay a stale value
@@ -29,6 +31,7 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 MAX_BYTES = 1 << 20
@@ -46,32 +49,59 @@ def _small(t: torch.Tensor) -> bool:
     return t.numel() * t.element_size() <= MAX_BYTES
 
 
+MOVES = ("aten::_to_copy", "aten::to")  # aten::to: what a move dispatches as under inference_mode
+
+
 def _host_copy(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
-    """The host source of a host-to-device copy, or None for any other op."""
-    name = func._schema.name
-    if name in ("aten::_to_copy", "aten::to") and args and _is_host(args[0]):  # aten::to: under inference_mode
+    """The host source of a move to the device (``.to``, ``.cuda()``), or None for any other op."""
+    if func._schema.name in MOVES and args and _is_host(args[0]):
         device = kwargs.get("device", next((a for a in args[1:] if isinstance(a, torch.device)), None))
         if device is not None and torch.device(device).type != "cpu" and _small(args[0]):
             return args[0]
-    target = args[0] if name == "aten::copy_" and len(args) > 1 else None
-    if isinstance(target, torch.Tensor) and target.device.type != "cpu" and _is_host(args[1]) and _small(args[1]):
-        return args[1]
     return None
+
+
+def _host_operands(leaves: list) -> tuple[list[int], torch.device | None]:
+    """Positions of the small host tensors (not 0-dim: those are scalars a kernel takes by value) among an op's
+    operands, and the device of its other tensors -- an index list built on the host (``x[:, [-2]]``), the source
+    of ``dst.copy_(host)``: the op copies them to the device itself, below what a dispatch mode sees."""
+    device = next((t.device for t in leaves if isinstance(t, torch.Tensor) and t.device.type != "cpu"), None)
+    if device is None:
+        return [], None
+    host = [i for i, t in enumerate(leaves) if _is_host(t) and t.dim() > 0 and _small(t)]
+    return host, device
 
 
 _FACTORIES = (torch.tensor, torch.as_tensor)
 
 
+_INDEXING = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
+
+
+def _lists_as_tensors(index: Any) -> Any:
+    """An index with its Python lists as host tensors (the same advanced indexing)."""
+    if isinstance(index, list):
+        return torch.tensor(index)
+    if isinstance(index, tuple):
+        return tuple(torch.tensor(i) if isinstance(i, list) else i for i in index)
+    return index
+
+
 class _FactoriesViaHost(TorchFunctionMode):
-    """``torch.tensor(data, device="cuda")`` copies its data to the device below the dispatcher's Python key, where
-    no dispatch mode sees it: made on the host and moved with ``.to``, the copy is an ``aten::_to_copy`` like any."""
+    """Two ways host data reaches the device below the dispatcher's Python key, where no dispatch mode sees it,
+    made visible: ``torch.tensor(data, device="cuda")`` is made on the host and moved with ``.to`` (an
+    ``aten::_to_copy`` like any move), and a Python list in an index (``x[:, [-2]]``) becomes a host tensor,
+    which the indexing op then copies (a host operand, see ``_host_operands``)."""
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        device = kwargs.get("device")
-        from_values = not (args and isinstance(args[0], torch.Tensor))  # data from Python values (or numpy)
-        if func in _FACTORIES and from_values and device is not None and torch.device(device).type != "cpu":
-            return func(*args, **{**kwargs, "device": "cpu"}).to(device)
+        if func in _FACTORIES:
+            device = kwargs.get("device")
+            from_values = not (args and isinstance(args[0], torch.Tensor))  # data from Python values (or numpy)
+            if from_values and device is not None and torch.device(device).type != "cpu":
+                return func(*args, **{**kwargs, "device": "cpu"}).to(device)
+        elif func in _INDEXING and len(args) > 1 and isinstance(args[0], torch.Tensor) and args[0].device.type != "cpu":
+            args = (args[0], _lists_as_tensors(args[1]), *args[2:])
         return func(*args, **kwargs)
 
 
@@ -103,19 +133,32 @@ def replaying(copies: HostCopies) -> _Both:
 
 
 class HostCopies:
-    """What one warm-up run copied to the device, in order: the host sources and device copies of the results."""
+    """What one warm-up run copied to the device, in order: per copy, the op, the operand it replaces (None for a
+    move, whose result it replaces), the host value and the device tensor the graph reads instead."""
 
     def __init__(self) -> None:
+        self.ops: list[tuple[str, int | None]] = []
         self.sources: list[torch.Tensor] = []  # host copies of the sources, to compare at capture
         self.results: list[torch.Tensor] = []  # device tensors the graph reads its constants from
         self.held: list[weakref.ref] = []  # the original sources: those still alive after the call are watched
+
+    def add(self, op: str, position: int | None, source: torch.Tensor, result: torch.Tensor) -> None:
+        self.ops.append((op, position))
+        self.sources.append(source.clone())
+        self.results.append(result)
+        self.held.append(weakref.ref(source))
 
     def __len__(self) -> int:
         return len(self.results)
 
 
+def _on_device(out: Any) -> bool:
+    tensors = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return bool(tensors) and all(t.device.type != "cpu" for t in tensors)
+
+
 class HostCopyRecorder(TorchDispatchMode):
-    """Run once (a warm-up, not capturing): copies happen as usual and are recorded in ``copies``."""
+    """Run once (a warm-up, not capturing): ops run as usual; their host-to-device copies are recorded."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -123,12 +166,18 @@ class HostCopyRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        name = func._schema.name
         source = _host_copy(func, args, kwargs)
         if source is not None:
-            self.copies.sources.append(source.clone())
-            self.copies.results.append(out.detach().clone())
-            self.copies.held.append(weakref.ref(source))
+            out = func(*args, **kwargs)
+            self.copies.add(name, None, source, out.detach().clone())
+            return out
+        leaves, _ = pytree.tree_flatten((args, kwargs))
+        host, device = _host_operands(leaves)
+        out = func(*args, **kwargs)
+        if host and name not in MOVES and _on_device(out):  # the result is on the device, as the graph's will be
+            for i in host:
+                self.copies.add(name, i, leaves[i], leaves[i].to(device))
         return out
 
 
@@ -140,23 +189,33 @@ class HostCopyReplayer(TorchDispatchMode):
         self.copies = copies
         self.position = 0
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        source = _host_copy(func, args, kwargs)
-        if source is None:
-            return func(*args, **kwargs)
+    def _constant(self, op: str, position: int | None, source: torch.Tensor) -> torch.Tensor:
         i = self.position
-        if i >= len(self.copies) or not _same(source, self.copies.sources[i]):
+        if i >= len(self.copies) or self.copies.ops[i] != (op, position) or not _same(source, self.copies.sources[i]):
             raise HostValueChanged(
                 f"a tensor copied from the host to the GPU inside the forward ({tuple(source.shape)} "
-                f"{source.dtype}) differs between two runs with the same inputs, so it cannot be made a constant "
-                "of the graph (does it read a clock, a counter or other changing host state?)"
+                f"{source.dtype}, by {op}) differs between two runs with the same inputs, so it cannot be made a "
+                "constant of the graph (does it read a clock, a counter or other changing host state?)"
             )
         self.position += 1
-        constant = self.copies.results[i]
-        if func._schema.name == "aten::copy_":
-            return args[0].copy_(constant.to(dtype=args[0].dtype))
-        return constant.clone()
+        return self.copies.results[i].clone()  # a fresh tensor per use: the forward may write into it
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = func._schema.name
+        source = _host_copy(func, args, kwargs)
+        if source is not None:
+            return self._constant(name, None, source)
+        if name in MOVES:
+            return func(*args, **kwargs)
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        host, _ = _host_operands(leaves)
+        if not host:
+            return func(*args, **kwargs)
+        for i in host:
+            leaves[i] = self._constant(name, i, leaves[i])
+        args, kwargs = pytree.tree_unflatten(leaves, spec)
+        return func(*args, **kwargs)
 
     def check_all_used(self) -> None:
         if self.position != len(self.copies):
