@@ -127,7 +127,8 @@ def chart(path: Path, environment: Mapping[str, Any], rows: Sequence[Row]) -> No
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    shown = [r for r in rows if r.get("speedup")]
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    shown = sorted((r for r in rows if r.get("speedup")), key=lambda r: tasks.index(r["task"]))
     fig = Figure(figsize=(8.0, max(3.0, 0.22 * len(shown) + 1.5)), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
