@@ -35,7 +35,7 @@ from torch import nn
 from .core.signature import FlatInputs
 from .core.status import SplitStatus, Stage, VerifyStatus
 from .core.verify import VerifyReport, verify
-from .timing import interleaved_back_to_back_ms, interleaved_latency_ms
+from .timing import interleaved_ms
 
 log = logging.getLogger("launchless")
 
@@ -230,8 +230,8 @@ class SplitForward:
         (on copies of the call's tensors)."""
         args, kwargs = flat.rebuild(copies(flat.leaves))
         calls = {"eager": lambda: self.model(*args, **kwargs), "split": lambda: self.run(args, kwargs)}
-        waited = interleaved_latency_ms(calls)
-        back_to_back = interleaved_back_to_back_ms(calls)
+        waited = interleaved_ms(calls, waited=True)
+        back_to_back = interleaved_ms(calls, waited=False, rounds=5, per_round=5)
         outcome.eager_ms, outcome.split_ms = waited["eager"], waited["split"]
         outcome.eager_back_to_back_ms, outcome.split_back_to_back_ms = back_to_back["eager"], back_to_back["split"]
         outcome.shares = self._shares(args, kwargs)

@@ -79,28 +79,15 @@ def host_overhead_us(
     return statistics.median(diffs)
 
 
-def interleaved_latency_ms(calls: dict[str, Callable[[], object]], *, rounds: int = 7) -> dict[str, float]:
-    """Median waited-for milliseconds per call of each of ``calls``, measured in interleaved rounds (one call of
-    each per round, the GPU idle before each), so drift in clocks or load hits all alike. Host work is on the
-    clock: this is what one request that waits for its result sees."""
-    for call in calls.values():
-        call()
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            call()
-            torch.cuda.synchronize()
-            times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: statistics.median(values) for name, values in times.items()}
-
-
-def interleaved_back_to_back_ms(
-    calls: dict[str, Callable[[], object]], *, rounds: int = 5, per_round: int = 5
+def interleaved_ms(
+    calls: dict[str, Callable[[], object]], *, waited: bool, rounds: int = 7, per_round: int = 1
 ) -> dict[str, float]:
-    """Median milliseconds per call of each of ``calls`` issued back to back (``per_round`` calls between two CUDA
-    events, without waiting), in interleaved rounds: the GPU time a mode costs when the host keeps ahead."""
+    """Median milliseconds per call of each of ``calls``, measured in interleaved rounds (each call in turn, the GPU
+    idle before each), so drift in clocks or load hits all alike.
+
+    ``waited``: ``per_round`` calls timed on the host clock up to the GPU's end -- host work on the clock, what a
+    request that waits for its result sees. Otherwise ``per_round`` calls issued back to back between two CUDA
+    events -- the GPU time a mode costs when the host keeps ahead."""
     for call in calls.values():
         call()
     times: dict[str, list[float]] = {name: [] for name in calls}
@@ -108,10 +95,12 @@ def interleaved_back_to_back_ms(
         for name, call in calls.items():
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            began = time.perf_counter()
             start.record()
             for _ in range(per_round):
                 call()
             end.record()
             end.synchronize()
-            times[name].append(start.elapsed_time(end) / per_round)
+            elapsed = (time.perf_counter() - began) * 1e3 if waited else start.elapsed_time(end)
+            times[name].append(elapsed / per_round)
     return {name: statistics.median(values) for name, values in times.items()}
