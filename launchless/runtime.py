@@ -15,7 +15,9 @@ rows and the memory pool are the core's (``core.cache.GraphCache``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import weakref
 from typing import Any, Literal
 
 import torch
@@ -95,7 +97,7 @@ class GraphedModule(torch.nn.Module):
             capture_after=self.capture_after,
             max_graphs=self.max_graphs,
             guards=[self._watch],
-            on_invalidate=lambda why: self._drop_split(),
+            on_invalidate=_drop_split_of(weakref.ref(self)),  # weakly: a cycle would keep graphs until a collection
         )
         self._eager_reasons: dict[str, int] = {}
         self._last_stream: tuple[int, torch.cuda.Stream] | None = None
@@ -325,27 +327,16 @@ class GraphedModule(torch.nn.Module):
             refusal.reason if refusal else "refused as a whole",
             refusal.source if refusal else None,
         )
-        return SplitForward(self.model, name=self._name(), why=why, make_piece=self._make_piece)
-
-    def _make_piece(self, module: torch.nn.Module) -> GraphedModule:
-        """One submodule's graph cache: captured at its first call, verified, quiet about its own refusals
-        (the split reports them), calling the submodule's own forward (the split routes its calls here)."""
-        piece = GraphedModule(
-            module,
-            "auto",
-            capture_after=1,
-            max_graphs=self.max_graphs,
-            warmup=self.warmup,
-            verify=self.verify,
-            tolerance_ulps=self.tolerance_ulps,
-            outputs="clone",
-            address_check=self.address_check,
+        options = {
+            "max_graphs": self.max_graphs,
+            "warmup": self.warmup,
+            "verify": self.verify,
+            "tolerance_ulps": self.tolerance_ulps,
+            "address_check": self.address_check,
+        }
+        return SplitForward(
+            self.model, name=self._name(), why=why, make_piece=functools.partial(_make_piece, options=options)
         )
-        forward = _own_forward(module)
-        piece.__dict__["_target"] = lambda: forward
-        piece._splits = False
-        piece._refusal_level = logging.DEBUG
-        return piece
 
     def _split_note(self, sig: Signature, flat: FlatInputs, refusal: Refusal) -> str:
         """What cuda_graph='auto' would run instead (searched on this call, then released)."""
@@ -461,6 +452,26 @@ class GraphedModule(torch.nn.Module):
             # a forward refused whole runs through captured submodules: the pieces, what runs eager, the decisions
             "split": None if self._split is None else self._split.info(lambda sig: sig.describe()),
         }
+
+
+def _drop_split_of(wrapped: weakref.ref) -> Any:
+    def drop_split(why: str) -> None:
+        module = wrapped()
+        if module is not None:
+            module._drop_split()
+
+    return drop_split
+
+
+def _make_piece(module: torch.nn.Module, *, options: dict[str, Any]) -> GraphedModule:
+    """One submodule's graph cache for a split: captured at its first call, verified, quiet about its own refusals
+    (the split reports them), calling the submodule's own forward (the split routes its calls here)."""
+    piece = GraphedModule(module, "auto", capture_after=1, outputs="clone", **options)
+    forward = _own_forward(module)
+    piece.__dict__["_target"] = lambda: forward
+    piece._splits = False
+    piece._refusal_level = logging.DEBUG
+    return piece
 
 
 def _own_forward(module: torch.nn.Module) -> Any:

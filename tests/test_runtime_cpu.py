@@ -373,3 +373,22 @@ def test_release_graphs_on_cpu_forgets_refusals_without_touching_cuda() -> None:
     with torch.no_grad():
         m(x)  # counting starts again: one call is below capture_after
     assert m.graph_info()["fallbacks"] == []
+
+
+def test_a_wrapped_model_is_freed_without_a_garbage_collection() -> None:
+    """No reference cycle through the wrapper: its graphs and pools go as soon as the last reference does, not at
+    some later cyclic collection (which could also fire in the middle of another capture)."""
+    import gc
+    import weakref
+
+    m = wrap(net().eval(), cuda_graph="auto")
+    m._split = m._new_split(None)  # a split holds the model and how to make pieces, never the wrapper
+    ref = weakref.ref(m)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del m
+        assert ref() is None, "the wrapper sits in a reference cycle"
+    finally:
+        if enabled:
+            gc.enable()
