@@ -255,3 +255,57 @@ def test_the_python_pointer_check_matches_torchs_where_a_build_lacks_it() -> Non
     for check in {_ptrs_equal_python, relocation.ptrs_equal}:
         assert check(tensors, ptrs, [0, 1, 2]) and check(moved, ptrs, [0, 2])
         assert not check(moved, ptrs, [0, 1]) and check(moved, ptrs, [])
+
+
+class Decoder(nn.Module):
+    """As transformers' decoders do: a container of its own layers built every call, and hooks registered on a
+    layer and removed inside the forward (to collect what it returns)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x):
+        seen = []
+        handle = self.layers[0].register_forward_hook(lambda mod, args, out: seen.append(out))
+        for layer in nn.ModuleList(self.layers[:2]):
+            x = layer(x)
+        handle.remove()
+        return x
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_containers_built_and_hooks_that_come_and_go_inside_a_forward_are_cheap_and_not_moves(full: bool) -> None:
+    model = Decoder()
+    watch = RelocationWatch(model, full=full)
+    structure = relocation._structure
+    snapshots = []
+    original = watch._snapshot
+    watch._snapshot = lambda: (snapshots.append(1), original())
+    for _ in range(3):
+        model(torch.randn(2, 4))
+        assert not watch.moved()
+    assert relocation._structure == structure, "a container of the model's own layers is not its tree"
+    assert not snapshots, "the module tree was walked again"
+    elsewhere = nn.ModuleList([nn.Linear(2, 2)])  # a tree nobody watches
+    elsewhere.append(nn.Linear(2, 2))
+    assert not watch.moved() and not snapshots
+
+
+def test_hooks_kept_after_a_forward_or_registered_globally_are_moves() -> None:
+    from torch.nn.modules import module as torch_module
+
+    model = Decoder()
+    watch = RelocationWatch(model)
+    handle = model.layers[1].register_forward_hook(lambda mod, args, out: None)
+    assert watch.moved() and not watch.moved()
+    handle.remove()
+    assert watch.moved()
+    global_handle = torch_module.register_module_forward_hook(lambda mod, args, out: None)
+    try:
+        assert watch.moved() and not watch.moved()
+    finally:
+        global_handle.remove()
+    assert watch.moved()
+    model.layers[2].weight = nn.Parameter(torch.ones(4, 4))  # a parameter of the tree replaced
+    assert watch.moved()

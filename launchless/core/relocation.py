@@ -10,7 +10,10 @@ resnet or BERT, more than the rest of a replay. So the default check is event-dr
 check, a few hundred nanoseconds in all:
 - a process-wide counter is bumped by ``Module._apply`` (wrapped once, transparently) and by
   PyTorch's global parameter/buffer/module registration hooks (``setattr``, ``register_*``,
-  ``load_state_dict(assign=True)``, module swaps); when it moved, every tensor is compared;
+  ``load_state_dict(assign=True)``, module swaps) on a watched module; when it moved, every tensor is compared.
+  Forward hooks registered or removed tell only the watches whose modules hold them, which then compare those
+  modules' hooks: a forward that builds a container of its own layers or registers and removes a hook every
+  call (transformers' decoders do both) costs a few microseconds, not a walk of the module tree;
 - the storage addresses of up to 8 tensors spread over the model are compared on every call.
 ``address_check="full"`` compares every tensor's identity and address on every call instead; it
 also catches what no event announces: ``p.data = x`` or ``torch.utils.swap_tensors`` on a single
@@ -23,13 +26,18 @@ import functools
 import itertools
 import operator
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch.nn.modules import module as _module
 
-_epoch = 0
+_epoch = 0  # moves at every event below
+_structure = 0  # moves at the events that can relocate tensors or change the tree of a module that is watched
+_watched: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # every module some RelocationWatch follows
+_watches: weakref.WeakSet[RelocationWatch] = weakref.WeakSet()  # told which of their modules' hooks changed
+_GLOBAL = object()  # "the global forward hooks changed"
 _installed = False
 _install_lock = threading.Lock()
 _not_none = functools.partial(operator.is_not, None)
@@ -47,17 +55,32 @@ _is_compiling = torch.compiler.is_compiling
 
 
 def _bump(*_: object) -> None:
-    """Count a possible relocation -- except while Dynamo traces: model code that registers modules in its
-    forward (``self.layers[:n]`` builds a ModuleList each call) would make the counter a guarded global that
-    changes every call, so torch.compile would recompile each call until its limit and then run eager. Code
-    outside the compiled forward (``.to()``, ``load_state_dict``, swaps) is counted as before."""
+    """Count a possible change: a forward hook registered or removed -- except while Dynamo traces: model code
+    that registers modules in its forward (``self.layers[:n]`` builds a ModuleList each call) would make the
+    counter a guarded global that changes every call, so torch.compile would recompile each call until its limit
+    and then run eager. Code outside the compiled forward (``.to()``, ``load_state_dict``, swaps) is counted as
+    before."""
     global _epoch
     if _is_compiling():
         return
     _epoch += 1
 
 
-def _bumping(owner: object, name: str) -> None:
+def _bump_structure(module: object = None, *_: object) -> None:
+    """Count a possible relocation or change of a module tree (``_apply``, a parameter, buffer or submodule
+    registered). ``_epoch`` moves at every such event; ``_structure`` only when it concerns a module a
+    ``RelocationWatch`` follows. Many forwards build a container of their own modules every call
+    (``ModuleList(self.layers[:n])`` in transformers' decoders) or register and remove hooks (to collect router
+    logits): such a call must not cost a walk of the module tree."""
+    global _structure
+    if _is_compiling():
+        return
+    if module is None or module in _watched:
+        _structure += 1
+    _bump()
+
+
+def _bumping(owner: object, name: str, bump: Callable[[], None] = _bump) -> None:
     """Make ``owner.name`` count a possible change before it runs (once, however often installed)."""
     original = getattr(owner, name)
     if getattr(original, "_launchless_bumps", False):
@@ -65,11 +88,34 @@ def _bumping(owner: object, name: str) -> None:
 
     @functools.wraps(original)
     def bumped(*args: object, **kwargs: object) -> object:
-        _bump()
+        bump(*args[:1])  # the module it concerns, where there is one
         return original(*args, **kwargs)
 
     bumped._launchless_bumps = True  # type: ignore[attr-defined]
     setattr(owner, name, bumped)
+
+
+def _hook_registered(module: object = None, *_: object) -> None:
+    """A forward hook is being registered on ``module``: the watches that follow it are told."""
+    _bump()
+    for watch in list(_watches):
+        watch.hooks_touched(module)
+
+
+def _global_hook_registered(*_: object) -> None:
+    """A global forward hook is being registered: every watch is told."""
+    _hook_registered(_GLOBAL)
+
+
+def _hook_removed(handle: object = None, *_: object) -> None:
+    """A hook handle is being removed: the watches whose modules (or the global hooks) hold its dict are told."""
+    _bump()
+    ref = getattr(handle, "hooks_dict_ref", None)
+    hooks_dict = ref() if ref is not None else None
+    if hooks_dict is None:
+        return
+    for watch in list(_watches):
+        watch.dict_touched(hooks_dict)
 
 
 def _install() -> None:
@@ -81,21 +127,21 @@ def _install() -> None:
     with _install_lock:
         if _installed:
             return
-        _module.register_module_parameter_registration_hook(_bump)
-        _module.register_module_buffer_registration_hook(_bump)
-        _module.register_module_module_registration_hook(_bump)
-        _bumping(torch.nn.Module, "_apply")
+        _module.register_module_parameter_registration_hook(_bump_structure)
+        _module.register_module_buffer_registration_hook(_bump_structure)
+        _module.register_module_module_registration_hook(_bump_structure)
+        _bumping(torch.nn.Module, "_apply", _bump_structure)
         for name in ("register_forward_hook", "register_forward_pre_hook"):
-            _bumping(torch.nn.Module, name)
+            _bumping(torch.nn.Module, name, _hook_registered)
         for name in ("register_module_forward_hook", "register_module_forward_pre_hook"):
-            _bumping(_module, name)
-        _bumping(torch.utils.hooks.RemovableHandle, "remove")
+            _bumping(_module, name, _global_hook_registered)
+        _bumping(torch.utils.hooks.RemovableHandle, "remove", _hook_removed)
         _installed = True
 
 
-def _hooks(model: torch.nn.Module) -> tuple:
+def _hooks(modules: Sequence[torch.nn.Module]) -> tuple:
     """Which forward hooks would run: each module's and the global ones (handle ids are never reused)."""
-    mine = tuple((tuple(m._forward_pre_hooks), tuple(m._forward_hooks)) for m in model.modules())
+    mine = tuple((tuple(m._forward_pre_hooks), tuple(m._forward_hooks)) for m in modules)
     return mine, tuple(_module._global_forward_pre_hooks), tuple(_module._global_forward_hooks)
 
 
@@ -121,9 +167,17 @@ class RelocationWatch:
         self._snapshot()
 
     def _snapshot(self) -> None:
-        self._epoch = _epoch
-        self._hook_ids = _hooks(self._model)
-        self._dicts = [d for m in self._model.modules() for d in (m._parameters, m._buffers) if d]
+        self._epoch, self._structure = _epoch, _structure
+        self._modules = list(self._model.modules())
+        _watched.update(self._modules)
+        _watches.add(self)
+        self._hook_ids = _hooks(self._modules)
+        self._hooks_of = {id(m): hooks for m, hooks in zip(self._modules, self._hook_ids[0], strict=True)}
+        self._owners = {id(m._forward_hooks): m for m in self._modules} | {
+            id(m._forward_pre_hooks): m for m in self._modules
+        }
+        self._touched: set[Any] = set()  # modules (or _GLOBAL) whose forward hooks changed since the snapshot
+        self._dicts = [d for m in self._modules for d in (m._parameters, m._buffers) if d]
         self._tensors = list(filter(_not_none, itertools.chain.from_iterable(map(dict.values, self._dicts))))
         self._ids = tuple(map(id, self._tensors))
         self._ptrs = [t.data_ptr() for t in self._tensors]
@@ -146,9 +200,41 @@ class RelocationWatch:
             self._unchanged_full() if self._full else ptrs_equal(self._spot, self._spot_ptrs, self._spot_indices)
         ):
             return False
+        if self._structure == _structure and self._hooks_unchanged() and self._tensors_unchanged():
+            self._epoch = _epoch  # events elsewhere, or hooks that came and went inside a forward: nothing moved
+            return False
         old_ids, old_ptrs, old_hooks = self._ids, self._ptrs, self._hook_ids
         self._snapshot()
         return self._ids != old_ids or self._ptrs != old_ptrs or self._hook_ids != old_hooks
+
+    def hooks_touched(self, module: object) -> None:
+        """A forward hook is being registered on ``module`` (``_GLOBAL``: a global one)."""
+        if module is _GLOBAL or id(module) in self._hooks_of:
+            self._touched.add(module)
+
+    def dict_touched(self, hooks_dict: object) -> None:
+        """A hook was removed from ``hooks_dict``: one of this watch's modules', the global ones', or neither."""
+        owner = self._owners.get(id(hooks_dict))
+        if owner is not None:
+            self._touched.add(owner)
+        elif hooks_dict is _module._global_forward_hooks or hooks_dict is _module._global_forward_pre_hooks:
+            self._touched.add(_GLOBAL)
+
+    def _hooks_unchanged(self) -> bool:
+        """The forward hooks of the modules touched since the snapshot are those it saw (hooks registered and
+        removed inside one forward leave them so); only those modules are read."""
+        for touched in self._touched:
+            if touched is _GLOBAL:
+                now = (tuple(_module._global_forward_pre_hooks), tuple(_module._global_forward_hooks))
+                if now != self._hook_ids[1:]:
+                    return False
+            elif (tuple(touched._forward_pre_hooks), tuple(touched._forward_hooks)) != self._hooks_of[id(touched)]:
+                return False
+        self._touched.clear()
+        return True
+
+    def _tensors_unchanged(self) -> bool:
+        return self._unchanged_full() if self._full else ptrs_equal(self._spot, self._spot_ptrs, self._spot_indices)
 
     # ---- the graph cache's validity check (``cache.Guard``) --------------------------------------------
     def arm(self, leaves: object = ()) -> None:
