@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any, Protocol
 
@@ -36,8 +35,6 @@ from .core.signature import FlatInputs
 from .core.status import SplitStatus, Stage, VerifyStatus
 from .core.verify import VerifyReport, verify
 from .timing import interleaved_ms
-
-log = logging.getLogger("launchless")
 
 SPLITTABLE = frozenset({Stage.CAPTURE, Stage.OUTPUTS, Stage.VERIFICATION})
 """Refusals of a whole forward a split can work around: the blocker is in some part of it, not in its device. A
