@@ -210,10 +210,13 @@ class HostCopyReplayer(TorchDispatchMode):
             return func(*args, **kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         host, _ = _host_operands(leaves)
-        if not host:
+        replaced = False
+        for i in host:  # an op's host operands were recorded together, in order -- or not at all (its result is
+            if self.position < len(self.copies) and self.copies.ops[self.position] == (name, i):  # on the host:
+                leaves[i] = self._constant(name, i, leaves[i])  # a copy to the host, left to fail as it must)
+                replaced = True
+        if not replaced:
             return func(*args, **kwargs)
-        for i in host:
-            leaves[i] = self._constant(name, i, leaves[i])
         args, kwargs = pytree.tree_unflatten(leaves, spec)
         return func(*args, **kwargs)
 
