@@ -305,3 +305,34 @@ def test_a_split_model_called_from_threads_and_after_a_failing_call() -> None:
     assert not any("forward" in mod.__dict__ for mod in model.modules()), "a route outlived the failing call"
     with torch.no_grad():
         assert identical(m(x), want)
+
+
+def test_a_split_model_converted_to_half_or_switched_to_training_and_back(caplog) -> None:
+    model = Detector().cuda().eval()
+    m = ll.wrap(model, cuda_graph="auto", capture_after=1)
+    x = torch.randn(1, 128, device="cuda")
+    with torch.no_grad():
+        m(x)
+        assert split_info(m)["signatures"][0]["status"] == "verified"
+        model.train()  # training mode: eager with one WARNING, the split untouched
+        with caplog.at_level(logging.WARNING, logger="launchless"):
+            assert identical(m(x), model(x))
+        assert any("training mode" in r.getMessage() for r in caplog.records)
+        model.eval()
+        assert identical(m(x), model(x))
+        model.half()  # relocated: the split goes with the graphs and is searched again for the new dtype
+        xh = x.half()
+        assert identical(m(xh), model(xh))
+    info = split_info(m)
+    assert info["signatures"] and all("float16" in s["signature"] for s in info["signatures"]), info
+
+
+def test_a_host_table_the_module_replaces_is_not_replayed_stale() -> None:
+    model = HostBuilt().cuda().eval()
+    m = ll.wrap(model, cuda_graph=True)
+    x = torch.randn(4, 16, device="cuda")
+    with torch.no_grad():
+        m(x)
+        model.table = torch.linspace(1, 2, 16)  # a new host tensor: the graph's constant is the old one's value
+        assert identical(m(x), model(x))
+        assert m.graph_info()["invalidations"] == 1
