@@ -55,7 +55,8 @@ class Detector(nn.Module):
         self.head = Head()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x - torch.arange(300_000, device="cpu").to(x.device)[:128] / 1e6  # a host copy too large for a constant
+        offsets = torch.arange(300_000, device="cpu").to(x.device)[:128]  # a host copy too large for a constant
+        x = x - (offsets / 1e6).to(x.dtype)
         return self.head(self.backbone(x))
 
 
