@@ -22,6 +22,7 @@ knows is left alone. Objects of any other class stay opaque, and a capture retur
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -32,6 +33,7 @@ _lock = threading.Lock()
 _registered: set[type] = set()
 
 
+@functools.lru_cache(maxsize=1024)
 def is_cache(cls: type) -> bool:
     """A transformers cache class (a ``Cache`` subclass, or a ``*Cache`` class of a transformers module), or one
     of the classes ``transformers.cache_utils`` builds caches from (its layers)."""

@@ -58,6 +58,9 @@ class UnhashableInput(TypeError):
     """A non-tensor input cannot be part of a cache key (or is an object the forward changes in place)."""
 
 
+_PLAIN_VALUES = frozenset({bool, int, float, str, type(None), torch.dtype, torch.device})
+
+
 def _is_cache_object(value: Any) -> bool:
     return is_cache(type(value))
 
@@ -105,7 +108,7 @@ def _leaf_key(leaf: Any) -> Any:
     """A plain tuple (the same fields as TensorSpec: building a NamedTuple per call costs more)."""
     if isinstance(leaf, Tensor):
         return (leaf.shape, leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad)
-    if _is_cache_object(leaf):
+    if type(leaf) not in _PLAIN_VALUES and _is_cache_object(leaf):
         raise UnhashableInput(
             f"a transformers cache ({type(leaf).__name__}) is passed in, and the forward updates it in place; a "
             "replay works on the graph's own copies and would leave your cache behind, so calls with a cache "
