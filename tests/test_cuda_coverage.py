@@ -337,3 +337,23 @@ def test_a_host_table_the_module_replaces_is_not_replayed_stale() -> None:
         model.table = torch.linspace(1, 2, 16)  # a new host tensor: the graph's constant is the old one's value
         assert identical(m(x), model(x))
         assert m.graph_info()["invalidations"] == 1
+
+
+def test_a_copy_from_pinned_memory_stays_a_live_copy() -> None:
+    class Staged(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+            self.staging = torch.zeros(8).pin_memory()  # the caller fills it before each call
+
+        def forward(self, x):
+            return self.lin(x) + self.staging.to(x.device, non_blocking=True)
+
+    model = Staged().cuda().eval()
+    m = ll.wrap(model, cuda_graph=True)
+    x = torch.randn(2, 8, device="cuda")
+    with torch.no_grad():
+        for step in range(4):
+            model.staging.fill_(float(step))
+            assert identical(m(x), model(x)), f"step {step}"
+    assert m.graph_info()["invalidations"] == 0 and m.graph_info()["graphs"][0]["replays"] >= 3

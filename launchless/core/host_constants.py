@@ -21,7 +21,8 @@ CGCT does:
   written or replaced since its capture is dropped before it could replay a stale value
   (``HostSources.changed``). Sources made fresh by each call from Python values are frozen into the graph
   like any Python value the forward reads.
-Only copies up to ``MAX_BYTES`` are taken as constants; a larger host tensor is data, and stays refused.
+Only copies up to ``MAX_BYTES`` are taken as constants; a larger host tensor is data, and stays refused. A copy from
+pinned memory is left as it is: a capture records it, and each replay reads the pinned buffer afresh.
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ def _is_host(t: Any) -> bool:
 
 
 def _small(t: torch.Tensor) -> bool:
-    return t.numel() * t.element_size() <= MAX_BYTES
+    """Small enough to be a constant, and pageable: a copy from pinned memory is captured as it is (the graph
+    reads the pinned buffer at each replay, as eager reads it at each call)."""
+    return t.numel() * t.element_size() <= MAX_BYTES and not (torch.cuda.is_available() and t.is_pinned())
 
 
 MOVES = ("aten::_to_copy", "aten::to")  # aten::to: what a move dispatches as under inference_mode
