@@ -309,9 +309,12 @@ class GraphedModule(torch.nn.Module):
                 split = self._split = self._new_split(refusal)
             outcome = split.outcomes.get(sig)
             if outcome is None:
+                _pieces_capture_after(split, 1)  # a search captures what it meets at once
                 split.search(flat)
                 outcome = split.decide(sig, flat, verify_mode=self.verify, tolerance_ulps=self.tolerance_ulps)
                 self._log_split(sig, split, outcome)
+                # then a piece's new shapes (a detector head's box count per image) must repeat to be captured
+                _pieces_capture_after(split, max(2, self.capture_after))
                 if outcome.status is not SplitStatus.VERIFIED and not any(
                     o.status is SplitStatus.VERIFIED for o in split.outcomes.values()
                 ):
@@ -452,6 +455,11 @@ class GraphedModule(torch.nn.Module):
             # a forward refused whole runs through captured submodules: the pieces, what runs eager, the decisions
             "split": None if self._split is None else self._split.info(lambda sig: sig.describe()),
         }
+
+
+def _pieces_capture_after(split: SplitForward, calls: int) -> None:
+    for piece in split.pieces.values():
+        piece._cache.capture_after = calls
 
 
 def _drop_split_of(wrapped: weakref.ref) -> Any:

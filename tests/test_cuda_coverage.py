@@ -357,3 +357,31 @@ def test_a_copy_from_pinned_memory_stays_a_live_copy() -> None:
             model.staging.fill_(float(step))
             assert identical(m(x), model(x)), f"step {step}"
     assert m.graph_info()["invalidations"] == 0 and m.graph_info()["graphs"][0]["replays"] >= 3
+
+
+def test_a_piece_captures_a_new_shape_only_once_it_repeats() -> None:
+    """A detector's head sees another number of boxes per image with the same image size: after the search, a
+    shape seen once runs eager in its piece instead of paying a capture on every call."""
+
+    class Filtering(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.backbone = Backbone()
+            self.box = nn.Sequential(nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 4))
+
+        def forward(self, x):
+            feats = self.backbone(x)
+            keep = (feats.mean(-1) > 0).nonzero().squeeze(-1)  # data-dependent: how many rows go on
+            return self.box(feats[keep])
+
+    model = Filtering().cuda().eval()
+    m = ll.wrap(model, cuda_graph="auto", capture_after=1)
+    with torch.no_grad():
+        first = torch.randn(64, 128, device="cuda")
+        assert identical(m(first), model(first))
+        for seed in range(6):  # other values, same shape: another row count nearly every time
+            x = torch.randn(64, 128, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+            assert identical(m(x), model(x))
+    pieces = {p["module"]: p for p in split_info(m)["pieces"]}
+    assert pieces["backbone"]["graphs"] == 1 and pieces["box"]["graphs"] <= 2, pieces
