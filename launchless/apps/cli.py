@@ -174,8 +174,8 @@ def _verify(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         from .environment import describe
 
         print(markdown(describe(), [row]))
-    ok = row["status"] in ("graph", "split") and row["verified"] and row["identical_to_eager"] is not False
-    return 0 if ok else 1
+    # verified: bit-identical, or within a named class's bound (the row says which); refused or unproven: 1
+    return 0 if row["status"] in ("graph", "split") and row["verified"] else 1
 
 
 def _doctor(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
