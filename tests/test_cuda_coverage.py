@@ -394,3 +394,36 @@ def test_a_piece_captures_a_new_shape_only_once_it_repeats() -> None:
             assert identical(m(x), model(x))
     pieces = {p["module"]: p["graphs"] for p in split_info(m)["pieces"]}
     assert pieces["box"] == after_search["box"] + 1 and pieces["backbone"] == 1, (after_search, pieces)
+
+
+def test_launchless_verify_exits_0_for_a_verified_model_and_1_for_one_that_runs_eager(tmp_path, monkeypatch) -> None:
+    import textwrap
+
+    from launchless.apps import cli
+
+    (tmp_path / "user_models.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            class Syncs(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.lin = torch.nn.Linear(8, 8)
+
+                def forward(self, x):
+                    y = self.lin(x)
+                    return y * 2 if y.sum() > 0 else y  # a host sync; one small layer: no faster split
+
+            def mlp():
+                model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
+                return model, lambda: ((torch.randn(4, 64),), {})
+
+            def syncs():
+                return Syncs(), (torch.randn(2, 8),)
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli.main(["verify", "user_models:mlp", "--iters", "10"]) == 0
+    assert cli.main(["verify", "user_models:syncs", "--iters", "10"]) == 1
