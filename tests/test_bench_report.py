@@ -449,7 +449,7 @@ def test_header_says_when_parts_ran_at_once_on_several_gpus() -> None:
 
 
 def test_the_compiler_path_criteria_worst_against_pytorch_and_first_call_time() -> None:
-    """Issue 5's bars: no workload slower than the faster PyTorch compile mode by more than 3 %, compile time
+    """The compiler path's bars: no workload slower than the faster PyTorch compile mode by more than 3 %, compile time
     relative to reduce-overhead."""
     rows = [
         row("a", "compile", 1.0, first=10_000.0),
