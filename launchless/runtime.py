@@ -167,7 +167,7 @@ class GraphedModule(torch.nn.Module):
             return self._eager(str(exc), args, kwargs)
         graph = cache.get(sig)
         if graph is not None:
-            if graph.host_sources and graph.host_sources.changed():
+            if graph.host_sources is not None and graph.host_sources.changed():
                 cache.drop_all("a host tensor copied into a graph as a constant was written or replaced")
             else:
                 return self._replay(graph, flat.leaves)

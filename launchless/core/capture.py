@@ -294,7 +294,8 @@ def capture(
         )
         captured.index_inputs = index_inputs
         captured.host_constants = copies  # the device tensors the graph's host constants are copied from
-        captured.host_sources = HostSources(copies)
+        sources = HostSources(copies)
+        captured.host_sources = sources if sources else None  # None: the replay path tests an attribute only
         return captured
 
 

@@ -37,7 +37,8 @@ def empty_row(name: str, mode: str, status: str, reason: str | None) -> dict:
     return row
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` (at most 300 characters): an error as a report cell."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
@@ -50,7 +51,7 @@ def run(mode: str, names: list[str], iters: int, out: str) -> None:
         except ModeUnavailable as exc:
             row = empty_row(name, mode, "skipped", str(exc))
         except Exception as exc:  # one workload failing must not stop the suite
-            row = empty_row(name, mode, "error", _one_line(exc))
+            row = empty_row(name, mode, "error", one_line(exc))
         row["wall_s"] = time.perf_counter() - start
         with open(out, "a") as f:
             f.write(json.dumps(row) + "\n")

@@ -10,14 +10,9 @@ from typing import Any
 import torch
 
 from .. import zoo
+from ..bench.worker import one_line
 from ..environment import describe
 from .check import check, empty_row
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
-
 
 ENVIRONMENT = ("date", "gpu", "driver", "cuda", "torch", "triton", "python")
 
@@ -33,13 +28,13 @@ def check_zoo_model(name: str, *, iters: int) -> dict[str, Any]:
         workload = zoo.build(name, device="cuda")
     except Exception as exc:
         row = empty_row(name, task)
-        row["reason"] = f"could not be built: {_one_line(exc)}"
+        row["reason"] = f"could not be built: {one_line(exc)}"
         return row
     try:
         return check(workload.model, workload.inputs, name=name, task=task, iters=iters)
     except Exception as exc:  # the model's own forward failing (eager too): a row, not the end of the run
         row = empty_row(name, task)
-        row["reason"] = _one_line(exc)
+        row["reason"] = one_line(exc)
         return row
 
 
