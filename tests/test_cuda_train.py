@@ -313,6 +313,9 @@ def test_fp16_grad_scaler(opt_factory, level, caplog: pytest.LogCaptureFixture) 
     if level != "whole-step graph":
         lines = [r.getMessage() for r in caplog.records if "forward+backward" in r.getMessage()]
         assert len(lines) == 1 and "GradScaler.unscale_" in lines[0], lines
+        assert "GradScaler.unscale_" in info["graphs"][0]["whole_step_refused"], info["graphs"][0]
+    else:
+        assert info["graphs"][0]["whole_step_refused"] is None
 
 
 def _eager_with_one_line(body, caplog: pytest.LogCaptureFixture) -> str:
@@ -390,7 +393,8 @@ def test_real_timm_resnet18_sgd_step() -> None:
     for x, y in batches:
         graphed(x, y), estep(x, y), fstep(x, y)
     info = graphed.graph_info()
-    assert info["level"] == "whole-step graph" and info["graphs"][0]["verification"]["passed"], info
+    assert info["level"] == "whole-step graph", info["graphs"][0]["whole_step_refused"]
+    assert info["graphs"][0]["verification"]["passed"], info["graphs"][0]
     noise = _max_diff(em, fm)  # cuDNN's backward uses atomics: two eager runs already differ
     print("graph vs eager", _max_diff(gm, em), "eager vs eager", noise, info["graphs"][0]["verification"])
     assert _max_diff(gm, em) <= max(10 * noise, 1e-6)

@@ -69,6 +69,7 @@ class _Graph:
         self.grads_out: list[torch.Tensor | None] = []  # .grad after the step: what a replay leaves behind
         self.reads: list[int] = []  # parameters whose incoming gradient the graph reads (accumulation)
         self.spot: list[int] = []  # parameters checked to tell whether .grad was changed since the last replay
+        self.whole_step_refused = ""  # why the whole step was not captured, when this graph is the lower level
 
 
 class GraphedStep:
@@ -253,6 +254,7 @@ class GraphedStep:
                     out = outcome.pop("_out")
                     cache.keep(sig, entry, outcome, flat.leaves)
                     if level == FORWARD_BACKWARD:
+                        entry.whole_step_refused = whole_reason
                         self._log_once(
                             f"launchless: training step {sig.describe()} runs {level} "
                             f"(whole step not captured: {whole_reason})"
@@ -401,6 +403,7 @@ class GraphedStep:
         return {
             "signature": sig.describe(),
             "level": e.level,
+            "whole_step_refused": e.whole_step_refused or None,
             "replays": e.graph.replays,
             "verification": {k: (str(v) if k == "status" else v) for k, v in report.items() if not k.startswith("_")},
         }
