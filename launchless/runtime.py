@@ -33,7 +33,8 @@ from .core.verify import VerifyReport, verify
 from .diagnose.messages import capture_error, out_of_memory_error, verification_error
 from .errors import ConfigError, NoCudaError
 from .options import VerifyMode, check_choice, check_int, check_number, check_verify
-from .split import SPLITTABLE, EagerPart, SplitForward
+from .split import SPLITTABLE, EagerPart, SplitForward, copies
+from .timing import SpeedVerdict, judge_speed
 
 Mode = bool | Literal["auto"]
 OUTPUTS = {"clone": "copies the next replay cannot overwrite", "static": "the graph's own buffers, overwritten"}
@@ -220,6 +221,7 @@ class GraphedModule(torch.nn.Module):
             )
         cache = self._cache
         branches: list[str] = []
+        around_junctions = self.cuda_graph == "auto" and self._splits and not explicit
         try:
             with cache.capturing(sig) as pool:
                 with record_capture_branches(branches):
@@ -230,8 +232,11 @@ class GraphedModule(torch.nn.Module):
                         pool=pool,
                         warmup=self.warmup,
                         trace_indices=self.verify != "off",
+                        junction_pool=cache.pool.replace if around_junctions else None,
                     )
                 report = self._verify(graph, flat, branches)
+                if graph.junctions and report.passed:
+                    graph.speed = self._time_chain(graph, flat)
         except _capture.CaptureFailed as fail:
             if _capture.out_of_memory(fail.cause):
                 cache.discard()
@@ -245,6 +250,8 @@ class GraphedModule(torch.nn.Module):
                 fail.stage, error.reason, str(error), operation=error.operation, source=error.source, error=error
             )
             return self._refuse(sig, flat, refusal, explicit)
+        if graph.junctions and (not report.passed or not graph.speed.faster):
+            return self._drop_chain(sig, flat, graph, report, device)
         if not report.passed:
             del graph
             cache.discard()
@@ -261,7 +268,48 @@ class GraphedModule(torch.nn.Module):
                 f"{report.max_abs:.3g}, rel {report.max_rel:.3g}, bound {report.bound:.3g})",
             )
         cache.keep(sig, graph, report, flat.leaves)
+        if graph.junctions:
+            self._log_chain(sig, graph)
         return self._replay(graph, flat.leaves)
+
+    # ---- region splits: graphs around operations run eager -----------------------------------------------
+    def _time_chain(self, graph: _capture.CapturedGraph, flat: FlatInputs) -> SpeedVerdict:
+        """Eager against the chain of graphs, on copies of the call's tensors (the caller's are used once)."""
+        leaves = copies(flat.leaves)
+        args, kwargs = flat.rebuild(leaves)
+        target = self._target()
+        return judge_speed(lambda: target(*args, **kwargs), lambda: graph.replay_cloned(leaves))
+
+    def _drop_chain(
+        self, sig: Signature, flat: FlatInputs, graph: _capture.CapturedGraph, report: VerifyReport, device: Any
+    ) -> Any:
+        """A chain that differs from eager or is not faster: refused as the forward was (a split by submodule may
+        still take it), the refusal saying what was tried."""
+        fail, ops = graph.split_from, _op_names(graph.junctions)
+        why = f"they differ from eager ({report.status}: {report.detail})" if not report.passed else graph.speed.detail
+        del graph
+        self._cache.discard()
+        error = capture_error(self._target(), self._name(), sig, flat, fail, device)
+        note = f"Graphs around {ops} (run eager between them) were tried and dropped: {why}"
+        _add_note(error, note)
+        refusal = Refusal(
+            fail.stage, error.reason, f"{error}. {note}", operation=error.operation, source=error.source, error=error
+        )
+        return self._refuse(sig, flat, refusal, False)
+
+    def _log_chain(self, sig: Signature, graph: _capture.CapturedGraph) -> None:
+        site = graph.split_from.site if graph.split_from else None
+        what = site.name if site else "a capture error"
+        where = f" at {site.source}" if site and site.source else ""
+        ops = _op_names(graph.junctions)
+        self._cache.log_once(
+            f"chain:{ops}",
+            logging.INFO,
+            f"launchless: {self._name()} {sig.describe()} cannot be captured as one graph ({what}{where}); it "
+            f"replays {len(graph.graph.graphs)} graphs with {len(graph.junctions)} call(s) of {ops} run eager "
+            f"between them, verified against eager, {graph.speed.speedup:.2f}x over eager. graph_info()['graphs'] "
+            "has the details",
+        )
 
     def _verify(self, graph: _capture.CapturedGraph, flat: FlatInputs, branches: list[str]) -> VerifyReport:
         """Prove ``graph`` against eager, unless verify="off" (raises ``CaptureFailed`` when out of memory)."""
@@ -434,13 +482,27 @@ class GraphedModule(torch.nn.Module):
     # ---- reporting ------------------------------------------------------------------------------
     def _row(self, sig: Signature, graph: _capture.CapturedGraph) -> dict:
         report = self._cache.reports.get(sig)
-        return {
+        row = {
             "signature": sig.describe(),
             "replays": graph.replays,
             "capture_ms": round(graph.capture_ms, 3),
             "pool_growth_bytes": graph.pool_growth,
             "verification": report.as_dict() if report else None,
         }
+        if graph.junctions:  # a region split: graphs with operations run eager between them
+            fail, speed = graph.split_from, graph.speed
+            row["region_split"] = {
+                "graphs": len(graph.graph.graphs),
+                "eager_ops": [j.row() for j in graph.junctions],
+                "reason": fail.site.name if fail and fail.site else None,
+                "source": fail.site.source if fail and fail.site else None,
+                "eager_ms": speed.eager_ms,
+                "graphs_ms": speed.candidate_ms,
+                "eager_back_to_back_ms": speed.eager_back_to_back_ms,
+                "graphs_back_to_back_ms": speed.candidate_back_to_back_ms,
+                "speedup": round(speed.speedup, 3),
+            }
+        return row
 
     def graph_info(self) -> dict:
         """Captured signatures with replay count, capture time, memory and verification; eager fallbacks."""
@@ -455,6 +517,11 @@ class GraphedModule(torch.nn.Module):
             # a forward refused whole runs through captured submodules: the pieces, what runs eager, the decisions
             "split": None if self._split is None else self._split.info(lambda sig: sig.describe()),
         }
+
+
+def _op_names(junctions: tuple) -> str:
+    """The operations run eager between graphs, each once: "aten::histc, aten::_grouped_mm"."""
+    return ", ".join(dict.fromkeys(j.name for j in junctions))
 
 
 def _pieces_capture_after(split: SplitForward, calls: int) -> None:

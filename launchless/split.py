@@ -34,7 +34,7 @@ from torch import nn
 from .core.signature import FlatInputs
 from .core.status import SplitStatus, Stage, VerifyStatus
 from .core.verify import VerifyReport, verify
-from .timing import interleaved_ms
+from .timing import judge_speed
 
 SPLITTABLE = frozenset({Stage.CAPTURE, Stage.OUTPUTS, Stage.VERIFICATION})
 """Refusals of a whole forward a split can work around: the blocker is in some part of it, not in its device. A
@@ -43,7 +43,6 @@ EXPANDABLE = SPLITTABLE | {Stage.INPUT_MUTATION}
 """Refusals of a piece that its children may not share (a piece writing into its input writes into an
 intermediate of its parent's eager code, which the expanded piece's own code then does eagerly)."""
 MAX_ROUNDS = 24  # forward passes one search may take (each expands at least one piece)
-MIN_SPEEDUP = 1.03  # the joined forward must beat eager by this much, or the split is dropped
 _ABSENT = object()
 
 
@@ -226,23 +225,14 @@ class SplitForward:
         """Waited-for time of eager and of the joined forward, interleaved; each piece's share of eager GPU time
         (on copies of the call's tensors)."""
         args, kwargs = flat.rebuild(copies(flat.leaves))
-        calls = {"eager": lambda: self.model(*args, **kwargs), "split": lambda: self.run(args, kwargs)}
-        waited = interleaved_ms(calls, waited=True)
-        back_to_back = interleaved_ms(calls, waited=False, rounds=5, per_round=5)
-        outcome.eager_ms, outcome.split_ms = waited["eager"], waited["split"]
-        outcome.eager_back_to_back_ms, outcome.split_back_to_back_ms = back_to_back["eager"], back_to_back["split"]
+        verdict = judge_speed(lambda: self.model(*args, **kwargs), lambda: self.run(args, kwargs))
+        outcome.eager_ms, outcome.split_ms = verdict.eager_ms, verdict.candidate_ms
+        outcome.eager_back_to_back_ms = verdict.eager_back_to_back_ms
+        outcome.split_back_to_back_ms = verdict.candidate_back_to_back_ms
         outcome.shares = self._shares(args, kwargs)
-        if outcome.split_ms * MIN_SPEEDUP > outcome.eager_ms:
+        if not verdict.faster:
             outcome.status = SplitStatus.DROPPED
-            outcome.detail = (
-                f"not faster than eager ({outcome.split_ms:.3f} ms against {outcome.eager_ms:.3f} ms a call)"
-            )
-        elif back_to_back["split"] > back_to_back["eager"]:  # less host time, more GPU time (copies in and out)
-            outcome.status = SplitStatus.DROPPED
-            outcome.detail = (
-                f"slower than eager back to back ({back_to_back['split']:.3f} ms against "
-                f"{back_to_back['eager']:.3f} ms a call), though faster waited-for"
-            )
+            outcome.detail = verdict.detail
 
     def _shares(self, args: tuple, kwargs: dict) -> dict[str, float]:
         """One eager forward with CUDA events around each piece's submodule: its share of the forward's time."""

@@ -104,3 +104,42 @@ def interleaved_ms(
             elapsed = (time.perf_counter() - began) * 1e3 if waited else start.elapsed_time(end)
             times[name].append(elapsed / per_round)
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+MIN_SPEEDUP = 1.03  # a graph that runs part of a forward eager must beat eager by this much, or it is dropped
+
+
+@dataclass(frozen=True)
+class SpeedVerdict:
+    """Eager against a candidate that runs part of the forward eager (a split), waited-for and back to back."""
+
+    eager_ms: float  # waited-for, per call
+    candidate_ms: float
+    eager_back_to_back_ms: float
+    candidate_back_to_back_ms: float
+    detail: str  # why the candidate is not worth it; empty when it is faster both ways
+
+    @property
+    def faster(self) -> bool:
+        return not self.detail
+
+    @property
+    def speedup(self) -> float:
+        return self.eager_ms / self.candidate_ms
+
+
+def judge_speed(eager: Callable[[], object], candidate: Callable[[], object]) -> SpeedVerdict:
+    """Whether ``candidate`` beats ``eager`` by ``MIN_SPEEDUP`` waited-for and is not slower back to back (less
+    host time can come with more GPU time: copies in and out, kernels run eager between graphs)."""
+    calls = {"eager": eager, "candidate": candidate}
+    waited = interleaved_ms(calls, waited=True)
+    back_to_back = interleaved_ms(calls, waited=False, rounds=5, per_round=5)
+    detail = ""
+    if waited["candidate"] * MIN_SPEEDUP > waited["eager"]:
+        detail = f"not faster than eager ({waited['candidate']:.3f} ms against {waited['eager']:.3f} ms a call)"
+    elif back_to_back["candidate"] > back_to_back["eager"]:
+        detail = (
+            f"slower than eager back to back ({back_to_back['candidate']:.3f} ms against "
+            f"{back_to_back['eager']:.3f} ms a call), though faster waited-for"
+        )
+    return SpeedVerdict(waited["eager"], waited["candidate"], back_to_back["eager"], back_to_back["candidate"], detail)

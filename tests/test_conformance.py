@@ -51,6 +51,19 @@ def test_a_split_row_and_a_dropped_split_row() -> None:
     assert row["reason"] == "host copy; split dropped: not faster than eager"
 
 
+def test_a_region_split_row_names_the_operations_run_eager_between_graphs() -> None:
+    region = {
+        "graphs": 5,
+        "eager_ops": [{"op": "aten::_grouped_mm", "source": "moe.py:332"}] * 4,
+        "source": "moe.py:332",
+    }
+    graph = {"replays": 3, "verification": {"status": "bit-identical", "passed": True}, "region_split": region}
+    row = _classified(_info(graphs=[graph]))
+    assert (row["status"], row["split_by"], row["verified"], row["pieces"]) == ("split", "operation", True, ["5 graphs"])
+    assert row["eager_parts"] == ["aten::_grouped_mm"] and row["source"] == "moe.py:332"
+    assert "aten::_grouped_mm" in report.markdown({}, [row | {"speedup": 2.0}])
+
+
 def test_an_eager_row_names_the_reason_and_line() -> None:
     fallback = {"reason": "host sync", "source": "m.py:3"}
     row = _classified(_info(fallbacks=[fallback]))

@@ -16,6 +16,7 @@ captured into again (see ``_abandon``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import threading
@@ -29,6 +30,7 @@ from torch.utils import _pytree as pytree
 
 from .host_constants import HostCopies, HostSources, recording, replaying
 from .index_trace import IndexTrace
+from .junctions import MAX_JUNCTION_OPS, Junction, NotAJunction, SegmentedGraph, SegmentingMode, Site
 from .output_aliases import fill_aliases, find_input_aliases
 from .output_copies import IMMUTABLE_OUTPUTS, make_cloner
 from .output_tree import see_into
@@ -59,6 +61,8 @@ class CaptureFailed(Exception):
         super().__init__(message)
         self.stage = stage
         self.cause = cause
+        self.site: Site | None = None  # the operation the capture failed in, where that is known
+        self.no_junction = ""  # why the forward could not be captured around that operation
 
 
 def out_of_memory(exc: BaseException | None) -> bool:
@@ -148,6 +152,9 @@ class CapturedGraph:
         self.index_inputs: frozenset[int] = frozenset()  # float inputs read as addresses (capture's trace)
         self.host_constants: HostCopies = HostCopies()
         self.host_sources: HostSources | None = None  # host tensors its constants came from, still alive
+        self.junctions: tuple[Junction, ...] = ()  # operations run eager between the graphs of a chain
+        self.split_from: CaptureFailed | None = None  # why the forward was not captured as one graph
+        self.speed: Any = None  # a chain's timing against eager (the policy's ``SpeedVerdict``)
 
     def load(self, leaves: list) -> None:
         """Copy new inputs into the static buffers, in one multi-tensor launch where there are several; a static
@@ -214,6 +221,7 @@ def capture(
     static: frozenset[int] = frozenset(),
     keep_graph: bool = False,
     trace_indices: bool = False,
+    junction_pool: Callable[[], Any] | None = None,
 ) -> CapturedGraph:
     """Warm up ``fn`` on a side stream, capture it there, and return the replayable graph.
 
@@ -223,6 +231,9 @@ def capture(
     ``keep_graph``: keep the graph's template (for pointer indirection) next to its instance.
     ``trace_indices``: the first warm-up run finds the float inputs read as addresses (``index_trace``), for
     verification to probe from the call's own values (``CapturedGraph.index_inputs``).
+    ``junction_pool``: a forward that fails to capture inside an operation that can run eager between two graphs
+    (``junctions``) is captured again as a chain of graphs around it, into a new pool this returns (the pool of
+    a failed capture must not be captured into again); ``CapturedGraph.junctions`` lists those operations.
     Raises ``CaptureFailed`` with the original exception; the process stays usable either way.
     """
     with CAPTURE_LOCK, torch.cuda.device(device):
@@ -258,32 +269,9 @@ def capture(
         torch.cuda.synchronize(device)
         reserved = torch.cuda.memory_reserved(device)
         generator = torch.cuda.default_generators[device.index if device.index is not None else 0]
-        rng_before = generator.clone_state()
-        graph = torch.cuda.CUDAGraph(keep_graph=True) if keep_graph else torch.cuda.CUDAGraph()
         start = time.perf_counter()
-        with torch.cuda.stream(stream), _capture_autocast(), _no_cyclic_gc():
-            try:
-                graph.capture_begin(pool=pool, capture_error_mode="thread_local")
-            except Exception as exc:  # e.g. a pool whose graphs are all gone: its generator state is set already
-                _abandon(graph, device, pool, generator, rng_before, ended=True)
-                raise CaptureFailed(Stage.CAPTURE, exc, str(exc)) from exc
-            try:
-                if copies:
-                    with replaying(copies) as replayer:
-                        outputs = fn(*args, **kwargs)
-                    replayer.check_all_used()
-                else:
-                    outputs = fn(*args, **kwargs)
-            except BaseException as exc:
-                _abandon(graph, device, pool, generator, rng_before)
-                raise CaptureFailed(Stage.CAPTURE, exc, str(exc)) from exc
-            try:
-                graph.capture_end()
-            except Exception as exc:
-                _abandon(graph, device, pool, generator, rng_before, ended=True)
-                raise CaptureFailed(Stage.CAPTURE, exc, str(exc)) from exc
-            if keep_graph:  # the template stays readable (pointer indirection); replays need the instance
-                graph.instantiate()
+        run = _Run(fn, args, kwargs, copies, device, stream, generator, keep_graph)
+        graph, outputs, first_failure = _capture_with_junctions(run, pool, junction_pool)
         caller.wait_stream(stream)
         capture_ms = (time.perf_counter() - start) * 1e3
         _check_outputs(outputs)
@@ -293,10 +281,133 @@ def capture(
             graph, static_leaves, slots, outputs, capture_ms, growth, torch.cuda.current_device(), host_slots=host
         )
         captured.index_inputs = index_inputs
+        if isinstance(graph, SegmentedGraph):
+            captured.junctions = tuple(graph.junctions)
+            captured.split_from = first_failure
         captured.host_constants = copies  # the device tensors the graph's host constants are copied from
         sources = HostSources(copies)
         captured.host_sources = sources if sources else None  # None: the replay path tests an attribute only
         return captured
+
+
+@dataclasses.dataclass
+class _Run:
+    """What one capture attempt needs: the forward and its arguments, the recorded host copies, where."""
+
+    fn: Callable[..., Any]
+    args: tuple
+    kwargs: dict
+    copies: HostCopies
+    device: torch.device
+    stream: torch.cuda.Stream
+    generator: torch.Generator
+    keep_graph: bool
+
+    def forward(self) -> Any:
+        if self.copies:
+            with replaying(self.copies) as replayer:
+                outputs = self.fn(*self.args, **self.kwargs)
+            replayer.check_all_used()
+            return outputs
+        return self.fn(*self.args, **self.kwargs)
+
+
+def _capture_with_junctions(
+    run: _Run, pool: Any, junction_pool: Callable[[], Any] | None
+) -> tuple[Any, Any, CaptureFailed | None]:
+    """Capture ``run`` as one graph; where that fails inside an operation that can run eager between graphs
+    (and ``junction_pool`` allows it), as a chain around every call of it. Returns the graph or chain, the
+    outputs, and the first failure when a chain was needed. Raises the first failure when no chain works."""
+    try:
+        graph, outputs = _capture_once(run, pool)
+        return graph, outputs, None
+    except CaptureFailed as fail:
+        if junction_pool is None or fail.stage != Stage.CAPTURE or fail.cause is None or out_of_memory(fail.cause):
+            raise
+        first = fail
+    junction_ops: frozenset[Any] = frozenset()
+    while True:  # the first attempt only finds the operation: the plain capture did not watch operations
+        try:
+            chain, outputs = _capture_chain(run, junction_pool(), junction_ops)
+            return chain, outputs, first
+        except CaptureFailed as fail:
+            site = fail.site
+            if site is None or not site.eligible or site.op in junction_ops or len(junction_ops) >= MAX_JUNCTION_OPS:
+                first.site = first.site or site
+                first.no_junction = fail.no_junction or _why_no_junction(site, junction_ops)
+                raise first from None
+            first.site = first.site or site
+            junction_ops = junction_ops | {site.op}
+
+
+def _why_no_junction(site: Site | None, junction_ops: frozenset[Any]) -> str:
+    if site is None:
+        return "the capture did not fail inside one operation"
+    if not site.eligible:
+        return f"{site.name} cannot run eager between graphs: {site.why_not}"
+    if site.op in junction_ops:
+        return f"{site.name} fails under capture even when run eager between graphs"
+    return f"more than {MAX_JUNCTION_OPS} kinds of operation would run eager"
+
+
+def _capture_once(run: _Run, pool: Any) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """The forward captured as one graph."""
+    device, generator = run.device, run.generator
+    rng_before = generator.clone_state()
+    graph = torch.cuda.CUDAGraph(keep_graph=True) if run.keep_graph else torch.cuda.CUDAGraph()
+    with torch.cuda.stream(run.stream), _capture_autocast(), _no_cyclic_gc():
+        try:
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        except Exception as exc:  # e.g. a pool whose graphs are all gone: its generator state is set already
+            _abandon(graph, device, pool, generator, rng_before, ended=True)
+            raise CaptureFailed(Stage.CAPTURE, exc, str(exc)) from exc
+        try:
+            outputs = run.forward()
+        except BaseException as exc:
+            _abandon(graph, device, pool, generator, rng_before)
+            raise CaptureFailed(Stage.CAPTURE, exc, str(exc)) from exc
+        try:
+            graph.capture_end()
+        except Exception as exc:
+            _abandon(graph, device, pool, generator, rng_before, ended=True)
+            raise CaptureFailed(Stage.CAPTURE, exc, str(exc)) from exc
+        if run.keep_graph:  # the template stays readable (pointer indirection); replays need the instance
+            graph.instantiate()
+    return graph, outputs
+
+
+def _capture_chain(run: _Run, pool: Any, junction_ops: frozenset[Any]) -> tuple[SegmentedGraph, Any]:
+    """The forward captured as graphs with the calls of ``junction_ops`` run eager between them."""
+    device, generator = run.device, run.generator
+    rng_before = generator.clone_state()
+    chain = SegmentedGraph()
+
+    def begin() -> None:
+        graph = torch.cuda.CUDAGraph()
+        chain.graphs.append(graph)
+        chain.empty.append(False)
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+
+    mode = SegmentingMode(chain, junction_ops=junction_ops, device=device, begin=begin)
+    with torch.cuda.stream(run.stream), _capture_autocast(), _no_cyclic_gc():
+        try:
+            mode.start()
+            with mode:
+                outputs = run.forward()
+            mode.end()
+        except BaseException as exc:
+            for graph in chain.graphs[:-1]:  # complete graphs of a chain given up: their memory goes
+                with contextlib.suppress(Exception):
+                    graph.reset()
+            if chain.graphs:
+                _abandon(chain.graphs[-1], device, pool, generator, rng_before, ended=not mode.capturing)
+            cause = exc.__cause__ if isinstance(exc, NotAJunction) and exc.__cause__ else exc
+            fail = CaptureFailed(Stage.CAPTURE, cause, str(cause))
+            fail.site = mode.site
+            if isinstance(exc, NotAJunction):
+                fail.no_junction = str(exc)
+            raise fail from exc
+    return chain, outputs
 
 
 def _recorded_warmup(fn: Callable[..., Any], args: tuple, kwargs: dict) -> HostCopies:

@@ -38,6 +38,11 @@ class GraphPool:
         """A capture failed midway: the next capture goes into a new pool."""
         self._handle = None
 
+    def replace(self) -> Any:
+        """A capture failed midway and is tried again (around junctions): the failed pool retired, a new one."""
+        self.retire()
+        return self.handle()
+
     def release_if_empty(self, graphs_held: int) -> None:
         """No graph is left in the pool: PyTorch would refuse to capture into it again."""
         if graphs_held == 0:

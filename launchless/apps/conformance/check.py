@@ -43,6 +43,7 @@ ROW_KEYS = (
     "capture_s",
     "graph_mb",
     "captured_share",
+    "split_by",
     "pieces",
     "eager_parts",
     "reason",
@@ -65,6 +66,17 @@ def _classify(row: dict[str, Any], info: dict[str, Any]) -> None:
     if graphs:
         report = graphs[0]["verification"] or {}
         row.update(status="graph", verified=bool(report.get("passed")), verification=str(report.get("status")))
+        region = graphs[0].get("region_split")
+        if region:  # graphs with operations run eager between them
+            ops = list(dict.fromkeys(op["op"] for op in region["eager_ops"]))
+            row.update(
+                status="split",
+                split_by="operation",
+                pieces=[f"{region['graphs']} graphs"],
+                eager_parts=ops,
+                reason=f"runs {', '.join(ops)} eager between graphs",
+                source=region["source"],
+            )
         return
     if split:
         row["graph_mb"] = round(sum(p.get("pool_bytes", 0) for p in split["pieces"]) / 2**20, 2)
@@ -75,6 +87,7 @@ def _classify(row: dict[str, Any], info: dict[str, Any]) -> None:
         decided = verified_split[0]
         row.update(
             status="split",
+            split_by="submodule",
             verified=True,
             verification=str((decided["verification"] or {}).get("status")),
             captured_share=decided["captured_share"],

@@ -95,7 +95,7 @@ def markdown(environment: Mapping[str, Any], rows: Sequence[Row]) -> str:
         ]
         for r in (r for r in rows if r["task"] == task):
             verified = f"{'yes' if r['verified'] else 'no'}" + (f" ({r['verification']})" if r["verification"] else "")
-            why = r.get("reason") if r["status"] in ("eager", "error") else None
+            why = r.get("reason") if r["status"] in ("eager", "error") or r.get("split_by") == "operation" else None
             if why and r.get("source"):
                 why = f"{why} at {r['source']}"
             lines.append(

@@ -1,0 +1,204 @@
+"""Region splits inside one forward: graphs captured around the operations that cannot be captured.
+
+Some operations sync with the host inside their own kernel code and still return device tensors whose shapes
+follow from their inputs' shapes: ``torch._grouped_mm`` on float32 (the experts of a mixture-of-experts layer)
+copies its group offsets to the host, ``torch.histc`` without a range reads the data's minimum and maximum.
+Python never sees the values they read, yet one such call refuses the graph of the whole forward. Such an
+operation is a *junction*: the forward is captured as a chain of graphs into one memory pool -- the capture
+ended before each junction call and begun again after it -- and the junction runs eager between the replays,
+on the very tensors the graphs write and read (its result copied into the buffer the next graph reads).
+
+An operation is a junction only when running it again on the same tensors is exactly what eager does:
+
+- every tensor it reads is on the capture device (a graph's buffer, a parameter, an input's static copy); a
+  host tensor could hold another value at the next call, unseen;
+- it returns device tensors or nothing: a host tensor or a Python number could steer the Python code after it,
+  which the graphs after it froze (``.item()``, ``.cpu()``, ``.tolist()`` are not junctions);
+- its output's shape follows from its inputs' shapes and it draws no random numbers: PyTorch tags the others
+  (``dynamic_output_shape`` for ``nonzero``, ``unique``, ``masked_select``; ``data_dependent_output``;
+  ``nondeterministic_seeded``).
+
+Junctions are found by capturing: a capture that fails inside an operation names it (``SegmentingMode`` counts
+nothing, it only watches which operation raised); every call of that operation becomes a junction and the
+forward is captured again, up to ``MAX_JUNCTION_OPS`` kinds. While the chain is captured, each finished graph
+is replayed at once, so the junction after it reads real values, as it will at every replay (a junction such
+as ``histc`` fails on uninitialised memory). The chain is then verified against eager like any graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..diagnose.source import locate
+
+MAX_JUNCTION_OPS = 8  # kinds of operation one forward may run eager between its graphs
+_NOT_JUNCTION_TAGS = {
+    torch.Tag.dynamic_output_shape: "its output's shape depends on the values it reads",
+    torch.Tag.data_dependent_output: "it hands a value it read to the host",
+    torch.Tag.nondeterministic_seeded: "it draws random numbers",
+}
+
+
+def is_capture_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is CUDA refusing an operation under stream capture (not a broken forward)."""
+    text = str(exc).lower()
+    return "captur" in text or "not permitted" in text
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """The operation a capture failed in, and whether it can run eager between two graphs."""
+
+    op: Any  # the OpOverload
+    name: str  # e.g. "aten::histc"
+    why_not: str  # empty when it can be a junction
+    source: str | None  # the line that called it
+
+    @property
+    def eligible(self) -> bool:
+        return not self.why_not
+
+
+def _name(func: Any) -> str:
+    schema = getattr(func, "_schema", None)
+    return str(schema.name) if schema is not None else str(func)
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [x for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
+
+
+def _on(device: torch.device, t: torch.Tensor) -> bool:
+    return t.device.type == device.type and (device.index is None or t.device.index == device.index)
+
+
+def site_of(func: Any, args: tuple, kwargs: dict, device: torch.device) -> Site:
+    """What ``func`` called with ``args`` is, as a junction candidate (outputs are checked when it runs)."""
+    why_not = next((why for tag, why in _NOT_JUNCTION_TAGS.items() if tag in getattr(func, "tags", ())), "")
+    if not why_not and any(not _on(device, t) for t in _tensors((args, kwargs))):
+        why_not = "it reads a host tensor, whose value may change between calls unseen"
+    location = locate(traceback.extract_stack())
+    return Site(func, _name(func), why_not, str(location) if location else None)
+
+
+class NotAJunction(Exception):
+    """A junction candidate that returned something a replay could not reproduce (a host value)."""
+
+
+class Junction:
+    """One call of a junction operation between two graphs: the tensors it reads are the graphs' own."""
+
+    __slots__ = ("args", "func", "kwargs", "name", "outputs", "source")
+
+    def __init__(self, func: Any, args: tuple, kwargs: dict, out: Any, device: torch.device, source: str | None):
+        leaves = pytree.tree_leaves(out)
+        if any(not (x is None or (isinstance(x, torch.Tensor) and _on(device, x))) for x in leaves):
+            kinds = sorted({type(x).__name__ if not isinstance(x, torch.Tensor) else str(x.device) for x in leaves})
+            raise NotAJunction(f"{_name(func)} returns {', '.join(kinds)}, which the host code after it may read")
+        self.func, self.args, self.kwargs, self.name, self.source = func, args, kwargs, _name(func), source
+        self.outputs = [x for x in leaves if isinstance(x, torch.Tensor)]
+
+    def run(self) -> None:
+        """Run the operation again on the same tensors; its results go where the next graph reads them."""
+        fresh = _tensors(self.func(*self.args, **self.kwargs))
+        for static, new in zip(self.outputs, fresh, strict=True):
+            if new is static or (new.data_ptr() == static.data_ptr() and new.shape == static.shape):
+                continue  # in place: it wrote the graph's buffer itself
+            if new.shape != static.shape or new.dtype != static.dtype:  # excluded by the tags; proven cheaply
+                raise RuntimeError(
+                    f"launchless: {self.name} returned {tuple(new.shape)} {new.dtype} on replay, "
+                    f"{tuple(static.shape)} {static.dtype} when captured; its graph cannot be replayed"
+                )
+            static.copy_(new)
+
+    def row(self) -> dict[str, Any]:
+        return {"op": self.name, "source": self.source}
+
+
+class SegmentedGraph:
+    """Graphs captured one after another into one pool with junctions between them; replays like one graph.
+
+    Graphs sharing a pool must be replayed in the order they were captured (a later one may reuse memory an
+    earlier one freed): ``replay`` always runs the whole chain."""
+
+    def __init__(self) -> None:
+        self.graphs: list[torch.cuda.CUDAGraph] = []
+        self.empty: list[bool] = []  # a graph with no kernel (two junctions in a row) is not replayed
+        self.junctions: list[Junction] = []
+
+    def replay(self) -> None:
+        graphs, empty = self.graphs, self.empty
+        if not empty[0]:
+            graphs[0].replay()
+        # dispatched as eager had it (below autocast); inference mode, where the buffers of a chain captured under
+        # inference_mode may be written (as those captured under no_grad may)
+        with torch.inference_mode(), torch.autocast("cuda", enabled=False):
+            for junction, graph, nothing in zip(self.junctions, graphs[1:], empty[1:], strict=True):
+                junction.run()
+                if not nothing:
+                    graph.replay()
+
+    def reset(self) -> None:
+        for graph in self.graphs:
+            graph.reset()
+
+
+class SegmentingMode(TorchDispatchMode):
+    """Active while a forward is captured as a chain: runs the junction operations eager between two graphs,
+    and remembers which operation a failed capture failed in (``site``)."""
+
+    def __init__(
+        self,
+        chain: SegmentedGraph,
+        *,
+        junction_ops: frozenset[Any],
+        device: torch.device,
+        begin: Callable[[], None],
+    ) -> None:
+        super().__init__()
+        self.chain, self.junction_ops, self.device, self.begin = chain, junction_ops, device, begin
+        self.site: Site | None = None
+        self.capturing = False  # whether the chain's last graph is being captured
+
+    def start(self) -> None:
+        """Begin the chain's next graph (``begin``, the capture primitive's: it appends the graph to the chain)."""
+        self.begin()
+        self.capturing = True
+
+    def end(self) -> None:
+        """End the graph being captured and run it once: what comes next reads its results."""
+        graph = self.chain.graphs[-1]
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            graph.capture_end()
+        self.capturing = False
+        if any("empty" in str(w.message).lower() for w in said):
+            self.chain.empty[-1] = True
+        else:
+            graph.replay()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in self.junction_ops:
+            location = locate(traceback.extract_stack())
+            self.end()
+            out = func(*args, **kwargs)
+            self.chain.junctions.append(
+                Junction(func, args, kwargs, out, self.device, str(location) if location else None)
+            )
+            self.start()
+            return out
+        try:
+            return func(*args, **kwargs)
+        except Exception as exc:
+            if self.site is None and is_capture_error(exc):
+                self.site = site_of(func, args, kwargs, self.device)
+            raise
