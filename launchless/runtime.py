@@ -26,6 +26,7 @@ from . import state_keys
 from .core import capture as _capture
 from .core.cache import GraphCache, Refusal
 from .core.capture_path import record_capture_branches
+from .core.pool import new_pool
 from .core.relocation import RelocationWatch
 from .core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
 from .core.status import Admission, SplitStatus, Stage, VerifyStatus
@@ -391,6 +392,9 @@ class GraphedModule(torch.nn.Module):
 
     def _split_note(self, sig: Signature, flat: FlatInputs, refusal: Refusal) -> str:
         """What cuda_graph='auto' would run instead (searched on this call, then released)."""
+        region = self._region_note(flat)
+        if region:
+            return region
         split = self._new_split(refusal)
         try:
             split.search(flat)
@@ -406,6 +410,30 @@ class GraphedModule(torch.nn.Module):
         return (
             f" cuda_graph='auto' runs it split by submodule, verified against eager ({split.describe()}); "
             "wrap with cuda_graph='auto' to allow it."
+        )
+
+    def _region_note(self, flat: FlatInputs) -> str:
+        """Whether cuda_graph='auto' would replay the forward as graphs around operations run eager: captured on
+        this call into pools of its own, verified, then released (not timed: the note names what is allowed)."""
+        device = self._watch.cuda_device or next(
+            (x.device for x in flat.leaves if isinstance(x, torch.Tensor) and x.is_cuda), None
+        )
+        if device is None or not self._splits:
+            return ""
+        try:
+            with self._cache.lock:
+                graph = _capture.capture(
+                    self._target(), flat, device=device, pool=new_pool(), warmup=1, junction_pool=new_pool
+                )
+                report = self._verify(graph, flat, []) if graph.junctions else None
+        except _capture.CaptureFailed:
+            return ""
+        if report is None or not report.passed:
+            return ""
+        return (
+            f" cuda_graph='auto' replays it as {len(graph.graph.graphs)} graphs with {_op_names(graph.junctions)} "
+            "run eager between them, verified against eager (if faster than eager); wrap with cuda_graph='auto' to "
+            "allow it."
         )
 
     def _log_split(self, sig: Signature, split: SplitForward, outcome: Any) -> None:

@@ -104,6 +104,12 @@ def test_runtime_summaries_say_whole_graph_split_or_eager() -> None:
     }
     text = describe(runtime_summary(base | {"split": split}))
     assert text == "split (host copy): 2 pieces replay (49 % of eager GPU time: backbone, rpn.head); eager: (root), rpn"
+    region = {"graphs": 5, "eager_ops": [{"op": "aten::_grouped_mm"}] * 4, "speedup": 5.26}
+    text = describe(runtime_summary(base | {"graphs": [{"replays": 4, "region_split": region}]}))
+    assert text == (
+        "split around aten::_grouped_mm: 5 graphs replay, the operation run eager between them "
+        "(5.26x over eager when captured)"
+    )
     split["signatures"][0] |= {"status": "dropped", "detail": "not faster than eager"}
     eager = runtime_summary(base | {"split": split, "fallbacks": [{"reason": "host copy"}]})
     assert describe(eager) == "eager: host copy; split dropped: not faster than eager"

@@ -59,7 +59,8 @@ def test_a_region_split_row_names_the_operations_run_eager_between_graphs() -> N
     }
     graph = {"replays": 3, "verification": {"status": "bit-identical", "passed": True}, "region_split": region}
     row = _classified(_info(graphs=[graph]))
-    assert (row["status"], row["split_by"], row["verified"], row["pieces"]) == ("split", "operation", True, ["5 graphs"])
+    assert (row["status"], row["split_by"], row["verified"]) == ("split", "operation", True)
+    assert row["pieces"] == ["5 graphs"]
     assert row["eager_parts"] == ["aten::_grouped_mm"] and row["source"] == "moe.py:332"
     assert "aten::_grouped_mm" in report.markdown({}, [row | {"speedup": 2.0}])
 

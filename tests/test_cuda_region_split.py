@@ -166,10 +166,14 @@ def test_a_region_split_that_is_not_faster_is_dropped_with_the_reason(monkeypatc
     assert "tried and dropped: not faster than eager" in refused["message"], refused
 
 
-def test_cuda_graph_true_does_not_run_operations_between_graphs() -> None:
+def test_cuda_graph_true_does_not_run_operations_between_graphs_but_names_them() -> None:
     model = Histogram().cuda().eval()
-    with torch.no_grad(), pytest.raises(ll.CaptureError):
-        ll.wrap(model, cuda_graph=True)(torch.randn(1, 64, device="cuda"))
+    m = ll.wrap(model, cuda_graph=True)
+    with torch.no_grad(), pytest.raises(ll.CaptureError) as caught:
+        m(torch.randn(1, 64, device="cuda"))
+    message = str(caught.value)
+    assert "cuda_graph='auto' replays it as 2 graphs with aten::histc run eager between them" in message, message
+    assert m.graph_info()["graphs"] == [] and m.graph_info()["pool_bytes"] == 0
 
 
 def test_a_region_split_follows_new_weights_and_a_moved_model() -> None:

@@ -71,10 +71,21 @@ def recorder() -> Callable[[], dict[str, Any]]:
 
 
 def runtime_summary(info: Mapping[str, Any]) -> dict[str, Any]:
-    """A wrapped model's ``graph_info()`` as what runs: ``graph``, ``split`` (pieces, share) or ``eager`` (why)."""
+    """A wrapped model's ``graph_info()`` as what runs: ``graph``, ``split`` (by submodule: pieces and share; by
+    operation: graphs around the operations run eager) or ``eager`` (why)."""
     split = info.get("split")
     verified = [s for s in (split or {}).get("signatures", []) if s["status"] == "verified"]
-    if any(g["replays"] for g in info["graphs"]):
+    replaying = [g for g in info["graphs"] if g["replays"]]
+    regions = [g["region_split"] for g in replaying if g.get("region_split")]
+    if regions:  # graphs with operations run eager between them
+        return {
+            "runtime": "split",
+            "split_by": "operation",
+            "graphs": regions[0]["graphs"],
+            "eager_ops": list(dict.fromkeys(op["op"] for region in regions for op in region["eager_ops"])),
+            "speedup": regions[0]["speedup"],
+        }
+    if replaying:
         return {"runtime": "graph", "graphs": len(info["graphs"])}
     if verified:
         return {
@@ -94,6 +105,11 @@ def describe_runtime(summary: Mapping[str, Any]) -> str:
     """One line: ``whole graph``, ``split: 4 pieces replay (49 % of GPU time: backbone, ...); eager: ...``."""
     if summary["runtime"] == "graph":
         return "whole graph"
+    if summary.get("split_by") == "operation":
+        return (
+            f"split around {', '.join(summary['eager_ops'])}: {summary['graphs']} graphs replay, the operation run "
+            f"eager between them ({summary['speedup']:.2f}x over eager when captured)"
+        )
     if summary["runtime"] == "split":
         share = summary.get("captured_share")
         share_text = f"{100 * share:.0f} % of eager GPU time: " if share is not None else ""
