@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -26,18 +25,9 @@ from rich.console import Console
 from rich.progress import Progress
 
 from ..environment import describe
+from ..workers import run_workers
 from . import report
 from .worker import empty_row
-
-POLL_S = 0.2
-
-
-def _read_rows(path: Path, seen: int) -> list[dict]:
-    if not path.exists():
-        return []
-    lines = path.read_text().splitlines()
-    return [json.loads(line) for line in lines[seen:] if line.strip()]
-
 
 WORKER = [sys.executable, "-m", "launchless.apps.bench.worker"]
 
@@ -56,27 +46,30 @@ def run_mode(
     """Measure ``names`` under ``mode``; a worker that hangs or dies costs only the workload it was on.
 
     ``gpu`` makes the worker see only that GPU; ``cores`` pins it to those CPU cores."""
-    rows: list[dict] = []
-    remaining = list(names)
     part = "" if gpu is None else f"-gpu{gpu}"
     caches = Path(tempfile.mkdtemp(prefix=f"launchless-bench-{mode}{part}-"))
     env = {**os.environ, **fresh_caches(caches)}
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+
+    def command(remaining: list[str], jsonl: Path) -> list[str]:
+        return [*worker, "--mode", mode, "--iters", str(iters), "--out", str(jsonl), "--workloads", *remaining]
+
     try:
-        while remaining:
-            jsonl = out / f"rows-{mode}{part}-{len(rows)}.jsonl"
-            jsonl.unlink(missing_ok=True)  # rows left in --out by an earlier run are not this run's
-            cmd = [*worker, "--mode", mode, "--iters", str(iters), "--out", str(jsonl), "--workloads", *remaining]
-            with (out / f"worker-{mode}{part}.log").open("a") as log:
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-                if cores and hasattr(os, "sched_setaffinity"):  # not preexec_fn: unsafe when parts run in threads
-                    os.sched_setaffinity(proc.pid, cores)  # threads the worker starts later inherit it
-                rows += _collect(proc, jsonl, mode, remaining, timeout_s, advance)
-                proc.wait()
+        return run_workers(
+            names,
+            command=command,
+            out=out,
+            label=f"-{mode}{part}",
+            key="workload",
+            failed_row=lambda name, why: empty_row(name, mode, "error", why),
+            timeout_s=timeout_s,
+            env=env,
+            cores=cores,
+            on_row=lambda row: advance(),
+        )
     finally:
         shutil.rmtree(caches, ignore_errors=True)
-    return rows
 
 
 def fresh_caches(root: Path) -> dict[str, str]:
@@ -86,34 +79,6 @@ def fresh_caches(root: Path) -> dict[str, str]:
         "TRITON_CACHE_DIR": str(root / "triton"),
         "LAUNCHLESS_CACHE_DIR": str(root / "decisions"),
     }
-
-
-def _collect(
-    proc: subprocess.Popen, jsonl: Path, mode: str, remaining: list[str], timeout_s: float, advance
-) -> list[dict]:
-    """The worker's rows as they appear; when it dies or hangs, an error row for the workload it was on."""
-    rows: list[dict] = []
-    started, done = time.monotonic(), 0
-    while remaining:
-        new = _read_rows(jsonl, done)
-        for row in new:
-            rows.append(row)
-            remaining.remove(row["workload"])
-            advance()
-        done += len(new)
-        if new:
-            started = time.monotonic()
-        elif proc.poll() is not None and not _read_rows(jsonl, done):
-            rows.append(empty_row(remaining.pop(0), mode, "error", f"worker exited with code {proc.returncode}"))
-            advance()
-            break
-        elif time.monotonic() - started > timeout_s:
-            proc.kill()
-            rows.append(empty_row(remaining.pop(0), mode, "error", f"timed out after {timeout_s:.0f} s"))
-            advance()
-            break
-        time.sleep(POLL_S)
-    return rows
 
 
 def deal(names: list[str], parts: int, weights: Mapping[str, float] | None = None) -> list[list[str]]:

@@ -3,9 +3,7 @@ on), dealt over several GPUs when given; then the JSON, markdown and chart."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -14,71 +12,46 @@ from typing import Any
 
 from ..bench.runner import deal, split_cores
 from ..environment import describe
+from ..workers import read_rows, run_workers
 from . import report
 from .check import empty_row
 from .worker import task_of
 
 WORKER = [sys.executable, "-m", "launchless.apps.conformance.worker"]
-POLL_S = 0.2
-
-
-def _rows(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def run_part(
     names: list[str], out: Path, *, iters: int, timeout_s: float, gpu: int | None = None, cores: set[int] | None = None
 ) -> list[dict[str, Any]]:
     """Check ``names`` on one GPU, restarting the worker past a model that killed or hung it."""
-    rows: list[dict[str, Any]] = []
-    remaining = list(names)
     env = dict(os.environ)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    part = ("" if gpu is None else f"-gpu{gpu}") + time.strftime("-%Y%m%dT%H%M%S")
-    while remaining:
-        jsonl = out / f"rows{part}-{len(rows)}.jsonl"
-        jsonl.unlink(missing_ok=True)
-        cmd = [*WORKER, "--iters", str(iters), "--out", str(jsonl), "--models", *remaining]
-        with (out / f"worker{part}.log").open("a") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-            if cores and hasattr(os, "sched_setaffinity"):
-                os.sched_setaffinity(proc.pid, cores)
-            done, started = 0, time.monotonic()
-            while remaining:
-                new = _rows(jsonl)[done:]
-                for row in new:
-                    rows.append(row)
-                    remaining.remove(row["model"])
-                    print(f"{row['model']}: {row['status']}", flush=True)
-                done += len(new)
-                if new:
-                    started = time.monotonic()
-                elif proc.poll() is not None and not _rows(jsonl)[done:]:
-                    name = remaining.pop(0)
-                    row = empty_row(name, task_of(name))
-                    row["reason"] = f"the worker exited with code {proc.returncode} on this model"
-                    rows.append(row)
-                    break
-                elif time.monotonic() - started > timeout_s:
-                    proc.kill()
-                    name = remaining.pop(0)
-                    row = empty_row(name, task_of(name))
-                    row["reason"] = f"timed out after {timeout_s:.0f} s"
-                    rows.append(row)
-                    break
-                time.sleep(POLL_S)
-            proc.wait()
-    return rows
+
+    def failed(name: str, why: str) -> dict[str, Any]:
+        row = empty_row(name, task_of(name))
+        row["reason"] = f"{why} on this model"
+        return row
+
+    return run_workers(
+        names,
+        command=lambda remaining, jsonl: [*WORKER, "--iters", str(iters), "--out", str(jsonl), "--models", *remaining],
+        out=out,
+        label=("" if gpu is None else f"-gpu{gpu}") + time.strftime("-%Y%m%dT%H%M%S"),
+        key="model",
+        failed_row=failed,
+        timeout_s=timeout_s,
+        env=env,
+        cores=cores,
+        on_row=lambda row: print(f"{row['model']}: {row['status']}", flush=True),
+    )
 
 
 def done_rows(out: Path) -> list[dict[str, Any]]:
     """The rows earlier runs left in ``out`` (the last one per model)."""
     rows: dict[str, dict[str, Any]] = {}
     for path in sorted(out.glob("rows*.jsonl")):
-        for row in _rows(path):
+        for row in read_rows(path):
             rows[row["model"]] = row
     return list(rows.values())
 
