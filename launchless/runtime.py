@@ -26,13 +26,14 @@ from . import state_keys
 from .core import capture as _capture
 from .core.cache import GraphCache, Refusal
 from .core.capture_path import record_capture_branches
+from .core.collectives import agree
 from .core.pool import new_pool
 from .core.relocation import RelocationWatch
 from .core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
 from .core.status import Admission, SplitStatus, Stage, VerifyStatus
 from .core.verify import VerifyReport, verify
 from .diagnose.messages import capture_error, out_of_memory_error, verification_error
-from .errors import ConfigError, NoCudaError
+from .errors import CaptureError, ConfigError, NoCudaError
 from .options import VerifyMode, check_choice, check_int, check_number, check_verify
 from .split import SPLITTABLE, EagerPart, SplitForward, copies
 from .timing import SpeedVerdict, judge_speed
@@ -43,7 +44,8 @@ ADDRESS_CHECKS = {
     "events": "relocation events plus a spot check of 8 tensors per call",
     "full": "every parameter and buffer on every call",
 }
-_RUNTIME_STATE = frozenset({"_cache", "_watch", "_eager_reasons", "_last_stream", "_split"})  # never copied or pickled
+# process state: never copied or pickled
+_RUNTIME_STATE = frozenset({"_cache", "_watch", "_eager_reasons", "_last_stream", "_split", "_collective"})
 
 
 def _check_mode(cuda_graph: Any) -> Mode:
@@ -104,6 +106,7 @@ class GraphedModule(torch.nn.Module):
         self._eager_reasons: dict[str, int] = {}
         self._last_stream: tuple[int, torch.cuda.Stream] | None = None
         self._split: SplitForward | None = None  # the forward run as captured submodules, once refused whole
+        self._collective = False  # a capture found collectives in the forward: ranks agree, nothing is split
 
     def __getstate__(self) -> dict:
         """Copies and pickles carry the model and the options, never graphs, pools or locks."""
@@ -235,22 +238,27 @@ class GraphedModule(torch.nn.Module):
                         trace_indices=self.verify != "off",
                         junction_pool=cache.pool.replace if around_junctions else None,
                     )
-                report = self._verify(graph, flat, branches)
+                groups = graph.collective_groups
+                if groups:  # every rank captured? (before verification runs collectives)
+                    self._collective = True
+                    refused = self._ranks_refused(sig, groups, ok=True, what="capture")
+                    if refused is not None:
+                        del graph
+                        cache.discard()
+                        return self._refuse(sig, flat, refused, explicit)
+                report = self._verify(graph, flat, branches, lockstep=bool(groups))
+                if groups:
+                    refused = self._ranks_refused(
+                        sig, groups, ok=report.passed, reason=report.detail, what="verification"
+                    )
+                    if refused is not None and report.passed:  # another rank's graph failed: none is replayed
+                        del graph
+                        cache.discard()
+                        return self._refuse(sig, flat, refused, explicit)
                 if graph.junctions and report.passed:
                     graph.speed = self._time_chain(graph, flat)
         except _capture.CaptureFailed as fail:
-            if _capture.out_of_memory(fail.cause):
-                cache.discard()
-                error = out_of_memory_error(self._name(), sig, fail)
-                refusal = Refusal(fail.stage, error.reason, str(error), error=error, transient=True)
-                return self._refuse(sig, flat, refusal, explicit, level=logging.WARNING)
-            if fail.stage == Stage.WARM_UP and fail.cause is not None:
-                raise fail.cause from None  # the forward itself is broken: eager would raise the same
-            error = capture_error(self._target(), self._name(), sig, flat, fail, device)
-            refusal = Refusal(
-                fail.stage, error.reason, str(error), operation=error.operation, source=error.source, error=error
-            )
-            return self._refuse(sig, flat, refusal, explicit)
+            return self._capture_failed(sig, flat, fail, device, explicit)
         if graph.junctions and (not report.passed or not graph.speed.faster):
             return self._drop_chain(sig, flat, graph, report, device)
         if not report.passed:
@@ -272,6 +280,50 @@ class GraphedModule(torch.nn.Module):
         if graph.junctions:
             self._log_chain(sig, graph)
         return self._replay(graph, flat.leaves)
+
+    def _capture_failed(
+        self, sig: Signature, flat: FlatInputs, fail: _capture.CaptureFailed, device: Any, explicit: bool
+    ) -> Any:
+        """This rank's capture failed: refused (transiently when out of memory); the other ranks of a forward with
+        collectives are told, so that they refuse too."""
+        cache = self._cache
+        transient = _capture.out_of_memory(fail.cause)
+        if fail.stage == Stage.WARM_UP and fail.cause is not None and not transient:
+            raise fail.cause from None  # the forward itself is broken: eager would raise the same
+        if transient:
+            cache.discard()
+            error = out_of_memory_error(self._name(), sig, fail)
+            refusal = Refusal(fail.stage, error.reason, str(error), error=error, transient=True)
+        else:
+            error = capture_error(
+                self._target(), self._name(), sig, flat, fail, device, find=not fail.collective_groups
+            )
+            refusal = Refusal(
+                fail.stage, error.reason, str(error), operation=error.operation, source=error.source, error=error
+            )
+        if fail.collective_groups:
+            self._collective = True
+            agree(fail.collective_groups, ok=False, reason=refusal.reason, what="capture", transient=transient)
+        return self._refuse(sig, flat, refusal, explicit, level=logging.WARNING if transient else logging.INFO)
+
+    def _ranks_refused(
+        self, sig: Signature, groups: list[Any], *, ok: bool, what: str, reason: str = ""
+    ) -> Refusal | None:
+        """The ranks agree on this rank's ``what`` (capture or verification); the refusal when another refused."""
+        agreement = agree(groups, ok=ok, reason=reason, what=what)
+        if agreement.all_agree:
+            return None
+        others = {rank: why for rank, why in agreement.refusals.items() if rank != torch.distributed.get_rank()}
+        if not others:
+            return None  # only this rank refused: its own refusal says why
+        error = CaptureError(
+            f"launchless: {self._name()} {sig.describe()} runs collectives, and another rank's {what} failed "
+            f"({'; '.join(f'rank {r}: {why}' for r, why in sorted(others.items()))}); every rank runs it without a "
+            "graph, as a graph on some ranks only would leave the others waiting in its collectives",
+            reason=f"another rank's {what} failed",
+        )
+        stage = Stage.VERIFICATION if what == "verification" else Stage.CAPTURE
+        return Refusal(stage, error.reason, str(error), error=error, transient=agreement.transient)
 
     # ---- region splits: graphs around operations run eager -----------------------------------------------
     def _time_chain(self, graph: _capture.CapturedGraph, flat: FlatInputs) -> SpeedVerdict:
@@ -312,8 +364,11 @@ class GraphedModule(torch.nn.Module):
             "has the details",
         )
 
-    def _verify(self, graph: _capture.CapturedGraph, flat: FlatInputs, branches: list[str]) -> VerifyReport:
-        """Prove ``graph`` against eager, unless verify="off" (raises ``CaptureFailed`` when out of memory)."""
+    def _verify(
+        self, graph: _capture.CapturedGraph, flat: FlatInputs, branches: list[str], *, lockstep: bool = False
+    ) -> VerifyReport:
+        """Prove ``graph`` against eager, unless verify="off" (raises ``CaptureFailed`` when out of memory).
+        ``lockstep``: the same calls on every rank (a forward with collectives)."""
         if self.verify == "off":
             return VerifyReport(VerifyStatus.SKIPPED, True)
         return verify(
@@ -324,13 +379,15 @@ class GraphedModule(torch.nn.Module):
             tolerance_ulps=self.tolerance_ulps,
             branches=branches,
             from_call=graph.index_inputs,
+            lockstep=lockstep,
         )
 
     def _refuse(
         self, sig: Signature, flat: FlatInputs, refusal: Refusal, explicit: bool, *, level: int = logging.INFO
     ) -> Any:
         self._cache.refuse(sig, refusal, log_line=False)
-        splittable = refusal.stage in SPLITTABLE and not refusal.transient and self._splits
+        # a forward with collectives is not split: a rank could split where another does not
+        splittable = refusal.stage in SPLITTABLE and not refusal.transient and self._splits and not self._collective
         if self.cuda_graph is True or explicit:
             if splittable:
                 _add_note(refusal.error, self._split_note(sig, flat, refusal))

@@ -546,3 +546,39 @@ def test_inputs_read_as_addresses_are_probed_from_the_call_so_eager_stays_in_ran
     report = verify(FakeGraph(eager), model, flat, from_call=frozenset({1}))
     assert report.status == VerifyStatus.BIT_IDENTICAL and report.passed and report.probes_differ  # x is still random
     assert report.as_dict()["inputs_probed_from_the_call"] == [1]
+
+
+class CountingModel(nn.Module):
+    """Counts its forward calls: each one would run the collectives of a sharded forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = small_model()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.inner(x)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("replay_is", ["identical", "off by far", "eager noise"], ids=str)
+def test_lockstep_verification_makes_the_same_calls_whatever_it_finds(replay_is: str, no_cuda_stream) -> None:
+    """Every rank of a forward with collectives must run it the same number of times, or one rank waits forever."""
+    model = CountingModel()
+    flat, eager = setup(model, torch.randn(3, 8))
+    produce = {
+        "identical": eager,
+        "off by far": lambda leaves: eager(leaves) + 1.0,
+        "eager noise": lambda leaves: ulps_off(eager(leaves), 2),
+    }[replay_is]
+    counts, graphs = [], []
+    for lockstep in (True, False):
+        model.calls = 0
+        graphs.append(FakeGraph(produce))
+        verify(graphs[-1], model, flat, lockstep=lockstep)
+        counts.append((model.calls, len(graphs[-1].seen)))
+    # two protocols (random probes, the call's own inputs) of 2 eager runs and 2 replays, each probe rerun 3 times;
+    # the double's replays call the model too: 2 * (2 + 2 * 3) + 4 calls
+    assert counts[0] == (20, 4), counts
+    assert counts[1][0] < 16, "without lockstep only the runs a finding calls for are made"

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from .collectives import CollectiveTrace, distributed, wait_outputs
 from .host_constants import HostCopies, HostSources, recording, replaying
 from .index_trace import IndexTrace
 from .junctions import MAX_JUNCTION_OPS, Junction, NotAJunction, SegmentedGraph, SegmentingMode, Site
@@ -63,6 +64,7 @@ class CaptureFailed(Exception):
         self.cause = cause
         self.site: Site | None = None  # the operation the capture failed in, where that is known
         self.no_junction = ""  # why the forward could not be captured around that operation
+        self.collective_groups: list[Any] = []  # the forward's collectives' groups, when the warm-up found them
 
 
 def out_of_memory(exc: BaseException | None) -> bool:
@@ -155,6 +157,7 @@ class CapturedGraph:
         self.junctions: tuple[Junction, ...] = ()  # operations run eager between the graphs of a chain
         self.split_from: CaptureFailed | None = None  # why the forward was not captured as one graph
         self.speed: Any = None  # a chain's timing against eager (the policy's ``SpeedVerdict``)
+        self.collective_groups: list[Any] = []  # process groups its collectives run over (``collectives``)
 
     def load(self, leaves: list) -> None:
         """Copy new inputs into the static buffers, in one multi-tensor launch where there are several; a static
@@ -251,27 +254,35 @@ def capture(
             traced = bool(trace_indices and warmup)  # the first warm-up run is the traced one
             index_inputs = _traced_warmup(fn, args, kwargs, static_leaves) if traced else frozenset()
             copies = HostCopies()
+            trace = CollectiveTrace() if distributed() else contextlib.nullcontext()
             try:
                 for k in range(warmup - traced):
-                    if k == warmup - traced - 1:  # the last one records the host-to-device copies
-                        copies = _recorded_warmup(fn, args, kwargs)
+                    if k == warmup - traced - 1:  # the last one records the host-to-device copies (and collectives)
+                        with trace:
+                            copies = _recorded_warmup(fn, args, kwargs)
                     else:
                         fn(*args, **kwargs)
             except Exception as exc:
                 raise CaptureFailed(Stage.WARM_UP, exc, f"the forward failed during warm-up: {exc}") from exc
-        if _versions(static_leaves, slots) != before:
-            raise CaptureFailed(
-                Stage.INPUT_MUTATION,
-                None,
-                "the forward writes into its own input in place; a graph would change its static copy, not "
-                "your tensor. Clone the input inside forward (x = x.clone()) or avoid the in-place op",
-            )
-        torch.cuda.synchronize(device)
-        reserved = torch.cuda.memory_reserved(device)
-        generator = torch.cuda.default_generators[device.index if device.index is not None else 0]
-        start = time.perf_counter()
-        run = _Run(fn, args, kwargs, copies, device, stream, generator, keep_graph)
-        graph, outputs, first_failure = _capture_with_junctions(run, pool, junction_pool)
+        groups = trace.groups if isinstance(trace, CollectiveTrace) else []
+        try:
+            if _versions(static_leaves, slots) != before:
+                raise CaptureFailed(
+                    Stage.INPUT_MUTATION,
+                    None,
+                    "the forward writes into its own input in place; a graph would change its static copy, not "
+                    "your tensor. Clone the input inside forward (x = x.clone()) or avoid the in-place op",
+                )
+            torch.cuda.synchronize(device)
+            reserved = torch.cuda.memory_reserved(device)
+            generator = torch.cuda.default_generators[device.index if device.index is not None else 0]
+            start = time.perf_counter()
+            run = _Run(fn, args, kwargs, copies, device, stream, generator, keep_graph, collective=bool(groups))
+            # graphs around operations run eager: a rank could need them where another does not (see collectives)
+            graph, outputs, first_failure = _capture_with_junctions(run, pool, None if groups else junction_pool)
+        except CaptureFailed as fail:
+            fail.collective_groups = groups
+            raise
         caller.wait_stream(stream)
         capture_ms = (time.perf_counter() - start) * 1e3
         _check_outputs(outputs)
@@ -281,6 +292,7 @@ def capture(
             graph, static_leaves, slots, outputs, capture_ms, growth, torch.cuda.current_device(), host_slots=host
         )
         captured.index_inputs = index_inputs
+        captured.collective_groups = groups
         if isinstance(graph, SegmentedGraph):
             captured.junctions = tuple(graph.junctions)
             captured.split_from = first_failure
@@ -302,14 +314,16 @@ class _Run:
     stream: torch.cuda.Stream
     generator: torch.Generator
     keep_graph: bool
+    collective: bool = False  # the forward runs collectives: their asynchronous outputs are waited for inside
 
     def forward(self) -> Any:
         if self.copies:
             with replaying(self.copies) as replayer:
                 outputs = self.fn(*self.args, **self.kwargs)
             replayer.check_all_used()
-            return outputs
-        return self.fn(*self.args, **self.kwargs)
+        else:
+            outputs = self.fn(*self.args, **self.kwargs)
+        return wait_outputs(outputs) if self.collective else outputs
 
 
 def _capture_with_junctions(

@@ -192,8 +192,13 @@ def verify(
     branches: list[str] | None = None,
     keep: frozenset[int] = frozenset(),
     from_call: frozenset[int] = frozenset(),
+    lockstep: bool = False,
 ) -> VerifyReport:
     """Run the two-probe protocol against eager; never raises for a mismatch, it reports it.
+
+    ``lockstep``: the forward runs collectives, so every rank must make the same calls in the same order whatever
+    it finds: every run the protocol may need is made up front (each probe rerun eager, on another stream and on
+    the capture path; the protocol on the call's own inputs too), then the same decisions are taken from them.
 
     Inputs known to be read as addresses (``from_call``) are probed from the call's own values. Random probes
     can still fall outside what a model accepts where that is not known (a row id kept as a float): eager then
@@ -202,7 +207,7 @@ def verify(
     Running out of GPU memory raises ``CaptureFailed`` (stage verification): the caller refuses the graph for now,
     the caller's own call is not failed."""
     try:
-        return _verify(graph, fn, flat, mode, tolerance_ulps, list(branches or []), keep, from_call)
+        return _verify(graph, fn, flat, mode, tolerance_ulps, list(branches or []), keep, from_call, lockstep)
     except torch.cuda.OutOfMemoryError as exc:
         raise CaptureFailed(Stage.VERIFICATION, exc, str(exc)) from exc
 
@@ -216,13 +221,19 @@ def _verify(
     branches: list[str],
     keep: frozenset[int],
     from_call: frozenset[int],
+    lockstep: bool,
 ) -> VerifyReport:
     probes = make_probes(flat.leaves, keep, from_call)
-    report = _protocol(graph, fn, flat, probes, mode, tolerance_ulps, branches)
+    report = _protocol(graph, fn, flat, probes, mode, tolerance_ulps, branches, lockstep)
     report.from_call = tuple(sorted(from_call))
+    second = (
+        _protocol(graph, fn, flat, input_probes(flat.leaves, keep), mode, tolerance_ulps, branches, lockstep)
+        if lockstep
+        else None
+    )
     if report.status != VerifyStatus.EAGER_NOISE or report.passed:
         return report
-    again = _protocol(graph, fn, flat, input_probes(flat.leaves, keep), mode, tolerance_ulps, branches)
+    again = second or _protocol(graph, fn, flat, input_probes(flat.leaves, keep), mode, tolerance_ulps, branches)
     if again.status == VerifyStatus.BIT_IDENTICAL and again.probes_differ and not again.detail:
         again.detail = (
             "random probes are outside the inputs' domain (on them eager differs from itself, the graph from eager"
@@ -239,6 +250,36 @@ def input_probes(leaves: list, keep: frozenset[int] = frozenset()) -> tuple[list
     return make_probes(leaves, keep, frozenset(range(len(leaves))))
 
 
+class _Reruns:
+    """The eager reruns a mismatch calls for -- on another stream, again, on the capture path -- made when asked,
+    or all of them at once (``made_now``: every rank of a collective forward makes the same calls)."""
+
+    def __init__(self, fn: Callable[..., Any], flat: FlatInputs, probes: tuple[list, list], *, made_now: bool) -> None:
+        self.fn, self.flat, self.probes = fn, flat, probes
+        self.made: dict[tuple[str, int], Any] = {}
+        if made_now:
+            for i in range(len(probes)):
+                self.other_stream(i), self.again(i), self.capture_path(i)
+
+    def _run(self, kind: str, i: int, run: Callable[[], Any]) -> Any:
+        if (kind, i) not in self.made:
+            self.made[(kind, i)] = run()
+        return self.made[(kind, i)]
+
+    def other_stream(self, i: int) -> Any:
+        return self._run("stream", i, lambda: _eager(self.fn, self.flat, self.probes[i], torch.cuda.Stream()))
+
+    def again(self, i: int) -> Any:
+        return self._run("again", i, lambda: _eager(self.fn, self.flat, self.probes[i]))
+
+    def capture_path(self, i: int) -> Any:
+        def run() -> Any:
+            with pretend_capturing():
+                return _eager(self.fn, self.flat, self.probes[i])
+
+        return self._run("capture-path", i, run)
+
+
 def _protocol(
     graph: CapturedGraph,
     fn: Callable[..., Any],
@@ -247,9 +288,11 @@ def _protocol(
     mode: str,
     tolerance_ulps: float,
     branches: list[str],
+    lockstep: bool = False,
 ) -> VerifyReport:
     eager = [_eager(fn, flat, p) for p in probes]
     graphed = [graph.replay_cloned(p) for p in probes]
+    reruns = _Reruns(fn, flat, probes, made_now=lockstep)
     eager_differ = not identical(eager[0], eager[1])
     probes_differ = not identical(graphed[0], graphed[1])
     if eager_differ and not probes_differ:
@@ -271,13 +314,12 @@ def _protocol(
         (difference(eager[k], graphed[k], tolerance_ulps) for k in mismatched), key=lambda d: d[0] - d[2]
     )
     report = VerifyReport(VerifyStatus.FAILED, False, max_abs, max_rel, bound, probes_differ, branches)
-    noise_side = not identical(eager[i], _eager(fn, flat, probes[i], torch.cuda.Stream()))
-    if noise_side or not identical(eager[i], _eager(fn, flat, probes[i])):
+    noise_side = not identical(eager[i], reruns.other_stream(i))
+    if noise_side or not identical(eager[i], reruns.again(i)):
         report.status = VerifyStatus.EAGER_NOISE
         report.detail = "eager run twice (or on another stream) already differs"
     else:
-        with pretend_capturing():
-            forced = _eager(fn, flat, probes[i])
+        forced = reruns.capture_path(i)
         if identical(forced, graphed[i]) or branches:
             report.status = VerifyStatus.CAPTURE_PATH
             report.detail = (

@@ -42,13 +42,17 @@ def capture_error(
     flat: FlatInputs,
     fail: _capture.CaptureFailed,
     device: torch.device,
+    *,
+    find: bool = True,
 ) -> CaptureError:
-    """PyTorch says "operation not permitted when stream is capturing"; we say which, where and what to do."""
+    """PyTorch says "operation not permitted when stream is capturing"; we say which, where and what to do.
+    ``find``: run the forward again on the meta device to name the blocking operation (not for a forward with
+    collectives: the other ranks would not run it with this one)."""
     if fail.cause is None:  # refused before or after capture (outputs, input mutation): the message says why
         return CaptureError(
             f"launchless cannot capture {name} for input {sig.describe()}: {fail}; {FALLBACKS}", reason=str(fail)
         )
-    blocker = find_blocker(model, flat, device)
+    blocker = find_blocker(model, flat, device) if find else None
     kind = blocker.kind if blocker else classify_message(str(fail.cause))
     location = (blocker.location if blocker else None) or locate_exception(fail.cause)
     operation = blocker.operation if blocker else None
