@@ -123,6 +123,7 @@ class _FakeCaptured:
         self.fn, self.static_leaves = fn, list(flat.leaves)
         self.tensor_slots = [i for i, x in enumerate(flat.leaves) if isinstance(x, torch.Tensor) and i not in static]
         self.replays = 0
+        self.collective_groups = []  # a single-process forward: no collectives
 
     def replay_cloned(self, leaves):
         self.replays += 1

@@ -20,6 +20,7 @@ from torch import fx
 
 from ..core import capture as _capture
 from ..core.cache import GraphCache, Refusal
+from ..core.collectives import Agreement, agree
 from ..core.relocation import InputAddresses, picker
 from ..core.signature import FlatInputs, Signature, UnhashableInput, positional_rebuilder, signature_of_leaves
 from ..core.status import Admission, Stage
@@ -212,11 +213,34 @@ class CompiledGraphs:
                     static=self.static,
                     keep_graph=self.indirection,
                 )
+                groups = graph.collective_groups
+                if groups:  # every rank captured? (verification runs collectives: all ranks or none)
+                    agreement = agree(groups, ok=True, reason="", what="capture")
+                    if not agreement.all_agree:
+                        del graph
+                        graphs.discard()
+                        return self._refuse_with_ranks(sig, args, Stage.CAPTURE, agreement, transient=False)
                 report = verify(
-                    graph, self.compiled, flat, mode=self.verify, keep=self.static, from_call=self.index_inputs
+                    graph,
+                    self.compiled,
+                    flat,
+                    mode=self.verify,
+                    keep=self.static,
+                    from_call=self.index_inputs,
+                    lockstep=bool(groups),
                 )
+                if groups:
+                    agreement = agree(groups, ok=report.passed, reason=report.detail, what="verification")
+                    if report.passed and not agreement.all_agree:
+                        del graph
+                        graphs.discard()
+                        return self._refuse_with_ranks(sig, args, Stage.VERIFICATION, agreement, transient=False)
         except _capture.CaptureFailed as fail:
             why = describe_failure(fail.cause, str(fail))
+            transient = _capture.out_of_memory(fail.cause)
+            if fail.collective_groups:  # the other ranks learn that this one refused; no CGCT retry alone
+                agree(fail.collective_groups, ok=False, reason=why, what="capture", transient=transient)
+                return self._refuse(sig, args, fail.stage, why, transient=transient)
             if classify_message(str(fail.cause or fail)) == COPY:
                 if self.source is not None and self._apply_cgct():
                     return self._capture(sig, flat, args)  # once more, with the rewritten graph
@@ -232,9 +256,10 @@ class CompiledGraphs:
         entry = _Entry(graph, Decision("graph", {}), report)
         entry.device = device
         with graphs.capturing(sig):
-            if self.indirection:
+            if self.indirection and not groups:
                 self._add_indirection(entry, flat)
-            entry.decision = self._decide(sig, self._runners(entry, flat, args), device)
+            if not groups:  # with collectives every rank replays the graph: a timing could differ between ranks
+                entry.decision = self._decide(sig, self._runners(entry, flat, args), device)
         if entry.decision.variant in entry.decision.times_ms:
             entry.monitor = DriftMonitor(entry.decision)
         if entry.indirect is not None and entry.decision.variant != "graph+pi":
@@ -344,6 +369,19 @@ class CompiledGraphs:
             level=logging.WARNING if transient else logging.INFO,
         )
         return self.compiled(*args)
+
+    def _refuse_with_ranks(
+        self, sig: Signature, args: Sequence[Any], stage: Stage, agreement: Agreement, *, transient: bool
+    ) -> Any:
+        """Another rank refused this graph (a forward with collectives): every rank runs it without one."""
+        me = torch.distributed.get_rank()
+        others = {rank: why for rank, why in agreement.refusals.items() if rank != me}
+        if not others:
+            return self.compiled(*args)  # only this rank refused: its own refusal is recorded already
+        why = "; ".join(f"rank {rank}: {text}" for rank, text in sorted(others.items()))
+        return self._refuse(
+            sig, args, stage, f"another rank's {stage} failed ({why})", transient=transient or agreement.transient
+        )
 
     def _log_once(self, message: str) -> None:
         self._graphs.log_once(message, logging.INFO, message)
