@@ -236,7 +236,7 @@ def test_mutation_log_names_a_read_only_teacher_but_not_trained_or_updated_state
     }
 
 
-def test_distributed_model_trains_eager_with_one_line(tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+def test_ddp_over_gloo_trains_eager_naming_the_backend(tmp_path, caplog: pytest.LogCaptureFixture) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
@@ -258,8 +258,8 @@ def test_distributed_model_trains_eager_with_one_line(tmp_path, caplog: pytest.L
                 graphed(x, y)
         lines = [r.getMessage() for r in caplog.records if "runs eager" in r.getMessage()]
         assert lines == [
-            "launchless: training runs eager: DistributedDataParallel steps are not captured (multi-GPU training "
-            "runs eager)"
+            "launchless: training runs eager: DistributedDataParallel over gloo cannot be captured: use the NCCL "
+            "backend"
         ]
     finally:
         dist.destroy_process_group()

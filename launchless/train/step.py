@@ -9,8 +9,15 @@ Training fails soft, in levels: when the whole step cannot be captured or verifi
 that needs a host sync, GradScaler's skip-on-inf with a non-fused optimizer), forward+backward is
 captured and the optimizer and scaler calls run eager after each replay; when that fails too (a
 host sync such as ``loss.item()``, a data-dependent shape), that signature runs eager; distillation
-(parameters read outside ``model``) and distributed runs train eager throughout -- each with one log
-line naming the reason and the source line. Freezing or unfreezing parameters captures again.
+(parameters read outside ``model``) and distributed runs other than ``DistributedDataParallel`` train eager
+throughout -- each with one log line naming the reason and the source line. Freezing or unfreezing parameters
+captures again.
+
+``DistributedDataParallel``: the backward's gradient all-reduce is recorded in the graph (NCCL 2.9.6 or later, no
+``find_unused_parameters``; otherwise eager with the fix named), after at least ``DDP_WARMUP_STEPS`` eager steps.
+Every rank captures and verifies alike: the ranks agree after each capture and each verification (when one rank
+refuses a level, all go to the next), and verification makes the same eager steps on every rank
+(``core.collectives``).
 
 Gradients: each graph leaves ``.grad`` pointing at the tensors it wrote (a step that starts with
 ``zero_grad(set_to_none=True)`` gets fresh ones from the pool, as eager does: no zeroing, no extra
@@ -35,6 +42,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from ..core import capture as _capture
 from ..core.cache import GraphCache, Refusal
+from ..core.collectives import agree, distributed
 from ..core.relocation import spread
 from ..core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
 from ..core.status import Admission, Stage, VerifyStatus
@@ -54,6 +62,9 @@ WHOLE_STEP = "whole-step graph"
 FORWARD_BACKWARD = "forward+backward graph, eager optimizer"
 NOISE_FACTOR = 4.0  # a replay may differ from eager by this multiple of the largest eager-vs-eager difference
 NOISE_RUNS = 8  # eager reruns at most to measure that difference (two at least)
+LOCKSTEP_RUNS = 3  # eager reruns every rank of a distributed step makes, whatever its replay showed
+DDP_WARMUP_STEPS = 11  # DDP's reducer collects runtime statistics (host syncs) in its first 10 iterations
+MIN_NCCL = (2, 9, 6)  # the first NCCL whose collectives a CUDA graph may record
 
 
 class _Graph:
@@ -113,6 +124,7 @@ class GraphedStep:
         self._params: list[torch.Tensor] = []
         self._grads_owner: _Graph | None = None  # the graph whose gradient tensors .grad points at
         self._extra_state = 0  # tensors the step writes outside the model and optimizer (found while capturing)
+        self._groups: list[Any] = []  # DistributedDataParallel's process group: its ranks capture and verify alike
 
     def _state_changed(self, why: str) -> None:
         """A validity check dropped the graphs: the optimizer is prepared again for the state now in use (a loaded
@@ -186,17 +198,48 @@ class GraphedStep:
         return self._capture(sig, flat)
 
     def _whole_run_reason(self) -> str | None:
-        if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
-            return "DistributedDataParallel steps are not captured (multi-GPU training runs eager)"
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            return (
-                f"distributed training (world size {dist.get_world_size()}) is not captured (multi-GPU training runs "
-                "eager)"
-            )
+        ddp = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
+        reason = self._ddp_reason(self.model) if ddp else None
+        if reason:
+            return reason
         devices = {p.device for p in self.model.parameters()}
         if not devices or any(d.type != "cuda" for d in devices):
             return "the model's parameters are not all on a CUDA device, so there is nothing to capture"
+        if distributed() and not ddp:
+            return (
+                f"distributed training (world size {torch.distributed.get_world_size()}) is captured for models "
+                "wrapped in torch.nn.parallel.DistributedDataParallel; other data-parallel schemes (FSDP, collectives "
+                "called by hand) train eager"
+            )
+        return None
+
+    def _ddp_reason(self, ddp: torch.nn.parallel.DistributedDataParallel) -> str | None:
+        """Whether a DDP step can be captured whole (PyTorch's conditions for a backward with its all-reduce in a
+        graph), else why not and the fix. The warm-up DDP needs is applied here: at least ``DDP_WARMUP_STEPS``
+        eager steps before a capture."""
+        group = ddp.process_group
+        backend = str(torch.distributed.get_backend(group)).lower()
+        if backend != "nccl":
+            return f"DistributedDataParallel over {backend} cannot be captured: use the NCCL backend"
+        nccl = tuple(torch.cuda.nccl.version())
+        if nccl < MIN_NCCL:
+            return (
+                f"NCCL {'.'.join(map(str, nccl))} cannot record collectives in a CUDA graph (2.9.6 or later can): "
+                "update NCCL"
+            )
+        if getattr(ddp, "find_unused_parameters", False):
+            return (
+                "DistributedDataParallel(find_unused_parameters=True) reads on the host which parameters were used "
+                "after every backward, which a graph cannot replay: construct it with find_unused_parameters=False "
+                "(or static_graph=True when the same parameters are unused every step)"
+            )
+        self._groups = [group]
+        if self._cache.capture_after < DDP_WARMUP_STEPS:
+            self._cache.capture_after = DDP_WARMUP_STEPS
+            self._log_once(
+                f"launchless: DistributedDataParallel steps are captured after {DDP_WARMUP_STEPS} eager steps of a "
+                "batch signature (its reducer syncs with the host in its first 10 iterations)"
+            )
         return None
 
     def _device(self) -> torch.device:
@@ -307,10 +350,20 @@ class GraphedStep:
             for scaler in scalers:
                 hooks.reset_scaler(scaler)
             before.restore()
-            return None, {
+            failed = {
                 "reason": describe_failure(fail.cause, str(fail)),
                 "transient": _capture.out_of_memory(fail.cause),
             }
+            if self._groups:  # the other ranks must not verify (its collectives would wait for this one)
+                agree(self._groups, ok=False, reason=failed["reason"], what=f"capture of the {level}")
+            return None, failed
+        if self._groups:
+            others = self._others_refused(ok=True, reason="", what=f"capture of the {level}")
+            if others is not None:
+                before.restore()
+                del graph
+                self._cache.discard()
+                return None, others
         foreign = writes.foreign_parameters(self.model)
         if foreign:  # checked at the first capture: the whole run then trains eager
             before.restore()
@@ -346,12 +399,32 @@ class GraphedStep:
                 return None, {"reason": describe_failure(exc, str(exc)), "transient": True}
         else:
             report, out = {"status": VerifyStatus.SKIPPED, "passed": True}, self._replay(entry, flat)
+        if self._groups:
+            others = self._others_refused(
+                ok=report["passed"], reason=report.get("detail", ""), what=f"verification of the {level}"
+            )
+            if others is not None and report["passed"]:  # the step it applied is taken back, as the others do
+                before.restore()
+                del entry, graph
+                self._cache.discard()
+                return None, others
         if not report["passed"]:
             before.restore()
             del entry, graph
             self._cache.discard()
             return None, {"reason": f"verification failed ({report['detail']})"}
         return entry, {**report, "_out": out}
+
+    def _others_refused(self, *, ok: bool, reason: str, what: str) -> dict | None:
+        """The ranks of a distributed step agree on this rank's ``what``; the outcome to return when another rank
+        refused (every rank then tries the next level, or trains eager)."""
+        agreement = agree(self._groups, ok=ok, reason=reason, what=what)
+        me = torch.distributed.get_rank()
+        others = {rank: why for rank, why in agreement.refusals.items() if rank != me}
+        if not others:
+            return None
+        said = "; ".join(f"rank {rank}: {why}" for rank, why in sorted(others.items()))
+        return {"reason": f"another rank's {what} failed ({said})", "transient": agreement.transient}
 
     def _verify(self, entry: _Graph, flat: FlatInputs, before: Snapshot) -> tuple[dict, Any]:
         """Graph step and eager step from the same state on the same batch must agree."""
@@ -361,10 +434,12 @@ class GraphedStep:
         graph_out = self._replay(entry, flat)
         report = {"status": VerifyStatus.BIT_IDENTICAL, "passed": True, "max_abs_diff": 0.0}
         live = before.live()  # compared in place: no third copy of the model and optimizer state
-        if identical(eager_out, graph_out) and identical(eager_state, live):
+        same = identical(eager_out, graph_out) and identical(eager_state, live)
+        lockstep = bool(self._groups)  # every rank makes the same eager steps, whatever its replay showed
+        if same and not lockstep:
             return report, graph_out
-        diff = max(difference(eager_state, live, 0.0)[0], difference(eager_out, graph_out, 0.0)[0])
-        if diff == 0.0 and self.verify != "strict":  # equal values; only the sign of a zero differs
+        diff = 0.0 if same else max(difference(eager_state, live, 0.0)[0], difference(eager_out, graph_out, 0.0)[0])
+        if diff == 0.0 and self.verify != "strict" and not lockstep:  # equal values; only the sign of a zero differs
             report["status"] = VerifyStatus.IDENTICAL_VALUES
             return report, graph_out
         del live
@@ -372,16 +447,21 @@ class GraphedStep:
         # nondeterministic kernels (atomics in backward) differ by a random amount each run, spread over an order
         # of magnitude (resnet18 on an H200: 1.5e-08 to 1.8e-07); two runs can land low while the replay landed
         # high, so up to NOISE_RUNS are taken until the replay is within the bound (a stale graph is far outside)
-        while runs < 2 or (runs < NOISE_RUNS and diff > NOISE_FACTOR * noise):
+        while (runs < LOCKSTEP_RUNS) if lockstep else (runs < 2 or (runs < NOISE_RUNS and diff > NOISE_FACTOR * noise)):
             runs += 1
             before.restore()
             again_out = self._eager(flat)
             noise = max(noise, difference(eager_state, before.live(), 0.0)[0], difference(eager_out, again_out, 0.0)[0])
-            if noise == 0.0 and runs >= 2:  # deterministic: more runs will not differ either
+            if noise == 0.0 and runs >= 2 and not lockstep:  # deterministic: more runs will not differ either
                 break
         before.restore()  # the step kept is a replay: compared in place above, so no copy of its state is held
         graph_out = self._replay(entry, flat)
         report.update(max_abs_diff=diff, eager_noise=noise)
+        if same:
+            return report, graph_out
+        if diff == 0.0 and self.verify != "strict":
+            report["status"] = VerifyStatus.IDENTICAL_VALUES
+            return report, graph_out
         if noise > 0 and diff <= NOISE_FACTOR * noise and self.verify != "strict":
             report.update(
                 status=VerifyStatus.EAGER_NOISE, detail=f"eager runs differ by up to {noise:.3g} ({runs + 1} runs)"
