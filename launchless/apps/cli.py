@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from .bench.multigpu_report import SUITE as MULTIGPU
 from .bench.workloads import SUITES
 
 
@@ -20,7 +21,12 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser(
         "bench", help="eager vs torch.compile vs reduce-overhead vs hand graph vs launchless (runtime and compiler)"
     )
-    bench.add_argument("--suite", choices=SUITES, default="quick")
+    bench.add_argument(
+        "--suite",
+        choices=(*SUITES, MULTIGPU),
+        default="quick",
+        help="multigpu: tensor-parallel inference and DDP training at several world sizes, groups run by torchrun",
+    )
     bench.add_argument("--workloads", nargs="+", help="workload names (default: the suite's); see --list")
     bench.add_argument("--modes", nargs="+", help="modes to run (default: all)")
     bench.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md, bench.png")
@@ -32,7 +38,14 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         metavar="INDEX",
         help="deal the workloads over these GPUs and run the parts at once (each workload runs all its modes on "
-        "one GPU; CPU cores are split between the parts)",
+        "one GPU; CPU cores are split between the parts); multigpu suite: world size W runs on the first W",
+    )
+    bench.add_argument(
+        "--world-sizes",
+        nargs="+",
+        type=int,
+        metavar="W",
+        help="multigpu suite: the process-group sizes to measure (default: 1 2)",
     )
     bench.add_argument(
         "--balance-from",
@@ -290,6 +303,8 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         from .bench.runner import merge
 
         return merge(args.merge, args.out)
+    if args.suite == MULTIGPU:
+        return _bench_multigpu(parser, args)
     if args.list:
         for w in workloads.WORKLOADS.values():
             print(f"{w.name:40s} {w.kind:9s} batch {w.batch}  suites: {', '.join(w.suites) or '(run by name)'}")
@@ -332,6 +347,57 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         except GpusUnavailable as exc:
             parser.error(str(exc))
     return run_suite(args.suite, names, modes, args.out, args.iters, args.timeout, args.gpus, weights)
+
+
+def _bench_multigpu(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The multigpu suite: its own workloads and modes, every world size a torchrun group (gloo on a CPU-only
+    machine, so that it runs anywhere; its times are then the host's)."""
+    from .bench import multigpu
+    from .bench.workloads import UnknownWorkload
+
+    if args.list:
+        own = "tp:package.module:function, ddp:package.module:function"
+        print(f"workloads: {', '.join(multigpu.default_workloads())}, {own}")
+        print("modes: " + ", ".join(multigpu.MODES))
+        return 0
+    if args.balance_from:
+        parser.error("--balance-from deals single-GPU workloads; the multigpu suite runs every group on --gpus")
+    names = args.workloads or multigpu.default_workloads()
+    try:
+        multigpu.check_workloads(names)
+    except UnknownWorkload as exc:
+        parser.error(str(exc))
+    unknown = [m for m in args.modes or () if m not in multigpu.MODES]
+    if unknown:
+        parser.error(f"unknown mode(s) {', '.join(unknown)}; choose from: {', '.join(multigpu.MODES)}")
+    device = multigpu.device_type()
+    gpus = args.gpus
+    if device == "cuda":
+        import torch
+
+        from .bench.runner import GpusUnavailable, check_gpus
+
+        gpus = gpus or list(range(torch.cuda.device_count()))
+        try:
+            check_gpus(gpus)
+        except GpusUnavailable as exc:
+            parser.error(str(exc))
+    world_sizes = args.world_sizes or list(multigpu.WORLD_SIZES)
+    try:
+        multigpu.check_world_sizes(world_sizes, gpus, device)
+    except multigpu.MultiGpuUnavailable as exc:
+        parser.error(str(exc))
+    multigpu.run_multigpu(
+        names,
+        args.modes or multigpu.MODES,
+        world_sizes=world_sizes,
+        out_dir=args.out,
+        iters=args.iters,
+        timeout_s=args.timeout,
+        gpus=gpus,
+        device=device,
+    )
+    return 0
 
 
 if __name__ == "__main__":

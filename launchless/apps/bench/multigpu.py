@@ -1,0 +1,179 @@
+"""`launchless bench --suite multigpu`: tensor-parallel inference and DDP training at several world sizes, each
+process group started by PyTorch's own ``torchrun``.
+
+One group per (world size, mode), in its own fresh compile caches (as the single-GPU suite gives each mode its
+own), so that every first call shows that mode's own compilation. A group runs on the first ``world_size`` GPUs
+of ``--gpus`` and measures that mode's workloads in turn; a group that dies or hangs costs only the workload it was
+on -- ``launchless.apps.workers`` kills it (its ranks die with it), writes an error row and starts a new group for
+the rest -- and the suite goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.markdown import Markdown
+from rich.progress import Progress
+
+from ..environment import describe
+from ..workers import run_workers
+from . import multigpu_report
+from .multigpu_worker import DDP_MODES, DDP_RESNET18, TP_MODES, check_workload, empty_row, modes_of
+from .runner import fresh_caches
+
+MODES = tuple(dict.fromkeys((*TP_MODES, *DDP_MODES)))
+WORLD_SIZES = (1, 2)
+LAUNCHER = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+WORKER_MODULE = "launchless.apps.bench.multigpu_worker"
+
+
+class MultiGpuUnavailable(ValueError):
+    """The world sizes asked for need more GPUs than ``--gpus`` gives, or name no process at all."""
+
+
+def default_workloads() -> list[str]:
+    """Every tensor-parallel workload of the zoo, then DDP resnet18."""
+    from ..zoo.tensor_parallel import TP_WORKLOADS
+
+    return [*TP_WORKLOADS, DDP_RESNET18]
+
+
+def check_workloads(names: Sequence[str]) -> None:
+    """Raises ``UnknownWorkload`` for the first name no worker could build, before any group is started."""
+    for name in names:
+        check_workload(name)
+
+
+def device_type() -> str:
+    """``cuda`` (groups on NCCL) where a GPU is visible, else ``cpu`` (gloo, timed on the host clock)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_world_sizes(world_sizes: Sequence[int], gpus: Sequence[int] | None, device: str) -> None:
+    if not world_sizes or min(world_sizes) < 1:
+        raise MultiGpuUnavailable(f"--world-sizes {' '.join(map(str, world_sizes))}: each must be 1 or more")
+    if device == "cuda" and max(world_sizes) > len(gpus or ()):
+        raise MultiGpuUnavailable(
+            f"world size {max(world_sizes)} needs {max(world_sizes)} GPUs and --gpus gives {len(gpus or ())}: name "
+            "more GPUs or smaller --world-sizes"
+        )
+
+
+def run_group(
+    mode: str,
+    workloads: list[str],
+    *,
+    world_size: int,
+    device: str,
+    iters: int,
+    timeout_s: float,
+    out: Path,
+    gpus: Sequence[int] | None = None,
+    advance: Callable[[], None] = lambda: None,
+) -> list[dict]:
+    """Rows of ``workloads`` under ``mode`` from one ``torchrun`` group of ``world_size`` ranks (a new group for
+    the rest when one dies or hangs). On CUDA the group sees the first ``world_size`` of ``gpus``."""
+    label = f"-w{world_size}-{mode}"
+    caches = Path(tempfile.mkdtemp(prefix=f"launchless-bench{label}-"))
+    env = {**os.environ, **fresh_caches(caches)}
+    if device == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in (gpus or ())[:world_size])
+
+    def command(remaining: list[str], jsonl: Path) -> list[str]:
+        return [
+            *LAUNCHER,
+            "--nproc-per-node",
+            str(world_size),
+            "-m",
+            WORKER_MODULE,
+            *("--mode", mode, "--device", device, "--iters", str(iters), "--out", str(jsonl)),
+            "--workloads",
+            *remaining,
+        ]
+
+    def failed_row(workload: str, why: str) -> dict:
+        return empty_row(workload, mode, world_size, "error", f"{why} (see worker{label}.log)")
+
+    try:
+        return run_workers(
+            workloads,
+            command=command,
+            out=out,
+            label=label,
+            key="workload",
+            failed_row=failed_row,
+            timeout_s=timeout_s,
+            env=env,
+            on_row=lambda row: advance(),
+        )
+    finally:
+        shutil.rmtree(caches, ignore_errors=True)
+
+
+def environment(device: str, gpus: Sequence[int] | None, world_sizes: Sequence[int]) -> dict:
+    """``describe()`` plus what the groups ran on: every GPU's name, the backend, the world sizes."""
+    import torch
+
+    env = describe()
+    env.update(device=device, backend="nccl" if device == "cuda" else "gloo", world_sizes=list(world_sizes))
+    if device == "cuda":
+        env["gpus"] = {str(g): torch.cuda.get_device_name(g) for g in gpus or ()}
+        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    return env
+
+
+def run_multigpu(
+    names: Sequence[str],
+    modes: Sequence[str],
+    *,
+    world_sizes: Sequence[int] = WORLD_SIZES,
+    out_dir: str | Path,
+    iters: int,
+    timeout_s: float,
+    gpus: Sequence[int] | None = None,
+    device: str | None = None,
+) -> dict[str, Path]:
+    """Every (world size, mode) group in turn, then multigpu.json, .md and .png in ``out_dir``; returns their paths.
+
+    A workload runs only in the modes of its part (DDP training: eager, reduce-overhead, launchless)."""
+    device = device or device_type()
+    check_world_sizes(world_sizes, gpus, device)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    groups = [(w, m, [n for n in names if m in modes_of(n)]) for w in world_sizes for m in modes]
+    groups = [(w, m, part) for w, m, part in groups if part]
+    env = environment(device, gpus, world_sizes)
+    started = time.monotonic()
+    rows: list[dict] = []
+    with Progress(console=console) as progress:
+        task = progress.add_task("benchmarking", total=sum(len(part) for _, _, part in groups))
+        for world_size, mode, part in groups:
+            progress.update(task, description=f"world size {world_size}, {mode}")
+            rows += run_group(
+                mode,
+                part,
+                world_size=world_size,
+                device=device,
+                iters=iters,
+                timeout_s=timeout_s,
+                out=out,
+                gpus=gpus,
+                advance=lambda: progress.advance(task),
+            )
+    env["wall_s"] = round(time.monotonic() - started, 1)
+    order = {name: i for i, name in enumerate(names)}
+    rows.sort(key=lambda r: (order[r["workload"]], r["world_size"], modes.index(r["mode"])))
+    paths = multigpu_report.write_all(out, env, multigpu_report.with_scaling(rows))
+    console.print(Markdown(paths["md"].read_text()))
+    console.print("written: " + ", ".join(str(p) for p in paths.values()))
+    return paths

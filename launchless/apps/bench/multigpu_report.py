@@ -1,0 +1,311 @@
+"""Outputs of `launchless bench --suite multigpu`: multigpu.json (the record), multigpu.md and multigpu.png, all
+from the same rows so the numbers can never disagree. Nothing here needs a GPU: the report can be rebuilt from a
+saved multigpu.json anywhere.
+
+A row is one (workload, mode, world size), written by rank 0 of its group::
+
+    {"workload": str, "part": "tp-inference" | "ddp-training", "mode": str, "world_size": int,
+     "status": "ok" | "error", "reason": str | None,
+     "median_ms": float | None,      # per call or step, back to back, rank 0 (CUDA events; host clock on the CPU)
+     "min_ms": float | None, "calls": int | None,
+     "waited_ms": float | None,      # one call started on an idle GPU and synchronized
+     "first_call_s": float | None,   # the first call: compilation or capture included
+     "correctness": {"status": "reference" | "bit-identical" | "differs" | "n/a",
+                     "max_abs_diff": float | None,   # the largest over the ranks, against eager at this world size
+                     "ranks": [float, ...]},         # each rank's own
+     "scaling_efficiency": float | None,  # median at world size 1 / this median (None at world size 1)
+     "graphs": dict | None,          # what launchless ran: wrap's runtime summary, or graphed_step's level
+     "wall_s": float}
+
+``scaling_efficiency`` is one ratio read two ways: for DDP (the same batch per GPU) it is the weak-scaling
+efficiency, 1.0 when a step on W GPUs takes as long as on one; for tensor parallelism (one model split W ways) it
+is the speed-up over the unsharded model, W at best.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import graphs, stats
+from .report import _MISSING, _md_table, _ms, _one_line, _x, header_line
+
+Row = Mapping[str, Any]
+
+SUITE = "multigpu"
+TP_INFERENCE = "tp-inference"
+DDP_TRAINING = "ddp-training"
+PART_TITLES = {TP_INFERENCE: "Tensor-parallel inference", DDP_TRAINING: "DDP training"}
+LAUNCHLESS_MODES = ("launchless", "launchless-compile")
+
+
+def _key(row: Row) -> tuple[str, str, int]:
+    return str(row["workload"]), str(row["mode"]), int(row["world_size"])
+
+
+def with_scaling(rows: Sequence[Row]) -> list[dict]:
+    """Copies of ``rows`` with ``scaling_efficiency``: the same workload and mode's median at world size 1 over this
+    row's (None at world size 1 itself, and where either did not run)."""
+    by_key = {_key(r): r for r in rows}
+    scaled = []
+    for row in rows:
+        workload, mode, world_size = _key(row)
+        base, this = stats.ok_median(by_key.get((workload, mode, 1))), stats.ok_median(row)
+        ratio = base / this if world_size != 1 and base is not None and this is not None else None
+        scaled.append({**row, "scaling_efficiency": ratio})
+    return scaled
+
+
+class _View:
+    """The rows digested once: lookup, orders and ratios shared by the Markdown, the JSON summary and the chart."""
+
+    def __init__(self, rows: Sequence[Row]) -> None:
+        self.rows = list(rows)
+        self.by_key = {_key(r): r for r in self.rows}
+
+    def part_rows(self, part: str) -> list[Row]:
+        return [r for r in self.rows if r.get("part") == part]
+
+    def speedup(self, row: Row, baseline: str) -> float | None:
+        """How much faster ``row`` is than ``baseline`` at the same world size (above 1 is faster)."""
+        workload, _, world_size = _key(row)
+        base, this = stats.ok_median(self.by_key.get((workload, baseline, world_size))), stats.ok_median(row)
+        return base / this if base is not None and this is not None else None
+
+    def median(self, workload: str, mode: str, world_size: int) -> float | None:
+        return stats.ok_median(self.by_key.get((workload, mode, world_size)))
+
+    def largest_world(self, part: str) -> int | None:
+        sizes = [int(r["world_size"]) for r in self.part_rows(part)]
+        return max(sizes) if sizes else None
+
+    def summary(self) -> dict[str, Any]:
+        """At the largest world size: tensor parallelism's best launchless mode over reduce-overhead (per workload
+        and their geometric mean); DDP's launchless over reduce-overhead and its step against its world-1 step."""
+        result: dict[str, Any] = {}
+        world = self.largest_world(TP_INFERENCE)
+        if world is not None:
+            per_workload = {}
+            for workload in stats.ordered_workloads(self.part_rows(TP_INFERENCE)):
+                reduce_overhead = self.median(workload, stats.REDUCE_OVERHEAD, world)
+                best = [t for m in LAUNCHLESS_MODES if (t := self.median(workload, m, world)) is not None]
+                if reduce_overhead is not None and best:
+                    per_workload[workload] = reduce_overhead / min(best)
+            result[TP_INFERENCE] = {
+                "world_size": world,
+                "best_launchless_vs_reduce_overhead": per_workload,
+                "geomean_best_launchless_vs_reduce_overhead": stats.geomean(per_workload.values()),
+            }
+        world = self.largest_world(DDP_TRAINING)
+        if world is not None:
+            per_workload = {}
+            for workload in stats.ordered_workloads(self.part_rows(DDP_TRAINING)):
+                launchless = self.median(workload, "launchless", world)
+                reduce_overhead = self.median(workload, stats.REDUCE_OVERHEAD, world)
+                alone = self.median(workload, "launchless", 1)
+                per_workload[workload] = {
+                    "launchless_vs_reduce_overhead": (
+                        reduce_overhead / launchless if launchless is not None and reduce_overhead is not None else None
+                    ),
+                    "launchless_step_vs_world_1": launchless / alone if launchless is not None and alone else None,
+                }
+            result[DDP_TRAINING] = {"world_size": world, "per_workload": per_workload}
+        return result
+
+
+# --- Markdown -------------------------------------------------------------------------------------------------
+
+
+def _correctness_cell(row: Row) -> str:
+    """``reference`` (eager), ``= on 2 ranks`` bit-identical on each, ``≠ 3.1e-06 (2 ranks)`` the largest
+    difference on any rank, ``n/a`` not compared."""
+    corr = row.get("correctness") or {}
+    ranks = len(corr.get("ranks") or ())
+    if corr.get("status") == "reference":
+        return "reference"
+    if corr.get("status") == "bit-identical":
+        return f"= on {ranks} rank{'s' if ranks != 1 else ''}"
+    if corr.get("status") == "differs" and corr.get("max_abs_diff") is not None:
+        return f"≠ {corr['max_abs_diff']:.1e} ({ranks} rank{'s' if ranks != 1 else ''})"
+    return "n/a"
+
+
+def _graphs_cell(row: Row) -> str:
+    summary = row.get("graphs")
+    if not summary:
+        return _MISSING
+    if "level" in summary:  # graphed_step
+        reason = summary.get("eager_reason")
+        return f"{summary['level']}: {reason}" if reason else str(summary["level"])
+    return graphs.describe(summary)
+
+
+def _part_table(view: _View, part: str) -> list[str]:
+    header = ["workload", "world size", "mode", "ms / call", "waited ms", "× eager", "× reduce-overhead"]
+    header += ["scaling", "first call s", "correctness", "launchless ran"]
+    body = []
+    for row in view.part_rows(part):
+        ok = row.get("status") == "ok"
+        first = row.get("first_call_s")
+        body.append(
+            [
+                f"`{row['workload']}`",
+                str(row["world_size"]),
+                str(row["mode"]),
+                _ms(row.get("median_ms")) if ok else str(row.get("status")),
+                _ms(row.get("waited_ms")),
+                _MISSING if row["mode"] == stats.EAGER else _x(view.speedup(row, stats.EAGER)),
+                _MISSING if row["mode"] == stats.REDUCE_OVERHEAD else _x(view.speedup(row, stats.REDUCE_OVERHEAD)),
+                _MISSING if row.get("scaling_efficiency") is None else f"{row['scaling_efficiency']:.2f}",
+                _MISSING if first is None else f"{first:.3g}",
+                _correctness_cell(row) if ok else _MISSING,
+                _graphs_cell(row),
+            ]
+        )
+    return _md_table(header, body)
+
+
+_NOTES = {
+    TP_INFERENCE: "World size 1 runs the unsharded model; above 1 the model is split over that many GPUs (the TP "
+    "degree). Scaling: world size 1's ms over this one's -- the speed-up of splitting, the world size at best.",
+    DDP_TRAINING: "A whole step (zero_grad, forward, loss, backward, optimizer) of DistributedDataParallel, the same "
+    "batch per GPU. Scaling: world size 1's step time over this one's -- the weak-scaling efficiency, 1.00 at best.",
+}
+
+
+def _summary_lines(view: _View) -> list[str]:
+    summary = view.summary()
+    lines = []
+    if TP_INFERENCE in summary:
+        tp = summary[TP_INFERENCE]
+        per = tp["best_launchless_vs_reduce_overhead"]
+        mean = tp["geomean_best_launchless_vs_reduce_overhead"]
+        head = f"- Tensor parallelism at world size {tp['world_size']}: the faster of launchless and launchless-compile"
+        if per:
+            detail = ", ".join(f"`{w}` {_x(v)}" for w, v in per.items())
+            lines.append(f"{head} over reduce-overhead, {_x(mean)} (geometric mean over {len(per)}: {detail})")
+        else:
+            lines.append(f"{head}: no workload ran both that and reduce-overhead")
+    if DDP_TRAINING in summary:
+        ddp = summary[DDP_TRAINING]
+        for workload, ratios in ddp["per_workload"].items():
+            vs_world_1 = ratios["launchless_step_vs_world_1"]
+            efficiency = _MISSING if not vs_world_1 else f"{1 / vs_world_1:.2f}"
+            lines.append(
+                f"- `{workload}` at world size {ddp['world_size']}: launchless "
+                f"{_x(ratios['launchless_vs_reduce_overhead'])} over reduce-overhead; its step takes "
+                f"{_x(vs_world_1)} its world-size-1 step (scaling efficiency {efficiency})"
+            )
+    return lines or ["- nothing to compare: no part ran"]
+
+
+def _environment_line(environment: Mapping[str, Any]) -> str:
+    parts = [f"device {environment.get('device', 'n/a')} ({environment.get('backend', 'n/a')})"]
+    if environment.get("gpus"):
+        parts.append("GPUs " + ", ".join(f"{i}: {name}" for i, name in environment["gpus"].items()))
+    if environment.get("nccl"):
+        parts.append(f"NCCL {environment['nccl']}")
+    if environment.get("world_sizes"):
+        parts.append("world sizes " + ", ".join(map(str, environment["world_sizes"])))
+    return " · ".join(parts)
+
+
+def markdown(environment: Mapping[str, Any], rows: Sequence[Row]) -> str:
+    """A table per part (ratios over eager and reduce-overhead at the same world size), the summary, failures."""
+    view = _View(rows)
+    lines = [f"# launchless bench: {SUITE}", "", header_line(environment), "", _environment_line(environment)]
+    for part, title in PART_TITLES.items():
+        if view.part_rows(part):
+            lines += ["", f"## {title}", "", _NOTES[part], ""]
+            lines += _part_table(view, part)
+    lines += [
+        "",
+        "ms / call: median of calls back to back on rank 0, every rank in lockstep (CUDA events; the host clock on "
+        "the CPU). Waited: one call started idle and synchronized. × eager, × reduce-overhead: their ms over this "
+        "one's at the same world size (above 1 is faster). Correctness: every rank's output (inference) or "
+        "parameters after the warm-up steps (training) against eager at the same world size.",
+        "",
+        "## Summary",
+        "",
+        *_summary_lines(view),
+        "",
+        "## Failed",
+        "",
+    ]
+    failed = [r for r in view.rows if r.get("status") != "ok"]
+    lines += [
+        f"- `{r['workload']}` · {r['mode']} · world size {r['world_size']}: {_one_line(r.get('reason'))}"
+        for r in failed
+    ] or ["- none: every workload ran in every mode at every world size"]
+    return "\n".join(lines) + "\n"
+
+
+# --- chart ----------------------------------------------------------------------------------------------------
+
+
+def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any]) -> Any:
+    """Bars of ms per call (log scale): a panel per part, a group per (workload, world size), a bar per mode. A
+    mode that did not run leaves a gap in its slot. Returns the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: only `bench` needs matplotlib
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    view = _View(rows)
+    parts = [p for p in PART_TITLES if view.part_rows(p)]
+    groups = {
+        p: list(dict.fromkeys((str(r["workload"]), int(r["world_size"])) for r in view.part_rows(p))) for p in parts
+    }
+    width = max(7.0, 3.0 + 1.2 * max((len(g) for g in groups.values()), default=1))
+    fig = Figure(figsize=(width, 4.2 * max(1, len(parts))), dpi=120)
+    FigureCanvasAgg(fig)
+    where = " · ".join(str(environment[k]) for k in ("gpu", "date") if environment.get(k))
+    fig.suptitle(f"launchless bench: {SUITE}, ms per call" + (f"\n{where}" if where else ""), fontsize=10)
+    if not parts:
+        fig.text(0.5, 0.5, "no rows", ha="center", va="center")
+    for i, part in enumerate(parts):
+        ax = fig.add_subplot(len(parts), 1, i + 1)
+        part_modes = stats.ordered_modes(view.part_rows(part))
+        bar = 0.8 / len(part_modes)
+        for j, mode in enumerate(part_modes):
+            xs, heights = [], []
+            for g, (workload, world_size) in enumerate(groups[part]):
+                median = view.median(workload, mode, world_size)
+                if median is not None:
+                    xs.append(g - 0.4 + (j + 0.5) * bar)
+                    heights.append(median)
+            bars = ax.bar(xs, heights, width=bar, color=f"C{j % 10}", label=mode)
+            ax.bar_label(bars, labels=[_ms(h) for h in heights], fontsize=6)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_ylabel("ms per call (log scale)")
+        ax.set_title(PART_TITLES[part], fontsize=9)
+        ax.set_xticks(range(len(groups[part])))
+        ax.set_xticklabels([f"{w}\nworld size {n}" for w, n in groups[part]], fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return fig
+
+
+# --- all outputs ----------------------------------------------------------------------------------------------
+
+
+def write_all(out_dir: str | Path, environment: Mapping[str, Any], rows: Sequence[Row]) -> dict[str, Path]:
+    """multigpu.json, multigpu.md and multigpu.png in ``out_dir``; returns {"json", "md", "png"}: path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "multigpu.json", "md": out / "multigpu.md", "png": out / "multigpu.png"}
+    doc = {
+        "environment": dict(environment),
+        "suite": SUITE,
+        "rows": [dict(r) for r in rows],
+        "summary": _View(rows).summary(),
+    }
+    paths["json"].write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    paths["md"].write_text(markdown(environment, rows), encoding="utf-8")
+    chart(paths["png"], rows, environment)
+    return paths

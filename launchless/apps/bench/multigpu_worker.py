@@ -1,0 +1,384 @@
+"""One rank of a multi-GPU bench group, started by ``torchrun``: measures workloads under one mode, in lockstep with
+the other ranks, and rank 0 writes a JSON line per workload.
+
+Two kinds of workload, told apart by their prefix:
+
+- ``tp:<name>``: tensor-parallel inference. ``<name>`` is one of ``launchless.apps.zoo.tensor_parallel``'s
+  ``TP_WORKLOADS``, or ``tp:package.module:function`` for a model of one's own: the function takes the keywords
+  ``mesh`` (a ``DeviceMesh``, or None for the unsharded model) and ``device`` and returns ``(model, args, kwargs)``
+  like ``build_tp``. World size 1 runs the unsharded model (``mesh=None``): the single-GPU baseline tensor
+  parallelism has to beat, without DTensor's bookkeeping.
+- ``ddp:<name>``: DistributedDataParallel training steps of an image classifier, batch 1 per rank, SGD with
+  momentum. ``ddp:resnet18`` is timm's resnet18 (10 classes, 3x224x224); ``ddp:package.module:function`` is one's
+  own: the function takes the keywords ``device``, ``batch`` and ``seed`` and returns ``(model, (images, labels))``
+  (every rank passes its own seed; DDP starts all of them from rank 0's weights).
+
+Every rank runs the same workloads in the same order, so the collectives inside each call pair up; a rank that
+fails outside a collective still takes part in the gather that ends the workload, so the others carry on. Timing is
+rank 0's: CUDA events on a GPU, the host clock on the CPU (``gloo``), after a barrier so that all ranks start
+together. Correctness is every rank's own output (inference) or parameters (training) against eager at the same
+world size, gathered to rank 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import functools
+import importlib
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils._pytree import tree_map
+
+from ...core.collectives import wait_outputs
+from ...timing import Timing, cuda_latency, cuda_time
+from . import modes
+from .measure import _compare
+from .multigpu_report import DDP_TRAINING, TP_INFERENCE
+from .training import TrainingSetup, _classify_loss, train_step
+from .worker import one_line, release
+from .workloads import UnknownWorkload
+
+TP_MODES = ("eager", "compile", "reduce-overhead", "launchless", "launchless-compile")
+DDP_MODES = ("eager", "reduce-overhead", "launchless")
+DDP_RESNET18 = "ddp:resnet18"
+WARMUP_CALLS = 20  # DDP wants 11 eager iterations before a step is captured (PyTorch's CUDA-graph notes); then some
+BATCH_PER_RANK = 1
+ROW_KEYS = ("median_ms", "min_ms", "waited_ms", "calls", "first_call_s", "graphs", "scaling_efficiency")
+
+TpBuilder = Callable[..., tuple[torch.nn.Module, tuple, dict]]
+DdpBuilder = Callable[..., tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]]
+
+
+# --- workloads ------------------------------------------------------------------------------------------------
+
+
+def part_of(workload: str) -> str:
+    """``tp-inference`` or ``ddp-training``, from the workload's prefix."""
+    if workload.startswith("tp:"):
+        return TP_INFERENCE
+    if workload.startswith("ddp:"):
+        return DDP_TRAINING
+    raise UnknownWorkload(
+        f"unknown multigpu workload {workload!r}: tensor-parallel ones start with 'tp:', DDP training ones with 'ddp:'"
+    )
+
+
+def modes_of(workload: str) -> tuple[str, ...]:
+    return TP_MODES if part_of(workload) == TP_INFERENCE else DDP_MODES
+
+
+def _own_builder(spec: str) -> Callable[..., Any] | None:
+    """The function ``package.module:function`` names, or None when ``spec`` is a plain name."""
+    module_name, sep, function_name = spec.partition(":")
+    if not sep:
+        return None
+    try:
+        return getattr(importlib.import_module(module_name), function_name)
+    except (ImportError, AttributeError) as exc:
+        raise UnknownWorkload(f"cannot load the builder {spec!r}: {exc}") from exc
+
+
+def tp_builder(workload: str) -> TpBuilder:
+    """``builder(mesh=, device=) -> (model, args, kwargs)`` for a ``tp:`` workload."""
+    own = _own_builder(workload.removeprefix("tp:"))
+    if own is not None:
+        return own
+    from ..zoo.tensor_parallel import TP_WORKLOADS, build_tp
+
+    if workload not in TP_WORKLOADS:
+        raise UnknownWorkload(
+            f"unknown tensor-parallel workload {workload!r}; choose from: {', '.join(TP_WORKLOADS)} "
+            "or tp:package.module:function"
+        )
+    return functools.partial(build_tp, workload)
+
+
+def resnet18_classifier(
+    *, device: torch.device, batch: int, seed: int
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    """timm's resnet18 with 10 classes and one seeded batch of 3x224x224 images with labels."""
+    import timm
+
+    torch.manual_seed(seed)
+    model = timm.create_model("resnet18", num_classes=10).to(device)
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randn(batch, 3, 224, 224, generator=generator).to(device)
+    labels = torch.randint(10, (batch,), generator=generator).to(device)
+    return model, (images, labels)
+
+
+DDP_WORKLOADS: dict[str, DdpBuilder] = {DDP_RESNET18: resnet18_classifier}
+
+
+def ddp_builder(workload: str) -> DdpBuilder:
+    """``builder(device=, batch=, seed=) -> (model, (images, labels))`` for a ``ddp:`` workload."""
+    own = _own_builder(workload.removeprefix("ddp:"))
+    if own is not None:
+        return own
+    if workload not in DDP_WORKLOADS:
+        raise UnknownWorkload(
+            f"unknown DDP workload {workload!r}; choose from: {', '.join(DDP_WORKLOADS)} or ddp:package.module:function"
+        )
+    return DDP_WORKLOADS[workload]
+
+
+def check_workload(workload: str) -> None:
+    """Raises UnknownWorkload unless ``workload`` names a builder this worker can load."""
+    if part_of(workload) == TP_INFERENCE:
+        tp_builder(workload)
+    else:
+        ddp_builder(workload)
+
+
+# --- rows -----------------------------------------------------------------------------------------------------
+
+
+def empty_row(workload: str, mode: str, world_size: int, status: str, reason: str | None) -> dict:
+    """A row with every report field and nothing measured: a workload that failed, on some rank or in its group."""
+    row = {
+        "workload": workload,
+        "part": part_of(workload),
+        "mode": mode,
+        "world_size": world_size,
+        "status": status,
+        "reason": reason,
+    }
+    row.update(dict.fromkeys(ROW_KEYS))
+    row["correctness"] = {"status": "n/a", "max_abs_diff": None, "ranks": []}
+    return row
+
+
+def gathered_row(workload: str, mode: str, world_size: int, results: list[tuple[dict | None, str | None]]) -> dict:
+    """Rank 0's row from every rank's ``(measured, error)``: rank 0's times, every rank's correctness."""
+    failed = [(rank, error) for rank, (_, error) in enumerate(results) if error is not None]
+    if failed:
+        reason = "; ".join(f"rank {rank}: {error}" for rank, error in failed)
+        return empty_row(workload, mode, world_size, "error", reason)
+    measured = [m for m, _ in results if m is not None]
+    row = empty_row(workload, mode, world_size, "ok", None)
+    row.update({k: v for k, v in measured[0].items() if k != "correctness"})
+    per_rank = [m["correctness"] for m in measured]
+    if mode == "eager":  # the reference the other modes are compared with
+        row["correctness"] = {"status": "reference", "max_abs_diff": 0.0, "ranks": [0.0] * len(per_rank)}
+        return row
+    diffs = [c["max_abs_diff"] for c in per_rank]
+    identical = all(c["status"] == "bit-identical" for c in per_rank)
+    row["correctness"] = {
+        "status": "bit-identical" if identical else "differs",
+        "max_abs_diff": max(diffs),
+        "ranks": diffs,
+    }
+    return row
+
+
+# --- one rank -------------------------------------------------------------------------------------------------
+
+
+def die_with_launcher() -> None:
+    """Have the kernel end this rank when its launcher dies. The runner kills a ``torchrun`` that hangs, and
+    ``torchrun`` passes nothing on when killed: its ranks would stay blocked in a collective, holding their GPUs."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def join_group(device_type: str) -> torch.device:
+    """Join torchrun's process group: NCCL on this rank's GPU, gloo on the CPU."""
+    if device_type == "cuda":
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl")
+        return torch.device("cuda", local_rank)
+    dist.init_process_group("gloo")
+    return torch.device("cpu")
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _lockstep(device: torch.device) -> None:
+    """Every rank here, with no work queued: what a timing loop starts from."""
+    _synchronize(device)
+    dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)
+    _synchronize(device)
+
+
+def host_time(fn: Callable[[], object], *, warmup: int, iters: int) -> Timing:
+    """Per-call host time of ``fn``: on the CPU a call has finished when it returns, so this is also waited-for."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        began = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - began) * 1e3)
+    return Timing(statistics.median(times), min(times), iters)
+
+
+def _timed(
+    call: Callable[[], Any], *, device: torch.device, iters: int, checkpoint: Callable[[Any], Any]
+) -> tuple[dict, Any]:
+    """Times of ``call`` and ``checkpoint`` of its result after ``1 + WARMUP_CALLS`` calls (training: the
+    parameters after that many steps, which eager's are compared with)."""
+    _lockstep(device)
+    began = time.perf_counter()
+    out = call()
+    _synchronize(device)
+    first_call_s = time.perf_counter() - began
+    for _ in range(WARMUP_CALLS):
+        out = call()
+    checked = checkpoint(out)
+    back_to_back, waited = (cuda_time, cuda_latency) if device.type == "cuda" else (host_time, host_time)
+    _lockstep(device)
+    timing = back_to_back(call, warmup=0, iters=iters)
+    _lockstep(device)
+    latency = waited(call, warmup=0, iters=iters)
+    measured = {
+        "median_ms": timing.median_ms,
+        "min_ms": timing.min_ms,
+        "waited_ms": latency.median_ms,
+        "calls": iters,
+        "first_call_s": first_call_s,
+    }
+    return measured, checked
+
+
+def _local(tree: Any) -> Any:
+    """Detached copies of this rank's tensors (a DTensor's local shard): what is compared with eager."""
+    from torch.distributed.tensor import DTensor
+
+    def copy(value: Any) -> Any:
+        if isinstance(value, DTensor):
+            value = value.to_local()
+        return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+    return tree_map(copy, tree)
+
+
+def tp_inference(workload: str, mode: str, *, device: torch.device, iters: int) -> dict:
+    world_size = dist.get_world_size()
+    mesh = None
+    if world_size > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(device.type, (world_size,))
+    model, args, kwargs = tp_builder(workload)(mesh=mesh, device=device)
+    with torch.no_grad():
+        reference = _local(model(*args, **kwargs))
+        prepared = modes.inference(mode, model, args, kwargs)
+        # a sharded forward may return before its last all-reduce has landed: a call ends when its output is usable
+        measured, output = _timed(lambda: wait_outputs(prepared.call()), device=device, iters=iters, checkpoint=_local)
+    measured["graphs"] = prepared.details() if prepared.details is not None else None
+    measured["correctness"] = None if mode == "eager" else _compare(reference, output)
+    return measured
+
+
+def _ddp(model: torch.nn.Module, device: torch.device) -> DistributedDataParallel:
+    """DDP built on a side stream, as PyTorch's notes on CUDA graphs with DDP ask (for every mode alike)."""
+    if device.type != "cuda":
+        return DistributedDataParallel(model)
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        ddp = DistributedDataParallel(model, device_ids=[device.index])
+    torch.cuda.current_stream(device).wait_stream(stream)
+    return ddp
+
+
+def ddp_setup(workload: str, device: torch.device) -> TrainingSetup:
+    """The same start on every call: seeded model and batch, DDP, SGD with momentum."""
+    model, batch = ddp_builder(workload)(device=device, batch=BATCH_PER_RANK, seed=dist.get_rank())
+    ddp = _ddp(model.train(), device)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    return TrainingSetup(ddp, optimizer, batch, _classify_loss)
+
+
+def _parameters(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def ddp_training(workload: str, mode: str, *, device: torch.device, iters: int) -> dict:
+    setup = ddp_setup(workload, device)
+    graphed = None
+    if mode == "eager":
+        step = train_step(setup, setup.model)
+    elif mode == "reduce-overhead":
+        step = train_step(setup, modes._compiled(setup.model, mode), mark=True)
+    elif mode == "launchless":
+        import launchless
+
+        step = graphed = launchless.graphed_step(
+            train_step(setup, setup.model), model=setup.model, optimizer=setup.optimizer
+        )
+    else:
+        raise ValueError(f"mode {mode!r} does not train; DDP modes: {', '.join(DDP_MODES)}")
+    measured, parameters = _timed(
+        lambda: step(*setup.batch), device=device, iters=iters, checkpoint=lambda _: _parameters(setup.model)
+    )
+    if graphed is not None:
+        info = graphed.graph_info()
+        measured["graphs"] = {"level": info["level"], "eager_reason": info["eager_reason"]}
+    measured["correctness"] = None if mode == "eager" else _compare(eager_parameters(workload, device), parameters)
+    return measured
+
+
+def eager_parameters(workload: str, device: torch.device) -> list[torch.Tensor]:
+    """The parameters eager DDP reaches from the same start after as many steps as ``_timed`` checks."""
+    setup = ddp_setup(workload, device)
+    step = train_step(setup, setup.model)
+    for _ in range(1 + WARMUP_CALLS):
+        step(*setup.batch)
+    return _parameters(setup.model)
+
+
+def run(mode: str, workloads: list[str], *, iters: int, device: torch.device, out: str) -> None:
+    """Each workload in turn on every rank; rank 0 appends its row to ``out`` once every rank is done with it."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    for workload in workloads:
+        started = time.perf_counter()
+        measure = tp_inference if part_of(workload) == TP_INFERENCE else ddp_training
+        try:
+            result: tuple[dict | None, str | None] = (measure(workload, mode, device=device, iters=iters), None)
+        except Exception as exc:  # one workload failing must not stop the group
+            result = (None, one_line(exc))
+        results: list[Any] = [None] * world_size
+        dist.all_gather_object(results, result)
+        if rank == 0:
+            row = gathered_row(workload, mode, world_size, results)
+            row["wall_s"] = time.perf_counter() - started
+            with open(out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        release()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", required=True, choices=sorted({*TP_MODES, *DDP_MODES}))
+    parser.add_argument("--workloads", nargs="+", required=True)
+    parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", required=True, help="JSON-lines file rank 0 appends its rows to")
+    a = parser.parse_args()
+    die_with_launcher()
+    device = join_group(a.device)
+    try:
+        run(a.mode, a.workloads, iters=a.iters, device=device, out=a.out)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
