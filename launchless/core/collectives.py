@@ -129,12 +129,14 @@ def agree(
     reason: str,
     what: str,
     transient: bool = False,
-    timeout_s: float = AGREE_TIMEOUT_S,
+    timeout_s: float | None = None,
 ) -> Agreement:
     """Every rank of ``groups`` says whether its ``what`` (capture, verification) succeeded; all get the same
     answer. One small all-reduce per group (waited for at most ``timeout_s``); the reasons are gathered only when
-    a rank refused. Raises ``RanksDisagree`` when a rank does not arrive in time."""
+    a rank refused. Raises ``RanksDisagree`` when a rank does not arrive in time (``timeout_s``, by default
+    ``AGREE_TIMEOUT_S`` as it is set when called)."""
     dist = torch.distributed
+    timeout_s = AGREE_TIMEOUT_S if timeout_s is None else timeout_s
     refusals: dict[int, str] = {}
     passing: list[bool] = []
     for group in groups:
