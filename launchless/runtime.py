@@ -226,6 +226,7 @@ class GraphedModule(torch.nn.Module):
         cache = self._cache
         branches: list[str] = []
         around_junctions = self.cuda_graph == "auto" and self._splits and not explicit
+        groups: list[Any] = []  # the process groups of the forward's collectives, once the warm-up found them
         try:
             with cache.capturing(sig) as pool:
                 with record_capture_branches(branches):
@@ -258,6 +259,7 @@ class GraphedModule(torch.nn.Module):
                 if graph.junctions and report.passed:
                     graph.speed = self._time_chain(graph, flat)
         except _capture.CaptureFailed as fail:
+            fail.collective_groups = fail.collective_groups or groups  # out of memory while verifying: still agreed
             return self._capture_failed(sig, flat, fail, device, explicit)
         if graph.junctions and (not report.passed or not graph.speed.faster):
             return self._drop_chain(sig, flat, graph, report, device)
