@@ -54,7 +54,7 @@ DDP_MODES = ("eager", "reduce-overhead", "launchless")
 DDP_RESNET18 = "ddp:resnet18"
 WARMUP_CALLS = 20  # DDP wants 11 eager iterations before a step is captured (PyTorch's CUDA-graph notes); then some
 BATCH_PER_RANK = 1
-ROW_KEYS = ("median_ms", "min_ms", "waited_ms", "calls", "first_call_s", "graphs", "scaling_efficiency")
+ROW_KEYS = ("median_ms", "min_ms", "waited_ms", "calls", "first_call_s", "graphs", "scaling_efficiency", "wall_s")
 
 TpBuilder = Callable[..., tuple[torch.nn.Module, tuple, dict]]
 DdpBuilder = Callable[..., tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]]
