@@ -138,7 +138,17 @@ def test_a_refusal_on_one_rank_makes_every_rank_run_eager_without_a_hang() -> No
             assert "host sync" in fallback["reason"] or "capture" in fallback["reason"], fallback
 
 
-def _ddp_step(rank: int, world: int, find_unused: bool, fp16_adamw: bool) -> dict:
+def _syncing_allreduce_hook(state, bucket):
+    """DDP's default all-reduce after a host read of the bucket (as a hook that logs gradient norms would do): a
+    graph cannot record the read, so the all-reduce cannot be in the graph."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    if float(bucket.buffer().abs().sum()) < 0:
+        raise AssertionError("unreachable")
+    return allreduce_hook(state, bucket)
+
+
+def _ddp_step(rank: int, world: int, find_unused: bool, fp16_adamw: bool, syncing_hook: bool = False) -> dict:
     import launchless as ll
 
     torch.manual_seed(0)
@@ -153,6 +163,8 @@ def _ddp_step(rank: int, world: int, find_unused: bool, fp16_adamw: bool) -> dic
                 model, device_ids=[rank], find_unused_parameters=find_unused
             )
         torch.cuda.current_stream().wait_stream(side)
+        if syncing_hook:
+            ddp.register_comm_hook(None, _syncing_allreduce_hook)
         if fp16_adamw:
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         else:
@@ -223,3 +235,11 @@ def test_a_ddp_step_whose_optimizer_cannot_be_captured_falls_back_a_level_on_eve
         assert got["level"] == "forward+backward graph, eager optimizer", (rank, got)
         assert "GradScaler" in (got["whole_step_refused"] or ""), (rank, got)
         assert got["replicas_equal"] and got["diff"] < 1e-2, (rank, got)
+
+
+def test_a_ddp_all_reduce_that_cannot_be_captured_runs_eager_after_a_local_backward_graph() -> None:
+    pytest.importorskip("timm")
+    ranks = run_ranks(_ddp_step, False, False, True, world_size=WORLD, backend="nccl", timeout_s=400)
+    for rank, got in enumerate(ranks):
+        assert got["level"] == "forward+backward graph, eager all-reduce and optimizer", (rank, got)
+        assert got["replicas_equal"] and got["diff"] < 1e-4, (rank, got)

@@ -60,6 +60,7 @@ log = logging.getLogger("launchless")
 
 WHOLE_STEP = "whole-step graph"
 FORWARD_BACKWARD = "forward+backward graph, eager optimizer"
+LOCAL_BACKWARD = "forward+backward graph, eager all-reduce and optimizer"  # DistributedDataParallel only
 NOISE_FACTOR = 4.0  # a replay may differ from eager by this multiple of the largest eager-vs-eager difference
 NOISE_RUNS = 8  # eager reruns at most to measure that difference (two at least)
 LOCKSTEP_RUNS = 3  # eager reruns every rank of a distributed step makes, whatever its replay showed
@@ -80,7 +81,8 @@ class _Graph:
         self.grads_out: list[torch.Tensor | None] = []  # .grad after the step: what a replay leaves behind
         self.reads: list[int] = []  # parameters whose incoming gradient the graph reads (accumulation)
         self.spot: list[int] = []  # parameters checked to tell whether .grad was changed since the last replay
-        self.whole_step_refused = ""  # why the whole step was not captured, when this graph is the lower level
+        self.whole_step_refused = ""  # why the whole step was not captured, when this graph is a lower level
+        self.before_optimizer: list[Callable[[], Any]] = []  # eager work between the replay and the deferred calls
 
 
 class GraphedStep:
@@ -278,11 +280,28 @@ class GraphedStep:
             for p, g in zip(self._params, entry.grads_out, strict=True):
                 p.grad = g
             self._grads_owner = entry
+        for call in entry.before_optimizer:
+            call()
         for call in entry.deferred:
             call()
         for scheduler in entry.schedulers:
             scheduler.step()
         return out
+
+    def _average_gradients(self) -> None:
+        """DistributedDataParallel's all-reduce, eager after a replay of the local backward: every gradient divided
+        by the world size, then summed over the ranks (what DDP's default communication hook does), in one flat
+        buffer. A step whose DDP reduces otherwise (another hook, clipping before the optimizer) differs from eager
+        DDP and fails verification."""
+        grads = [p.grad for p in self._params if p.grad is not None]
+        if not grads:
+            return
+        group = self.model.process_group
+        flat = torch._utils._flatten_dense_tensors(grads)
+        flat.div_(torch.distributed.get_world_size(group))
+        torch.distributed.all_reduce(flat, group=group)
+        for grad, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+            grad.copy_(reduced)
 
     # ---- capture and verification --------------------------------------------------------------------
     def _capture(self, sig: Signature, flat: FlatInputs) -> Any:
@@ -291,12 +310,13 @@ class GraphedStep:
             if not self._params:
                 self._params = [p for p in self.model.parameters() if p.requires_grad]
             whole_reason = ""
-            for level in (WHOLE_STEP, FORWARD_BACKWARD):
+            levels = (WHOLE_STEP, FORWARD_BACKWARD, LOCAL_BACKWARD) if self._groups else (WHOLE_STEP, FORWARD_BACKWARD)
+            for level in levels:
                 entry, outcome = self._try_level(level, flat)
                 if entry is not None:
                     out = outcome.pop("_out")
                     cache.keep(sig, entry, outcome, flat.leaves)
-                    if level == FORWARD_BACKWARD:
+                    if level != WHOLE_STEP:
                         entry.whole_step_refused = whole_reason
                         self._log_once(
                             f"launchless: training step {sig.describe()} runs {level} "
@@ -340,6 +360,8 @@ class GraphedStep:
                     patches.enter_context(hooks.refuse_scaler_sync())
                 else:
                     patches.enter_context(hooks.deferred_optimizer(self.optimizer, deferred))
+                if level == LOCAL_BACKWARD:  # the gradients stay local in the graph; averaged eager after it
+                    patches.enter_context(self.model.no_sync())
                 with writes:
                     graph = _capture.capture(
                         self.fn, flat, device=device, pool=pool.handle(), warmup=0, stream=self._stream
@@ -376,6 +398,8 @@ class GraphedStep:
             self._cache.discard()
             return None, {"reason": self._eager_reason}
         entry = _Graph(graph, list(dict.fromkeys(schedulers)), level, deferred)
+        if level == LOCAL_BACKWARD:
+            entry.before_optimizer = [self._average_gradients]
         entry.grads_in, entry.grads_out = grads_in, [p.grad for p in self._params]
         entry.reads = [i for i, g in enumerate(grads_in) if g is not None and writes.was_read(g)]
         entry.spot = spread(len(self._params))
