@@ -37,6 +37,7 @@ ROW_FIELDS = {
     "waited_ms",
     "calls",
     "first_call_s",
+    "warmup_s",
     "correctness",
     "scaling_efficiency",
     "graphs",
@@ -118,7 +119,8 @@ def test_the_suite_runs_end_to_end_on_cpu_with_gloo(tmp_path: Path, importable: 
     for row in rows:
         assert set(row) == ROW_FIELDS and row["status"] == "ok", row
         assert row["part"] == ("tp-inference" if row["workload"] == TINY_TP else "ddp-training")
-        assert row["median_ms"] > 0 and row["waited_ms"] > 0 and row["first_call_s"] > 0 and row["calls"] == 5
+        assert row["median_ms"] > 0 and row["waited_ms"] > 0 and row["calls"] == 5
+        assert 0 < row["first_call_s"] < row["warmup_s"]
         assert len(row["correctness"]["ranks"]) == row["world_size"]  # every rank compared, gathered on rank 0
         if row["mode"] == "eager":
             assert row["correctness"]["status"] == "reference"
@@ -190,7 +192,7 @@ def _ended(pid: int) -> bool:
 
 
 def test_rank_results_are_gathered_into_one_row() -> None:
-    timing = {"median_ms": 2.0, "min_ms": 1.9, "waited_ms": 2.5, "calls": 5, "first_call_s": 0.3, "graphs": None}
+    timing = {"median_ms": 2.0, "min_ms": 1.9, "waited_ms": 2.5, "calls": 5, "first_call_s": 0.3, "warmup_s": 0.9}
     same = {**timing, "correctness": {"status": "bit-identical", "max_abs_diff": 0.0}}
     differs = {**timing, "median_ms": 9.0, "correctness": {"status": "differs", "max_abs_diff": 3e-6}}
     row = gathered_row(TINY_TP, "launchless", 2, [(same, None), (differs, None)])
@@ -215,6 +217,7 @@ def _row(workload: str, mode: str, world_size: int, median: float | None, status
         "median_ms": median,
         "waited_ms": median,
         "first_call_s": 1.5 if status == "ok" else None,
+        "warmup_s": 4.25 if status == "ok" else None,
         "correctness": {
             "status": "reference" if mode == "eager" else "differs",
             "max_abs_diff": 1e-6,
@@ -268,7 +271,10 @@ def test_the_report_compares_modes_at_the_same_world_size(tmp_path: Path) -> Non
     md = paths["md"].read_text()
     assert "GPUs 0: NVIDIA H200, 1: NVIDIA H200" in md
     # tp:bert launchless at TP=2: 1.6 ms, 6.0 / 1.6 over eager, 2.4 / 1.6 over reduce-overhead, 2.5 / 1.6 scaling
-    assert "| `tp:bert` | 2 | launchless | 1.60 | 1.60 | 3.75× | 1.50× | 1.56 | 1.5 | ≠ 1.0e-06 (2 ranks) | — |" in md
+    assert (
+        "| `tp:bert` | 2 | launchless | 1.60 | 1.60 | 3.75× | 1.50× | 1.56 | 1.5 / 4.25 | ≠ 1.0e-06 (2 ranks) | — |"
+        in md
+    )
     assert "| `tp:llama` | 2 | launchless | error |" in md
     assert f"over reduce-overhead, {math.sqrt(bert * llama):.2f}× (geometric mean over 2:" in md
     assert "`ddp:resnet18` at world size 2: launchless 1.44× over reduce-overhead; its step takes 1.25× its" in md

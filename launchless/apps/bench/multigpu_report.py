@@ -9,7 +9,8 @@ A row is one (workload, mode, world size), written by rank 0 of its group::
      "median_ms": float | None,      # per call or step, back to back, rank 0 (CUDA events; host clock on the CPU)
      "min_ms": float | None, "calls": int | None,
      "waited_ms": float | None,      # one call started on an idle GPU and synchronized
-     "first_call_s": float | None,   # the first call: compilation or capture included
+     "first_call_s": float | None,   # the first call: compilation (or wrap's capture) included
+     "warmup_s": float | None,       # the first 21 calls: every compilation, capture and verification included
      "correctness": {"status": "reference" | "bit-identical" | "differs" | "n/a",
                      "max_abs_diff": float | None,   # the largest over the ranks, against eager at this world size
                      "ranks": [float, ...]},         # each rank's own
@@ -144,11 +145,11 @@ def _graphs_cell(row: Row) -> str:
 
 def _part_table(view: _View, part: str) -> list[str]:
     header = ["workload", "world size", "mode", "ms / call", "waited ms", "× eager", "× reduce-overhead"]
-    header += ["scaling", "first call s", "correctness", "launchless ran"]
+    header += ["scaling", "first call / warm-up s", "correctness", "launchless ran"]
     body = []
     for row in view.part_rows(part):
         ok = row.get("status") == "ok"
-        first = row.get("first_call_s")
+        first, warmup = row.get("first_call_s"), row.get("warmup_s")
         body.append(
             [
                 f"`{row['workload']}`",
@@ -159,7 +160,7 @@ def _part_table(view: _View, part: str) -> list[str]:
                 _MISSING if row["mode"] == stats.EAGER else _x(view.speedup(row, stats.EAGER)),
                 _MISSING if row["mode"] == stats.REDUCE_OVERHEAD else _x(view.speedup(row, stats.REDUCE_OVERHEAD)),
                 _MISSING if row.get("scaling_efficiency") is None else f"{row['scaling_efficiency']:.2f}",
-                _MISSING if first is None else f"{first:.3g}",
+                _MISSING if first is None or warmup is None else f"{first:.3g} / {warmup:.3g}",
                 _correctness_cell(row) if ok else _MISSING,
                 _graphs_cell(row),
             ]

@@ -52,9 +52,21 @@ from .workloads import UnknownWorkload
 TP_MODES = ("eager", "compile", "reduce-overhead", "launchless", "launchless-compile")
 DDP_MODES = ("eager", "reduce-overhead", "launchless")
 DDP_RESNET18 = "ddp:resnet18"
-WARMUP_CALLS = 20  # DDP wants 11 eager iterations before a step is captured (PyTorch's CUDA-graph notes); then some
+# calls before the checkpoint and the timing: past the 11 eager DDP steps PyTorch's notes on CUDA graphs ask for
+# before a capture, the capture itself and its verification
+WARMUP_CALLS = 20
 BATCH_PER_RANK = 1
-ROW_KEYS = ("median_ms", "min_ms", "waited_ms", "calls", "first_call_s", "graphs", "scaling_efficiency", "wall_s")
+ROW_KEYS = (
+    "median_ms",
+    "min_ms",
+    "waited_ms",
+    "calls",
+    "first_call_s",
+    "warmup_s",
+    "graphs",
+    "scaling_efficiency",
+    "wall_s",
+)
 
 TpBuilder = Callable[..., tuple[torch.nn.Module, tuple, dict]]
 DdpBuilder = Callable[..., tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]]
@@ -232,7 +244,8 @@ def _timed(
     call: Callable[[], Any], *, device: torch.device, iters: int, checkpoint: Callable[[Any], Any]
 ) -> tuple[dict, Any]:
     """Times of ``call`` and ``checkpoint`` of its result after ``1 + WARMUP_CALLS`` calls (training: the
-    parameters after that many steps, which eager's are compared with)."""
+    parameters after that many steps, which eager's are compared with). ``warmup_s`` covers those calls: a mode
+    that captures after some eager calls (graphed_step) spends its capture there, not in the first call."""
     _lockstep(device)
     began = time.perf_counter()
     out = call()
@@ -240,6 +253,8 @@ def _timed(
     first_call_s = time.perf_counter() - began
     for _ in range(WARMUP_CALLS):
         out = call()
+    _synchronize(device)
+    warmup_s = time.perf_counter() - began
     checked = checkpoint(out)
     back_to_back, waited = (cuda_time, cuda_latency) if device.type == "cuda" else (host_time, host_time)
     _lockstep(device)
@@ -252,6 +267,7 @@ def _timed(
         "waited_ms": latency.median_ms,
         "calls": iters,
         "first_call_s": first_call_s,
+        "warmup_s": warmup_s,
     }
     return measured, checked
 
