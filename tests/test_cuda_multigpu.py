@@ -12,11 +12,11 @@ import torch
 import torch.distributed as dist
 from ranks import run_ranks
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs"),
-]
+pytestmark = pytest.mark.cuda
 WORLD = 2
+# one rank (NCCL over a group of one: DDP's all-reduce and the agreement still run), and two where two GPUs are
+WORLDS = [1, pytest.param(2, marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs"))]
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 
 
 def _mesh():
@@ -52,11 +52,12 @@ def _tp_wrap(rank: int, world: int, name: str, grad_mode: str) -> dict:
     }
 
 
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("grad_mode", ["no_grad", "inference_mode"])
 @pytest.mark.parametrize("name", ["tp:bert", "tp:llama", "tp:opt"])
-def test_a_tensor_parallel_forward_replays_one_graph_per_rank_equal_to_eager(name: str, grad_mode: str) -> None:
+def test_a_tensor_parallel_forward_replays_one_graph_per_rank_equal_to_eager(name: str, grad_mode: str, world) -> None:
     pytest.importorskip("transformers")
-    for rank, got in enumerate(run_ranks(_tp_wrap, name, grad_mode, world_size=WORLD, backend="nccl", timeout_s=300)):
+    for rank, got in enumerate(run_ranks(_tp_wrap, name, grad_mode, world_size=world, backend="nccl", timeout_s=300)):
         assert got["graphs"] == 1 and got["fallbacks"] == [], (rank, got)
         assert got["replays"] >= 3 and got["verification"] in ("bit-identical", "capture-path"), (rank, got)
         if got["verification"] == "bit-identical":
@@ -83,9 +84,10 @@ def _tp_compiled(rank: int, world: int) -> dict:
     return {"variants": [g["variant"] for r in rows for g in r["graphs"]], "max_diff": max(diffs)}
 
 
-def test_the_compiler_backend_captures_a_tensor_parallel_forward_on_every_rank() -> None:
+@pytest.mark.parametrize("world", WORLDS)
+def test_the_compiler_backend_captures_a_tensor_parallel_forward_on_every_rank(world: int) -> None:
     pytest.importorskip("transformers")
-    for rank, got in enumerate(run_ranks(_tp_compiled, world_size=WORLD, backend="nccl", timeout_s=400)):
+    for rank, got in enumerate(run_ranks(_tp_compiled, world_size=world, backend="nccl", timeout_s=400)):
         assert got["variants"] and set(got["variants"]) == {"graph"}, (rank, got)
         assert got["max_diff"] < 1e-3, (rank, got)
 
@@ -125,6 +127,7 @@ def _one_rank_refuses(rank: int, world: int) -> dict:
     return {"graphs": len(info["graphs"]), "fallbacks": info["fallbacks"], "same": same, "lines": records}
 
 
+@two_gpus
 def test_a_refusal_on_one_rank_makes_every_rank_run_eager_without_a_hang() -> None:
     ranks = run_ranks(_one_rank_refuses, world_size=WORLD, backend="nccl", timeout_s=200)
     for rank, got in enumerate(ranks):
@@ -214,32 +217,36 @@ def _ddp_step(rank: int, world: int, find_unused: bool, fp16_adamw: bool, syncin
     }
 
 
-def test_a_ddp_step_is_captured_whole_with_its_all_reduce_and_equals_eager_ddp() -> None:
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_ddp_step_is_captured_whole_with_its_all_reduce_and_equals_eager_ddp(world: int) -> None:
     pytest.importorskip("timm")
-    for rank, got in enumerate(run_ranks(_ddp_step, False, False, world_size=WORLD, backend="nccl", timeout_s=400)):
+    for rank, got in enumerate(run_ranks(_ddp_step, False, False, world_size=world, backend="nccl", timeout_s=400)):
         assert got["level"] == "whole-step graph" and got["replays"] >= 4, (rank, got)
         assert got["replicas_equal"], "the ranks' parameters drifted apart: the all-reduce did not run"
         assert got["diff"] < 1e-4, (rank, got)  # cuDNN's backward atomics: eager DDP differs from itself too
 
 
-def test_ddp_with_find_unused_parameters_trains_eager_naming_the_fix() -> None:
+@pytest.mark.parametrize("world", WORLDS)
+def test_ddp_with_find_unused_parameters_trains_eager_naming_the_fix(world: int) -> None:
     pytest.importorskip("timm")
-    for got in run_ranks(_ddp_step, True, False, world_size=WORLD, backend="nccl", timeout_s=300):
+    for got in run_ranks(_ddp_step, True, False, world_size=world, backend="nccl", timeout_s=300):
         assert got["level"] == "eager" and "find_unused_parameters=False" in got["eager_reason"], got
         assert got["diff"] == 0.0 and got["replicas_equal"], got
 
 
-def test_a_ddp_step_whose_optimizer_cannot_be_captured_falls_back_a_level_on_every_rank() -> None:
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_ddp_step_whose_optimizer_cannot_be_captured_falls_back_a_level_on_every_rank(world: int) -> None:
     pytest.importorskip("timm")
-    for rank, got in enumerate(run_ranks(_ddp_step, False, True, world_size=WORLD, backend="nccl", timeout_s=400)):
+    for rank, got in enumerate(run_ranks(_ddp_step, False, True, world_size=world, backend="nccl", timeout_s=400)):
         assert got["level"] == "forward+backward graph, eager optimizer", (rank, got)
         assert "GradScaler" in (got["whole_step_refused"] or ""), (rank, got)
         assert got["replicas_equal"] and got["diff"] < 1e-2, (rank, got)
 
 
-def test_a_ddp_all_reduce_that_cannot_be_captured_runs_eager_after_a_local_backward_graph() -> None:
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_ddp_all_reduce_that_cannot_be_captured_runs_eager_after_a_local_backward_graph(world: int) -> None:
     pytest.importorskip("timm")
-    ranks = run_ranks(_ddp_step, False, False, True, world_size=WORLD, backend="nccl", timeout_s=400)
+    ranks = run_ranks(_ddp_step, False, False, True, world_size=world, backend="nccl", timeout_s=400)
     for rank, got in enumerate(ranks):
         assert got["level"] == "forward+backward graph, eager all-reduce and optimizer", (rank, got)
         assert got["replicas_equal"] and got["diff"] < 1e-4, (rank, got)
