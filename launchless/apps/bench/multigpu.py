@@ -23,6 +23,7 @@ from rich.markdown import Markdown
 from rich.progress import Progress
 
 from ..environment import describe
+from ..torchrun import torchrun_command
 from ..workers import run_workers
 from . import multigpu_report
 from .multigpu_worker import DDP_MODES, DDP_RESNET18, TP_MODES, check_workload, empty_row, modes_of
@@ -30,7 +31,6 @@ from .runner import fresh_caches
 
 MODES = tuple(dict.fromkeys((*TP_MODES, *DDP_MODES)))
 WORLD_SIZES = (1, 2)
-LAUNCHER = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 WORKER_MODULE = "launchless.apps.bench.multigpu_worker"
 
 
@@ -89,16 +89,10 @@ def run_group(
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in (gpus or ())[:world_size])
 
     def command(remaining: list[str], jsonl: Path) -> list[str]:
-        return [
-            *LAUNCHER,
-            "--nproc-per-node",
-            str(world_size),
-            "-m",
-            WORKER_MODULE,
-            *("--mode", mode, "--device", device, "--iters", str(iters), "--out", str(jsonl)),
-            "--workloads",
-            *remaining,
-        ]
+        options = ("--mode", mode, "--device", device, "--iters", str(iters), "--out", str(jsonl))
+        return torchrun_command(
+            nproc_per_node=world_size, module=WORKER_MODULE, args=[*options, "--workloads", *remaining]
+        )
 
     def failed_row(workload: str, why: str) -> dict:
         return empty_row(workload, mode, world_size, "error", f"{why} (see worker{label}.log)")
