@@ -96,3 +96,25 @@ def test_outside_a_process_group_nothing_is_distributed() -> None:
     assert not distributed()
     x = torch.ones(2)
     assert wait_outputs((x, [x])) == (x, [x])
+
+
+def _relocated_shard_seen(rank: int, world: int) -> tuple:
+    from torch.distributed.tensor import distribute_tensor
+
+    from launchless.core.relocation import RelocationWatch
+
+    model, mesh = _sharded_mlp()
+    watch = RelocationWatch(model, full=True)
+    nonzero = all(p != 0 for p in watch._ptrs)
+    still = watch.moved()
+    weight = model[0].weight
+    full = weight.detach().full_tensor().clone()
+    fresh = torch.nn.Parameter(distribute_tensor(full, mesh, weight.placements))
+    torch.utils.swap_tensors(weight, fresh)  # the same Parameter object, another shard under it
+    return nonzero, still, watch.moved()
+
+
+def test_the_relocation_watch_reads_the_shards_of_dtensor_parameters() -> None:
+    """A DTensor's own data_ptr() is 0 whatever it holds: the watch must read where its shard lives."""
+    for found in run_ranks(_relocated_shard_seen):
+        assert found == (True, False, True), found

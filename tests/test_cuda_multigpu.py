@@ -191,19 +191,24 @@ def _ddp_step(rank: int, world: int, find_unused: bool, fp16_adamw: bool, syncin
 
         return step
 
-    graphed_parts, eager_parts = build(), build()
+    graphed_parts, eager_parts, again_parts = build(), build(), build()
     graphed = ll.graphed_step(
         step_of(*graphed_parts), model=graphed_parts[0], optimizer=graphed_parts[1], scaler=graphed_parts[2]
     )
-    eager = step_of(*eager_parts)
+    eager, again = step_of(*eager_parts), step_of(*again_parts)
     gen = torch.Generator(device="cuda").manual_seed(100 + rank)  # each rank its own batches, as a sampler gives
     for _ in range(16):
-        x = torch.randn(1, 3, 64, 64, device="cuda", generator=gen)
-        y = torch.randint(0, 10, (1,), device="cuda", generator=gen)
-        graphed(x, y), eager(x, y)
+        x = torch.randn(2, 3, 64, 64, device="cuda", generator=gen)
+        y = torch.randint(0, 10, (2,), device="cuda", generator=gen)
+        graphed(x, y), eager(x, y), again(x, y)
     torch.cuda.synchronize()
-    pairs = zip(graphed_parts[0].parameters(), eager_parts[0].parameters(), strict=True)
-    diff = max((a - b).abs().max().item() for a, b in pairs)
+
+    def max_diff(a, b) -> float:
+        pairs = zip(a.parameters(), b.parameters(), strict=True)
+        return max((p - q).abs().max().item() for p, q in pairs)
+
+    diff = max_diff(graphed_parts[0], eager_parts[0])
+    noise = max_diff(again_parts[0], eager_parts[0])  # cuDNN's backward uses atomics: eager differs from itself
     info = graphed.graph_info()
     replicas = [None] * world
     dist.all_gather_object(replicas, [p.detach().sum().item() for p in graphed_parts[0].parameters()][:3])
@@ -213,6 +218,8 @@ def _ddp_step(rank: int, world: int, find_unused: bool, fp16_adamw: bool, syncin
         "replays": info["graphs"][0]["replays"] if info["graphs"] else 0,
         "whole_step_refused": info["graphs"][0]["whole_step_refused"] if info["graphs"] else None,
         "diff": diff,
+        "noise": noise,
+        "close": diff <= max(10 * noise, 1e-6),
         "replicas_equal": all(r == replicas[0] for r in replicas),
     }
 
@@ -223,7 +230,7 @@ def test_a_ddp_step_is_captured_whole_with_its_all_reduce_and_equals_eager_ddp(w
     for rank, got in enumerate(run_ranks(_ddp_step, False, False, world_size=world, backend="nccl", timeout_s=400)):
         assert got["level"] == "whole-step graph" and got["replays"] >= 4, (rank, got)
         assert got["replicas_equal"], "the ranks' parameters drifted apart: the all-reduce did not run"
-        assert got["diff"] < 1e-4, (rank, got)  # cuDNN's backward atomics: eager DDP differs from itself too
+        assert got["close"], (rank, got)
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -231,7 +238,7 @@ def test_ddp_with_find_unused_parameters_trains_eager_naming_the_fix(world: int)
     pytest.importorskip("timm")
     for got in run_ranks(_ddp_step, True, False, world_size=world, backend="nccl", timeout_s=300):
         assert got["level"] == "eager" and "find_unused_parameters=False" in got["eager_reason"], got
-        assert got["diff"] == 0.0 and got["replicas_equal"], got
+        assert got["close"] and got["replicas_equal"], got
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -240,7 +247,7 @@ def test_a_ddp_step_whose_optimizer_cannot_be_captured_falls_back_a_level_on_eve
     for rank, got in enumerate(run_ranks(_ddp_step, False, True, world_size=world, backend="nccl", timeout_s=400)):
         assert got["level"] == "forward+backward graph, eager optimizer", (rank, got)
         assert "GradScaler" in (got["whole_step_refused"] or ""), (rank, got)
-        assert got["replicas_equal"] and got["diff"] < 1e-2, (rank, got)
+        assert got["replicas_equal"] and got["close"], (rank, got)
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -249,4 +256,4 @@ def test_a_ddp_all_reduce_that_cannot_be_captured_runs_eager_after_a_local_backw
     ranks = run_ranks(_ddp_step, False, False, True, world_size=world, backend="nccl", timeout_s=400)
     for rank, got in enumerate(ranks):
         assert got["level"] == "forward+backward graph, eager all-reduce and optimizer", (rank, got)
-        assert got["replicas_equal"] and got["diff"] < 1e-4, (rank, got)
+        assert got["replicas_equal"] and got["close"], (rank, got)

@@ -43,6 +43,12 @@ _install_lock = threading.Lock()
 _not_none = functools.partial(operator.is_not, None)
 
 
+def addressed(tensors: list) -> list:
+    """The tensors whose addresses tell where the data is: a DTensor's own ``data_ptr()`` is always 0 (a wrapper
+    without storage), so its local shard stands for it."""
+    return [t._local_tensor if isinstance(getattr(t, "_local_tensor", None), torch.Tensor) else t for t in tensors]
+
+
 def _ptrs_equal_python(tensors: list, ptrs: list, indices: list) -> bool:
     """``torch._C._tensors_data_ptrs_at_indices_equal`` where a build lacks it (CPU wheels up to torch 2.13)."""
     return all(tensors[i].data_ptr() == ptrs[i] for i in indices)
@@ -180,10 +186,12 @@ class RelocationWatch:
         self._dicts = [d for m in self._modules for d in (m._parameters, m._buffers) if d]
         self._tensors = list(filter(_not_none, itertools.chain.from_iterable(map(dict.values, self._dicts))))
         self._ids = tuple(map(id, self._tensors))
-        self._ptrs = [t.data_ptr() for t in self._tensors]
+        self._sharded = any(hasattr(t, "_local_tensor") for t in self._tensors)  # DTensors: read their shards
+        located = addressed(self._tensors) if self._sharded else self._tensors
+        self._ptrs = [t.data_ptr() for t in located]
         self._indices = list(range(len(self._tensors)))
         n = len(self._tensors)
-        self._spot = [self._tensors[i] for i in spread(n)]
+        self._spot = [located[i] for i in spread(n)]
         self._spot_ptrs = [t.data_ptr() for t in self._spot]
         self._spot_indices = list(range(len(self._spot)))
         cuda = [t.device for t in self._tensors if t.is_cuda]
@@ -191,7 +199,8 @@ class RelocationWatch:
 
     def _unchanged_full(self) -> bool:
         current = list(filter(_not_none, itertools.chain.from_iterable(map(dict.values, self._dicts))))
-        return tuple(map(id, current)) == self._ids and ptrs_equal(current, self._ptrs, self._indices)
+        located = addressed(current) if self._sharded else current
+        return tuple(map(id, current)) == self._ids and ptrs_equal(located, self._ptrs, self._indices)
 
     def moved(self) -> bool:
         """True once after parameters or buffers were relocated (or forward hooks added or removed); the watch then

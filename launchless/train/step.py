@@ -236,11 +236,11 @@ class GraphedStep:
                 "(or static_graph=True when the same parameters are unused every step)"
             )
         self._groups = [group]
-        if self._cache.capture_after < DDP_WARMUP_STEPS:
-            self._cache.capture_after = DDP_WARMUP_STEPS
+        if self._cache.capture_after <= DDP_WARMUP_STEPS:  # the capture is the call after the eager steps
+            self._cache.capture_after = DDP_WARMUP_STEPS + 1
             self._log_once(
                 f"launchless: DistributedDataParallel steps are captured after {DDP_WARMUP_STEPS} eager steps of a "
-                "batch signature (its reducer syncs with the host in its first 10 iterations)"
+                "batch signature (its reducer logs runtime statistics, syncing with the host, in its first 10)"
             )
         return None
 
