@@ -230,7 +230,7 @@ def test_a_ddp_step_is_captured_whole_with_its_all_reduce_and_equals_eager_ddp(w
     for rank, got in enumerate(run_ranks(_ddp_step, False, False, world_size=world, backend="nccl", timeout_s=400)):
         assert got["level"] == "whole-step graph" and got["replays"] >= 4, (rank, got)
         assert got["replicas_equal"], "the ranks' parameters drifted apart: the all-reduce did not run"
-        assert got["close"], (rank, got)
+        assert got["close"], (rank, got["diff"], got["noise"], got)
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -247,7 +247,7 @@ def test_a_ddp_step_whose_optimizer_cannot_be_captured_falls_back_a_level_on_eve
     for rank, got in enumerate(run_ranks(_ddp_step, False, True, world_size=world, backend="nccl", timeout_s=400)):
         assert got["level"] == "forward+backward graph, eager optimizer", (rank, got)
         assert "GradScaler" in (got["whole_step_refused"] or ""), (rank, got)
-        assert got["replicas_equal"] and got["close"], (rank, got)
+        assert got["replicas_equal"] and got["close"], (rank, got["diff"], got["noise"], got)
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -256,4 +256,4 @@ def test_a_ddp_all_reduce_that_cannot_be_captured_runs_eager_after_a_local_backw
     ranks = run_ranks(_ddp_step, False, False, True, world_size=world, backend="nccl", timeout_s=400)
     for rank, got in enumerate(ranks):
         assert got["level"] == "forward+backward graph, eager all-reduce and optimizer", (rank, got)
-        assert got["replicas_equal"] and got["close"], (rank, got)
+        assert got["replicas_equal"] and got["close"], (rank, got["diff"], got["noise"], got)

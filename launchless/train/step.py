@@ -288,6 +288,14 @@ class GraphedStep:
             scheduler.step()
         return out
 
+    def _reset_reducer(self) -> None:
+        """A capture that failed after DDP's forward left its reducer waiting for the rest of that backward, and its
+        next forward would raise "Expected to have finished reduction in the prior iteration": the reducer starts
+        the iteration afresh, as after a finished one."""
+        reducer = getattr(self.model, "reducer", None) if self._groups else None
+        if reducer is not None and hasattr(reducer, "_reset_state"):
+            reducer._reset_state()
+
     def _average_gradients(self) -> None:
         """DistributedDataParallel's all-reduce, eager after a replay of the local backward: every gradient divided
         by the world size, then summed over the ranks (what DDP's default communication hook does), in one flat
@@ -371,6 +379,7 @@ class GraphedStep:
                 pool.retire()  # a capture that failed midway leaves its pool unusable
             for scaler in scalers:
                 hooks.reset_scaler(scaler)
+            self._reset_reducer()
             before.restore()
             failed = {
                 "reason": describe_failure(fail.cause, str(fail)),
