@@ -127,6 +127,8 @@ class GraphedStep:
         self._grads_owner: _Graph | None = None  # the graph whose gradient tensors .grad points at
         self._extra_state = 0  # tensors the step writes outside the model and optimizer (found while capturing)
         self._groups: list[Any] = []  # DistributedDataParallel's process group: its ranks capture and verify alike
+        self._next_level: dict[Signature, int] = {}  # DDP: the level a signature's next capture starts at
+        self._whole_step_refused: dict[Signature, str] = {}  # DDP: why the whole step failed, for that next capture
 
     def _state_changed(self, why: str) -> None:
         """A validity check dropped the graphs: the optimizer is prepared again for the state now in use (a loaded
@@ -288,13 +290,32 @@ class GraphedStep:
             scheduler.step()
         return out
 
-    def _reset_reducer(self) -> None:
-        """A capture that failed after DDP's forward left its reducer waiting for the rest of that backward, and its
-        next forward would raise "Expected to have finished reduction in the prior iteration": the reducer starts
-        the iteration afresh, as after a finished one."""
-        reducer = getattr(self.model, "reducer", None) if self._groups else None
+    def _after_failed_ddp_capture(
+        self, sig: Signature, flat: FlatInputs, next_level: str, whole_reason: str, outcome: dict
+    ) -> Any:
+        """A DDP step whose capture failed (on any rank: all agreed) left DDP's reducer mid-iteration, and its next
+        forward would raise "Expected to have finished reduction in the prior iteration". Every rank resets it --
+        which makes DDP rebuild its gradient buckets within the next two eager steps, all ranks together, freeing
+        the buckets every graph captured so far reads: those graphs go too. The next level is tried once the
+        rebuild is behind (after the wait of a passing refusal), not in this call."""
+        reducer = getattr(self.model, "reducer", None)
         if reducer is not None and hasattr(reducer, "_reset_state"):
             reducer._reset_state()
+        self._cache.drop_all()
+        self._params, self._grads_owner = [], None
+        self._next_level[sig] = (WHOLE_STEP, FORWARD_BACKWARD, LOCAL_BACKWARD).index(next_level)
+        self._whole_step_refused[sig] = whole_reason
+        why = f"{outcome['reason']}; the {next_level} is tried after DDP has rebuilt its gradient buckets"
+        self._cache.refuse(
+            sig,
+            Refusal(
+                Stage.CAPTURE,
+                why,
+                f"launchless: training step {sig.describe()} runs eager for now: {why}",
+                transient=True,
+            ),
+        )
+        return self._eager(flat)
 
     def _average_gradients(self) -> None:
         """DistributedDataParallel's all-reduce, eager after a replay of the local backward: every gradient divided
@@ -317,9 +338,10 @@ class GraphedStep:
         with cache.capturing(sig):
             if not self._params:
                 self._params = [p for p in self.model.parameters() if p.requires_grad]
-            whole_reason = ""
+            whole_reason = self._whole_step_refused.pop(sig, "")
             levels = (WHOLE_STEP, FORWARD_BACKWARD, LOCAL_BACKWARD) if self._groups else (WHOLE_STEP, FORWARD_BACKWARD)
-            for level in levels:
+            start = self._next_level.pop(sig, 0)
+            for index, level in enumerate(levels[start:], start):
                 entry, outcome = self._try_level(level, flat)
                 if entry is not None:
                     out = outcome.pop("_out")
@@ -335,6 +357,8 @@ class GraphedStep:
                 if self._eager_reason:  # nothing of this run is captured (e.g. distillation)
                     self._log_once(f"launchless: training runs eager: {self._eager_reason}")
                     return self._eager(flat)
+                if outcome.get("capture_failed") and index + 1 < len(levels):
+                    return self._after_failed_ddp_capture(sig, flat, levels[index + 1], whole_reason, outcome)
         why = (
             outcome["reason"]
             if outcome["reason"] == whole_reason
@@ -379,7 +403,6 @@ class GraphedStep:
                 pool.retire()  # a capture that failed midway leaves its pool unusable
             for scaler in scalers:
                 hooks.reset_scaler(scaler)
-            self._reset_reducer()
             before.restore()
             failed = {
                 "reason": describe_failure(fail.cause, str(fail)),
@@ -387,6 +410,7 @@ class GraphedStep:
             }
             if self._groups:  # the other ranks must not verify (its collectives would wait for this one)
                 agree(self._groups, ok=False, reason=failed["reason"], what=f"capture of the {level}")
+                failed["capture_failed"] = True
             return None, failed
         if self._groups:
             others = self._others_refused(ok=True, reason="", what=f"capture of the {level}")
@@ -394,7 +418,7 @@ class GraphedStep:
                 before.restore()
                 del graph
                 self._cache.discard()
-                return None, others
+                return None, {**others, "capture_failed": True}
         foreign = writes.foreign_parameters(self.model)
         if foreign:  # checked at the first capture: the whole run then trains eager
             before.restore()
