@@ -290,6 +290,18 @@ class GraphedStep:
             scheduler.step()
         return out
 
+    def _reducer_interrupted(self) -> bool:
+        """Whether a failed capture stopped DDP's reducer mid-iteration on some rank (a failure inside the backward;
+        one after it, at the optimizer, leaves it finished). Every rank gets the same answer."""
+        reducer = getattr(self.model, "reducer", None)
+        try:
+            if reducer is not None:
+                reducer._check_reducer_finalized()
+            finished = True
+        except RuntimeError:
+            finished = False
+        return not agree(self._groups, ok=finished, reason="", what="reducer check").all_agree
+
     def _after_failed_ddp_capture(
         self, sig: Signature, flat: FlatInputs, next_level: str, whole_reason: str, outcome: dict
     ) -> Any:
@@ -357,7 +369,7 @@ class GraphedStep:
                 if self._eager_reason:  # nothing of this run is captured (e.g. distillation)
                     self._log_once(f"launchless: training runs eager: {self._eager_reason}")
                     return self._eager(flat)
-                if outcome.get("capture_failed") and index + 1 < len(levels):
+                if outcome.get("capture_failed") and index + 1 < len(levels) and self._reducer_interrupted():
                     return self._after_failed_ddp_capture(sig, flat, levels[index + 1], whole_reason, outcome)
         why = (
             outcome["reason"]
