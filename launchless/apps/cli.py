@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         return _bench(parser, args)
     if args.command == "train":
-        return _train(parser, args)
+        return _train(parser, args, argv=sys.argv[1:] if argv is None else list(argv))
     if args.command == "doctor":
         return _doctor(parser, args)
     if args.command == "conformance":
@@ -257,42 +257,119 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--workers", type=int, default=2, help="data-loader worker processes")
     train.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument(
+        "--gpus",
+        type=_gpu_count,
+        default=1,
+        metavar="N",
+        help="data-parallel training on the first N visible GPUs of this host (pick them with CUDA_VISIBLE_DEVICES): "
+        "one process per GPU started by torchrun, DistributedDataParallel, --batch images per GPU; without CUDA, N "
+        "CPU processes over gloo",
+    )
 
 
-def _train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+def _gpu_count(text: str) -> int:
+    """``--gpus``: a count of processes, one per GPU."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}; pass the number of GPUs to train on, 1 or more (1, the default, trains in this "
+            "process; e.g. --gpus 2)"
+        )
+    return int(text)
+
+
+def _train(parser: argparse.ArgumentParser, args: argparse.Namespace, *, argv: list[str]) -> int:
+    """Train in this process, or as one rank of a torchrun group; with --gpus N (N > 1) outside such a group, check
+    the options and become torchrun running this same command line in N processes."""
+    import contextlib
     from pathlib import Path
 
     from ..errors import ConfigError
+    from .trainer import distributed
     from .trainer.data import make_tiny_imagefolder
     from .trainer.trainer import train
 
     if not args.data and not args.tiny_data:
         parser.error("train needs --data DIR (an ImageFolder with train/ and val/) or --tiny-data")
     size = args.size if args.size is not None else (32 if args.tiny_data else 224)
-    try:
-        data = args.data
-        if args.tiny_data:
-            data = make_tiny_imagefolder(
-                Path(args.out) / "tiny-data", classes=3, per_class=64, size=size, seed=args.seed
-            )
-        train(
-            args.model,
-            data,
-            epochs=args.epochs,
-            batch=args.batch,
-            lr=args.lr,
-            amp=args.amp,
-            cuda_graph=args.cuda_graph,
-            out=args.out,
-            size=size,
-            workers=args.workers,
-            seed=args.seed,
-            optimizer=args.optimizer,
+    in_group = distributed.launched_by_torchrun()
+    if in_group and args.gpus not in (1, distributed.processes_per_host()):
+        per_host = distributed.processes_per_host()
+        parser.error(
+            f"--gpus {args.gpus} in a torchrun group of {per_host} process(es) per host: torchrun has started the "
+            f"processes already; leave --gpus out (or pass --gpus {per_host})"
         )
+    try:
+        if args.gpus > 1 and not in_group:
+            cuda = _check_before_launch(parser, args, size=size)
+            if not cuda:
+                print(
+                    f"launchless train: no CUDA device here: --gpus {args.gpus} runs {args.gpus} CPU processes (gloo)"
+                )
+            distributed.relaunch(nproc_per_node=args.gpus, argv=argv)
+        with distributed.joined_group() if in_group else contextlib.nullcontext() as parallel:
+            if parallel is not None and not parallel.is_main:  # rank 0 speaks for the group; the others warn only
+                logging.getLogger().setLevel(logging.WARNING)
+            data = args.data
+            if args.tiny_data:
+                data = Path(args.out) / "tiny-data"
+                if parallel is None or parallel.is_main:  # one writer: the ranks read it once it is complete
+                    make_tiny_imagefolder(data, classes=3, per_class=64, size=size, seed=args.seed)
+                if parallel is not None:
+                    parallel.barrier()
+            train(
+                args.model,
+                data,
+                epochs=args.epochs,
+                batch=args.batch,
+                lr=args.lr,
+                amp=args.amp,
+                cuda_graph=args.cuda_graph,
+                out=args.out,
+                size=size,
+                workers=args.workers,
+                seed=args.seed,
+                optimizer=args.optimizer,
+                parallel=parallel,
+            )
     except ConfigError as exc:
         print(f"launchless train: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _check_before_launch(parser: argparse.ArgumentParser, args: argparse.Namespace, *, size: int) -> bool:
+    """Whether the processes of ``--gpus N`` get GPUs (an argparse error when fewer than N are visible); the options
+    and --data are checked here, so that a mistake is one message before any process starts rather than one per
+    rank. Raises ``ConfigError``."""
+    import os
+
+    import torch
+
+    from .trainer.data import check_imagefolder
+    from .trainer.trainer import check_options
+
+    cuda = torch.cuda.is_available()
+    if cuda and args.gpus > torch.cuda.device_count():
+        visible = torch.cuda.device_count()
+        chosen = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = f" (CUDA_VISIBLE_DEVICES={chosen})" if chosen is not None else ""
+        parser.error(
+            f"--gpus {args.gpus}: only {visible} GPU(s) visible here{where}; pass --gpus {visible} or fewer"
+            + (", or list more devices in CUDA_VISIBLE_DEVICES" if chosen is not None else "")
+        )
+    check_options(
+        args.model,
+        epochs=args.epochs,
+        batch=args.batch,
+        lr=args.lr,
+        amp=args.amp,
+        optimizer=args.optimizer,
+        size=size,
+    )
+    if args.data:
+        check_imagefolder(args.data)
+    return cuda
 
 
 def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

@@ -96,19 +96,36 @@ def _check_split(root: Path, split: str) -> None:
         raise ConfigError(f"{folder} has class sub-folders but no images ({', '.join(IMAGE_SUFFIXES)}); {fix}")
 
 
+def check_imagefolder(root: str | Path) -> None:
+    """Raises ``ConfigError`` naming the fix unless ``root`` holds ``train/`` and ``val/`` with class sub-folders of
+    images: checked before any image is read (or any training process started)."""
+    for split in ("train", "val"):
+        _check_split(Path(root), split)
+
+
 def loaders(
-    root: str | Path, batch: int, size: int, workers: int = 2, pin_memory: bool = False, seed: int = 0
+    root: str | Path,
+    batch: int,
+    size: int,
+    workers: int = 2,
+    pin_memory: bool = False,
+    seed: int = 0,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> tuple[torch.utils.data.DataLoader, torch.utils.data.DataLoader, int]:
     """``(train_loader, val_loader, num_classes)`` for the ImageFolder at ``root`` (``train/`` and ``val/``).
 
     Images are resized (shorter side) and centre-cropped to ``size`` x ``size``, converted to tensors and
     normalised with the ImageNet statistics. The train loader shuffles with a generator seeded by ``seed``.
+    With ``world_size`` > 1 the train loader yields this ``rank``'s share of every epoch: a ``DistributedSampler``
+    seeded by ``seed`` deals one shuffled order, the same on every rank, into disjoint equal shares (call its
+    ``set_epoch`` once per epoch to reshuffle); ``batch`` is per rank. The validation loader is the whole set.
     """
     from torchvision import datasets, transforms
 
     root = Path(root)
-    for split in ("train", "val"):
-        _check_split(root, split)
+    check_imagefolder(root)
     if batch < 1:
         raise ConfigError(f"batch={batch}: pass a batch size >= 1")
     if workers < 0:
@@ -131,18 +148,31 @@ def loaders(
             f"train/ and val/ under {root} name different classes ({train_set.classes} vs {val_set.classes}); "
             "give both splits the same class sub-folders"
         )
-    if len(train_set) < batch:
+    per_rank = len(train_set) // world_size
+    if per_rank < batch:
+        share = f", {per_rank} per process over {world_size} processes" if world_size > 1 else ""
         raise ConfigError(
-            f"the training set has {len(train_set)} images, fewer than one batch of {batch}; "
-            f"lower --batch to at most {len(train_set)} (the last partial batch is dropped)"
+            f"the training set has {len(train_set)} images{share}, fewer than one batch of {batch}; "
+            f"lower --batch to at most {per_rank} (the last partial batch is dropped)"
         )
     generator = torch.Generator().manual_seed(seed)
     common = {"num_workers": workers, "pin_memory": pin_memory, "persistent_workers": workers > 0}
+    sampler = None
+    if world_size > 1:  # drop_last: equal shares, so that every rank makes as many steps (DDP's all-reduces pair up)
+        sampler = torch.utils.data.DistributedSampler(
+            train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
+        )
     # drop_last=True: every training batch has the same shape, so a whole-step CUDA graph captured for
     # one batch signature replays for every batch; a smaller last batch would be a new signature that
     # runs eager (or costs a second capture) once per epoch.
     train_loader = torch.utils.data.DataLoader(
-        train_set, batch_size=batch, shuffle=True, drop_last=True, generator=generator, **common
+        train_set,
+        batch_size=batch,
+        shuffle=sampler is None,
+        sampler=sampler,
+        drop_last=True,
+        generator=generator,
+        **common,
     )
     # Validation runs eager in eval mode: keep every image, the last batch may be smaller.
     val_loader = torch.utils.data.DataLoader(val_set, batch_size=batch, shuffle=False, drop_last=False, **common)

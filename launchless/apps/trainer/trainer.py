@@ -4,25 +4,30 @@ The step function (zero_grad, forward under autocast, cross-entropy, backward, o
 device tensors only -- the loss and the number of correct predictions -- so it can be captured whole by
 ``launchless.graphed_step``. Metrics are accumulated on the device and read back once per epoch; the
 cosine learning-rate schedule steps once per epoch, outside the step. With ``cuda_graph=False`` the loop
-is identical, only the step is not wrapped.
+is identical, only the step is not wrapped. In a data-parallel group (``--gpus N``, ``distributed``) the step
+trains the model wrapped in ``DistributedDataParallel``, which ``graphed_step`` captures with its all-reduce.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from torch.utils.data import DistributedSampler
 
 from ...errors import ConfigError
 from ...train.step import graphed_step
 from .data import loaders
+from .distributed import DataParallel, replicate
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
 OPTIMIZERS = ("sgd", "adamw")
@@ -68,7 +73,11 @@ def build_model(model_name: str, num_classes: int) -> torch.nn.Module:
     return timm.create_model(check_model(model_name), pretrained=False, num_classes=num_classes)
 
 
-def _check_args(epochs: int, batch: int, lr: float | None, amp: str, optimizer: str, size: int) -> None:
+def check_options(
+    model_name: str, *, epochs: int, batch: int, lr: float | None, amp: str, optimizer: str, size: int
+) -> None:
+    """Raises ``ConfigError`` naming the fix for the first option ``train`` cannot use: checked before any data is
+    read, and by ``launchless train --gpus N`` before its processes are started."""
     if amp not in AMP_DTYPES:
         raise ConfigError(f"amp={amp!r} is not accepted; pass one of: {' | '.join(AMP_DTYPES)} (e.g. --amp bf16)")
     if optimizer not in OPTIMIZERS:
@@ -81,6 +90,7 @@ def _check_args(epochs: int, batch: int, lr: float | None, amp: str, optimizer: 
         raise ConfigError(f"lr={lr}: pass a positive learning rate (default {DEFAULT_LR[optimizer]} for {optimizer})")
     if size < 8:
         raise ConfigError(f"size={size}: pass an image size of at least 8 pixels (--size)")
+    check_model(model_name)
 
 
 def _pick_device(device: str | torch.device | None) -> torch.device:
@@ -148,6 +158,35 @@ def evaluate(
     return loss_total / max(seen, 1), correct_total / max(seen, 1)
 
 
+def _validate(
+    model: torch.nn.Module,
+    loader: torch.utils.data.DataLoader,
+    device: torch.device,
+    amp: str,
+    parallel: DataParallel | None,
+) -> tuple[float, float]:
+    """``evaluate`` on one process; in a group rank 0 evaluates and the others wait for its numbers. So every rank
+    returns the same metrics, and all start the next epoch together: a rank that ran ahead would otherwise wait for
+    rank 0's validation inside the next steps, where the agreement of a graph capture gives up after 300 s."""
+    if parallel is None:
+        return evaluate(model, loader, device, amp)
+    metrics = torch.zeros(2, dtype=torch.float64, device=device)
+    if parallel.is_main:
+        metrics.copy_(torch.tensor(evaluate(model, loader, device, amp), dtype=torch.float64))
+    dist.broadcast(metrics, src=0)
+    val_loss, val_acc = metrics.tolist()
+    return val_loss, val_acc
+
+
+def parameters_sha256(model: torch.nn.Module) -> str:
+    """A digest of the bytes of ``model``'s parameters in order: equal digests are bit-identical parameters (the
+    replicas of data-parallel training stay so, or a rank has gone its own way)."""
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().reshape(-1).view(torch.uint8).cpu().numpy())
+    return digest.hexdigest()
+
+
 def train(
     model_name: str,
     data: str | Path,
@@ -164,19 +203,32 @@ def train(
     *,
     device: str | torch.device | None = None,
     console: Console | None = None,
+    parallel: DataParallel | None = None,
 ) -> dict[str, Any]:
     """Train ``model_name`` (a timm name) on the ImageFolder ``data`` (``train/`` and ``val/``).
 
     ``lr`` None picks 0.05 for SGD, 1e-3 for AdamW. ``device`` None picks CUDA when available, else CPU
     (where ``cuda_graph=True`` runs eager: graphed_step logs why). Writes ``out/checkpoint.pt`` and
     ``out/metrics.json`` and returns the metrics: ``epochs`` (one dict per epoch), ``total_wall_s``,
-    ``final_train_loss``, ``final_val_acc``, ``graph_level`` (None without ``cuda_graph``), ``device``.
+    ``final_train_loss``, ``final_val_acc``, ``graph_level`` (None without ``cuda_graph``), ``device``,
+    ``world_size`` and ``parameters_sha256`` (a digest of the trained parameters, one per process).
+
+    ``parallel`` (a rank of a joined group, ``distributed.joined_group()``): this process trains one replica in
+    ``DistributedDataParallel`` on its share of each epoch, ``batch`` images per step; the training metrics are
+    the whole group's. Rank 0 alone prints, validates (the unwrapped model on the whole validation set, no
+    collectives) and writes; every rank returns the same metrics.
     """
-    _check_args(epochs, batch, lr, amp, optimizer, size)
+    check_options(model_name, epochs=epochs, batch=batch, lr=lr, amp=amp, optimizer=optimizer, size=size)
     lr = DEFAULT_LR[optimizer] if lr is None else float(lr)
-    check_model(model_name)  # a bad model name fails before the data is read
-    dev = _pick_device(device)
-    console = console or Console()
+    if parallel is not None and device is not None:
+        raise ConfigError(
+            f"device={device!r} and parallel= given: a rank of a data-parallel group trains on its own device "
+            f"({parallel.device}); leave device unset"
+        )
+    dev = parallel.device if parallel is not None else _pick_device(device)
+    world_size = parallel.world_size if parallel is not None else 1
+    is_main = parallel is None or parallel.is_main
+    console = console or Console(quiet=not is_main)
     out = Path(out)
     args = {
         "model": model_name,
@@ -191,13 +243,22 @@ def train(
         "seed": seed,
         "optimizer": optimizer,
         "device": str(dev),
+        "world_size": world_size,
     }
 
     torch.manual_seed(seed)
     train_loader, val_loader, num_classes = loaders(
-        data, batch, size, workers=workers, pin_memory=dev.type == "cuda", seed=seed
+        data,
+        batch,
+        size,
+        workers=workers,
+        pin_memory=dev.type == "cuda",
+        seed=seed,
+        rank=parallel.rank if parallel is not None else 0,
+        world_size=world_size,
     )
-    model = build_model(model_name, num_classes).to(dev).train()
+    model = build_model(model_name, num_classes).to(dev).train()  # the seed makes it the same on every rank
+    net = replicate(model, parallel) if parallel is not None else model  # what the step trains
     params = [p for p in model.parameters() if p.requires_grad]
     if optimizer == "sgd":
         # fused on CUDA in both modes: graphed_step needs the fused kernel (it reads a device lr), and eager
@@ -208,16 +269,19 @@ def train(
         opt = torch.optim.AdamW(params, lr=lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)
     scaler = torch.amp.GradScaler(dev.type) if amp == "fp16" else None
-    step = make_step(model, opt, dev, amp, scaler)
+    step = make_step(net, opt, dev, amp, scaler)
     if cuda_graph:
-        step = graphed_step(step, model=model, optimizer=opt, scaler=scaler)
+        step = graphed_step(step, model=net, optimizer=opt, scaler=scaler)
 
+    group = f", {world_size} data-parallel processes ({dist.get_backend()})" if parallel is not None else ""
+    per_process = " per process" if parallel is not None else ""
     console.print(
         f"launchless train: {timm_name(model_name)} ({sum(p.numel() for p in params):,} parameters) on {dev}, "
-        f"{optimizer} lr {lr:g}, amp {amp}, cuda graph {'on' if cuda_graph else 'off'}\n"
+        f"{optimizer} lr {lr:g}, amp {amp}, cuda graph {'on' if cuda_graph else 'off'}{group}\n"
         f"data: {num_classes} classes, {len(train_loader.dataset)} train / {len(val_loader.dataset)} val images "
-        f"at {size}px, batch {batch}, {len(train_loader)} steps per epoch"
+        f"at {size}px, batch {batch}{per_process}, {len(train_loader)} steps per epoch"
     )
+    sampler = train_loader.sampler
     history: list[dict[str, Any]] = []
     start = time.perf_counter()
     columns = (
@@ -233,7 +297,9 @@ def train(
             progress.reset(task, total=len(train_loader), description=f"epoch {epoch}/{epochs}")
             epoch_start = time.perf_counter()
             epoch_lr = float(opt.param_groups[0]["lr"])
-            model.train()
+            if isinstance(sampler, DistributedSampler):
+                sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+            net.train()
             loss_sum = torch.zeros((), device=dev)
             correct_sum = torch.zeros((), dtype=torch.long, device=dev)
             seen = steps = 0
@@ -246,10 +312,15 @@ def train(
                 steps += 1
                 progress.advance(task)
             sched.step()  # per epoch, outside the step: a graphed step keeps reading the lr tensor it updates
+            images = torch.tensor(seen, dtype=torch.float64, device=dev)
+            totals = torch.stack([loss_sum.double(), correct_sum.double(), images])
+            if parallel is not None:  # the whole group's epoch: every rank made as many steps
+                dist.all_reduce(totals)
             # the epoch's one host sync for the training metrics
-            loss_total, correct_total = torch.stack([loss_sum.double(), correct_sum.double()]).tolist()
-            train_loss, train_acc = loss_total / steps, correct_total / seen
-            val_loss, val_acc = evaluate(model, val_loader, dev, amp)
+            loss_total, correct_total, seen_total = totals.tolist()
+            step_ms = (time.perf_counter() - epoch_start) * 1000 / steps
+            train_loss, train_acc = loss_total / (steps * world_size), correct_total / seen_total
+            val_loss, val_acc = _validate(model, val_loader, dev, amp, parallel)
             wall = time.perf_counter() - epoch_start
             history.append(
                 {
@@ -261,7 +332,8 @@ def train(
                     "val_acc": val_acc,
                     "wall_s": wall,
                     "steps": steps,
-                    "images_per_s": seen / wall,
+                    "step_ms": step_ms,
+                    "images_per_s": seen_total / wall,
                 }
             )
             progress.console.print(
@@ -269,6 +341,11 @@ def train(
                 f"val loss {val_loss:.4f}  val acc {val_acc:.3f}  {wall:.2f} s"
             )
     total = time.perf_counter() - start
+    digests = [parameters_sha256(model)]
+    if parallel is not None:
+        digests = parallel.all_ranks(digests[0])
+        if len(set(digests)) > 1:
+            console.print(f"[bold red]warning:[/] the {world_size} processes ended with different parameters")
 
     info = step.graph_info() if cuda_graph else None
     console.print(f"total wall time {total:.2f} s over {epochs} epoch(s)")
@@ -280,6 +357,18 @@ def train(
             + (f"; {sum(g['replays'] for g in info['graphs'])} replays" if info["graphs"] else "")
             + (f"; fallbacks: {fallbacks}" if fallbacks else "")
         )
+    result = {
+        "epochs": history,
+        "total_wall_s": total,
+        "final_train_loss": history[-1]["train_loss"],
+        "final_val_acc": history[-1]["val_acc"],
+        "graph_level": info["level"] if info is not None else None,
+        "device": str(dev),
+        "world_size": world_size,
+        "parameters_sha256": digests,
+    }
+    if not is_main:
+        return result
 
     out.mkdir(parents=True, exist_ok=True)
     opt_state = opt.state_dict()
@@ -297,14 +386,6 @@ def train(
         },
         out / "checkpoint.pt",
     )
-    result = {
-        "epochs": history,
-        "total_wall_s": total,
-        "final_train_loss": history[-1]["train_loss"],
-        "final_val_acc": history[-1]["val_acc"],
-        "graph_level": info["level"] if info is not None else None,
-        "device": str(dev),
-    }
     (out / "metrics.json").write_text(
         json.dumps({**result, "args": args, "graph_info": info}, indent=2, default=str) + "\n"
     )
