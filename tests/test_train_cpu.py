@@ -330,3 +330,23 @@ def test_training_verification_measures_eager_noise_until_it_covers_the_replay(
     report, _ = graphed._verify(None, None, before)
     assert report["passed"] is passes and len(calls) - 1 == eager_reruns, report
     assert report["status"] == ("eager-noise" if passes else "failed")
+
+
+def test_a_graphed_step_is_freed_with_its_last_reference_without_a_garbage_collection() -> None:
+    """Under DDP the step must go before the process group does; a reference cycle would keep it (and the model)
+    until a collection runs, possibly after the group was destroyed."""
+    import gc
+    import weakref
+
+    model, opt, step = _setup()
+    graphed = ll.graphed_step(step, model=model, optimizer=opt)
+    graphed(torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2]))
+    alive = weakref.ref(graphed)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del graphed
+        assert alive() is None
+    finally:
+        if enabled:
+            gc.enable()

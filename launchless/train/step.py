@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -117,7 +118,7 @@ class GraphedStep:
             max_graphs=max_graphs,
             max_graphs_hint="graphed_step(max_graphs=...)",
             guards=[self._state],
-            on_invalidate=self._state_changed,
+            on_invalidate=_state_changed_of(weakref.ref(self)),  # weakly: a cycle would keep graphs until collected
         )
         self._eager_reason: str | None = None
         self._checked = False
@@ -575,6 +576,19 @@ class GraphedStep:
             "fallbacks": fallbacks,
             "extra_state_tensors": self._extra_state,
         }
+
+
+def _state_changed_of(step: weakref.ref) -> Callable[[str], None]:
+    """The cache's invalidation callback, holding the step weakly: the step, its graphs and the model they hold go
+    with the step's last reference, not at the next garbage collection (after the process group is gone, under
+    DistributedDataParallel)."""
+
+    def state_changed(why: str) -> None:
+        owner = step()
+        if owner is not None:
+            owner._state_changed(why)
+
+    return state_changed
 
 
 def _check_arguments(fn: Any, model: Any, optimizer: Any, scaler: Any) -> None:
