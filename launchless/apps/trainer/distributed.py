@@ -95,8 +95,8 @@ def joined_group() -> Iterator[DataParallel]:
     try:
         yield DataParallel(rank=dist.get_rank(), local_rank=local_rank, world_size=dist.get_world_size(), device=device)
     finally:
-        # a DDP model that only a reference cycle still holds (autograd's and the training loop's objects) is freed
-        # now, while its group exists: freed at interpreter exit instead, after the group, gloo aborts the process
+        # a DDP model that only a reference cycle still holds is freed now, while its group exists: freed at
+        # interpreter exit instead, after the group, gloo aborts the process (SIGABRT)
         gc.collect()
         dist.destroy_process_group()
 
