@@ -303,19 +303,22 @@ class GraphedStep:
             finished = False
         return not agree(self._groups, ok=finished, reason="", what="reducer check").all_agree
 
-    def _after_failed_ddp_capture(
-        self, sig: Signature, flat: FlatInputs, next_level: str, whole_reason: str, outcome: dict
-    ) -> Any:
-        """A DDP step whose capture failed (on any rank: all agreed) left DDP's reducer mid-iteration, and its next
-        forward would raise "Expected to have finished reduction in the prior iteration". Every rank resets it --
-        which makes DDP rebuild its gradient buckets within the next two eager steps, all ranks together, freeing
-        the buckets every graph captured so far reads: those graphs go too. The next level is tried once the
-        rebuild is behind (after the wait of a passing refusal), not in this call."""
+    def _reset_reducer(self) -> None:
+        """A DDP step whose capture failed inside the backward (on any rank: all agreed) left DDP's reducer
+        mid-iteration, and its next forward would raise "Expected to have finished reduction in the prior
+        iteration". Every rank resets it -- which makes DDP rebuild its gradient buckets within the next two eager
+        steps, all ranks together, freeing the buckets every graph captured so far reads: those graphs go too."""
         reducer = getattr(self.model, "reducer", None)
         if reducer is not None and hasattr(reducer, "_reset_state"):
             reducer._reset_state()
         self._cache.drop_all()
         self._params, self._grads_owner = [], None
+
+    def _defer_next_level(
+        self, sig: Signature, flat: FlatInputs, next_level: str, whole_reason: str, outcome: dict
+    ) -> Any:
+        """The next level is tried once DDP's bucket rebuild is behind (after the wait of a passing refusal), not in
+        this call: a graph captured before it would read buckets the rebuild frees."""
         self._next_level[sig] = (WHOLE_STEP, FORWARD_BACKWARD, LOCAL_BACKWARD).index(next_level)
         self._whole_step_refused[sig] = whole_reason
         why = f"{outcome['reason']}; the {next_level} is tried after DDP has rebuilt its gradient buckets"
@@ -370,8 +373,10 @@ class GraphedStep:
                 if self._eager_reason:  # nothing of this run is captured (e.g. distillation)
                     self._log_once(f"launchless: training runs eager: {self._eager_reason}")
                     return self._eager(flat)
-                if outcome.get("capture_failed") and index + 1 < len(levels) and self._reducer_interrupted():
-                    return self._after_failed_ddp_capture(sig, flat, levels[index + 1], whole_reason, outcome)
+                if outcome.get("capture_failed") and self._reducer_interrupted():
+                    self._reset_reducer()
+                    if index + 1 < len(levels):
+                        return self._defer_next_level(sig, flat, levels[index + 1], whole_reason, outcome)
         why = (
             outcome["reason"]
             if outcome["reason"] == whole_reason
