@@ -9,7 +9,7 @@ from typing import Any
 
 from .diagnose.blockers import Blocker
 from .diagnose.dry_run import dry_run
-from .errors import CaptureError, ConfigError, LaunchlessError, NoCudaError, VerificationError
+from .errors import CaptureError, ConfigError, LaunchlessError, NoCudaError, RanksDisagree, VerificationError
 from .runtime import GraphedModule, wrap
 from .train import GraphedStep, graphed_step
 
@@ -32,6 +32,7 @@ __all__ = [
     "GraphedStep",
     "LaunchlessError",
     "NoCudaError",
+    "RanksDisagree",
     "VerificationError",
     "__version__",
     "dry_run",

@@ -35,3 +35,8 @@ class VerificationError(LaunchlessError, RuntimeError):
     def __init__(self, message: str, *, report: dict) -> None:
         super().__init__(message)
         self.report = report
+
+
+class RanksDisagree(LaunchlessError, RuntimeError):
+    """The ranks of a forward or training step with collectives could not agree on its graph in time: a rank never
+    arrived (it crashed, or calls the model with another input or not at all)."""

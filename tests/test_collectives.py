@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 from ranks import RankFailed, run_ranks
 
+from launchless import RanksDisagree
 from launchless.core.collectives import (
     CollectiveTrace,
-    RanksDisagree,
     agree,
     distributed,
     module_groups,

@@ -27,12 +27,10 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..errors import RanksDisagree
+
 AGREE_TIMEOUT_S = 300.0  # how long a rank waits for the others to finish their capture or verification
 COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd"})
-
-
-class RanksDisagree(RuntimeError):
-    """The ranks of a collective forward could not agree on its graph in time (a rank never arrived)."""
 
 
 def distributed() -> bool:
