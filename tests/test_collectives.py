@@ -118,3 +118,24 @@ def test_the_relocation_watch_reads_the_shards_of_dtensor_parameters() -> None:
     """A DTensor's own data_ptr() is 0 whatever it holds: the watch must read where its shard lives."""
     for found in run_ranks(_relocated_shard_seen):
         assert found == (True, False, True), found
+
+
+def _static_dtensor_input_moved(rank: int, world: int) -> tuple:
+    from torch.distributed.tensor import distribute_tensor
+
+    from launchless.core.relocation import InputAddresses
+
+    model, mesh = _sharded_mlp()
+    weight = model[0].weight
+    watch = InputAddresses([0])
+    watch.arm([weight])
+    before = watch.stale([weight])
+    full = weight.detach().full_tensor().clone()
+    moved = torch.nn.Parameter(distribute_tensor(full, mesh, weight.placements))  # another DTensor, other shards
+    return before, watch.stale([moved]) is not None
+
+
+def test_a_compiled_graphs_static_dtensor_input_that_moves_is_noticed() -> None:
+    """The compiler hands a sharded model's parameters to its graphs as DTensor inputs, whose data_ptr() is 0."""
+    for found in run_ranks(_static_dtensor_input_moved):
+        assert found == (None, True), found

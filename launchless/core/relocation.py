@@ -272,6 +272,18 @@ def picker(indices: list[int]) -> Callable[[Sequence[Any]], list]:
     return lambda seq: list(get(seq))
 
 
+def _through_shards(pick: Callable[[Sequence[Any]], list]) -> Callable[[Sequence[Any]], list]:
+    """``pick`` with every DTensor replaced by its local shard (``addressed``); applied once, at the first arm."""
+    if getattr(pick, "through_shards", False):
+        return pick
+
+    def located(seq: Sequence[Any]) -> list:
+        return addressed(pick(seq))
+
+    located.through_shards = True  # type: ignore[attr-defined]
+    return located
+
+
 class InputAddresses:
     """The graph cache's validity check for inputs a graph reads in place, where they are: a compiled graph's
     parameters and buffers, handed to it as inputs on every call.
@@ -300,6 +312,12 @@ class InputAddresses:
         self.moved: list[int] = []
 
     def arm(self, leaves: Sequence[Any]) -> None:
+        if any(hasattr(t, "_local_tensor") for t in self._pick(leaves)):  # DTensors: their shards' addresses
+            self._pick, self._pick_always, self._pick_spot = (
+                _through_shards(self._pick),
+                _through_shards(self._pick_always),
+                _through_shards(self._pick_spot),
+            )
         self._ptrs = [t.data_ptr() for t in self._pick(leaves)]
         self._always_ptrs = [self._ptrs[k] for k in self._always_at]
         self._spot_ptrs = [self._ptrs[k] for k in self._spot_at]
