@@ -1,0 +1,126 @@
+"""CPU tests of batch buckets (``core.buckets``): the choice of bucket, padding with the call's own values, slicing
+back, and the proof that rows do not interact -- refused for batch norm in training mode, attention across the
+batch and a sum over the batch, accepted for a per-row model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from launchless import ConfigError
+from launchless.core.buckets import (
+    NotPerRow,
+    RowsVerdictStatus,
+    batch_rows,
+    bucket_for,
+    check_buckets,
+    pad_rows,
+    prove_rows_independent,
+    slice_rows,
+)
+from launchless.core.signature import flatten_inputs
+
+
+def test_buckets_are_checked_and_sorted_with_errors_that_name_the_fix() -> None:
+    assert check_buckets([8, 1, 4, 2]) == (1, 2, 4, 8)
+    for bad, said in [
+        ([], "empty"),
+        ("1,2", "list of batch sizes"),
+        ([0, 4], "1 or more"),
+        ([2.0], "1 or more"),
+        ([True], "1 or more"),
+        ([4, 4], "more than once"),
+    ]:
+        with pytest.raises(ConfigError, match=said) as caught:
+            check_buckets(bad)
+        assert "batch_buckets=[1, 2, 4, 8, 16, 32]" in str(caught.value)
+
+
+@pytest.mark.parametrize(("rows", "bucket"), [(1, 1), (3, 4), (4, 4), (5, 8), (32, 32), (33, None)])
+def test_a_batch_goes_to_the_smallest_bucket_that_holds_it(rows: int, bucket: int | None) -> None:
+    assert bucket_for(rows, (1, 2, 4, 8, 16, 32)) == bucket
+
+
+def test_the_batch_is_the_first_dimension_every_tensor_input_shares() -> None:
+    ids, mask = torch.zeros(3, 7, dtype=torch.long), torch.ones(3, 7, dtype=torch.long)
+    assert batch_rows([ids, mask, 0.5, None]) == 3
+    assert batch_rows([ids, torch.zeros(4, 7)]) is None  # a table that is not per row
+    assert batch_rows([ids, torch.tensor(1.0)]) is None
+    assert batch_rows([1, "x"]) is None
+
+
+def test_padding_uses_the_calls_own_values_and_slicing_gives_the_real_rows_back() -> None:
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    repeated, scale = pad_rows([ids, 2.0], 4)
+    assert scale == 2.0 and repeated.shape == (4, 3) and torch.equal(repeated[2:], ids[-1:].expand(2, 3))
+    (shuffled,) = pad_rows([ids], 4, shuffled=True)
+    assert shuffled.dtype == ids.dtype and set(shuffled[2:].flatten().tolist()) <= set(ids.flatten().tolist())
+    assert torch.equal(shuffled[:2], ids)
+    out = {"logits": torch.arange(12.0).reshape(4, 3), "n": 1}
+    sliced = slice_rows(out, 2, 4)
+    assert torch.equal(sliced["logits"], out["logits"][:2]) and sliced["n"] == 1
+    with pytest.raises(NotPerRow, match="does not have the batch"):
+        slice_rows((out["logits"], out["logits"].sum()), 2, 4)
+
+
+class PerRow(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class AcrossBatch(nn.Module):
+    """Each row attends to every row of the batch: the padding rows reach the real ones."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights = torch.softmax(x @ x.T, dim=-1)
+        return weights @ x
+
+
+class BatchNormTraining(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x)
+
+
+class SumOverBatch(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * 2, x.sum()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize(
+    ("model", "status"),
+    [
+        (PerRow().eval(), {RowsVerdictStatus.BIT_IDENTICAL, RowsVerdictStatus.BATCH_SHAPE}),
+        (AcrossBatch(), {RowsVerdictStatus.ROWS_INTERACT}),
+        (BatchNormTraining().train(), {RowsVerdictStatus.ROWS_INTERACT}),
+        (SumOverBatch(), {RowsVerdictStatus.NOT_PER_ROW}),
+    ],
+    ids=["per-row", "attention-across-batch", "batchnorm-training", "sum-over-batch"],
+)
+def test_padding_is_proven_safe_only_where_rows_do_not_interact(model: nn.Module, status: set) -> None:
+    x = torch.randn(3, 8)
+    verdict = prove_rows_independent(model, flatten_inputs((x,), {}), 8)
+    assert verdict.status in status, verdict
+    assert verdict.independent == (
+        RowsVerdictStatus.ROWS_INTERACT not in status and RowsVerdictStatus.NOT_PER_ROW not in status
+    )
+    if verdict.status is RowsVerdictStatus.ROWS_INTERACT:
+        assert verdict.max_abs > 0 and "padding rows changed the real rows" in verdict.detail
+
+
+@torch.no_grad()
+def test_inputs_that_do_not_share_a_batch_are_not_padded() -> None:
+    verdict = prove_rows_independent(
+        lambda x, table: x + table.sum(), flatten_inputs((torch.ones(3, 2), torch.ones(5)), {}), 4
+    )
+    assert verdict.status is RowsVerdictStatus.NOT_PER_ROW and "share a batch" in verdict.detail
