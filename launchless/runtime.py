@@ -18,12 +18,15 @@ import contextlib
 import functools
 import logging
 import weakref
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
 
 from . import state_keys
+from .batching import BatchBucketing, BucketPlan
 from .core import capture as _capture
+from .core.buckets import check_buckets
 from .core.cache import GraphCache, Refusal
 from .core.capture_path import record_capture_branches
 from .core.collectives import agree
@@ -39,13 +42,16 @@ from .split import SPLITTABLE, EagerPart, SplitForward, copies
 from .timing import SpeedVerdict, judge_speed
 
 Mode = bool | Literal["auto"]
+_OWN_SIGNATURE = object()  # a bucketed call that must go its own way after all
 OUTPUTS = {"clone": "copies the next replay cannot overwrite", "static": "the graph's own buffers, overwritten"}
 ADDRESS_CHECKS = {
     "events": "relocation events plus a spot check of 8 tensors per call",
     "full": "every parameter and buffer on every call",
 }
 # process state: never copied or pickled
-_RUNTIME_STATE = frozenset({"_cache", "_watch", "_eager_reasons", "_last_stream", "_split", "_collective"})
+_RUNTIME_STATE = frozenset(
+    {"_cache", "_watch", "_eager_reasons", "_last_stream", "_split", "_collective", "_bucketing"}
+)
 
 
 def _check_mode(cuda_graph: Any) -> Mode:
@@ -75,8 +81,11 @@ class GraphedModule(torch.nn.Module):
         tolerance_ulps: float = 64.0,
         outputs: Literal["clone", "static"] = "clone",
         address_check: Literal["events", "full"] = "events",
+        batch_buckets: Sequence[int] | None = None,
     ) -> None:
         mode = _check_mode(cuda_graph)
+        if batch_buckets is not None:
+            check_buckets(batch_buckets)
         check_int("capture_after", capture_after, minimum=1)
         check_int("max_graphs", max_graphs, minimum=1)
         check_int("warmup", warmup, minimum=1)
@@ -90,6 +99,7 @@ class GraphedModule(torch.nn.Module):
         self.capture_after, self.max_graphs, self.warmup = capture_after, max_graphs, warmup
         self.verify, self.tolerance_ulps, self.outputs = verify, float(tolerance_ulps), outputs
         self.address_check = address_check
+        self.batch_buckets = None if batch_buckets is None else list(batch_buckets)
         state_keys.install(self)
         self._init_runtime()
 
@@ -107,6 +117,11 @@ class GraphedModule(torch.nn.Module):
         self._last_stream: tuple[int, torch.cuda.Stream] | None = None
         self._split: SplitForward | None = None  # the forward run as captured submodules, once refused whole
         self._collective = False  # a capture found collectives in the forward: ranks agree, nothing is split
+        self._bucketing = (  # calls padded to a few batch sizes, where the rows are proven not to interact
+            None
+            if self.batch_buckets is None
+            else BatchBucketing(self.batch_buckets, name=self._name(), tolerance_ulps=self.tolerance_ulps)
+        )
 
     def __getstate__(self) -> dict:
         """Copies and pickles carry the model and the options, never graphs, pools or locks."""
@@ -166,6 +181,12 @@ class GraphedModule(torch.nn.Module):
                 args,
                 kwargs,
             )
+        if self._bucketing is not None and self._watch.cuda_device is not None:
+            plan = self._bucketing.plan(flat)
+            if plan is not None:
+                out = self._bucketed(plan, flat, args, kwargs)
+                if out is not _OWN_SIGNATURE:
+                    return out
         try:
             sig = signature_of(flat)
         except UnhashableInput as exc:
@@ -184,6 +205,31 @@ class GraphedModule(torch.nn.Module):
                 raise cache.refusal(sig).error
             if self._split is not None and sig in self._split.outcomes:
                 return self._run_split(sig, flat)
+        return self._run_eager(args, kwargs)
+
+    def _bucketed(self, plan: BucketPlan, flat: FlatInputs, args: tuple, kwargs: dict) -> Any:
+        """A call through its batch bucket: the bucket's graph replayed on the padded inputs and the call's rows
+        taken back; eager on the call as given while the bucket's signature waits or is refused.
+        ``_OWN_SIGNATURE`` when the call must go its own way (padding not proven safe for this model)."""
+        try:
+            sig = signature_of(plan.flat)
+        except UnhashableInput:
+            return _OWN_SIGNATURE
+        cache, bucketing = self._cache, self._bucketing
+        graph = cache.get(sig)
+        if graph is not None and not (graph.host_sources is not None and graph.host_sources.changed()):
+            if not bucketing.proven(plan, self._target(), flat):
+                return _OWN_SIGNATURE
+            bucketing.count(plan)
+            return plan.take_rows(self._replay(graph, plan.flat.leaves))
+        admission = cache.admit(sig) if self.cuda_graph == "auto" else self._admit_now(sig)
+        if admission is Admission.CAPTURE:
+            if not bucketing.proven(plan, self._target(), flat):
+                return _OWN_SIGNATURE
+            bucketing.count(plan)
+            return plan.take_rows(self._capture_and_run(sig, plan.flat, explicit=False))
+        if admission is Admission.REFUSED and self.cuda_graph is True:
+            raise cache.refusal(sig).error
         return self._run_eager(args, kwargs)
 
     def _admit_now(self, sig: Signature) -> Admission:
@@ -603,6 +649,7 @@ class GraphedModule(torch.nn.Module):
             "eager_calls": dict(self._eager_reasons),
             # a forward refused whole runs through captured submodules: the pieces, what runs eager, the decisions
             "split": None if self._split is None else self._split.info(lambda sig: sig.describe()),
+            "batch_buckets": None if self._bucketing is None else self._bucketing.info(),
         }
 
 
@@ -663,6 +710,7 @@ def wrap(
     tolerance_ulps: float = 64.0,
     outputs: Literal["clone", "static"] = "clone",
     address_check: Literal["events", "full"] = "events",
+    batch_buckets: Sequence[int] | None = None,
 ) -> GraphedModule:
     """Wrap ``model`` so inference replays verified CUDA graphs, one per input signature.
 
@@ -676,6 +724,9 @@ def wrap(
     tolerance_ulps=64: rounding bound for named eager-noise / capture-path differences.
     outputs="clone" | "static": copies, or the graph's own buffers (overwritten by the next replay).
     address_check="events" | "full": how parameter relocation is noticed (see ``launchless.core.relocation``).
+    batch_buckets=[1, 2, 4, 8, ...]: pad a call's batch (the first dimension its tensor inputs share) up to the
+        next of these sizes and replay that size's graph, once the model is proven to keep rows apart (see
+        ``launchless.batching``); None: a graph per batch size.
     """
     if isinstance(model, GraphedModule):
         raise ConfigError("this model is already wrapped by launchless; use its .model to wrap again")
@@ -691,6 +742,7 @@ def wrap(
         tolerance_ulps=tolerance_ulps,
         outputs=outputs,
         address_check=address_check,
+        batch_buckets=batch_buckets,
     )
 
 

@@ -348,8 +348,10 @@ def test_graph_info_structure() -> None:
         "calls_over_max_graphs",
         "invalidations",
         "split",
+        "batch_buckets",
     }
     assert info["mode"] == "auto" and info["max_graphs"] == 5 and info["split"] is None
+    assert info["batch_buckets"] is None
     assert (info["graphs"], info["pool_bytes"], info["fallbacks"], info["eager_calls"]) == ([], 0, [], {})
     assert (info["evictions"], info["invalidations"], info["calls_over_max_graphs"]) == (0, 0, None)
     with torch.no_grad():
@@ -392,3 +394,23 @@ def test_a_wrapped_model_is_freed_without_a_garbage_collection() -> None:
     finally:
         if enabled:
             gc.enable()
+
+
+def test_batch_buckets_are_checked_where_wrap_is_called_and_kept_by_copies() -> None:
+    with pytest.raises(ConfigError, match="batch_buckets holds \\[0\\]"):
+        wrap(net().eval(), batch_buckets=[0, 4])
+    m = wrap(net().eval(), batch_buckets=[8, 1, 4])
+    assert m.graph_info()["batch_buckets"]["sizes"] == [1, 4, 8]
+    assert copy.deepcopy(m).graph_info()["batch_buckets"]["sizes"] == [1, 4, 8]
+
+
+def test_a_model_without_a_cuda_device_is_not_padded() -> None:
+    """Buckets pad only calls that can replay a graph: on the CPU a call runs as given."""
+    model = net().eval()
+    m = wrap(model, batch_buckets=[4, 8])
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        for _ in range(4):
+            assert torch.equal(m(x), model(x))
+    info = m.graph_info()["batch_buckets"]
+    assert (info["padded_calls"], info["exact_calls"], info["proofs"]) == (0, 0, {})

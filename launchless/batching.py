@@ -1,0 +1,128 @@
+"""The runtime's batch buckets for one wrapped model: which bucket a call goes to, the proof that padding is safe
+for this model, and how traffic fits the buckets.
+
+``wrap(model, batch_buckets=[1, 2, 4, 8, 16, 32])``: a call of 5 rows is padded to 8, replays the graph of the
+8-row signature, and gets its 5 rows back. Before the first call that is padded to a bucket, the model is proven
+to keep rows apart (``core.buckets.prove_rows_independent``: two different paddings, bit for bit; and the rows
+against the unpadded call). A model whose rows interact -- or whose outputs are not per row -- is refused buckets
+with one WARNING naming why, and every batch size gets its own signature, as without buckets. A batch larger than
+the largest bucket runs with its own signature too, with one WARNING per model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .core.buckets import (
+    RowsVerdict,
+    batch_rows,
+    bucket_for,
+    check_buckets,
+    pad_rows,
+    prove_rows_independent,
+    slice_rows,
+)
+from .core.signature import FlatInputs
+
+log = logging.getLogger("launchless")
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketPlan:
+    """One call's way through a bucket: its rows, the bucket, and its inputs padded to it."""
+
+    rows: int
+    bucket: int
+    flat: FlatInputs
+
+    @property
+    def padded(self) -> bool:
+        return self.rows < self.bucket
+
+    def take_rows(self, outputs: Any) -> Any:
+        """The call's own rows of the bucket's outputs."""
+        return slice_rows(outputs, self.rows, self.bucket) if self.padded else outputs
+
+
+class BatchBucketing:
+    """Batch buckets of one wrapped model (see the module docstring)."""
+
+    def __init__(self, sizes: Any, *, name: str, tolerance_ulps: float) -> None:
+        self.sizes = check_buckets(sizes)
+        self.name, self.tolerance_ulps = name, tolerance_ulps
+        self.verdicts: dict[int, RowsVerdict] = {}  # bucket -> the proof for this model
+        self.refused: RowsVerdict | None = None  # the rows interact: no call is padded any more
+        self.padded_calls = self.padded_rows = self.exact_calls = self.calls_over = 0
+        self._warned_over = False
+
+    def plan(self, flat: FlatInputs) -> BucketPlan | None:
+        """The bucket this call goes to, its inputs padded; None where the call keeps its own signature (no batch
+        dimension shared by the inputs, larger than every bucket, or buckets refused for this model)."""
+        if self.refused is not None:
+            return None
+        rows = batch_rows(flat.leaves)
+        if rows is None:
+            return None
+        bucket = bucket_for(rows, self.sizes)
+        if bucket is None:
+            self.calls_over += 1
+            if not self._warned_over:
+                self._warned_over = True
+                log.warning(
+                    "launchless: %s got a batch of %d rows, larger than its largest bucket (%d); such batches run "
+                    "with their own graph signature. Add a larger bucket to batch_buckets to pad them. Shown once.",
+                    self.name,
+                    rows,
+                    self.sizes[-1],
+                )
+            return None
+        if bucket == rows:
+            return BucketPlan(rows, bucket, flat)
+        return BucketPlan(rows, bucket, flat._replace(leaves=pad_rows(flat.leaves, bucket)))
+
+    def proven(self, plan: BucketPlan, fn: Callable[..., Any], flat: FlatInputs) -> bool:
+        """Whether padding to ``plan.bucket`` is proven safe for this model (proven now, at the first padded call of
+        that bucket, on this call's own inputs ``flat``). A refusal stops all padding, with one WARNING."""
+        if not plan.padded:
+            return True
+        verdict = self.verdicts.get(plan.bucket)
+        if verdict is None:
+            verdict = self.verdicts[plan.bucket] = prove_rows_independent(
+                fn, flat, plan.bucket, tolerance_ulps=self.tolerance_ulps
+            )
+        if not verdict.independent:
+            self.refused = verdict
+            log.warning(
+                "launchless: %s cannot pad batches to buckets: %s (%s). Every batch size gets its own graph "
+                "signature; pass batches of the bucket sizes yourself, or leave batch_buckets out.",
+                self.name,
+                verdict.status,
+                verdict.detail,
+            )
+            return False
+        return True
+
+    def count(self, plan: BucketPlan) -> None:
+        if plan.padded:
+            self.padded_calls += 1
+            self.padded_rows += plan.bucket - plan.rows
+        else:
+            self.exact_calls += 1
+
+    def info(self) -> dict[str, Any]:
+        """For ``graph_info()["batch_buckets"]``: the sizes, how calls fitted them, the proof per bucket."""
+        return {
+            "sizes": list(self.sizes),
+            "exact_calls": self.exact_calls,
+            "padded_calls": self.padded_calls,
+            "padding_rows": self.padded_rows,
+            "calls_over_largest": self.calls_over,
+            "proofs": {
+                bucket: {"status": str(v.status), "max_abs_diff": v.max_abs, "bound": v.bound, "detail": v.detail}
+                for bucket, v in sorted(self.verdicts.items())
+            },
+            "refused": None if self.refused is None else f"{self.refused.status}: {self.refused.detail}",
+        }

@@ -1,0 +1,110 @@
+"""GPU tests of batch buckets: calls of many batch sizes replay the graphs of a few, padded and sliced back, equal
+to eager (bit for bit, or within the named batch-shape bound); a model whose rows interact is refused buckets with
+one WARNING and stays exact; a batch over the largest bucket keeps its own signature."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import launchless as ll
+from launchless.core.verify import difference, identical
+
+pytestmark = pytest.mark.cuda
+
+GRAD_MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
+
+
+class PerRow(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.Sequential(*(nn.Sequential(nn.Linear(64, 64), nn.GELU()) for _ in range(8)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class AcrossBatch(PerRow):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.layers(x)
+        return torch.softmax(h @ h.T, dim=-1) @ h  # every row attends to every row of the batch
+
+
+def _close(graphed, eager, verdicts) -> bool:
+    if identical(graphed, eager):
+        return True
+    max_abs, _, bound = difference(eager, graphed, 64.0)
+    return max_abs <= bound and any(v["status"] == "batch-shape" for v in verdicts.values())
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+def test_many_batch_sizes_replay_the_graphs_of_a_few_buckets(grad_mode: str) -> None:
+    model = PerRow().cuda().eval()
+    m = ll.wrap(model, capture_after=1, batch_buckets=[1, 2, 4, 8])
+    sizes = [3, 5, 8, 1, 7, 2, 6, 4, 3, 5]
+    with GRAD_MODES[grad_mode]():
+        for rows in sizes:
+            x = torch.randn(rows, 64, device="cuda")
+            out = m(x)
+            assert out.shape == (rows, 64)
+            assert _close(out, model(x), m.graph_info()["batch_buckets"]["proofs"]), rows
+    info = m.graph_info()
+    buckets = info["batch_buckets"]
+    assert len(info["graphs"]) == 4 and buckets["refused"] is None, info
+    assert buckets["padded_calls"] == sum(1 for r in sizes if r not in (1, 2, 4, 8)), buckets
+    assert buckets["padding_rows"] == sum({3: 1, 5: 3, 7: 1, 6: 2}.get(r, 0) for r in sizes), buckets
+    assert set(buckets["proofs"]) == {4, 8} and all(
+        p["status"] in ("bit-identical", "batch-shape") for p in buckets["proofs"].values()
+    ), buckets
+
+
+def test_a_model_whose_rows_interact_is_refused_buckets_and_stays_exact(caplog) -> None:
+    model = AcrossBatch().cuda().eval()
+    m = ll.wrap(model, capture_after=1, batch_buckets=[4, 8])
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="launchless"):
+        for rows in (3, 5, 3, 5, 8):
+            x = torch.randn(rows, 64, device="cuda")
+            assert identical(m(x), model(x)), rows
+    buckets = m.graph_info()["batch_buckets"]
+    assert buckets["refused"] and "rows interact" in buckets["refused"], buckets
+    warnings = [r.getMessage() for r in caplog.records if "cannot pad batches" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("launchless: AcrossBatch"), warnings
+    assert buckets["padded_calls"] == 0
+
+
+def test_a_batch_over_the_largest_bucket_keeps_its_own_signature_with_one_warning(caplog) -> None:
+    model = PerRow().cuda().eval()
+    m = ll.wrap(model, capture_after=1, batch_buckets=[1, 2, 4])
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="launchless"):
+        for _ in range(3):
+            x = torch.randn(6, 64, device="cuda")
+            assert identical(m(x), model(x))
+    buckets = m.graph_info()["batch_buckets"]
+    assert buckets["calls_over_largest"] == 3 and len(m.graph_info()["graphs"]) == 1
+    over = [r.getMessage() for r in caplog.records if "larger than its largest bucket" in r.getMessage()]
+    assert len(over) == 1, over
+
+
+def test_a_transformers_encoder_pads_token_ids_and_masks() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, vocab_size=1000
+    )
+    torch.manual_seed(0)
+    model = transformers.BertModel(config).cuda().eval()
+    m = ll.wrap(model, capture_after=1, batch_buckets=[2, 4, 8])
+    with torch.no_grad():
+        for rows in (3, 5, 3, 7):
+            ids = torch.randint(1000, (rows, 16), device="cuda")
+            mask = torch.ones(rows, 16, dtype=torch.long, device="cuda")
+            out = m(input_ids=ids, attention_mask=mask).last_hidden_state
+            eager = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            assert out.shape == eager.shape
+            max_abs, _, bound = difference(eager, out, 64.0)
+            assert max_abs <= bound, (rows, max_abs, bound)
+    buckets = m.graph_info()["batch_buckets"]
+    assert buckets["refused"] is None and buckets["padded_calls"] == 4, buckets
