@@ -2,7 +2,9 @@
 for this model, and how traffic fits the buckets.
 
 ``wrap(model, batch_buckets=[1, 2, 4, 8, 16, 32])``: a call of 5 rows is padded to 8, replays the graph of the
-8-row signature, and gets its 5 rows back. Before the first call that is padded to a bucket, the model is proven
+8-row signature, and gets its 5 rows back. ``batch_buckets="auto"`` chooses them from the sizes seen: the power of
+two that holds each batch (a batch of 5 opens the bucket of 8, and 6 and 7 go there too) -- at most one graph per
+doubling of the batch, none for sizes never seen. Before the first call that is padded to a bucket, the model is proven
 to keep rows apart (``core.buckets.prove_rows_independent``: two different paddings, bit for bit; and the rows
 against the unpadded call). A model whose rows interact -- or whose outputs are not per row -- is refused buckets
 with one WARNING naming why, and every batch size gets its own signature, as without buckets. A batch larger than
@@ -28,6 +30,7 @@ from .core.buckets import (
 from .core.signature import FlatInputs
 
 log = logging.getLogger("launchless")
+AUTO = "auto"  # buckets chosen from the sizes seen: the powers of two that hold them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +54,8 @@ class BatchBucketing:
     """Batch buckets of one wrapped model (see the module docstring)."""
 
     def __init__(self, sizes: Any, *, name: str, tolerance_ulps: float) -> None:
-        self.sizes = check_buckets(sizes)
+        self.automatic = isinstance(sizes, str) and sizes == AUTO
+        self.sizes: tuple[int, ...] = () if self.automatic else check_buckets(sizes)
         self.name, self.tolerance_ulps = name, tolerance_ulps
         self.verdicts: dict[int, RowsVerdict] = {}  # bucket -> the proof for this model
         self.refused: RowsVerdict | None = None  # the rows interact: no call is padded any more
@@ -66,7 +70,12 @@ class BatchBucketing:
         rows = batch_rows(flat.leaves)
         if rows is None:
             return None
-        bucket = bucket_for(rows, self.sizes)
+        if self.automatic:  # the power of two that holds it (a bucket from now on)
+            bucket: int | None = 1 << (rows - 1).bit_length()
+            if bucket not in self.sizes:
+                self.sizes = tuple(sorted((*self.sizes, bucket)))
+        else:
+            bucket = bucket_for(rows, self.sizes)
         if bucket is None:
             self.calls_over += 1
             if not self._warned_over:
@@ -116,6 +125,7 @@ class BatchBucketing:
         """For ``graph_info()["batch_buckets"]``: the sizes, how calls fitted them, the proof per bucket."""
         return {
             "sizes": list(self.sizes),
+            "automatic": self.automatic,
             "exact_calls": self.exact_calls,
             "padded_calls": self.padded_calls,
             "padding_rows": self.padded_rows,

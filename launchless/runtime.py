@@ -24,7 +24,7 @@ from typing import Any, Literal
 import torch
 
 from . import state_keys
-from .batching import BatchBucketing, BucketPlan
+from .batching import AUTO, BatchBucketing, BucketPlan
 from .core import capture as _capture
 from .core.buckets import check_buckets
 from .core.cache import GraphCache, Refusal
@@ -81,10 +81,10 @@ class GraphedModule(torch.nn.Module):
         tolerance_ulps: float = 64.0,
         outputs: Literal["clone", "static"] = "clone",
         address_check: Literal["events", "full"] = "events",
-        batch_buckets: Sequence[int] | None = None,
+        batch_buckets: Sequence[int] | Literal["auto"] | None = None,
     ) -> None:
         mode = _check_mode(cuda_graph)
-        if batch_buckets is not None:
+        if batch_buckets is not None and not (isinstance(batch_buckets, str) and batch_buckets == AUTO):
             check_buckets(batch_buckets)
         check_int("capture_after", capture_after, minimum=1)
         check_int("max_graphs", max_graphs, minimum=1)
@@ -99,7 +99,7 @@ class GraphedModule(torch.nn.Module):
         self.capture_after, self.max_graphs, self.warmup = capture_after, max_graphs, warmup
         self.verify, self.tolerance_ulps, self.outputs = verify, float(tolerance_ulps), outputs
         self.address_check = address_check
-        self.batch_buckets = None if batch_buckets is None else list(batch_buckets)
+        self.batch_buckets = batch_buckets if batch_buckets is None or batch_buckets == AUTO else list(batch_buckets)
         state_keys.install(self)
         self._init_runtime()
 
@@ -710,7 +710,7 @@ def wrap(
     tolerance_ulps: float = 64.0,
     outputs: Literal["clone", "static"] = "clone",
     address_check: Literal["events", "full"] = "events",
-    batch_buckets: Sequence[int] | None = None,
+    batch_buckets: Sequence[int] | Literal["auto"] | None = None,
 ) -> GraphedModule:
     """Wrap ``model`` so inference replays verified CUDA graphs, one per input signature.
 
@@ -726,7 +726,7 @@ def wrap(
     address_check="events" | "full": how parameter relocation is noticed (see ``launchless.core.relocation``).
     batch_buckets=[1, 2, 4, 8, ...]: pad a call's batch (the first dimension its tensor inputs share) up to the
         next of these sizes and replay that size's graph, once the model is proven to keep rows apart (see
-        ``launchless.batching``); None: a graph per batch size.
+        ``launchless.batching``); "auto": the powers of two that hold the sizes seen; None: a graph per batch size.
     """
     if isinstance(model, GraphedModule):
         raise ConfigError("this model is already wrapped by launchless; use its .model to wrap again")

@@ -124,3 +124,16 @@ def test_inputs_that_do_not_share_a_batch_are_not_padded() -> None:
         lambda x, table: x + table.sum(), flatten_inputs((torch.ones(3, 2), torch.ones(5)), {}), 4
     )
     assert verdict.status is RowsVerdictStatus.NOT_PER_ROW and "share a batch" in verdict.detail
+
+
+def test_automatic_buckets_are_the_powers_of_two_that_hold_the_sizes_seen() -> None:
+    from launchless.batching import BatchBucketing
+
+    bucketing = BatchBucketing("auto", name="m", tolerance_ulps=64.0)
+    buckets = []
+    for rows in (5, 2, 7, 1, 16, 17, 6):
+        plan = bucketing.plan(flatten_inputs((torch.zeros(rows, 3),), {}))
+        buckets.append(plan.bucket)
+        assert plan.flat.leaves[0].shape == (plan.bucket, 3) and plan.rows == rows
+    assert buckets == [8, 2, 8, 1, 16, 32, 8]
+    assert bucketing.sizes == (1, 2, 8, 16, 32) and bucketing.info()["automatic"]

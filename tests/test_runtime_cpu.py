@@ -399,6 +399,9 @@ def test_a_wrapped_model_is_freed_without_a_garbage_collection() -> None:
 def test_batch_buckets_are_checked_where_wrap_is_called_and_kept_by_copies() -> None:
     with pytest.raises(ConfigError, match="batch_buckets holds \\[0\\]"):
         wrap(net().eval(), batch_buckets=[0, 4])
+    with pytest.raises(ConfigError, match="batch_buckets='auto'"):
+        wrap(net().eval(), batch_buckets="automatic")
+    assert wrap(net().eval(), batch_buckets="auto").graph_info()["batch_buckets"]["automatic"]
     m = wrap(net().eval(), batch_buckets=[8, 1, 4])
     assert m.graph_info()["batch_buckets"]["sizes"] == [1, 4, 8]
     assert copy.deepcopy(m).graph_info()["batch_buckets"]["sizes"] == [1, 4, 8]

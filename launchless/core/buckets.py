@@ -62,7 +62,7 @@ class RowsVerdict:
 
 def check_buckets(sizes: Any) -> tuple[int, ...]:
     """``batch_buckets`` as given by the user: positive whole numbers, each once; sorted. A clear error otherwise."""
-    example = "e.g. batch_buckets=[1, 2, 4, 8, 16, 32]"
+    example = "e.g. batch_buckets=[1, 2, 4, 8, 16, 32], or batch_buckets='auto' to take them from the sizes seen"
     if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
         raise ConfigError(f"batch_buckets must be a list of batch sizes, {example}; got {sizes!r}")
     if not sizes:
