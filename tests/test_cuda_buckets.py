@@ -108,3 +108,14 @@ def test_a_transformers_encoder_pads_token_ids_and_masks() -> None:
             assert max_abs <= bound, (rows, max_abs, bound)
     buckets = m.graph_info()["batch_buckets"]
     assert buckets["refused"] is None and buckets["padded_calls"] == 4, buckets
+
+
+def test_automatic_buckets_take_one_graph_per_doubling_of_the_batch() -> None:
+    model = PerRow().cuda().eval()
+    m = ll.wrap(model, capture_after=1, batch_buckets="auto")
+    with torch.no_grad():
+        for rows in (3, 5, 6, 7, 3, 8):
+            x = torch.randn(rows, 64, device="cuda")
+            assert _close(m(x), model(x), m.graph_info()["batch_buckets"]["proofs"]), rows
+    info = m.graph_info()
+    assert info["batch_buckets"]["sizes"] == [4, 8] and len(info["graphs"]) == 2, info["batch_buckets"]
