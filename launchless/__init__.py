@@ -7,6 +7,7 @@ y = m(x)                                # replays a verified graph per input sig
 
 from typing import Any
 
+from .core.budget import memory_budget, set_memory_budget
 from .diagnose.blockers import Blocker
 from .diagnose.dry_run import dry_run
 from .errors import CaptureError, ConfigError, LaunchlessError, NoCudaError, RanksDisagree, VerificationError
@@ -38,5 +39,7 @@ __all__ = [
     "dry_run",
     "explain",
     "graphed_step",
+    "memory_budget",
+    "set_memory_budget",
     "wrap",
 ]

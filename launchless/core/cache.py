@@ -23,12 +23,23 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from .budget import BUDGET, tick
 from .capture import CAPTURE_LOCK, CaptureFailed
 from .churn import ShapeChurn
 from .pool import GraphPool
 from .status import Admission, SignatureState, Stage
 
 log = logging.getLogger("launchless")
+
+
+def graph_bytes(held: Any) -> int:
+    """A held graph's memory as the budget counts it: what its capture added to PyTorch's reserved memory (a
+    captured forward, or the captured graph inside a training step's or a compiled graph's entry)."""
+    growth = getattr(held, "pool_growth", None)
+    if growth is None:
+        growth = getattr(getattr(held, "graph", None), "pool_growth", 0)
+    return int(growth or 0)
+
 
 G = TypeVar("G")  # what a policy holds per signature: a captured forward, a training step, a compiled graph's entry
 REMEMBER = 4096  # signatures counted towards capture_after, and refused ones: oldest forgotten first
@@ -102,6 +113,8 @@ class GraphCache(Generic[G]):
         self._retry: dict[Hashable, list[int]] = {}  # transient refusals: [calls left, calls to wait next time]
         self._capturing: Hashable | None = None
         self._logged: set[str] = set()
+        self.used: dict[Hashable, int] = {}  # key -> when its graph was last replayed or kept (``budget.tick``)
+        BUDGET.register(self)
 
     # ---- the call --------------------------------------------------------------------------------
     def lookup(self, key: Hashable, leaves: Sequence[Any]) -> G | None:
@@ -125,6 +138,7 @@ class GraphCache(Generic[G]):
         graph = self.graphs.get(key)
         if graph is not None:
             self.graphs.move_to_end(key)
+            self.used[key] = tick()
         return graph
 
     def admit(self, key: Hashable) -> Admission:
@@ -195,9 +209,11 @@ class GraphCache(Generic[G]):
             self._retry.pop(key, None)  # captured: a later out-of-memory refusal waits the shortest time again
             self.graphs[key] = graph
             self.reports[key] = report
+            self.used[key] = tick()
             while len(self.graphs) > self.max_graphs:
                 old, _ = self.graphs.popitem(last=False)
                 self.reports.pop(old, None)
+                self.used.pop(old, None)
                 self.evictions += 1
                 self.churn.evicted(old)
                 self.log_once(
@@ -207,6 +223,28 @@ class GraphCache(Generic[G]):
                     f"the least recently used graph (raise {self.max_graphs_hint}, or pad inputs to fewer shapes). "
                     "Shown once.",
                 )
+        BUDGET.enforce(kept=(self, key))  # outside this cache's lock: it may evict from other caches
+
+    def held(self) -> list[tuple[Hashable, int, int]]:
+        """For the memory budget: per graph held, its key, bytes (its pool growth at capture) and last use."""
+        with self.lock:
+            return [(key, graph_bytes(graph), self.used.get(key, 0)) for key, graph in self.graphs.items()]
+
+    def evict(self, key: Hashable, why: str) -> None:
+        """The memory budget evicts this graph (one WARNING per cache); it is captured again when needed."""
+        with self.lock:
+            if self.graphs.pop(key, None) is None:
+                return
+            self.reports.pop(key, None)
+            self.used.pop(key, None)
+            self.evictions += 1
+            self.pool.release_if_empty(len(self.graphs))
+            self.log_once(
+                "budget",
+                logging.WARNING,
+                f"launchless: {self.name}: evicting the least recently used graph across models: {why} "
+                "(launchless.set_memory_budget). Shown once.",
+            )
 
     def discard(self) -> None:
         """A captured graph was not kept (verification failed): its pool goes if no graph is left in it."""
@@ -237,6 +275,7 @@ class GraphCache(Generic[G]):
             dropped = len(self.graphs)
             self.graphs.clear()
             self.reports.clear()
+            self.used.clear()
             self._seen.clear()
             if forget_refusals:
                 self._refused.clear()
