@@ -7,7 +7,11 @@ import logging
 import sys
 
 from .bench.multigpu_report import SUITE as MULTIGPU
+from .bench.serving_report import SUITE as SERVING
+from .bench.serving_workloads import TRACE_CALLS
 from .bench.workloads import SUITES
+
+BENCH_ITERS = 100  # timed calls per (workload, mode) unless --iters says otherwise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,14 +27,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     bench.add_argument(
         "--suite",
-        choices=(*SUITES, MULTIGPU),
+        choices=(*SUITES, MULTIGPU, SERVING),
         default="quick",
-        help="multigpu: tensor-parallel inference and DDP training at several world sizes, groups run by torchrun",
+        help="multigpu: tensor-parallel inference and DDP training at several world sizes, groups run by torchrun; "
+        "serving: a trace of batch sizes with a graph per size against batch buckets, and generate() decoding",
     )
     bench.add_argument("--workloads", nargs="+", help="workload names (default: the suite's); see --list")
     bench.add_argument("--modes", nargs="+", help="modes to run (default: all)")
     bench.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md, bench.png")
-    bench.add_argument("--iters", type=int, default=100, help="timed calls per (workload, mode)")
+    bench.add_argument(
+        "--iters",
+        type=int,
+        help=f"timed calls per (workload, mode) (default {BENCH_ITERS}); serving suite: the calls of the trace of "
+        f"batch sizes (default {TRACE_CALLS})",
+    )
     bench.add_argument("--timeout", type=float, default=300, help="seconds one workload may take in one mode")
     bench.add_argument(
         "--gpus",
@@ -380,8 +390,12 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         from .bench.runner import merge
 
         return merge(args.merge, args.out)
+    if args.iters is None:
+        args.iters = TRACE_CALLS if args.suite == SERVING else BENCH_ITERS
     if args.suite == MULTIGPU:
         return _bench_multigpu(parser, args)
+    if args.suite == SERVING:
+        return _bench_serving(parser, args)
     if args.list:
         for w in workloads.WORKLOADS.values():
             print(f"{w.name:40s} {w.kind:9s} batch {w.batch}  suites: {', '.join(w.suites) or '(run by name)'}")
@@ -472,6 +486,49 @@ def _bench_multigpu(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         iters=args.iters,
         timeout_s=args.timeout,
         gpus=gpus,
+        device=device,
+    )
+    return 0
+
+
+def _bench_serving(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The serving suite: its own workloads and modes, a worker per mode; it runs on a CPU too (host-clock times,
+    tiny models by default), so that it can be checked anywhere."""
+    from .bench import serving, serving_workloads
+    from .bench.workloads import UnknownWorkload
+
+    if args.list:
+        print("\n".join(serving_workloads.listing()))
+        return 0
+    if args.balance_from:
+        parser.error("--balance-from deals the standard suites' workloads; the serving suite deals its own round-robin")
+    if args.iters < 1:
+        parser.error(f"--iters {args.iters}: the trace of batch sizes needs at least one call")
+    device = serving.device_type()
+    names = args.workloads or serving_workloads.default_workloads(device)
+    try:
+        serving.check_workloads(names)
+    except UnknownWorkload as exc:
+        parser.error(str(exc))
+    unknown = [m for m in args.modes or () if m not in serving_workloads.MODES]
+    if unknown:
+        parser.error(f"unknown mode(s) {', '.join(unknown)}; choose from: {', '.join(serving_workloads.MODES)}")
+    if args.gpus:
+        if device != "cuda":
+            parser.error("--gpus names GPUs and none is visible here; leave it out to run on the CPU")
+        from .bench.runner import GpusUnavailable, check_gpus
+
+        try:
+            check_gpus(args.gpus)
+        except GpusUnavailable as exc:
+            parser.error(str(exc))
+    serving.run_serving(
+        names,
+        args.modes or serving_workloads.MODES,
+        out_dir=args.out,
+        calls=args.iters,
+        timeout_s=args.timeout,
+        gpus=args.gpus,
         device=device,
     )
     return 0

@@ -1,0 +1,140 @@
+"""The batch-bucket part of the serving suite: one model serving the trace of batch sizes in one mode.
+
+Every mode serves the same model (same seed) the same trace with the same inputs, under ``torch.no_grad()``:
+
+1. eager serves the trace once: the reference outputs, and the warm-up every mode gets (kernels loaded, cuBLAS
+   and cuDNN handles made), so that what the mode's first pass adds is its own;
+2. the mode serves the trace once -- the first pass: its captures, compilations and proofs -- timed whole;
+3. the mode serves the trace again, each call timed from an idle device until its result is ready (CUDA events on a
+   GPU, the host clock on a CPU): a server that answers each request before it takes the next;
+4. the mode serves the trace a third time, each output compared with eager's.
+
+The modes: ``graph-per-size`` wraps with ``capture_after=1`` and ``max_graphs=32``, so that every size of the trace
+gets its own graph at its first call; ``buckets`` and ``buckets-auto`` wrap with ``capture_after=1`` and
+``batch_buckets`` [1, 2, 4, 8, 16, 32] or ``"auto"``; ``reduce-overhead`` is ``torch.compile(mode="reduce-overhead",
+dynamic=False)`` with ``cudagraph_mark_step_begin()`` before each call, and Dynamo's recompile limit raised to 64, so
+that every size is compiled -- at PyTorch's default of 8 the sizes after the eighth would run eager.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import launchless
+
+from .measure import _clone, _compare
+from .multigpu_worker import _synchronize
+from .serving_graphs import NOT_ON_CPU, GraphsHeld, held_by_compile, held_by_launchless, reserved_mark
+from .serving_workloads import (
+    BUCKET_MODES,
+    BUCKETS_AUTO,
+    BUCKETS_FIXED,
+    EAGER,
+    GRAPH_PER_SIZE,
+    LARGEST_BATCH,
+    REDUCE_OVERHEAD,
+    TRACE_SEED,
+    batch_trace,
+    bucket_builder,
+)
+
+BUCKET_SIZES = (1, 2, 4, 8, 16, 32)
+RECOMPILE_LIMIT = 64  # above the 32 sizes of the trace
+WRAP_OPTIONS: dict[str, dict[str, Any]] = {
+    GRAPH_PER_SIZE: {"max_graphs": LARGEST_BATCH},
+    BUCKETS_FIXED: {"batch_buckets": list(BUCKET_SIZES)},
+    BUCKETS_AUTO: {"batch_buckets": "auto"},
+}
+
+Inputs = tuple[tuple, dict]
+
+
+@dataclass(frozen=True)
+class Server:
+    """How a mode serves one call, and the wrapper that holds its graphs (launchless modes)."""
+
+    serve: Callable[[Inputs], Any]
+    wrapped: launchless.GraphedModule | None = None
+
+
+def server(mode: str, model: torch.nn.Module) -> Server:
+    if mode == EAGER:
+        return Server(lambda inputs: model(*inputs[0], **inputs[1]))
+    if mode in WRAP_OPTIONS:
+        wrapped = launchless.wrap(model, capture_after=1, **WRAP_OPTIONS[mode])
+        return Server(lambda inputs: wrapped(*inputs[0], **inputs[1]), wrapped)
+    if mode == REDUCE_OVERHEAD:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
+
+        def marked(inputs: Inputs) -> Any:
+            torch.compiler.cudagraph_mark_step_begin()
+            return compiled(*inputs[0], **inputs[1])
+
+        return Server(marked)
+    raise ValueError(f"mode {mode!r} does not serve batch buckets; buckets modes: {', '.join(BUCKET_MODES)}")
+
+
+def waited_ms(call: Callable[[], Any], *, device: torch.device) -> float:
+    """One call started with nothing queued, until its result is ready."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    began = time.perf_counter()
+    call()
+    return (time.perf_counter() - began) * 1e3
+
+
+def measure_buckets(workload: str, mode: str, *, calls: int, device: torch.device) -> dict[str, Any]:
+    """The measured fields of one buckets row (see ``serving_report``)."""
+    model, make_inputs = bucket_builder(workload)(device=device)
+    sizes = batch_trace(calls)
+    torch.manual_seed(TRACE_SEED)
+    trace = [make_inputs(rows) for rows in sizes]
+    cuda = device.type == "cuda"
+    with torch.no_grad():
+        reference = [_clone(model(*args, **kwargs)) for args, kwargs in trace]
+        mark = reserved_mark() if cuda else 0
+        began = time.perf_counter()
+        mode_server = server(mode, model)
+        for inputs in trace:
+            mode_server.serve(inputs)
+        _synchronize(device)
+        first_pass_s = time.perf_counter() - began
+        times = [waited_ms(functools.partial(mode_server.serve, inputs), device=device) for inputs in trace]
+        compared = [_compare(ref, mode_server.serve(inputs)) for ref, inputs in zip(reference, trace, strict=True)]
+    held = _held(mode, mode_server, mark) if cuda else NOT_ON_CPU
+    total_ms = sum(times)
+    return {
+        "total_ms": total_ms,
+        "median_ms": statistics.median(times),
+        "calls": calls,
+        "distinct_sizes": len(set(sizes)),
+        "first_pass_s": first_pass_s,
+        "compile_s": max(0.0, first_pass_s - total_ms / 1e3),
+        "graphs": held.graphs,
+        "graph_mem_bytes": held.bytes,
+        "identical": all(c["status"] == "bit-identical" for c in compared),
+        "max_abs_diff": max(c["max_abs_diff"] for c in compared),
+        "batch_buckets": mode_server.wrapped.graph_info()["batch_buckets"] if mode_server.wrapped else None,
+    }
+
+
+def _held(mode: str, mode_server: Server, mark: int) -> GraphsHeld:
+    if mode_server.wrapped is not None:
+        return held_by_launchless(mode_server.wrapped)
+    if mode == REDUCE_OVERHEAD:
+        return held_by_compile(mark)
+    return GraphsHeld(0, 0)  # eager

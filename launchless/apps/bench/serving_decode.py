@@ -1,0 +1,148 @@
+"""The decode part of the serving suite: greedy ``generate()`` of a causal LM in one mode.
+
+Every mode generates from the same model (same seed) and the same prompts, ``max_new_tokens`` of them greedily:
+
+1. eager generates once: the reference tokens, and the warm-up every mode gets, so that what the mode's first call
+   adds is its own;
+2. the mode generates once -- the first call, its compilation or capture included -- and then ``DECODE_RUNS`` times
+   more, each timed on the host clock up to the last token on the host (``generate()`` reads every step's tokens
+   back to decide whether to stop, so the host clock is the device's too).
+
+Each call carries a streamer that notes when the first new token reaches the host: the time to first token (the
+prompt's forward and one sampling step). The rest of the call is decoding: ``median_ms`` is a decode step (the
+median over the runs of that time over the tokens after the first), ``tokens_per_s`` the batch's tokens per second at
+that step time. ``compile_s`` is the first call's time beyond the median call.
+
+The modes: ``eager`` is ``model.generate``; ``static-compile`` is transformers' own recipe for a static KV cache with
+torch.compile (``generation_config.cache_implementation = "static"`` and ``model.forward =
+torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)``); ``launchless`` is
+``launchless.wrap(model).generate``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import transformers
+from transformers.generation.streamers import BaseStreamer
+
+import launchless
+
+from .multigpu_worker import _synchronize
+from .serving_graphs import compiled_graphs
+from .serving_workloads import DECODE_MODES, EAGER, LAUNCHLESS, STATIC_COMPILE, build_decoder, decode_workload
+
+DECODE_RUNS = 3  # timed generate() calls after the first
+
+
+class StaticCacheUnavailable(RuntimeError):
+    """The installed transformers has no static KV cache to compile decoding with."""
+
+
+class FirstTokenClock(BaseStreamer):
+    """Notes when ``generate()`` hands over its first new token: it streams the prompt first, then each step's."""
+
+    def __init__(self) -> None:
+        self.handed = 0
+        self.first_token_at: float | None = None
+
+    def put(self, value: torch.Tensor) -> None:
+        self.handed += 1
+        if self.handed == 2:
+            self.first_token_at = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Generation:
+    seconds: float
+    first_token_s: float
+    tokens: torch.Tensor  # the new tokens, (batch, new_tokens)
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How a mode generates, and the wrapper that holds its graphs (launchless)."""
+
+    generate: Callable[..., torch.Tensor]
+    wrapped: launchless.GraphedModule | None = None
+
+
+def decoding(mode: str, model: torch.nn.Module) -> Decoding:
+    if mode == EAGER:
+        return Decoding(model.generate)
+    if mode == STATIC_COMPILE:
+        if not hasattr(transformers, "StaticCache"):
+            raise StaticCacheUnavailable(
+                f"transformers {transformers.__version__} has no static KV cache (StaticCache); it came in 4.38"
+            )
+        model.generation_config.cache_implementation = "static"
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        return Decoding(model.generate)
+    if mode == LAUNCHLESS:
+        wrapped = launchless.wrap(model)
+        return Decoding(wrapped.generate, wrapped)
+    raise ValueError(f"mode {mode!r} does not decode; decode modes: {', '.join(DECODE_MODES)}")
+
+
+def generate_once(
+    generate: Callable[..., torch.Tensor], request: dict[str, Any], *, device: torch.device
+) -> Generation:
+    """One timed ``generate()``; raises when it stops short of ``max_new_tokens``."""
+    clock = FirstTokenClock()
+    _synchronize(device)
+    began = time.perf_counter()
+    output = generate(**request, streamer=clock)
+    _synchronize(device)
+    seconds = time.perf_counter() - began
+    prompt, wanted = request["input_ids"].shape[1], request["max_new_tokens"]
+    if output.shape[1] != prompt + wanted or clock.first_token_at is None:
+        raise RuntimeError(f"generate() returned {output.shape[1] - prompt} new tokens, not the {wanted} asked for")
+    return Generation(seconds, clock.first_token_at - began, output[:, prompt:])
+
+
+def first_divergence(reference: torch.Tensor, generations: list[Generation]) -> int | None:
+    """The first new-token position where any generation left the reference's tokens; None where none did."""
+    differing = [g.tokens != reference for g in generations if not torch.equal(g.tokens, reference)]
+    return min(int(d.any(dim=0).nonzero()[0]) for d in differing) if differing else None
+
+
+def measure_decode(workload: str, mode: str, *, device: torch.device) -> dict[str, Any]:
+    """The measured fields of one decode row (see ``serving_report``)."""
+    decode = decode_workload(workload)
+    model, prompt = build_decoder(decode, device=device)
+    new_tokens = decode.decoder.new_tokens
+    request = {**prompt, "max_new_tokens": new_tokens, "do_sample": False}
+    reference = generate_once(model.generate, request, device=device).tokens
+    mode_decoding = decoding(mode, model)
+    first = generate_once(mode_decoding.generate, request, device=device)
+    runs = [generate_once(mode_decoding.generate, request, device=device) for _ in range(DECODE_RUNS)]
+    step_ms = statistics.median((g.seconds - g.first_token_s) / (new_tokens - 1) * 1e3 for g in runs)
+    generate_s = statistics.median(g.seconds for g in runs)
+    divergence = first_divergence(reference, [first, *runs])
+    return {
+        "median_ms": step_ms,
+        "tokens_per_s": decode.batch * 1e3 / step_ms,
+        "ttft_ms": statistics.median(g.first_token_s for g in runs) * 1e3,
+        "generate_ms": generate_s * 1e3,
+        "first_call_s": first.seconds,
+        "compile_s": max(0.0, first.seconds - generate_s),
+        "runs": DECODE_RUNS,
+        "graphs": _graphs(mode, mode_decoding) if device.type == "cuda" else None,
+        "identical": divergence is None,
+        "first_divergence": divergence,
+    }
+
+
+def _graphs(mode: str, mode_decoding: Decoding) -> int:
+    """The CUDA graphs the mode holds on the GPU."""
+    if mode_decoding.wrapped is not None:
+        return len(mode_decoding.wrapped.graph_info()["graphs"])
+    return compiled_graphs() if mode == STATIC_COMPILE else 0

@@ -1,0 +1,417 @@
+"""Outputs of `launchless bench --suite serving`: serving.json (the record), serving.md and serving.png, all from the
+same rows so that the numbers can never disagree. Nothing here needs torch or a GPU: the report can be rebuilt from a
+saved serving.json anywhere.
+
+A row is one (workload, mode), written by that mode's worker::
+
+    {"workload": str, "part": "buckets" | "decode", "mode": str, "status": "ok" | "error", "reason": str | None,
+     "median_ms": float | None,      # buckets: the median call of the trace; decode: one decode step
+     "identical": bool | None,       # buckets: every call's outputs bit for bit eager's; decode: every token eager's
+     "compile_s": float | None,      # the first pass (buckets) or call (decode) beyond a warm one: compilation,
+                                     # capture, proofs
+     "graphs": int | None,           # CUDA graphs the mode holds (None on a CPU)
+     "wall_s": float,
+     # buckets
+     "total_ms": float | None,       # the whole trace, each call waited for
+     "calls": int | None, "distinct_sizes": int | None,
+     "first_pass_s": float | None,   # the first pass over the trace
+     "graph_mem_bytes": int | None,  # the memory the graphs hold (None on a CPU)
+     "max_abs_diff": float | None,   # the largest difference from eager over the trace
+     "batch_buckets": dict | None,   # graph_info()["batch_buckets"] of the bucket modes
+     # decode
+     "batch": int, "prompt_tokens": int, "new_tokens": int,
+     "tokens_per_s": float | None,   # the batch's new tokens per second while decoding: batch x 1000 / median_ms
+     "ttft_ms": float | None,        # time to the first new token on the host (median over the runs)
+     "generate_ms": float | None,    # a whole generate() call (median over the runs)
+     "first_call_s": float | None, "runs": int | None,
+     "first_divergence": int | None} # the first new-token position that left eager's tokens
+
+The targets, judged from the rows: a bucket mode serves the trace at 0.9x the speed of graph-per-size or better
+while its graphs hold at most a quarter of graph-per-size's memory; launchless decodes at batch 1 at least as many
+tokens per second as static-compile with at most a fifth of its start-up time (``compile_s``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .report import _MISSING, _md_table, _ms, _one_line, _x, header_line
+from .serving_workloads import (
+    BUCKETS,
+    BUCKETS_AUTO,
+    BUCKETS_FIXED,
+    DECODE,
+    GRAPH_PER_SIZE,
+    LAUNCHLESS,
+    PART_TITLES,
+    STATIC_COMPILE,
+)
+from .stats import ordered_modes
+
+Row = Mapping[str, Any]
+
+SUITE = "serving"
+BUCKET_SPEED_AT_LEAST = 0.9  # of graph-per-size's speed over the trace
+BUCKET_MEMORY_AT_MOST = 0.25  # of graph-per-size's graph memory
+BUCKET_JUDGED = (BUCKETS_FIXED, BUCKETS_AUTO)
+DECODE_TOKENS_AT_LEAST = 1.0  # of static-compile's tokens per second
+DECODE_COMPILE_AT_MOST = 0.2  # of static-compile's start-up time
+DECODE_JUDGED_BATCH = 1
+
+
+def _measured(value: Any) -> float | None:
+    """A measured amount: a finite number, zero or more (no graph memory, no start-up time); else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
+def _positive(value: Any) -> float | None:
+    """A measured amount that can be divided by (and drawn on a log scale): above zero; else None."""
+    amount = _measured(value)
+    return amount if amount else None
+
+
+def _ratio(numerator: Any, denominator: Any) -> float | None:
+    top, bottom = _measured(numerator), _positive(denominator)
+    return top / bottom if top is not None and bottom is not None else None
+
+
+class _View:
+    """The rows digested once: lookup and the ratios shared by the Markdown, the JSON summary and the chart."""
+
+    def __init__(self, rows: Sequence[Row]) -> None:
+        self.rows = list(rows)
+        self.by_key = {(str(r["workload"]), str(r["mode"])): r for r in self.rows}
+
+    def part_rows(self, part: str) -> list[Row]:
+        return [r for r in self.rows if r.get("part") == part]
+
+    def ok(self, workload: str, mode: str) -> Row | None:
+        row = self.by_key.get((workload, mode))
+        return row if row is not None and row.get("status") == "ok" else None
+
+    def _against(self, row: Row, baseline: str, key: str, *, baseline_over_row: bool) -> float | None:
+        base = self.ok(str(row["workload"]), baseline)
+        if base is None or row.get("status") != "ok":
+            return None
+        return _ratio(base.get(key), row.get(key)) if baseline_over_row else _ratio(row.get(key), base.get(key))
+
+    def speed_vs_graph_per_size(self, row: Row) -> float | None:
+        """Graph-per-size's time over the trace over this mode's (above 1 is faster)."""
+        return self._against(row, GRAPH_PER_SIZE, "total_ms", baseline_over_row=True)
+
+    def memory_vs_graph_per_size(self, row: Row) -> float | None:
+        """This mode's graph memory over graph-per-size's."""
+        return self._against(row, GRAPH_PER_SIZE, "graph_mem_bytes", baseline_over_row=False)
+
+    def tokens_vs_static_compile(self, row: Row) -> float | None:
+        """This mode's tokens per second over static-compile's (above 1 is faster)."""
+        return self._against(row, STATIC_COMPILE, "tokens_per_s", baseline_over_row=False)
+
+    def compile_vs_static_compile(self, row: Row) -> float | None:
+        """This mode's start-up time (``compile_s``) over static-compile's."""
+        return self._against(row, STATIC_COMPILE, "compile_s", baseline_over_row=False)
+
+    def ratios(self) -> dict[str, dict[str, dict[str, dict[str, float | None]]]]:
+        """{part: {workload: {mode: {ratio name: value}}}} for every row."""
+        result: dict[str, dict[str, dict[str, dict[str, float | None]]]] = {BUCKETS: {}, DECODE: {}}
+        for row in self.rows:
+            workload, mode, part = str(row["workload"]), str(row["mode"]), str(row["part"])
+            if part == BUCKETS:
+                ratios = {
+                    "speed_vs_graph_per_size": self.speed_vs_graph_per_size(row),
+                    "memory_vs_graph_per_size": self.memory_vs_graph_per_size(row),
+                }
+            else:
+                ratios = {
+                    "tokens_per_s_vs_static_compile": self.tokens_vs_static_compile(row),
+                    "compile_s_vs_static_compile": self.compile_vs_static_compile(row),
+                }
+            result[part].setdefault(workload, {})[mode] = ratios
+        return {part: per for part, per in result.items() if per}
+
+    def verdicts(self) -> list[dict[str, Any]]:
+        """Each judged row against its target: ``met`` True or False, or None where the rows cannot tell (a row
+        missing or failed, memory not measured); ``detail`` says what was measured, or why it cannot be judged."""
+        judged = [r for r in self.part_rows(BUCKETS) if r["mode"] in BUCKET_JUDGED]
+        judged += [
+            r for r in self.part_rows(DECODE) if r["mode"] == LAUNCHLESS and r.get("batch") == DECODE_JUDGED_BATCH
+        ]
+        return [self._bucket_verdict(r) if r["part"] == BUCKETS else self._decode_verdict(r) for r in judged]
+
+    def _bucket_verdict(self, row: Row) -> dict[str, Any]:
+        speed, memory = self.speed_vs_graph_per_size(row), self.memory_vs_graph_per_size(row)
+        why = self._unjudged(row, GRAPH_PER_SIZE)
+        if why is None and speed is None:
+            why = "no time over the trace to compare"
+        if why is None and memory is None:
+            baseline = self.ok(str(row["workload"]), GRAPH_PER_SIZE) or {}
+            unmeasured = row.get("graph_mem_bytes") is None or baseline.get("graph_mem_bytes") is None
+            why = "graph memory not measured (no CUDA graphs on a CPU)" if unmeasured else "graph-per-size holds none"
+        if why is not None:
+            return _verdict(row, None, f"not judged: {why}")
+        assert speed is not None and memory is not None
+        met = speed >= BUCKET_SPEED_AT_LEAST and memory <= BUCKET_MEMORY_AT_MOST
+        detail = (
+            f"{_x(speed)} the speed of graph-per-size (target ≥ {_x(BUCKET_SPEED_AT_LEAST)}), "
+            f"{_x(memory)} its graph memory (target ≤ {_x(BUCKET_MEMORY_AT_MOST)})"
+        )
+        return _verdict(row, met, detail)
+
+    def _decode_verdict(self, row: Row) -> dict[str, Any]:
+        tokens, start_up = self.tokens_vs_static_compile(row), self.compile_vs_static_compile(row)
+        why = self._unjudged(row, STATIC_COMPILE)
+        if why is None and (tokens is None or start_up is None):
+            why = "no tokens per second or start-up time to compare"
+        if why is not None:
+            return _verdict(row, None, f"not judged: {why}")
+        assert tokens is not None and start_up is not None
+        met = tokens >= DECODE_TOKENS_AT_LEAST and start_up <= DECODE_COMPILE_AT_MOST
+        detail = (
+            f"{_x(tokens)} the tokens per second of static-compile (target ≥ {_x(DECODE_TOKENS_AT_LEAST)}), "
+            f"{_x(start_up)} its start-up time (target ≤ {_x(DECODE_COMPILE_AT_MOST)})"
+        )
+        return _verdict(row, met, detail)
+
+    def _unjudged(self, row: Row, baseline: str) -> str | None:
+        """Why ``row`` cannot be set against ``baseline``, or None when both ran."""
+        if row.get("status") != "ok":
+            return "it did not run"
+        if self.ok(str(row["workload"]), baseline) is None:
+            return f"{baseline} did not run"
+        return None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "targets": {
+                BUCKETS: {
+                    "modes": list(BUCKET_JUDGED),
+                    "speed_vs_graph_per_size_at_least": BUCKET_SPEED_AT_LEAST,
+                    "memory_vs_graph_per_size_at_most": BUCKET_MEMORY_AT_MOST,
+                },
+                DECODE: {
+                    "mode": LAUNCHLESS,
+                    "batch": DECODE_JUDGED_BATCH,
+                    "tokens_per_s_vs_static_compile_at_least": DECODE_TOKENS_AT_LEAST,
+                    "compile_s_vs_static_compile_at_most": DECODE_COMPILE_AT_MOST,
+                },
+            },
+            "verdicts": self.verdicts(),
+            "ratios": self.ratios(),
+        }
+
+
+def _verdict(row: Row, met: bool | None, detail: str) -> dict[str, Any]:
+    return {"workload": row["workload"], "part": row["part"], "mode": row["mode"], "met": met, "detail": detail}
+
+
+# --- Markdown -------------------------------------------------------------------------------------------------
+
+
+def _mib(size: Any) -> str:
+    return _MISSING if size is None else f"{size / 2**20:.1f}"
+
+
+def _seconds(value: Any) -> str:
+    return _MISSING if value is None else f"{value:.3g}"
+
+
+def _count(value: Any) -> str:
+    return _MISSING if value is None else str(value)
+
+
+def _identical_cell(row: Row) -> str:
+    """``=`` bit-identical to eager; buckets ``≠ 2.4e-07`` (the largest difference), decode ``≠ from token 5``."""
+    if row.get("status") != "ok" or row.get("identical") is None:
+        return _MISSING
+    if row["identical"]:
+        return "="
+    if row["part"] == DECODE:
+        return f"≠ from token {row.get('first_divergence')}"
+    diff = row.get("max_abs_diff")
+    return "≠" if diff is None else f"≠ {diff:.1e}"
+
+
+def _buckets_table(view: _View) -> list[str]:
+    header = ["workload", "mode", "trace ms", "median ms", "× graph-per-size speed", "graph MiB"]
+    header += ["× graph-per-size memory", "graphs", "compile s", "identical"]
+    body = []
+    for row in view.part_rows(BUCKETS):
+        ok = row.get("status") == "ok"
+        body.append(
+            [
+                f"`{row['workload']}`",
+                str(row["mode"]),
+                _ms(row.get("total_ms")) if ok else str(row.get("status")),
+                _ms(row.get("median_ms")),
+                _x(view.speed_vs_graph_per_size(row)),
+                _mib(row.get("graph_mem_bytes")),
+                _x(view.memory_vs_graph_per_size(row)),
+                _count(row.get("graphs")),
+                _seconds(row.get("compile_s")),
+                _identical_cell(row),
+            ]
+        )
+    return _md_table(header, body)
+
+
+def _decode_table(view: _View) -> list[str]:
+    header = ["workload", "batch", "mode", "tokens/s", "ms / step", "TTFT ms", "× static-compile tokens/s"]
+    header += ["compile s", "× static-compile compile", "graphs", "identical"]
+    body = []
+    for row in view.part_rows(DECODE):
+        ok = row.get("status") == "ok"
+        tokens = row.get("tokens_per_s")
+        body.append(
+            [
+                f"`{row['workload']}`",
+                _count(row.get("batch")),
+                str(row["mode"]),
+                (f"{tokens:.1f}" if tokens is not None else _MISSING) if ok else str(row.get("status")),
+                _ms(row.get("median_ms")),
+                _ms(row.get("ttft_ms")),
+                _x(view.tokens_vs_static_compile(row)),
+                _seconds(row.get("compile_s")),
+                _x(view.compile_vs_static_compile(row)),
+                _count(row.get("graphs")),
+                _identical_cell(row),
+            ]
+        )
+    return _md_table(header, body)
+
+
+def _notes(environment: Mapping[str, Any]) -> dict[str, str]:
+    trace = environment.get("trace") or {}
+    trace_line = (
+        f"The trace: {trace.get('calls')} calls of batch sizes drawn with {trace.get('law')} (seed "
+        f"{trace.get('seed')}; {trace.get('distinct_sizes')} distinct sizes, {trace.get('rows')} rows in all). "
+        if trace
+        else ""
+    )
+    return {
+        BUCKETS: trace_line + "Each call waited for (CUDA events; the host clock on a CPU), after a first pass over "
+        "the trace. × graph-per-size speed: its trace time over this one's (above 1 is faster); × graph-per-size "
+        "memory: this mode's graph memory over its. Compile s: the first pass's time beyond the timed pass's.",
+        DECODE: "Greedy generate(); ms / step: a decode step after the first token (median over the runs); tokens/s: "
+        "the batch's tokens per second at that step; TTFT: time to the first new token. × static-compile: "
+        "tokens per second over static-compile's (above 1 is faster), and start-up time over its. Compile s: the "
+        "first call's time beyond the median call's.",
+    }
+
+
+def _target_lines(view: _View) -> list[str]:
+    lines = [
+        f"Buckets: a bucket mode ({', '.join(BUCKET_JUDGED)}) serves the trace at ≥ {_x(BUCKET_SPEED_AT_LEAST)} the "
+        f"speed of graph-per-size with ≤ {_x(BUCKET_MEMORY_AT_MOST)} its graph memory. Decode: launchless at batch "
+        f"{DECODE_JUDGED_BATCH} decodes ≥ {_x(DECODE_TOKENS_AT_LEAST)} the tokens per second of static-compile with "
+        f"≤ {_x(DECODE_COMPILE_AT_MOST)} its start-up time.",
+        "",
+    ]
+    words = {True: "**met**", False: "**not met**", None: "not judged"}
+    verdicts = view.verdicts()
+    for verdict in verdicts:
+        detail = str(verdict["detail"]).removeprefix("not judged: ")
+        lines.append(f"- `{verdict['workload']}` · {verdict['mode']}: {words[verdict['met']]}: {detail}")
+    return lines if verdicts else [*lines, "- no row to judge: the judged modes did not run"]
+
+
+def _environment_line(environment: Mapping[str, Any]) -> str:
+    parts = [f"device {environment.get('device', 'n/a')}"]
+    parts += [f"{name} {environment[name]}" for name in ("transformers", "timm") if environment.get(name)]
+    return " · ".join(parts)
+
+
+def markdown(environment: Mapping[str, Any], rows: Sequence[Row]) -> str:
+    """A table per part, the targets judged from the rows, the failures."""
+    view = _View(rows)
+    notes = _notes(environment)
+    lines = [f"# launchless bench: {SUITE}", "", header_line(environment), "", _environment_line(environment)]
+    tables = {BUCKETS: _buckets_table, DECODE: _decode_table}
+    for part, title in PART_TITLES.items():
+        if view.part_rows(part):
+            lines += ["", f"## {title}", "", notes[part], "", *tables[part](view)]
+    lines += ["", "## Targets", "", *_target_lines(view), "", "## Failed", ""]
+    failed = [r for r in view.rows if r.get("status") != "ok"]
+    lines += [f"- `{r['workload']}` · {r['mode']}: {_one_line(r.get('reason'))}" for r in failed] or [
+        "- none: every workload ran in every mode of its part"
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# --- chart ----------------------------------------------------------------------------------------------------
+
+_CHART = {
+    BUCKETS: ("total_ms", "trace ms (log scale, lower is faster)"),
+    DECODE: ("tokens_per_s", "tokens / s (log scale, higher is faster)"),
+}
+
+
+def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any]) -> Any:
+    """Bars on a log scale: the trace's time per bucket workload and mode, tokens per second per decode workload
+    and mode; a mode that did not run leaves a gap in its slot. Returns the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: only `bench` needs matplotlib
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    view = _View(rows)
+    parts = [p for p in PART_TITLES if view.part_rows(p)]
+    workloads = {p: list(dict.fromkeys(str(r["workload"]) for r in view.part_rows(p))) for p in parts}
+    width = max(7.0, 3.0 + 1.5 * max((len(w) for w in workloads.values()), default=1))
+    fig = Figure(figsize=(width, 4.2 * max(1, len(parts))), dpi=120)
+    FigureCanvasAgg(fig)
+    where = " · ".join(str(environment[k]) for k in ("gpu", "date") if environment.get(k))
+    fig.suptitle(f"launchless bench: {SUITE}" + (f"\n{where}" if where else ""), fontsize=10)
+    if not parts:
+        fig.text(0.5, 0.5, "no rows", ha="center", va="center")
+    for i, part in enumerate(parts):
+        key, label = _CHART[part]
+        ax = fig.add_subplot(len(parts), 1, i + 1)
+        part_modes = ordered_modes(view.part_rows(part))
+        bar = 0.8 / len(part_modes)
+        for j, mode in enumerate(part_modes):
+            xs, heights = [], []
+            for g, workload in enumerate(workloads[part]):
+                row = view.ok(workload, mode)
+                value = _positive(row.get(key)) if row is not None else None
+                if value is not None:
+                    xs.append(g - 0.4 + (j + 0.5) * bar)
+                    heights.append(value)
+            bars = ax.bar(xs, heights, width=bar, color=f"C{j % 10}", label=mode)
+            ax.bar_label(bars, labels=[_ms(h) for h in heights], fontsize=6)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_ylabel(label)
+        ax.set_title(PART_TITLES[part], fontsize=9)
+        ax.set_xticks(range(len(workloads[part])))
+        ax.set_xticklabels(workloads[part], fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return fig
+
+
+# --- all outputs ----------------------------------------------------------------------------------------------
+
+
+def write_all(out_dir: str | Path, environment: Mapping[str, Any], rows: Sequence[Row]) -> dict[str, Path]:
+    """serving.json, serving.md and serving.png in ``out_dir``; returns {"json", "md", "png"}: path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "serving.json", "md": out / "serving.md", "png": out / "serving.png"}
+    doc = {
+        "environment": dict(environment),
+        "suite": SUITE,
+        "rows": [dict(r) for r in rows],
+        "summary": _View(rows).summary(),
+    }
+    paths["json"].write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    paths["md"].write_text(markdown(environment, rows), encoding="utf-8")
+    chart(paths["png"], rows, environment)
+    return paths
