@@ -1,0 +1,341 @@
+"""CPU tests of `launchless bench --suite serving`: the suite end to end through the command line with the MLP on a
+short trace and a tiny GPT-2 generating a few tokens (on a CPU the launchless modes run eager: rows are written and
+compared with eager all the same), transformers' static-cache compile recipe in its own worker, workers that crash or
+fail, the trace, and the report from synthetic rows. Expected ratios are recomputed here from the rows' numbers,
+never copied from the code's output."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from launchless.apps import cli
+from launchless.apps.bench import serving, serving_report
+from launchless.apps.bench.serving_decode import Generation, first_divergence
+from launchless.apps.bench.serving_workloads import batch_trace
+
+MLP = "buckets:mlp"
+GPT2 = "decode:gpt2-tiny@b1"
+CRASHING = "buckets:test_bench_serving:crashing_model"
+FAILING = "buckets:test_bench_serving:failing_model"
+COMMON_FIELDS = {
+    "workload",
+    "part",
+    "mode",
+    "status",
+    "reason",
+    "median_ms",
+    "identical",
+    "compile_s",
+    "graphs",
+    "wall_s",
+}
+BUCKET_FIELDS = COMMON_FIELDS | {
+    "total_ms",
+    "calls",
+    "distinct_sizes",
+    "first_pass_s",
+    "graph_mem_bytes",
+    "max_abs_diff",
+    "batch_buckets",
+}
+DECODE_FIELDS = COMMON_FIELDS | {
+    "batch",
+    "prompt_tokens",
+    "new_tokens",
+    "tokens_per_s",
+    "ttft_ms",
+    "generate_ms",
+    "first_call_s",
+    "runs",
+    "first_divergence",
+}
+
+
+# --- builders the workers load by name ------------------------------------------------------------------------
+
+
+def crashing_model(*, device: torch.device) -> None:
+    """The worker dies outright, as a segfault or an out-of-memory kill would end it."""
+    os._exit(3)
+
+
+def failing_model(*, device: torch.device) -> None:
+    raise ValueError("this model cannot be built")
+
+
+@pytest.fixture
+def on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command line runs the suite on the CPU, whatever this machine has."""
+    monkeypatch.setattr(serving, "device_type", lambda: "cpu")
+
+
+@pytest.fixture
+def importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workers can import this module (they start with the runner's environment)."""
+    here = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p))
+
+
+# --- the suite, end to end ------------------------------------------------------------------------------------
+
+
+def test_the_suite_runs_end_to_end_on_cpu_through_the_command_line(tmp_path: Path, on_cpu: None) -> None:
+    modes = ["eager", "graph-per-size", "buckets", "buckets-auto", "launchless"]
+    argv = ["bench", "--suite", "serving", "--workloads", MLP, GPT2, "--modes", *modes]
+    argv += ["--iters", "10", "--timeout", "120", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    doc = json.loads((tmp_path / "serving.json").read_text())
+    assert doc["suite"] == "serving"
+    environment = doc["environment"]
+    assert environment["device"] == "cpu" and environment["torch"] == torch.__version__
+    trace = batch_trace(10)
+    assert environment["trace"]["calls"] == 10 and environment["trace"]["rows"] == sum(trace)
+    rows = doc["rows"]
+    expected = [(MLP, m) for m in ("eager", "graph-per-size", "buckets", "buckets-auto")]
+    expected += [(GPT2, "eager"), (GPT2, "launchless")]
+    assert [(r["workload"], r["mode"]) for r in rows] == expected  # each workload only in its part's modes
+    for row in rows:
+        assert row["status"] == "ok", row
+        assert set(row) == (BUCKET_FIELDS if row["part"] == "buckets" else DECODE_FIELDS)
+        assert row["identical"] is True and row["compile_s"] >= 0 and row["graphs"] is None  # no CUDA graphs here
+    for row in rows[:4]:  # on a CPU every launchless mode runs eager: bit for bit eager's outputs
+        assert row["calls"] == 10 and row["distinct_sizes"] == len(set(trace))
+        assert 0 < row["median_ms"] <= row["total_ms"] and row["first_pass_s"] > 0
+        assert row["max_abs_diff"] == 0.0 and row["graph_mem_bytes"] is None
+    by_mode = {r["mode"]: r for r in rows[:4]}
+    assert by_mode["buckets"]["batch_buckets"]["sizes"] == [1, 2, 4, 8, 16, 32]
+    assert by_mode["buckets-auto"]["batch_buckets"]["automatic"] is True
+    assert by_mode["eager"]["batch_buckets"] is None and by_mode["graph-per-size"]["batch_buckets"] is None
+    for row in rows[4:]:
+        assert row["batch"] == 1 and row["new_tokens"] == 4 and row["runs"] == 3
+        assert row["tokens_per_s"] == pytest.approx(1e3 / row["median_ms"])
+        assert 0 < row["ttft_ms"] < row["generate_ms"] and row["first_divergence"] is None
+
+    md = (tmp_path / "serving.md").read_text()
+    assert "## Batch buckets" in md and "## Decode" in md and "device cpu" in md
+    assert f"- `{MLP}` · buckets: not judged: graph memory not measured (no CUDA graphs on a CPU)" in md
+    assert f"- `{GPT2}` · launchless: not judged: static-compile did not run" in md
+    assert "- none: every workload ran in every mode of its part" in md
+    png = (tmp_path / "serving.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+
+
+def test_static_compile_runs_transformers_recipe_in_a_worker_of_its_own(tmp_path: Path) -> None:
+    (row,) = serving.run_mode("static-compile", [GPT2], calls=1, device="cpu", timeout_s=240, out=tmp_path)
+    assert row["status"] == "ok", row
+    assert row["tokens_per_s"] > 0 and row["identical"] is True  # greedy tokens survive the compiled forward
+    assert row["compile_s"] > 0.5  # a cold torch.compile of the forward, in the worker's fresh caches
+
+
+def test_a_worker_that_crashes_or_a_model_that_fails_costs_one_workload(tmp_path: Path, importable: None) -> None:
+    names = [CRASHING, MLP, FAILING, GPT2]
+    paths = serving.run_serving(names, ["eager"], out_dir=tmp_path, calls=4, timeout_s=60, device="cpu")
+    rows = json.loads(paths["json"].read_text())["rows"]
+    assert [(r["workload"], r["status"]) for r in rows] == [
+        (CRASHING, "error"),
+        (MLP, "ok"),
+        (FAILING, "error"),
+        (GPT2, "ok"),
+    ]
+    assert "the worker exited with code 3" in rows[0]["reason"] and "worker-eager.log" in rows[0]["reason"]
+    assert rows[2]["reason"] == "ValueError: this model cannot be built"
+    assert set(rows[0]) == BUCKET_FIELDS and rows[0]["total_ms"] is None
+    assert rows[1]["total_ms"] > 0 and rows[3]["tokens_per_s"] > 0
+    md = paths["md"].read_text()
+    assert f"- `{FAILING}` · eager: ValueError: this model cannot be built" in md
+
+
+# --- the trace and the token check ----------------------------------------------------------------------------
+
+
+def test_the_trace_is_seeded_and_skewed_towards_small_batches() -> None:
+    trace = batch_trace(4000)
+    assert trace == batch_trace(4000) and trace[:200] == batch_trace(200)
+    assert set(trace) == set(range(1, 33))
+    harmonic = sum(1 / k for k in range(1, 33))
+    counts = Counter(trace)
+    for size in (1, 2, 8, 32):  # P(size = k) = (1/k) / H_32
+        assert counts[size] / len(trace) == pytest.approx(1 / size / harmonic, abs=0.02), size
+    assert batch_trace(200, seed=1) != batch_trace(200)
+
+
+def test_the_first_divergence_is_the_earliest_new_token_that_left_eagers() -> None:
+    reference = torch.tensor([[5, 6, 7, 8], [1, 2, 3, 4]])
+
+    def generation(tokens: list[list[int]]) -> Generation:
+        return Generation(seconds=1.0, first_token_s=0.1, tokens=torch.tensor(tokens))
+
+    same = generation([[5, 6, 7, 8], [1, 2, 3, 4]])
+    assert first_divergence(reference, [same, same]) is None
+    late, early = generation([[5, 6, 7, 9], [1, 2, 3, 4]]), generation([[5, 6, 7, 8], [1, 0, 3, 4]])
+    assert first_divergence(reference, [same, late]) == 3
+    assert first_divergence(reference, [late, early, same]) == 1
+
+
+# --- the report from synthetic rows ---------------------------------------------------------------------------
+
+RESNET, BERT = "buckets:resnet18@64", "buckets:distilbert-tiny"
+GPT2_B1, LLAMA_B1, GPT2_B8 = "decode:gpt2-124m@b1", "decode:llama-850m@b1", "decode:gpt2-124m@b8"
+MIB = 2**20
+
+
+def _bucket_row(workload: str, mode: str, total_ms: float | None, memory_mib: float | None) -> dict:
+    ok = total_ms is not None
+    return {
+        "workload": workload,
+        "part": "buckets",
+        "mode": mode,
+        "status": "ok" if ok else "error",
+        "reason": None if ok else "the worker exited with code 1",
+        "median_ms": total_ms / 10 if ok else None,
+        "identical": mode != "reduce-overhead" if ok else None,
+        "compile_s": 0.5 if ok else None,
+        "graphs": 3 if ok else None,
+        "total_ms": total_ms,
+        "calls": 10,
+        "distinct_sizes": 6,
+        "first_pass_s": 1.0,
+        "graph_mem_bytes": None if memory_mib is None else int(memory_mib * MIB),
+        "max_abs_diff": 2.5e-7 if mode == "reduce-overhead" else 0.0,
+        "batch_buckets": None,
+        "wall_s": 2.0,
+    }
+
+
+def _decode_row(workload: str, mode: str, tokens_per_s: float, compile_s: float) -> dict:
+    return {
+        "workload": workload,
+        "part": "decode",
+        "mode": mode,
+        "status": "ok",
+        "reason": None,
+        "median_ms": 1e3 / tokens_per_s,
+        "identical": mode != "static-compile",
+        "compile_s": compile_s,
+        "graphs": 0,
+        "batch": int(workload.rsplit("@b", 1)[1]),
+        "prompt_tokens": 64,
+        "new_tokens": 128,
+        "tokens_per_s": tokens_per_s,
+        "ttft_ms": 12.0,
+        "generate_ms": 300.0,
+        "first_call_s": compile_s + 0.3,
+        "runs": 3,
+        "first_divergence": None if mode != "static-compile" else 17,
+        "wall_s": 9.0,
+    }
+
+
+# (workload, mode) -> trace ms and graph MiB; None time = an error row
+BUCKET_NUMBERS = {
+    (RESNET, "eager"): (300.0, 0.0),
+    (RESNET, "graph-per-size"): (100.0, 800.0),
+    (RESNET, "buckets"): (105.0, 150.0),
+    (RESNET, "buckets-auto"): (125.0, 100.0),
+    (RESNET, "reduce-overhead"): (90.0, 1000.0),
+    (BERT, "graph-per-size"): (None, None),
+    (BERT, "buckets"): (40.0, 20.0),
+}
+# (workload, mode) -> tokens per second and compile seconds
+DECODE_NUMBERS = {
+    (GPT2_B1, "eager"): (200.0, 0.0),
+    (GPT2_B1, "static-compile"): (500.0, 40.0),
+    (GPT2_B1, "launchless"): (550.0, 4.0),
+    (LLAMA_B1, "static-compile"): (300.0, 60.0),
+    (LLAMA_B1, "launchless"): (250.0, 2.0),
+    (GPT2_B8, "static-compile"): (2000.0, 45.0),
+    (GPT2_B8, "launchless"): (1000.0, 5.0),
+}
+
+
+def _rows() -> list[dict]:
+    rows = [_bucket_row(w, m, total, memory) for (w, m), (total, memory) in BUCKET_NUMBERS.items()]
+    return rows + [_decode_row(w, m, tokens, compile_s) for (w, m), (tokens, compile_s) in DECODE_NUMBERS.items()]
+
+
+def test_the_report_sets_each_mode_against_its_parts_baseline_and_judges_the_targets(tmp_path: Path) -> None:
+    environment = {"date": "2026-12-01T00:00:00+00:00", "gpu": "NVIDIA H200", "torch": "2.14.1", "device": "cuda"}
+    environment["trace"] = {"calls": 200, "law": "P(size = k) proportional to 1/k", "seed": 0}
+    paths = serving_report.write_all(tmp_path, environment, _rows())
+    summary = json.loads(paths["json"].read_text())["summary"]
+    buckets = summary["ratios"]["buckets"][RESNET]
+    for (workload, mode), (total, memory) in BUCKET_NUMBERS.items():
+        if workload == RESNET:  # graph-per-size's time over this one's; this one's memory over graph-per-size's
+            assert buckets[mode] == pytest.approx(
+                {"speed_vs_graph_per_size": 100.0 / total, "memory_vs_graph_per_size": memory / 800.0}
+            ), mode
+    assert summary["ratios"]["buckets"][BERT]["buckets"] == {
+        "speed_vs_graph_per_size": None,
+        "memory_vs_graph_per_size": None,
+    }
+    decode = summary["ratios"]["decode"]
+    assert decode[GPT2_B1]["launchless"] == pytest.approx(
+        {"tokens_per_s_vs_static_compile": 550.0 / 500.0, "compile_s_vs_static_compile": 4.0 / 40.0}
+    )
+    assert decode[GPT2_B8]["launchless"] == pytest.approx(
+        {"tokens_per_s_vs_static_compile": 1000.0 / 2000.0, "compile_s_vs_static_compile": 5.0 / 45.0}
+    )
+
+    verdicts = {(v["workload"], v["mode"]): v for v in summary["verdicts"]}
+    judged = [(RESNET, "buckets"), (RESNET, "buckets-auto"), (BERT, "buckets")]
+    judged += [(GPT2_B1, "launchless"), (LLAMA_B1, "launchless")]  # batch 8 is compared, not judged
+    assert sorted(verdicts) == sorted(judged)
+    assert verdicts[(RESNET, "buckets")]["met"] is True  # 100/105 >= 0.9 and 150/800 <= 0.25
+    assert verdicts[(RESNET, "buckets-auto")]["met"] is False  # 100/125 = 0.8 < 0.9
+    assert verdicts[(BERT, "buckets")]["met"] is None
+    assert verdicts[(GPT2_B1, "launchless")]["met"] is True  # 550/500 >= 1 and 4/40 <= 0.2
+    assert verdicts[(LLAMA_B1, "launchless")]["met"] is False  # 250/300 < 1
+
+    md = paths["md"].read_text()
+    speed, memory = f"{100 / 105:.2f}×", f"{150 / 800:.2f}×"
+    assert f"| `{RESNET}` | buckets | 105 | 10.5 | {speed} | 150.0 | {memory} | 3 | 0.5 | = |" in md
+    reduce_overhead = f"{100 / 90:.2f}× | 1000.0 | {1000 / 800:.2f}×"
+    assert f"| `{RESNET}` | reduce-overhead | 90.0 | 9.00 | {reduce_overhead} | 3 | 0.5 | ≠ 2.5e-07 |" in md
+    assert f"| `{RESNET}` | eager | 300 | 30.0 | {100 / 300:.2f}× | 0.0 | {0 / 800:.2f}× | 3 | 0.5 | = |" in md
+    assert f"| `{BERT}` | graph-per-size | error |" in md
+    launchless = f"550.0 | {1e3 / 550:.2f} | 12.0 | {550 / 500:.2f}× | 4 | {4 / 40:.2f}×"
+    assert f"| `{GPT2_B1}` | 1 | launchless | {launchless} | 0 | = |" in md
+    static_compile = "500.0 | 2.00 | 12.0 | 1.00× | 40 | 1.00×"  # the baseline against itself
+    assert f"| `{GPT2_B1}` | 1 | static-compile | {static_compile} | 0 | ≠ from token 17 |" in md
+    assert f"- `{RESNET}` · buckets: **met**: {speed} the speed of graph-per-size (target ≥ 0.90×), {memory}" in md
+    assert f"- `{RESNET}` · buckets-auto: **not met**: {100 / 125:.2f}× the speed of graph-per-size" in md
+    assert f"- `{BERT}` · buckets: not judged: graph-per-size did not run" in md
+    assert f"- `{LLAMA_B1}` · launchless: **not met**: {250 / 300:.2f}× the tokens per second of static-compile" in md
+    assert f"- `{BERT}` · graph-per-size: the worker exited with code 1" in md
+    assert paths["png"].read_bytes().startswith(b"\x89PNG")
+
+
+# --- the command line -----------------------------------------------------------------------------------------
+
+
+def test_the_serving_command_line_refuses_what_cannot_run(capsys: pytest.CaptureFixture[str], on_cpu: None) -> None:
+    bad = [
+        (["--workloads", "mlp"], "start with 'buckets:'"),
+        (["--workloads", "buckets:vgg"], "unknown batch-bucket workload 'buckets:vgg'"),
+        (["--workloads", "buckets:no_such_module:build"], "cannot load the builder"),
+        (["--workloads", "decode:gpt2-huge@b1"], "unknown decode workload 'decode:gpt2-huge@b1'"),
+        (["--workloads", "decode:gpt2-tiny@b0"], "the batch must be 1 or more"),
+        (["--modes", "hand-graph"], "unknown mode(s) hand-graph"),
+        (["--iters", "0"], "needs at least one call"),
+        (["--balance-from", "bench.json"], "--balance-from deals the standard suites' workloads"),
+        (["--gpus", "0"], "--gpus names GPUs and none is visible here"),
+    ]
+    for extra, message in bad:
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["bench", "--suite", "serving", "--workloads", MLP, *extra])
+        assert exc.value.code == 2 and message in capsys.readouterr().err, extra
+
+
+def test_the_serving_list_names_the_parts_workloads_and_modes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "--suite", "serving", "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert "buckets:resnet18@64" in listed and "buckets:package.module:function" in listed
+    assert "decode:llama-850m@b<batch>" in listed
+    assert "buckets modes: eager, graph-per-size, buckets, buckets-auto, reduce-overhead" in listed
+    assert "decode modes: eager, static-compile, launchless" in listed
