@@ -65,6 +65,7 @@ class Server:
 
 
 def server(mode: str, model: torch.nn.Module) -> Server:
+    """``model`` served as ``mode`` serves it (see the module docstring); nothing runs until the first call."""
     if mode == EAGER:
         return Server(lambda inputs: model(*inputs[0], **inputs[1]))
     if mode in WRAP_OPTIONS:

@@ -5,8 +5,8 @@ Every mode generates from the same model (same seed) and the same prompts, ``max
 1. eager generates once: the reference tokens, and the warm-up every mode gets, so that what the mode's first call
    adds is its own;
 2. the mode generates once -- the first call, its compilation or capture included -- and then ``DECODE_RUNS`` times
-   more, each timed on the host clock up to the last token on the host (``generate()`` reads every step's tokens
-   back to decide whether to stop, so the host clock is the device's too).
+   more, each timed on the host clock until its tokens are on the host (every step's tokens go to the host, to the
+   streamer below, so the host waits for the device at each step and its clock is the device's too).
 
 Each call carries a streamer that notes when the first new token reaches the host: the time to first token (the
 prompt's forward and one sampling step). The rest of the call is decoding: ``median_ms`` is a decode step (the
@@ -76,6 +76,8 @@ class Decoding:
 
 
 def decoding(mode: str, model: torch.nn.Module) -> Decoding:
+    """``model``'s ``generate()`` as ``mode`` runs it (see the module docstring); raises ``StaticCacheUnavailable``
+    for static-compile where transformers has no static cache, which the worker reports as an error row."""
     if mode == EAGER:
         return Decoding(model.generate)
     if mode == STATIC_COMPILE:
