@@ -40,13 +40,13 @@ def _build(w: BenchWorkload) -> zoo.Workload:
     return zoo.build(w.zoo, batch=w.batch, device="cuda")
 
 
-def _compare(reference: Any, output: Any) -> dict:
+def compare_outputs(reference: Any, output: Any) -> dict:
     if identical(reference, output):
         return {"status": "bit-identical", "max_abs_diff": 0.0}
     return {"status": "differs", "max_abs_diff": difference(reference, output, 0.0)[0]}
 
 
-def _clone(tree: Any) -> Any:
+def clone_outputs(tree: Any) -> Any:
     from torch.utils._pytree import tree_map
 
     return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, tree)
@@ -60,7 +60,7 @@ def measure(w: BenchWorkload, mode: str, iters: int) -> dict:
     with grad:
         if w.kind == "inference":
             args, kwargs = built.args, built.kwargs
-            reference = _clone(built.model(*args, **kwargs))
+            reference = clone_outputs(built.model(*args, **kwargs))
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
@@ -71,7 +71,7 @@ def measure(w: BenchWorkload, mode: str, iters: int) -> dict:
         prepared.call()
         torch.cuda.synchronize()
         row["first_call_ms"] = (time.perf_counter() - start) * 1e3
-        output = _clone(prepared.call())
+        output = clone_outputs(prepared.call())
         timing = cuda_time(prepared.call, warmup=5, iters=iters)
         row.update(median_ms=timing.median_ms, min_ms=timing.min_ms, calls=timing.calls)
         row["latency_ms"] = cuda_latency(prepared.call, warmup=0, iters=iters).median_ms
@@ -82,8 +82,8 @@ def measure(w: BenchWorkload, mode: str, iters: int) -> dict:
             row["graphs"] = prepared.details()
     if w.kind == "inference":
         row["correctness"] = (
-            {"status": "reference", "max_abs_diff": 0.0} if mode == "eager" else _compare(reference, output)
+            {"status": "reference", "max_abs_diff": 0.0} if mode == "eager" else compare_outputs(reference, output)
         )
     else:
-        row["correctness"] = _compare(training.eager_loss_after(w, prepared.steps_in_prepare + 2), output)
+        row["correctness"] = compare_outputs(training.eager_loss_after(w, prepared.steps_in_prepare + 2), output)
     return row

@@ -55,7 +55,7 @@ def hand_graph(fn: Callable[..., Any], args: tuple, kwargs: dict, warmup: int = 
     return replay
 
 
-def _compiled(model: torch.nn.Module, mode: str) -> torch.nn.Module:
+def compiled_model(model: torch.nn.Module, mode: str) -> torch.nn.Module:
     import torch._inductor.config as inductor_config
 
     if mode == "compile":
@@ -68,7 +68,7 @@ def inference(mode: str, model: torch.nn.Module, args: tuple, kwargs: dict) -> P
     if mode == "eager":
         return Prepared(lambda: model(*args, **kwargs))
     if mode in ("compile", "reduce-overhead"):
-        compiled = _compiled(model, mode)
+        compiled = compiled_model(model, mode)
         if mode == "compile":
             return Prepared(lambda: compiled(*args, **kwargs))
 

@@ -43,9 +43,9 @@ from torch.utils._pytree import tree_map
 from ...core.collectives import wait_outputs
 from ...timing import Timing, cuda_latency, cuda_time
 from . import modes
-from .measure import _compare
+from .measure import compare_outputs
 from .multigpu_report import DDP_TRAINING, TP_INFERENCE
-from .training import TrainingSetup, _classify_loss, train_step
+from .training import TrainingSetup, classify_loss, train_step
 from .worker import one_line, release
 from .workloads import UnknownWorkload
 
@@ -216,16 +216,16 @@ def join_group(device_type: str) -> torch.device:
     return torch.device("cpu")
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def _lockstep(device: torch.device) -> None:
     """Every rank here, with no work queued: what a timing loop starts from."""
-    _synchronize(device)
+    synchronize_device(device)
     dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)
-    _synchronize(device)
+    synchronize_device(device)
 
 
 def host_time(fn: Callable[[], object], *, warmup: int, iters: int) -> Timing:
@@ -249,11 +249,11 @@ def _timed(
     _lockstep(device)
     began = time.perf_counter()
     out = call()
-    _synchronize(device)
+    synchronize_device(device)
     first_call_s = time.perf_counter() - began
     for _ in range(WARMUP_CALLS):
         out = call()
-    _synchronize(device)
+    synchronize_device(device)
     warmup_s = time.perf_counter() - began
     checked = checkpoint(out)
     back_to_back, waited = (cuda_time, cuda_latency) if device.type == "cuda" else (host_time, host_time)
@@ -298,7 +298,7 @@ def tp_inference(workload: str, mode: str, *, device: torch.device, iters: int) 
         # a sharded forward may return before its last all-reduce has landed: a call ends when its output is usable
         measured, output = _timed(lambda: wait_outputs(prepared.call()), device=device, iters=iters, checkpoint=_local)
     measured["graphs"] = prepared.details() if prepared.details is not None else None
-    measured["correctness"] = None if mode == "eager" else _compare(reference, output)
+    measured["correctness"] = None if mode == "eager" else compare_outputs(reference, output)
     return measured
 
 
@@ -319,7 +319,7 @@ def ddp_setup(workload: str, device: torch.device) -> TrainingSetup:
     model, batch = ddp_builder(workload)(device=device, batch=BATCH_PER_RANK, seed=dist.get_rank())
     ddp = _ddp(model.train(), device)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-    return TrainingSetup(ddp, optimizer, batch, _classify_loss)
+    return TrainingSetup(ddp, optimizer, batch, classify_loss)
 
 
 def _parameters(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -332,7 +332,7 @@ def ddp_training(workload: str, mode: str, *, device: torch.device, iters: int) 
     if mode == "eager":
         step = train_step(setup, setup.model)
     elif mode == "reduce-overhead":
-        step = train_step(setup, modes._compiled(setup.model, mode), mark=True)
+        step = train_step(setup, modes.compiled_model(setup.model, mode), mark=True)
     elif mode == "launchless":
         import launchless
 
@@ -347,7 +347,10 @@ def ddp_training(workload: str, mode: str, *, device: torch.device, iters: int) 
     if graphed is not None:
         info = graphed.graph_info()
         measured["graphs"] = {"level": info["level"], "eager_reason": info["eager_reason"]}
-    measured["correctness"] = None if mode == "eager" else _compare(eager_parameters(workload, device), parameters)
+    if mode != "eager":
+        measured["correctness"] = compare_outputs(eager_parameters(workload, device), parameters)
+    else:
+        measured["correctness"] = None
     return measured
 
 

@@ -29,8 +29,8 @@ import torch
 
 import launchless
 
-from .measure import _clone, _compare
-from .multigpu_worker import _synchronize
+from .measure import clone_outputs, compare_outputs
+from .multigpu_worker import synchronize_device
 from .serving_graphs import NOT_ON_CPU, GraphsHeld, held_by_compile, held_by_launchless, reserved_mark
 from .serving_workloads import (
     BUCKET_MODES,
@@ -106,16 +106,17 @@ def measure_buckets(workload: str, mode: str, *, calls: int, device: torch.devic
     trace = [make_inputs(rows) for rows in sizes]
     cuda = device.type == "cuda"
     with torch.no_grad():
-        reference = [_clone(model(*args, **kwargs)) for args, kwargs in trace]
+        reference = [clone_outputs(model(*args, **kwargs)) for args, kwargs in trace]
         mark = reserved_mark() if cuda else 0
         began = time.perf_counter()
         mode_server = server(mode, model)
         for inputs in trace:
             mode_server.serve(inputs)
-        _synchronize(device)
+        synchronize_device(device)
         first_pass_s = time.perf_counter() - began
         times = [waited_ms(functools.partial(mode_server.serve, inputs), device=device) for inputs in trace]
-        compared = [_compare(ref, mode_server.serve(inputs)) for ref, inputs in zip(reference, trace, strict=True)]
+        pairs = zip(reference, trace, strict=True)
+        compared = [compare_outputs(ref, mode_server.serve(inputs)) for ref, inputs in pairs]
     held = _held(mode, mode_server, mark) if cuda else NOT_ON_CPU
     total_ms = sum(times)
     return {

@@ -33,7 +33,7 @@ from transformers.generation.streamers import BaseStreamer
 
 import launchless
 
-from .multigpu_worker import _synchronize
+from .multigpu_worker import synchronize_device
 from .serving_graphs import compiled_graphs
 from .serving_workloads import DECODE_MODES, EAGER, LAUNCHLESS, STATIC_COMPILE, build_decoder, decode_workload
 
@@ -99,10 +99,10 @@ def generate_once(
 ) -> Generation:
     """One timed ``generate()``; raises when it stops short of ``max_new_tokens``."""
     clock = FirstTokenClock()
-    _synchronize(device)
+    synchronize_device(device)
     began = time.perf_counter()
     output = generate(**request, streamer=clock)
-    _synchronize(device)
+    synchronize_device(device)
     seconds = time.perf_counter() - began
     prompt, wanted = request["input_ids"].shape[1], request["max_new_tokens"]
     if output.shape[1] != prompt + wanted or clock.first_token_at is None:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import zoo
-from .modes import ModeUnavailable, Prepared, _compiled
+from .modes import ModeUnavailable, Prepared, compiled_model
 from .workloads import BenchWorkload
 
 LossFn = Callable[[Callable[..., Any], tuple], torch.Tensor]
@@ -33,7 +33,7 @@ class TrainingSetup:
     amp: str | None = None
 
 
-def _classify_loss(model: Callable[..., Any], batch: tuple) -> torch.Tensor:
+def classify_loss(model: Callable[..., Any], batch: tuple) -> torch.Tensor:
     x, y = batch
     return F.cross_entropy(model(x), y)
 
@@ -70,7 +70,7 @@ def setup(w: BenchWorkload) -> TrainingSetup:
     (x,) = built.args
     y = torch.randint(0, 1000, (x.shape[0],), generator=generator).to(x.device)
     lr = 0.01 if w.optimizer == "sgd" else 1e-3
-    return TrainingSetup(model, _optimizer(model, w.optimizer, lr), (x, y), _classify_loss, None, w.amp)
+    return TrainingSetup(model, _optimizer(model, w.optimizer, lr), (x, y), classify_loss, None, w.amp)
 
 
 def train_step(s: TrainingSetup, model: Callable[..., Any], *, mark: bool = False, schedule: bool = True):
@@ -124,7 +124,7 @@ def training(mode: str, s: TrainingSetup) -> Prepared:
         step = train_step(s, s.model)
         return Prepared(lambda: step(*s.batch))
     if mode in ("compile", "reduce-overhead"):
-        step = train_step(s, _compiled(s.model, mode), mark=mode == "reduce-overhead")
+        step = train_step(s, compiled_model(s.model, mode), mark=mode == "reduce-overhead")
         return Prepared(lambda: step(*s.batch))
     if mode == "hand-graph":
         return _hand_graph(s)
