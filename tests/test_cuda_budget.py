@@ -40,3 +40,13 @@ def test_two_models_share_one_budget_least_recently_used_first() -> None:
             assert ll.memory_budget()["held_bytes"] <= held["held_bytes"] // 2 or len(a.graph_info()["graphs"]) == 1
     finally:
         ll.set_memory_budget(None)
+
+
+def test_doctor_says_what_the_wrapped_models_graphs_hold(capsys) -> None:
+    pytest.importorskip("timm")
+    from launchless.apps import cli
+
+    assert cli.main(["doctor", "--model", "timm:resnet18"]) == 0
+    said = capsys.readouterr().out
+    assert "launchless.wrap(model) ('auto'): whole graph; its graphs hold" in said, said
+    assert "(no memory budget set)" in said

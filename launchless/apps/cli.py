@@ -231,6 +231,7 @@ def _runtime_line(workload) -> str:
     """What the run-time wrapper does with the model: whole graph, split (pieces, share) or eager (why)."""
     import torch
 
+    from ..core.budget import memory_budget
     from ..runtime import wrap
     from .bench.graphs import describe_runtime, runtime_summary
 
@@ -240,6 +241,12 @@ def _runtime_line(workload) -> str:
             args, kwargs = workload.inputs()
             wrapped(*args, **kwargs)
     line = describe_runtime(runtime_summary(wrapped.graph_info()))
+    budget = memory_budget()
+    held = budget["by_model"].get(wrapped._name(), 0)
+    limit = budget["limit_bytes"]
+    line += f"; its graphs hold {held / 2**20:.1f} MiB" + (
+        f" of the {limit / 2**20:.0f} MiB memory budget" if limit is not None else " (no memory budget set)"
+    )
     wrapped.release_graphs()
     return line
 
