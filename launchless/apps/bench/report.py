@@ -383,7 +383,6 @@ def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any])
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: only `bench` needs matplotlib
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     view = _View(rows)
     baseline, speedups = stats.EAGER, view.vs_eager
@@ -445,10 +444,7 @@ def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any])
         limit_label = "_nolegend_"
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
 
-    ax.set_yscale("log")
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}×"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
+    log_axis(ax, unit="×")
     low, high = min(values), max(values)
     ax.set_ylim(low / 1.6, high * 1.6)
     ax.set_ylabel(f"speed-up over {baseline} (×, log scale)")
@@ -461,6 +457,36 @@ def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any])
     fig.tight_layout()
     fig.savefig(path, format="png")
     return fig
+
+
+def log_axis(ax: Any, *, unit: str = "") -> None:
+    """A log-scale y axis labelled at 1, 2 and 5 of each decade (``unit`` after each number), no minor labels: the
+    one look of every bench chart."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}{unit}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def write_suite_report(
+    out_dir: str | Path,
+    name: str,
+    *,
+    document: Mapping[str, Any],
+    markdown_text: str,
+    draw: Callable[[Path], Any],
+) -> dict[str, Path]:
+    """``<name>.json`` (``document``), ``<name>.md`` and ``<name>.png`` (``draw(path)``) in ``out_dir``, created if
+    needed; returns {"json", "md", "png"}: path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / f"{name}.json", "md": out / f"{name}.md", "png": out / f"{name}.png"}
+    paths["json"].write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    paths["md"].write_text(markdown_text, encoding="utf-8")
+    draw(paths["png"])
+    return paths
 
 
 # --- all outputs ----------------------------------------------------------------------------------------------

@@ -33,13 +33,12 @@ tokens per second as static-compile with at most a fifth of its start-up time (`
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .report import _MISSING, _md_table, _ms, _one_line, _x, header_line
+from .report import _MISSING, _md_table, _ms, _one_line, _x, header_line, log_axis, write_suite_report
 from .serving_workloads import (
     BUCKETS,
     BUCKETS_AUTO,
@@ -356,7 +355,6 @@ def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any])
     and mode; a mode that did not run leaves a gap in its slot. Returns the figure."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: only `bench` needs matplotlib
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     view = _View(rows)
     parts = [p for p in PART_TITLES if view.part_rows(p)]
@@ -383,10 +381,7 @@ def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any])
                     heights.append(value)
             bars = ax.bar(xs, heights, width=bar, color=f"C{j % 10}", label=mode)
             ax.bar_label(bars, labels=[_ms(h) for h in heights], fontsize=6)
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
+        log_axis(ax)
         ax.set_ylabel(label)
         ax.set_title(PART_TITLES[part], fontsize=9)
         ax.set_xticks(range(len(workloads[part])))
@@ -402,16 +397,16 @@ def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any])
 
 def write_all(out_dir: str | Path, environment: Mapping[str, Any], rows: Sequence[Row]) -> dict[str, Path]:
     """serving.json, serving.md and serving.png in ``out_dir``; returns {"json", "md", "png"}: path."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "serving.json", "md": out / "serving.md", "png": out / "serving.png"}
-    doc = {
+    document = {
         "environment": dict(environment),
         "suite": SUITE,
         "rows": [dict(r) for r in rows],
         "summary": _View(rows).summary(),
     }
-    paths["json"].write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    paths["md"].write_text(markdown(environment, rows), encoding="utf-8")
-    chart(paths["png"], rows, environment)
-    return paths
+    return write_suite_report(
+        out_dir,
+        "serving",
+        document=document,
+        markdown_text=markdown(environment, rows),
+        draw=lambda path: chart(path, rows, environment),
+    )
