@@ -62,6 +62,8 @@ log = logging.getLogger("launchless")
 WHOLE_STEP = "whole-step graph"
 FORWARD_BACKWARD = "forward+backward graph, eager optimizer"
 LOCAL_BACKWARD = "forward+backward graph, eager all-reduce and optimizer"  # DistributedDataParallel only
+LEVELS = (WHOLE_STEP, FORWARD_BACKWARD)  # tried in this order
+DDP_LEVELS = (*LEVELS, LOCAL_BACKWARD)
 NOISE_FACTOR = 4.0  # a replay may differ from eager by this multiple of the largest eager-vs-eager difference
 NOISE_RUNS = 8  # eager reruns at most to measure that difference (two at least)
 LOCKSTEP_RUNS = 3  # eager reruns every rank of a distributed step makes, whatever its replay showed
@@ -319,7 +321,7 @@ class GraphedStep:
     ) -> Any:
         """The next level is tried once DDP's bucket rebuild is behind (after the wait of a passing refusal), not in
         this call: a graph captured before it would read buckets the rebuild frees."""
-        self._next_level[sig] = (WHOLE_STEP, FORWARD_BACKWARD, LOCAL_BACKWARD).index(next_level)
+        self._next_level[sig] = DDP_LEVELS.index(next_level)
         self._whole_step_refused[sig] = whole_reason
         why = f"{outcome['reason']}; the {next_level} is tried after DDP has rebuilt its gradient buckets"
         self._cache.refuse(
@@ -355,7 +357,7 @@ class GraphedStep:
             if not self._params:
                 self._params = [p for p in self.model.parameters() if p.requires_grad]
             whole_reason = self._whole_step_refused.pop(sig, "")
-            levels = (WHOLE_STEP, FORWARD_BACKWARD, LOCAL_BACKWARD) if self._groups else (WHOLE_STEP, FORWARD_BACKWARD)
+            levels = DDP_LEVELS if self._groups else LEVELS
             start = self._next_level.pop(sig, 0)
             for index, level in enumerate(levels[start:], start):
                 entry, outcome = self._try_level(level, flat)
