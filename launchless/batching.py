@@ -27,7 +27,7 @@ from .core.buckets import (
     prove_rows_independent,
     slice_rows,
 )
-from .core.signature import FlatInputs
+from .core.signature import FlatInputs, Signature, signature_of
 
 log = logging.getLogger("launchless")
 AUTO = "auto"  # buckets chosen from the sizes seen: the powers of two that hold them
@@ -35,15 +35,21 @@ AUTO = "auto"  # buckets chosen from the sizes seen: the powers of two that hold
 
 @dataclasses.dataclass(frozen=True)
 class BucketPlan:
-    """One call's way through a bucket: its rows, the bucket, and its inputs padded to it."""
+    """One call's way through a bucket: its rows, the bucket, the call's own inputs and the bucket's signature."""
 
     rows: int
     bucket: int
-    flat: FlatInputs
+    flat: FlatInputs  # the call as given
+    signature: Signature  # the call's inputs padded to the bucket
 
     @property
     def padded(self) -> bool:
         return self.rows < self.bucket
+
+    def padded_flat(self) -> FlatInputs:
+        """The call's inputs padded to the bucket (new tensors: for a capture or a proof; a replay writes the rows
+        straight into the graph's own input buffers instead)."""
+        return self.flat._replace(leaves=pad_rows(self.flat.leaves, self.bucket)) if self.padded else self.flat
 
     def take_rows(self, outputs: Any) -> Any:
         """The call's own rows of the bucket's outputs."""
@@ -61,21 +67,20 @@ class BatchBucketing:
         self.refused: RowsVerdict | None = None  # the rows interact: no call is padded any more
         self.padded_calls = self.padded_rows = self.exact_calls = self.calls_over = 0
         self._warned_over = False
+        self._plans: dict[Signature, tuple[int | None, int | None, Signature | None]] = {}  # per call signature
 
-    def plan(self, flat: FlatInputs) -> BucketPlan | None:
-        """The bucket this call goes to, its inputs padded; None where the call keeps its own signature (no batch
-        dimension shared by the inputs, larger than every bucket, or buckets refused for this model)."""
+    def plan(self, flat: FlatInputs, signature: Signature) -> BucketPlan | None:
+        """The bucket this call goes to; None where the call keeps its own signature (no batch dimension shared by
+        the inputs, larger than every bucket, or buckets refused for this model). ``signature`` is the call's own:
+        the bucket and its signature are worked out once per signature, not per call."""
         if self.refused is not None:
             return None
-        rows = batch_rows(flat.leaves)
+        known = self._plans.get(signature)
+        if known is None:
+            known = self._plans[signature] = self._new_plan(flat)
+        rows, bucket, padded_signature = known
         if rows is None:
             return None
-        if self.automatic:  # the power of two that holds it (a bucket from now on)
-            bucket: int | None = 1 << (rows - 1).bit_length()
-            if bucket not in self.sizes:
-                self.sizes = tuple(sorted((*self.sizes, bucket)))
-        else:
-            bucket = bucket_for(rows, self.sizes)
         if bucket is None:
             self.calls_over += 1
             if not self._warned_over:
@@ -88,19 +93,32 @@ class BatchBucketing:
                     self.sizes[-1],
                 )
             return None
-        if bucket == rows:
-            return BucketPlan(rows, bucket, flat)
-        return BucketPlan(rows, bucket, flat._replace(leaves=pad_rows(flat.leaves, bucket)))
+        return BucketPlan(rows, bucket, flat, padded_signature or signature)
 
-    def proven(self, plan: BucketPlan, fn: Callable[..., Any], flat: FlatInputs) -> bool:
+    def _new_plan(self, flat: FlatInputs) -> tuple[int | None, int | None, Signature | None]:
+        """(rows, bucket, the padded inputs' signature) of a call signature seen for the first time."""
+        rows = batch_rows(flat.leaves)
+        if rows is None:
+            return None, None, None
+        if self.automatic:  # the power of two that holds it (a bucket from now on)
+            bucket: int | None = 1 << (rows - 1).bit_length()
+            if bucket not in self.sizes:
+                self.sizes = tuple(sorted((*self.sizes, bucket)))
+        else:
+            bucket = bucket_for(rows, self.sizes)
+        if bucket is None or bucket == rows:
+            return rows, bucket, None
+        return rows, bucket, signature_of(flat._replace(leaves=pad_rows(flat.leaves, bucket)))
+
+    def proven(self, plan: BucketPlan, fn: Callable[..., Any]) -> bool:
         """Whether padding to ``plan.bucket`` is proven safe for this model (proven now, at the first padded call of
-        that bucket, on this call's own inputs ``flat``). A refusal stops all padding, with one WARNING."""
+        that bucket, on this call's own inputs). A refusal stops all padding, with one WARNING."""
         if not plan.padded:
             return True
         verdict = self.verdicts.get(plan.bucket)
         if verdict is None:
             verdict = self.verdicts[plan.bucket] = prove_rows_independent(
-                fn, flat, plan.bucket, tolerance_ulps=self.tolerance_ulps
+                fn, plan.flat, plan.bucket, tolerance_ulps=self.tolerance_ulps
             )
         if not verdict.independent:
             self.refused = verdict

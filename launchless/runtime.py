@@ -181,16 +181,16 @@ class GraphedModule(torch.nn.Module):
                 args,
                 kwargs,
             )
-        if self._bucketing is not None and self._watch.cuda_device is not None:
-            plan = self._bucketing.plan(flat)
-            if plan is not None:
-                out = self._bucketed(plan, flat, args, kwargs)
-                if out is not _OWN_SIGNATURE:
-                    return out
         try:
             sig = signature_of(flat)
         except UnhashableInput as exc:
             return self._eager(str(exc), args, kwargs)
+        if self._bucketing is not None and self._watch.cuda_device is not None:
+            plan = self._bucketing.plan(flat, sig)
+            if plan is not None:
+                out = self._bucketed(plan, args, kwargs)
+                if out is not _OWN_SIGNATURE:
+                    return out
         graph = cache.get(sig)
         if graph is not None:
             if graph.host_sources is not None and graph.host_sources.changed():
@@ -207,29 +207,31 @@ class GraphedModule(torch.nn.Module):
                 return self._run_split(sig, flat)
         return self._run_eager(args, kwargs)
 
-    def _bucketed(self, plan: BucketPlan, flat: FlatInputs, args: tuple, kwargs: dict) -> Any:
-        """A call through its batch bucket: the bucket's graph replayed on the padded inputs and the call's rows
-        taken back; eager on the call as given while the bucket's signature waits or is refused.
-        ``_OWN_SIGNATURE`` when the call must go its own way (padding not proven safe for this model)."""
-        try:
-            sig = signature_of(plan.flat)
-        except UnhashableInput:
-            return _OWN_SIGNATURE
+    def _bucketed(self, plan: BucketPlan, args: tuple, kwargs: dict) -> Any:
+        """A call through its batch bucket: the bucket's graph replayed with the call's rows written into the first
+        rows of its input buffers, and the call's rows of its outputs taken back; eager on the call as given while
+        the bucket's signature waits or is refused. ``_OWN_SIGNATURE`` when the call must go its own way (padding
+        not proven safe for this model).
+
+        The buffers' other rows keep rows of earlier calls (or of the padded call captured): real inputs, which the
+        proof showed cannot reach the call's rows."""
         cache, bucketing = self._cache, self._bucketing
-        graph = cache.get(sig)
+        graph = cache.get(plan.signature)
         if graph is not None and not (graph.host_sources is not None and graph.host_sources.changed()):
-            if not bucketing.proven(plan, self._target(), flat):
+            if not bucketing.proven(plan, self._target()):
                 return _OWN_SIGNATURE
             bucketing.count(plan)
-            return plan.take_rows(self._replay(graph, plan.flat.leaves))
-        admission = cache.admit(sig) if self.cuda_graph == "auto" else self._admit_now(sig)
+            if graph.aliases:  # an output that is an input: it must be the padded input, as the graph returns it
+                return plan.take_rows(self._replay(graph, plan.padded_flat().leaves))
+            return plan.take_rows(self._replay(graph, plan.flat.leaves, rows=plan.rows))
+        admission = cache.admit(plan.signature) if self.cuda_graph == "auto" else self._admit_now(plan.signature)
         if admission is Admission.CAPTURE:
-            if not bucketing.proven(plan, self._target(), flat):
+            if not bucketing.proven(plan, self._target()):
                 return _OWN_SIGNATURE
             bucketing.count(plan)
-            return plan.take_rows(self._capture_and_run(sig, plan.flat, explicit=False))
+            return plan.take_rows(self._capture_and_run(plan.signature, plan.padded_flat(), explicit=False))
         if admission is Admission.REFUSED and self.cuda_graph is True:
-            raise cache.refusal(sig).error
+            raise cache.refusal(plan.signature).error
         return self._run_eager(args, kwargs)
 
     def _admit_now(self, sig: Signature) -> Admission:
@@ -240,12 +242,13 @@ class GraphedModule(torch.nn.Module):
             return Admission.CAPTURE
         return Admission.REFUSED
 
-    def _replay(self, graph: _capture.CapturedGraph, leaves: list) -> Any:
+    def _replay(self, graph: _capture.CapturedGraph, leaves: list, *, rows: int | None = None) -> Any:
+        """``rows``: the leaves fill only the first rows of the graph's input buffers (a batch bucket)."""
         with self._cache.lock:
             self._order_streams(graph)
             if self.outputs == "clone":
-                return graph.replay_cloned(leaves)
-            return graph.replay(leaves)
+                return graph.replay_cloned(leaves, rows=rows)
+            return graph.replay(leaves, rows=rows)
 
     def _order_streams(self, graph: _capture.CapturedGraph) -> None:
         """Static buffers are shared: a replay on another stream must wait for the previous one."""

@@ -19,7 +19,7 @@ from launchless.core.buckets import (
     prove_rows_independent,
     slice_rows,
 )
-from launchless.core.signature import flatten_inputs
+from launchless.core.signature import flatten_inputs, signature_of
 
 
 def test_buckets_are_checked_and_sorted_with_errors_that_name_the_fix() -> None:
@@ -132,8 +132,10 @@ def test_automatic_buckets_are_the_powers_of_two_that_hold_the_sizes_seen() -> N
     bucketing = BatchBucketing("auto", name="m", tolerance_ulps=64.0)
     buckets = []
     for rows in (5, 2, 7, 1, 16, 17, 6):
-        plan = bucketing.plan(flatten_inputs((torch.zeros(rows, 3),), {}))
+        flat = flatten_inputs((torch.zeros(rows, 3),), {})
+        plan = bucketing.plan(flat, signature_of(flat))
         buckets.append(plan.bucket)
-        assert plan.flat.leaves[0].shape == (plan.bucket, 3) and plan.rows == rows
+        assert plan.padded_flat().leaves[0].shape == (plan.bucket, 3) and plan.rows == rows
+        assert plan.flat is flat  # the call's own inputs: a replay writes them into the graph's buffers
     assert buckets == [8, 2, 8, 1, 16, 32, 8]
     assert bucketing.sizes == (1, 2, 8, 16, 32) and bucketing.info()["automatic"]

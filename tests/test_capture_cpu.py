@@ -310,6 +310,22 @@ def test_several_inputs_are_loaded_in_one_multi_tensor_launch(monkeypatch) -> No
     assert calls == [2] and torch.equal(out, a.sum() + b.sum())
 
 
+def test_a_call_padded_to_a_bucket_fills_only_its_rows_of_the_input_buffers() -> None:
+    def fn(x: torch.Tensor, ids: torch.Tensor):
+        return x * 2 + ids[:, None]
+
+    static_in = [torch.zeros(8, 3), torch.zeros(8, dtype=torch.int64)]
+    graph = RecomputingGraph(fn, static_in, fn(*static_in))
+    g = CapturedGraph(graph, static_in, [0, 1], graph.static_outputs, capture_ms=0.0, pool_growth=0)  # type: ignore[arg-type]
+    full = [torch.randn(8, 3), torch.arange(8)]
+    g.replay([t.clone() for t in full])
+    x, ids = torch.randn(5, 3), torch.arange(5) + 10
+    with torch.no_grad():
+        out = g.replay_cloned([x, ids], rows=5)
+    assert torch.equal(out[:5], x * 2 + ids[:, None])
+    assert torch.equal(out[5:], full[0][5:] * 2 + full[1][5:, None])  # the other rows keep the earlier call's inputs
+
+
 @pytest.mark.parametrize("enabled", [True, False])
 def test_no_collection_during_a_capture_and_the_collector_is_left_as_found(enabled: bool) -> None:
     import gc

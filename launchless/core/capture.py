@@ -159,30 +159,36 @@ class CapturedGraph:
         self.speed: Any = None  # a chain's timing against eager (the policy's ``SpeedVerdict``)
         self.collective_groups: list[Any] = []  # process groups its collectives run over (``collectives``)
 
-    def load(self, leaves: list) -> None:
+    def load(self, leaves: list, *, rows: int | None = None) -> None:
         """Copy new inputs into the static buffers, in one multi-tensor launch where there are several; a static
         buffer passed back in is not copied. A host input is copied before the call returns, as eager's own
-        ``.to(device)`` does: a caller may refill its (pinned) buffer right after the call."""
-        pairs = [(static, leaves[i]) for i, static in self.slot_buffers if leaves[i] is not static]
+        ``.to(device)`` does: a caller may refill its (pinned) buffer right after the call. ``rows``: the inputs
+        fill only that many first rows of each buffer (a call padded to a batch bucket; see ``batching``)."""
+        if rows is None:
+            pairs = [(static, leaves[i]) for i, static in self.slot_buffers if leaves[i] is not static]
+            host = [(static, leaves[i]) for i, static in self.host_buffers]
+        else:
+            pairs = [(static[:rows], leaves[i]) for i, static in self.slot_buffers]
+            host = [(static[:rows], leaves[i]) for i, static in self.host_buffers]
         if len(pairs) > 1 and not torch.is_grad_enabled():  # _foreach_copy_ has no autograd formula
             dsts, srcs = zip(*pairs, strict=True)
             torch._foreach_copy_(list(dsts), list(srcs), non_blocking=True)
         else:
             for static, src in pairs:
                 static.copy_(src, non_blocking=True)
-        for i, static in self.host_buffers:
-            static.copy_(leaves[i])  # blocking: the host buffer may be reused as soon as the call returns
+        for static, src in host:
+            static.copy_(src)  # blocking: the host buffer may be reused as soon as the call returns
 
-    def replay(self, leaves: list) -> Any:
+    def replay(self, leaves: list, *, rows: int | None = None) -> Any:
         """Replay on new inputs and return the graph's own output buffers (overwritten next replay)."""
-        self.load(leaves)
+        self.load(leaves, rows=rows)
         self.graph.replay()
         self.replays += 1
         return self.outputs
 
-    def replay_cloned(self, leaves: list) -> Any:
+    def replay_cloned(self, leaves: list, *, rows: int | None = None) -> Any:
         """Replay and return copies of the outputs that the next replay cannot overwrite."""
-        self.load(leaves)
+        self.load(leaves, rows=rows)
         self.graph.replay()
         self.replays += 1
         return self.fresh_outputs(leaves)
