@@ -119,6 +119,37 @@ def test_padding_is_proven_safe_only_where_rows_do_not_interact(model: nn.Module
 
 
 @torch.no_grad()
+class RoundsByBatchSize(nn.Module):
+    """Rows kept apart, but the result rounded differently at each batch size, as two TF32 kernels would."""
+
+    def __init__(self, relative: float) -> None:
+        super().__init__()
+        self.relative = relative
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * (1 + self.relative * (x.shape[0] % 2))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize(
+    ("tf32", "relative", "status"),
+    [
+        (True, 2e-4, RowsVerdictStatus.BATCH_SHAPE),
+        (False, 2e-4, RowsVerdictStatus.DIFFERS),
+        (True, 2e-2, RowsVerdictStatus.DIFFERS),
+    ],
+)
+def test_kernels_that_round_in_tf32_are_held_to_tf32s_rounding(
+    monkeypatch: pytest.MonkeyPatch, tf32: bool, relative: float, status: RowsVerdictStatus
+) -> None:
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", tf32)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    x = torch.randn(3, 8)
+    verdict = prove_rows_independent(RoundsByBatchSize(relative), flatten_inputs((x,), {}), 4)
+    assert verdict.status is status, verdict
+    assert ("TF32" in verdict.detail) is tf32, verdict.detail  # the bound that was applied is named
+
+
 def test_inputs_that_do_not_share_a_batch_are_not_padded() -> None:
     verdict = prove_rows_independent(
         lambda x, table: x + table.sum(), flatten_inputs((torch.ones(3, 2), torch.ones(5)), {}), 4

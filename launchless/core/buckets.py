@@ -10,7 +10,8 @@ call of 5 rows to the bucket of 8 replays the graph of 8 instead -- but only whe
    the same both times -- any difference is the padding reaching them: batch norm in training mode, attention
    across the batch, a sum over the batch;
 2. the real rows of the padded batch are compared with the call without padding: bit-identical, or within a bound
-   that is measured and named (``batch-shape``: a kernel chosen by the batch size sums in another order);
+   that is measured and named (``batch-shape``: a kernel chosen by the batch size sums in another order; where
+   float32 convolutions or products run in TF32, the bound is TF32's rounding, ``TF32_ULPS`` units of it);
 3. every output must have the batch as its first dimension, or it cannot be sliced back (a loss, a pooled vector).
 
 Padding rows are real values of the call (a copy of a row, or its values reordered), so token ids stay valid ids
@@ -32,6 +33,10 @@ from .status import Label
 from .verify import difference, identical
 
 SHUFFLE_SEED = 0x5EED
+TF32_EPS = 2.0**-10  # TF32 keeps 10 bits of mantissa
+# TF32 kernels picked for two batch sizes: resnet18's logits differ by 2e-4 of their largest value (H200, cuDNN's
+# default TF32 convolutions), 0.2 of a TF32 unit; the bound allows 8 units, far below any real interaction of rows
+TF32_ULPS = 8
 
 
 class RowsVerdictStatus(Label):
@@ -170,6 +175,10 @@ def prove_rows_independent(
     if identical(repeated, exact):
         return RowsVerdict(RowsVerdictStatus.BIT_IDENTICAL, bucket)
     max_abs, _, bound = difference(exact, repeated, tolerance_ulps)
+    precision = ""
+    if max_abs > bound and tf32_allowed() and _float32_outputs(exact):
+        max_abs, _, bound = difference(exact, repeated, TF32_ULPS * TF32_EPS / torch.finfo(torch.float32).eps)
+        precision = f" in TF32 ({TF32_ULPS} units of its rounding at the largest output)"
     if max_abs <= bound:
         return RowsVerdict(
             RowsVerdictStatus.BATCH_SHAPE,
@@ -177,12 +186,26 @@ def prove_rows_independent(
             max_abs=max_abs,
             bound=bound,
             detail=f"the rows equal the call of {rows} within {max_abs:.3g} (bound {bound:.3g}): kernels chosen by "
-            "the batch size",
+            f"the batch size{precision}",
         )
     return RowsVerdict(
         RowsVerdictStatus.DIFFERS,
         bucket,
         max_abs=max_abs,
         bound=bound,
-        detail=f"the rows differ from the call of {rows} by {max_abs:.3g}, over the bound {bound:.3g}",
+        detail=f"the rows differ from the call of {rows} by {max_abs:.3g}, over the bound {bound:.3g}{precision}",
     )
+
+
+def tf32_allowed() -> bool:
+    """Whether float32 convolutions or matrix products may round their inputs to TF32 (cuDNN's default for
+    convolutions): then two kernels chosen for two batch sizes differ at TF32's rounding, not float32's."""
+    return (
+        torch.backends.cudnn.allow_tf32
+        or torch.backends.cuda.matmul.allow_tf32
+        or torch.get_float32_matmul_precision() != "highest"
+    )
+
+
+def _float32_outputs(outputs: Any) -> bool:
+    return any(isinstance(x, torch.Tensor) and x.dtype == torch.float32 for x in pytree.tree_leaves(outputs))
