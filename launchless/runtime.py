@@ -35,6 +35,7 @@ from .core.relocation import RelocationWatch
 from .core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
 from .core.status import Admission, SplitStatus, Stage, VerifyStatus
 from .core.verify import VerifyReport, verify
+from .decoding import DecodeGraphs
 from .diagnose.messages import capture_error, out_of_memory_error, verification_error
 from .errors import CaptureError, ConfigError, NoCudaError
 from .options import VerifyMode, check_choice, check_int, check_number, check_verify
@@ -50,7 +51,7 @@ ADDRESS_CHECKS = {
 }
 # process state: never copied or pickled
 _RUNTIME_STATE = frozenset(
-    {"_cache", "_watch", "_eager_reasons", "_last_stream", "_split", "_collective", "_bucketing"}
+    {"_cache", "_watch", "_eager_reasons", "_last_stream", "_split", "_collective", "_bucketing", "_decode"}
 )
 
 
@@ -122,6 +123,7 @@ class GraphedModule(torch.nn.Module):
             if self.batch_buckets is None
             else BatchBucketing(self.batch_buckets, name=self._name(), tolerance_ulps=self.tolerance_ulps)
         )
+        self._decode: DecodeGraphs | None = None  # generate()'s decode steps, made at its first call
 
     def __getstate__(self) -> dict:
         """Copies and pickles carry the model and the options, never graphs, pools or locks."""
@@ -158,6 +160,32 @@ class GraphedModule(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"cuda_graph={self.cuda_graph!r}, graphs={len(self._cache.graphs)}, max_graphs={self.max_graphs}"
+
+    # ---- generate() ---------------------------------------------------------------------------------
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped transformers model's ``generate()``, its decode steps replayed as CUDA graphs on a static KV
+        cache (see ``launchless.decoding``); plain ``generate()`` under ``cuda_graph=False`` or off the GPU."""
+        model = self._modules["model"]
+        if self.cuda_graph is False or self._watch.cuda_device is None:
+            if self.cuda_graph is not False:
+                self._cache.log_once(
+                    "generate:no-cuda",
+                    logging.INFO,
+                    f"launchless: {self._name()} has no parameters on a CUDA device; generate() runs as it is",
+                )
+            return model.generate(*args, **kwargs)
+        if self._decode is None:
+            self._decode = DecodeGraphs(
+                model,
+                name=self._name(),
+                explicit=self.cuda_graph is True,
+                capture_after=self.capture_after,
+                max_graphs=self.max_graphs,
+                warmup=self.warmup,
+                verify=self.verify,
+                tolerance_ulps=self.tolerance_ulps,
+            )
+        return self._decode.generate(model, args, kwargs)
 
     # ---- the call -----------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -653,6 +681,7 @@ class GraphedModule(torch.nn.Module):
             # a forward refused whole runs through captured submodules: the pieces, what runs eager, the decisions
             "split": None if self._split is None else self._split.info(lambda sig: sig.describe()),
             "batch_buckets": None if self._bucketing is None else self._bucketing.info(),
+            "decode": None if self._decode is None else self._decode.info(),  # generate()'s decode steps
         }
 
 

@@ -69,13 +69,19 @@ def test_the_core_imports_nothing_above_it_but_the_leaves_it_shares() -> None:
 
 def test_the_three_entry_points_run_their_graphs_through_the_core_cache() -> None:
     graph = import_graph()
-    for policy in ("launchless.runtime", "launchless.train.step", "launchless.compiler.compiled_graphs"):
+    for policy in (
+        "launchless.runtime",
+        "launchless.decoding",
+        "launchless.train.step",
+        "launchless.compiler.compiled_graphs",
+    ):
         assert "launchless.core.cache" in graph[policy], policy
     users = {m for m, targets in graph.items() if "launchless.core.capture" in targets}
     assert users <= {
         "launchless.core.cache",
         "launchless.core.verify",
         "launchless.runtime",
+        "launchless.decoding",
         "launchless.train.step",
         "launchless.train.hooks",
         "launchless.compiler.compiled_graphs",

@@ -349,9 +349,10 @@ def test_graph_info_structure() -> None:
         "invalidations",
         "split",
         "batch_buckets",
+        "decode",
     }
     assert info["mode"] == "auto" and info["max_graphs"] == 5 and info["split"] is None
-    assert info["batch_buckets"] is None
+    assert info["batch_buckets"] is None and info["decode"] is None
     assert (info["graphs"], info["pool_bytes"], info["fallbacks"], info["eager_calls"]) == ([], 0, [], {})
     assert (info["evictions"], info["invalidations"], info["calls_over_max_graphs"]) == (0, 0, None)
     with torch.no_grad():

@@ -246,6 +246,14 @@ class GraphCache(Generic[G]):
                 "(launchless.set_memory_budget). Shown once.",
             )
 
+    def forget(self, key: Hashable) -> None:
+        """The policy dropped what this graph reads (a decode graph's cache): it goes without a log line."""
+        with self.lock:
+            if self.graphs.pop(key, None) is not None:
+                self.reports.pop(key, None)
+                self.used.pop(key, None)
+                self.pool.release_if_empty(len(self.graphs))
+
     def discard(self) -> None:
         """A captured graph was not kept (verification failed): its pool goes if no graph is left in it."""
         self.pool.release_if_empty(len(self.graphs))

@@ -25,7 +25,7 @@ largest magnitude. ``mode="strict"`` demands bit identity.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ from torch.utils import _pytree as pytree
 from .capture import CapturedGraph, CaptureFailed
 from .capture_path import pretend_capturing
 from .signature import FlatInputs
+from .snapshot import Snapshot
 from .status import Stage, VerifyStatus
 
 PROBE_SEED = 0x1A0C
@@ -337,4 +338,79 @@ def _protocol(
                 if mode == "strict"
                 else f"; difference {max_abs:.3g} exceeds the rounding bound {bound:.3g}"
             )
+    return report
+
+
+def verify_step(
+    graph: CapturedGraph,
+    fn: Callable[..., Any],
+    flat: FlatInputs,
+    probes: Sequence[list],
+    state: Snapshot,
+    *,
+    mode: str = "on",
+    tolerance_ulps: float = 64.0,
+) -> VerifyReport:
+    """Prove a graph that writes state in place (a decode step its KV cache) against eager: from the same saved
+    ``state``, each probe runs eager and as a replay, and both the outputs and the state each leaves behind must be
+    bit-identical; two probes whose eager outputs differ must replay different outputs (a stale graph replays the
+    same). The state is restored before returning, whatever the verdict. Out of GPU memory raises ``CaptureFailed``.
+
+    A mismatch is held to the rounding bound only where eager run again from the same state differs from itself
+    (``eager-noise``); anything else fails, as must everything under ``mode="strict"``."""
+    try:
+        return _verify_step(graph, fn, flat, probes, state, mode, tolerance_ulps)
+    except torch.cuda.OutOfMemoryError as exc:
+        raise CaptureFailed(Stage.VERIFICATION, exc, str(exc)) from exc
+    finally:
+        state.restore()
+
+
+def _verify_step(
+    graph: CapturedGraph,
+    fn: Callable[..., Any],
+    flat: FlatInputs,
+    probes: Sequence[list],
+    state: Snapshot,
+    mode: str,
+    tolerance_ulps: float,
+) -> VerifyReport:
+    def eager_run(probe: list) -> tuple[Any, list]:
+        state.restore()
+        out = _eager(fn, flat, probe)
+        return out, state.current()
+
+    def replay(probe: list) -> tuple[Any, list]:
+        state.restore()
+        out = graph.replay_cloned(probe)
+        return out, state.current()
+
+    eager = [eager_run(p) for p in probes]
+    graphed = [replay(p) for p in probes]
+    eager_differ = any(not identical(eager[0][0], e[0]) for e in eager[1:])
+    probes_differ = any(not identical(graphed[0][0], g[0]) for g in graphed[1:])
+    if eager_differ and not probes_differ:
+        return VerifyReport(
+            VerifyStatus.FAILED,
+            False,
+            probes_differ=False,
+            detail="stale graph: different probes replayed the same outputs",
+        )
+    mismatched = [i for i in range(len(probes)) if not identical(eager[i], graphed[i])]
+    if not mismatched:
+        detail = "outputs and the state left behind equal eager's" + (
+            "" if eager_differ else "; outputs do not depend on the probes (stale check not applicable)"
+        )
+        return VerifyReport(VerifyStatus.BIT_IDENTICAL, True, probes_differ=probes_differ, detail=detail)
+    i = mismatched[0]
+    max_abs, max_rel, bound = difference(eager[i], graphed[i], tolerance_ulps)
+    report = VerifyReport(VerifyStatus.FAILED, False, max_abs, max_rel, bound, probes_differ)
+    if identical(eager[i], eager_run(probes[i])):
+        report.detail = "eager is deterministic from the same state and the replay differs from it"
+        return report
+    report.status = VerifyStatus.EAGER_NOISE
+    report.passed = mode != "strict" and max_abs <= bound
+    report.detail = "eager run twice from the same state already differs" + (
+        "" if report.passed else f"; difference {max_abs:.3g} exceeds the rounding bound {bound:.3g}"
+    )
     return report

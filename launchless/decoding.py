@@ -1,0 +1,456 @@
+"""Decode graphs: ``wrap(model).generate(...)`` replays a captured decode step.
+
+A transformers causal LM generates one token per step: a forward of one token per sequence that reads the KV cache
+and writes the new token's keys and values into it. With transformers' default dynamic cache the cache grows every
+step (new tensors of new shapes): nothing to capture. With its static cache (``StaticCache``: keys and values
+allocated for a fixed length up front, the length written so far kept on the device) every step runs the same shapes
+on the same memory, so one graph replays them all. ``wrap(model).generate(...)``:
+
+1. hands ``generate()`` a static cache of its own per (batch, cache length, inference mode): the length is what the
+   call needs (prompt and new tokens) rounded up to a power of two, at least ``MIN_CACHE_LENGTH``, so that requests
+   of similar lengths share one cache and one graph. The cache is emptied in place before each call: its tensors
+   keep the addresses the graph reads. A ``StaticCache`` passed in by the caller is used as given;
+2. runs the prompt's forward (the prefill) eager;
+3. sends every decode step through a graph: captured once the step repeats (``capture_after``), verified against
+   eager from the same cache state (the logits and the cache each leaves behind, bit for bit; two different tokens
+   must give different logits), then replayed. The cache's tensors are read and written in place, never copied;
+   before each replay the cache must still hold the tensors the graph was captured on;
+4. leaves the rest to ``generate()``: logits processors, the greedy choice or sampling (the same random numbers as
+   eager: the graph draws none), stopping criteria, streamers.
+
+Decoding runs eager, with one WARNING naming why, for a model whose class says it cannot use a static cache, an
+encoder-decoder, beam search and assisted decoding (they reorder or crop the cache between steps), a cache passed in
+that is not static, and another cache implementation asked for. The tokens are those of eager ``generate()`` on the
+same static cache. Against the default dynamic cache they can part after some steps: attention over the static
+cache's full, masked length rounds differently, as it does in transformers' own static-cache recipe.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import inspect
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from .core.cache import GraphCache, Refusal
+from .core.capture import CapturedGraph, CaptureFailed, capture, out_of_memory
+from .core.relocation import RelocationWatch
+from .core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
+from .core.snapshot import Snapshot
+from .core.status import Admission, Stage, VerifyStatus
+from .core.verify import VerifyReport, verify_step
+from .errors import CaptureError
+
+log = logging.getLogger("launchless")
+
+MIN_CACHE_LENGTH = 64
+
+
+def cache_length(needed: int) -> int:
+    """The static cache's length for a generation of ``needed`` tokens (prompt and new ones): the power of two that
+    holds them, at least ``MIN_CACHE_LENGTH``."""
+    return max(MIN_CACHE_LENGTH, 1 << (max(needed, 1) - 1).bit_length())
+
+
+CACHE_KEYWORDS = ("cache", "past_key_values")  # transformers' newer name for the cache argument, and the older
+
+
+def given_cache(kwargs: Mapping[str, Any]) -> Any:
+    """The cache a generate() call was handed, under either name; None where none was."""
+    return next((kwargs[k] for k in CACHE_KEYWORDS if kwargs.get(k) is not None), None)
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword the model's forward (and ``generate()``) takes its cache by: ``cache`` in newer transformers,
+    ``past_key_values`` before."""
+    parameters = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def _static_cache_class() -> type | None:
+    try:
+        import transformers
+    except ImportError:
+        return None
+    return getattr(transformers, "StaticCache", None)
+
+
+def static_cache_refusal(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> str | None:
+    """Why this ``generate()`` call cannot decode through graphs; None when it can."""
+    static_cache = _static_cache_class()
+    if static_cache is None:
+        return "the installed transformers has no static KV cache (StaticCache came in transformers 4.38)"
+    if getattr(model.config, "is_encoder_decoder", False):
+        return "an encoder-decoder keeps two caches; decode graphs are for decoder-only causal LMs"
+    supports = getattr(model, "_can_compile_fullgraph", None)
+    if supports is None:
+        supports = getattr(model, "_supports_static_cache", False)
+    if not supports:
+        return f"{type(model).__name__} does not support a static KV cache (its class says so to transformers)"
+    config = kwargs.get("generation_config") or model.generation_config
+    beams = kwargs.get("num_beams", getattr(config, "num_beams", 1)) or 1
+    if beams > 1:
+        return f"beam search (num_beams={beams}) reorders the cache between steps"
+    if kwargs.get("assistant_model") is not None or kwargs.get(
+        "prompt_lookup_num_tokens", getattr(config, "prompt_lookup_num_tokens", None)
+    ):
+        return "assisted decoding crops the cache between steps"
+    implementation = kwargs.get("cache_implementation", getattr(config, "cache_implementation", None))
+    if implementation not in (None, "static"):
+        return f"cache_implementation={implementation!r} was asked for; decode graphs need the static cache"
+    given = given_cache(kwargs)
+    if given is not None and not isinstance(given, static_cache):
+        return (
+            f"a cache of type {type(given).__name__} was passed in; pass none (launchless brings a static one) or a "
+            "transformers StaticCache"
+        )
+    return None
+
+
+def cache_tensors(cache: Any) -> list[torch.Tensor]:
+    """Every tensor a static cache holds (per layer: keys, values, the length written so far), in a fixed order."""
+    holders = [*getattr(cache, "layers", ()), cache]
+    return [v for holder in holders for _, v in sorted(vars(holder).items()) if isinstance(v, torch.Tensor)]
+
+
+def _host_state(cache: Any) -> dict[str, str]:
+    """The cache's attributes that hold no tensor (lengths, flags, sizes), as text: a step that changes one keeps
+    state on the host, which a graph cannot replay."""
+    holders = [*((f"layers[{i}].", layer) for i, layer in enumerate(getattr(cache, "layers", ()))), ("", cache)]
+    return {
+        f"{where}{name}": repr(value)
+        for where, holder in holders
+        for name, value in vars(holder).items()
+        if not any(isinstance(leaf, torch.Tensor) for leaf in _leaves(value))
+    }
+
+
+def _leaves(value: Any) -> list[Any]:
+    return [x for item in value for x in _leaves(item)] if isinstance(value, (list, tuple)) else [value]
+
+
+@dataclasses.dataclass
+class _Output:
+    """How a decode step's output is rebuilt around the graph's tensors: its class and the fields holding the cache."""
+
+    kind: type | None = None
+    cache_fields: tuple[str, ...] = ()
+
+
+class DecodeGraphs:
+    """The decode graphs of one wrapped model (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        name: str,
+        explicit: bool,
+        capture_after: int,
+        max_graphs: int,
+        warmup: int,
+        verify: str,
+        tolerance_ulps: float,
+    ) -> None:
+        self.name, self.explicit = name, explicit
+        self.warmup, self.verify, self.tolerance_ulps = warmup, verify, tolerance_ulps
+        self.graphs: GraphCache[CapturedGraph] = GraphCache(
+            name=f"{name} decode steps",
+            capture_after=capture_after,
+            max_graphs=max_graphs,
+            guards=[RelocationWatch(model)],
+        )
+        self._caches: collections.OrderedDict[tuple[int, int, bool], Any] = collections.OrderedDict()
+        # per decode graph: the cache it was captured on, that cache's tensors then, how its output is rebuilt
+        self._state: dict[Signature, tuple[Any, list[torch.Tensor], _Output]] = {}
+        self._lock = threading.RLock()  # one generate() at a time: the model's forward is routed while it runs
+        self.generate_calls = self.prefills = self.replayed = 0
+        self.eager_steps: collections.Counter[str] = collections.Counter()
+        self.eager_generations: collections.Counter[str] = collections.Counter()
+
+    # ---- generate() ------------------------------------------------------------------------------
+    def generate(self, model: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> Any:
+        why = self._refusal(model, args, kwargs)
+        if why is not None:
+            return self._eager_generation(model, why, args, kwargs)
+        keyword = cache_keyword(model)
+        with self._lock:
+            self.generate_calls += 1
+            cache = given_cache(kwargs)
+            if cache is None:
+                cache = self._own_cache(model, args, kwargs)
+            call_kwargs = {k: v for k, v in kwargs.items() if k not in CACHE_KEYWORDS} | {keyword: cache}
+            if hasattr(model.generation_config, "disable_compile"):
+                call_kwargs.setdefault("disable_compile", True)  # transformers would compile a static-cache forward
+            own = model.__dict__.get("forward")  # an instance's own forward (set by the user) is put back after
+            forward = own or type(model).forward.__get__(model)
+            calls = [0]
+
+            @functools.wraps(forward)  # generate() reads the forward's parameters
+            def step(*step_args: Any, **step_kwargs: Any) -> Any:
+                calls[0] += 1
+                return self._step(forward, cache, keyword, calls[0] == 1, step_args, step_kwargs)
+
+            model.forward = step
+            try:
+                return model.generate(*args, **call_kwargs)
+            finally:
+                if own is None:
+                    del model.__dict__["forward"]
+                else:
+                    model.forward = own
+
+    def _refusal(self, model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> str | None:
+        if model.training:
+            return "the model is in training mode; call .eval() to decode through graphs"
+        if _prompt(args, kwargs) is None:
+            return "generate() was called without input_ids or inputs_embeds"
+        return static_cache_refusal(model, kwargs)
+
+    def _eager_generation(self, model: torch.nn.Module, why: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+        if self.explicit:
+            raise CaptureError(
+                f"launchless: {self.name}.generate() cannot decode through graphs: {why}. Use cuda_graph='auto' to "
+                "decode eager instead",
+                reason=why,
+            )
+        self.eager_generations[why] += 1
+        self.graphs.log_once(
+            f"generate:{why}",
+            logging.WARNING,
+            f"launchless: {self.name}.generate() decodes eager: {why}. Shown once.",
+        )
+        return model.generate(*args, **kwargs)
+
+    def _own_cache(self, model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> Any:
+        """This call's static cache: one per (batch, length, inference mode), emptied in place. Inference tensors
+        cannot be written outside inference mode (nor the other way round): each mode gets its own."""
+        batch, prompt = _prompt(args, kwargs)
+        config = kwargs.get("generation_config") or model.generation_config
+        batch *= kwargs.get("num_return_sequences", getattr(config, "num_return_sequences", 1)) or 1
+        new = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
+        needed = prompt + new if new is not None else kwargs.get("max_length", config.max_length)
+        key = (batch, cache_length(needed), torch.is_inference_mode_enabled())
+        cache = self._caches.get(key)
+        if cache is None:
+            cache = self._caches[key] = _new_static_cache(model, batch=batch, length=key[1])
+            while len(self._caches) > self.graphs.max_graphs:  # a cache per graph at most
+                _, old = self._caches.popitem(last=False)
+                self._forget(old)
+        else:
+            self._caches.move_to_end(key)
+            cache.reset()
+        return cache
+
+    def _forget(self, cache: Any) -> None:
+        """A cache dropped: the graphs captured on it go too."""
+        for key, (held, _, _) in list(self._state.items()):
+            if held is cache:
+                self.graphs.forget(key)
+                del self._state[key]
+
+    # ---- one forward of generate() -------------------------------------------------------------------
+    def _step(
+        self, forward: Callable[..., Any], cache: Any, keyword: str, first: bool, args: tuple, kwargs: dict[str, Any]
+    ) -> Any:
+        if first or args or kwargs.get(keyword) is not cache:
+            self.prefills += first
+            return forward(*args, **kwargs)  # the prompt's forward runs eager
+        ids = kwargs.get("input_ids")
+        if ids is None or ids.dim() != 2 or ids.shape[1] != 1:
+            return self._eager_step("a step of more than one token per sequence", forward, args, kwargs)
+        tensors = {k: v for k, v in kwargs.items() if k != keyword}
+        flat = flatten_inputs((), tensors)
+        try:
+            sig = signature_of(flat)
+        except UnhashableInput as exc:
+            return self._eager_step(str(exc), forward, args, kwargs)
+        key = Signature(("decode", id(cache), sig.structure), sig.leaves, sig.context)
+        graphs = self.graphs
+        graphs.validate(())
+        graph = graphs.get(key)
+        if graph is not None:
+            held_cache, tensors_then, output = self._state[key]
+            if held_cache is cache and _same_tensors(cache_tensors(cache), tensors_then):
+                self.replayed += 1
+                return _rebuilt(output, graph.replay_cloned(flat.leaves), cache)
+            graphs.drop_all("the static cache holds other tensors than the decode graph was captured on")
+        admission = Admission.CAPTURE if self.explicit else graphs.admit(key)
+        if admission is Admission.CAPTURE:
+            return self._capture_and_run(key, flat, forward, cache, keyword, kwargs)
+        if admission is Admission.REFUSED:
+            refusal = graphs.refusal(key)
+            return self._eager_step(refusal.reason if refusal else "refused", forward, args, kwargs)
+        return self._eager_step(f"waiting to be seen {graphs.capture_after} times", forward, args, kwargs)
+
+    def _eager_step(self, why: str, forward: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        self.eager_steps[why] += 1
+        return forward(*args, **kwargs)
+
+    def _capture_and_run(
+        self,
+        key: Signature,
+        flat: FlatInputs,
+        forward: Callable[..., Any],
+        cache: Any,
+        keyword: str,
+        kwargs: dict[str, Any],
+    ) -> Any:
+        output = _Output()
+
+        def decode_step(**tensors: Any) -> Any:
+            return _without_cache(forward(**tensors, **{keyword: cache}), cache, output)
+
+        state = Snapshot(cache_tensors(cache))
+        host = _host_state(cache)
+        device = cache_tensors(cache)[0].device
+        try:
+            with self.graphs.capturing(key) as pool:
+                graph = capture(decode_step, flat, device=device, pool=pool, warmup=self.warmup)
+                state.restore()  # the warm-up steps wrote the cache
+                changed = sorted(k for k, v in _host_state(cache).items() if host.get(k) != v)
+                if changed:
+                    raise CaptureFailed(
+                        Stage.UNSUPPORTED,
+                        None,
+                        f"a decode step changes the cache's host-side state ({', '.join(changed)}), which a graph "
+                        "cannot replay: this model's cache cannot be made static",
+                    )
+                report = self._verify(graph, decode_step, flat, state)
+        except CaptureFailed as fail:
+            state.restore()
+            self.graphs.discard()
+            return self._refuse(key, fail.stage, str(fail), forward, kwargs, transient=out_of_memory(fail.cause))
+        if not report.passed:
+            del graph
+            self.graphs.discard()
+            why = f"the decode graph differs from eager ({report.status}: {report.detail})"
+            return self._refuse(key, Stage.VERIFICATION, why, forward, kwargs)
+        self.graphs.keep(key, graph, report, flat.leaves)
+        self._state[key] = (cache, cache_tensors(cache), output)
+        self.replayed += 1
+        return _rebuilt(output, graph.replay_cloned(flat.leaves), cache)
+
+    def _verify(self, graph: CapturedGraph, fn: Callable[..., Any], flat: FlatInputs, state: Snapshot) -> VerifyReport:
+        """The call's own step and the same step on other tokens (each id moved by one), from the same state."""
+        if self.verify == "off":
+            return VerifyReport(VerifyStatus.SKIPPED, True)
+        probes = [list(flat.leaves), [_other_tokens(x) if name == "input_ids" else x for name, x in _named(flat)]]
+        return verify_step(graph, fn, flat, probes, state, mode=self.verify, tolerance_ulps=self.tolerance_ulps)
+
+    def _refuse(
+        self,
+        key: Signature,
+        stage: Stage,
+        why: str,
+        forward: Callable[..., Any],
+        kwargs: dict[str, Any],
+        *,
+        transient: bool = False,
+    ) -> Any:
+        message = f"launchless: {self.name}: a decode step is not replayed as a graph: {why}"
+        error = CaptureError(message, reason=why)
+        if self.explicit and not transient:
+            raise error
+        refusal = Refusal(stage, why, message, error=error, transient=transient)
+        self.graphs.refuse(key, refusal, level=logging.WARNING)
+        return self._eager_step(why, forward, (), kwargs)
+
+    # ---- reporting -------------------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        """For ``graph_info()["decode"]``: what generate() ran, the graphs and caches held, what decoded eager."""
+
+        def row(key: Signature, graph: CapturedGraph) -> dict[str, Any]:
+            report = self.graphs.reports.get(key)
+            return {
+                "signature": key.describe(),
+                "replays": graph.replays,
+                "capture_ms": round(graph.capture_ms, 3),
+                "pool_growth_bytes": graph.pool_growth,
+                "verification": report.as_dict() if report else None,
+            }
+
+        return {
+            "generate_calls": self.generate_calls,
+            "prefills": self.prefills,
+            "steps_replayed": self.replayed,
+            "steps_eager": dict(self.eager_steps),
+            "generations_eager": dict(self.eager_generations),
+            "static_caches": [
+                {
+                    "batch": batch,
+                    "length": length,
+                    "inference_mode": inference,
+                    "bytes": sum(t.numel() * t.element_size() for t in cache_tensors(cache)),
+                }
+                for (batch, length, inference), cache in self._caches.items()
+            ],
+            "graphs": self.graphs.rows(row),
+            "fallbacks": self.graphs.fallbacks(lambda key: key.describe()),
+        }
+
+
+def _prompt(args: tuple, kwargs: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(batch, prompt length) of a generate() call; None without input_ids or inputs_embeds."""
+    ids = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs"))
+    if isinstance(ids, torch.Tensor) and ids.dim() == 2:
+        return ids.shape[0], ids.shape[1]
+    embeds = kwargs.get("inputs_embeds")
+    if isinstance(embeds, torch.Tensor) and embeds.dim() == 3:
+        return embeds.shape[0], embeds.shape[1]
+    return None
+
+
+def _new_static_cache(model: torch.nn.Module, *, batch: int, length: int) -> Any:
+    """A transformers ``StaticCache`` for ``batch`` sequences of ``length`` tokens, on the model's device and dtype
+    where the installed transformers asks for them (newer ones allocate at the first step, from its keys)."""
+    static_cache = _static_cache_class()
+    accepted = inspect.signature(static_cache.__init__).parameters
+    parameter = next(iter(model.parameters()))
+    offered = {
+        "max_batch_size": batch,
+        "batch_size": batch,
+        "device": parameter.device,
+        "dtype": parameter.dtype,
+    }
+    return static_cache(
+        config=model.config, max_cache_len=length, **{k: v for k, v in offered.items() if k in accepted}
+    )
+
+
+def _without_cache(output: Any, cache: Any, into: _Output) -> Any:
+    """The step's output without the cache object (the graph returns tensors; the cache is state, not output)."""
+    if not isinstance(output, Mapping):
+        return output
+    into.kind = type(output)
+    into.cache_fields = tuple(k for k, v in output.items() if v is cache)
+    return {k: v for k, v in output.items() if v is not cache}
+
+
+def _rebuilt(output: _Output, tensors: Any, cache: Any) -> Any:
+    """The step's output as the model returns it: the replayed tensors, and the cache where the model put it."""
+    if output.kind is None:
+        return tensors
+    return output.kind(**tensors, **dict.fromkeys(output.cache_fields, cache))
+
+
+def _same_tensors(now: list[torch.Tensor], then: list[torch.Tensor]) -> bool:
+    return len(now) == len(then) and all(a is b for a, b in zip(now, then, strict=True))
+
+
+def _named(flat: FlatInputs) -> list[tuple[str, Any]]:
+    """The leaves of keyword-only inputs, each with its keyword."""
+    _, kwargs = flat.rebuild(list(range(len(flat.leaves))))
+    names = {position: name for name, position in kwargs.items() if isinstance(position, int)}
+    return [(names.get(i, ""), x) for i, x in enumerate(flat.leaves)]
+
+
+def _other_tokens(ids: torch.Tensor) -> torch.Tensor:
+    """The same step on other tokens: every id one lower (0 one higher), so every id stays in the vocabulary."""
+    return torch.where(ids > 0, ids - 1, ids + 1)

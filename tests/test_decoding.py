@@ -1,0 +1,235 @@
+"""Decode graphs for generate(), on the CPU: the cache lengths, the refusals and their messages, and the whole path
+-- static cache, routed forward, capture, verification from the same cache state, replay -- with a stand-in for the
+CUDA graph that recomputes the captured function on its static inputs (the library itself never captures on a CPU;
+``test_cuda_decoding`` runs the real graphs)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch.utils import _pytree as pytree
+
+transformers = pytest.importorskip("transformers")
+
+import launchless.decoding as decoding  # noqa: E402
+from launchless import CaptureError  # noqa: E402
+from launchless.core.capture import CapturedGraph, _static_like  # noqa: E402
+from launchless.decoding import DecodeGraphs, cache_length, static_cache_refusal  # noqa: E402
+
+NEW_TOKENS = 6
+
+
+class RecomputingGraph:
+    """replay() runs the captured function again on the static inputs, into the static outputs."""
+
+    def __init__(self, fn, flat, static_leaves: list, static_outputs) -> None:
+        self.fn, self.flat, self.static_leaves, self.static_outputs = fn, flat, static_leaves, static_outputs
+
+    def replay(self) -> None:
+        args, kwargs = self.flat.rebuild(self.static_leaves)
+        fresh = self.fn(*args, **kwargs)
+        for dst, src in zip(pytree.tree_leaves(self.static_outputs), pytree.tree_leaves(fresh), strict=True):
+            dst.copy_(src)
+
+
+def recorded_capture(captures: list):
+    """A stand-in for ``core.capture.capture``: warm-up runs as the real one makes them (they write the cache), then
+    a graph that recomputes."""
+
+    def capture(fn, flat, *, device, pool, warmup=3, **_):
+        static = [_static_like(x, x.device) if isinstance(x, torch.Tensor) else x for x in flat.leaves]
+        args, kwargs = flat.rebuild(static)
+        for _ in range(warmup):
+            outputs = fn(*args, **kwargs)
+        slots = [i for i, x in enumerate(static) if isinstance(x, torch.Tensor)]
+        captures.append(flat)
+        graph = RecomputingGraph(fn, flat, static, outputs)
+        return CapturedGraph(graph, static, slots, outputs, capture_ms=0.0, pool_growth=0)  # type: ignore[arg-type]
+
+    return capture
+
+
+def tiny_llama() -> tuple[torch.nn.Module, dict]:
+    config = transformers.LlamaConfig(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 100, (2, 5), generator=torch.Generator().manual_seed(1))
+    return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": NEW_TOKENS}
+
+
+def decode_graphs(model: torch.nn.Module, **options) -> DecodeGraphs:
+    settings = dict(explicit=False, capture_after=2, max_graphs=4, warmup=3, verify="on", tolerance_ulps=64.0)
+    return DecodeGraphs(model, name="LlamaForCausalLM", **(settings | options))
+
+
+def eager_static(model: torch.nn.Module, request: dict, **extra) -> torch.Tensor:
+    """Eager generate() on a static cache of the length decode graphs use."""
+    length = cache_length(request["input_ids"].shape[1] + request["max_new_tokens"])
+    cache = transformers.StaticCache(config=model.config, max_cache_len=length)
+    extra = {decoding.cache_keyword(model): cache, "do_sample": False} | extra
+    return model.generate(**request, disable_compile=True, **extra)
+
+
+@pytest.mark.parametrize(("needed", "length"), [(1, 64), (5, 64), (64, 64), (65, 128), (191, 256), (1000, 1024)])
+def test_the_cache_length_is_the_power_of_two_that_holds_the_generation(needed: int, length: int) -> None:
+    assert cache_length(needed) == length
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"num_beams": 4}, "beam search (num_beams=4) reorders the cache"),
+        ({"prompt_lookup_num_tokens": 3}, "assisted decoding crops the cache"),
+        ({"cache_implementation": "offloaded"}, "cache_implementation='offloaded' was asked for"),
+        ({"past_key_values": "dynamic"}, "a cache of type DynamicCache was passed in; pass none"),
+    ],
+)
+def test_what_decodes_eager_is_named(kwargs: dict, says: str) -> None:
+    model, _ = tiny_llama()
+    if kwargs.get("past_key_values") == "dynamic":
+        kwargs = {"past_key_values": transformers.DynamicCache()}
+    assert says in static_cache_refusal(model, kwargs)
+    assert static_cache_refusal(model, {}) is None
+
+
+def test_a_model_without_static_cache_support_decodes_eager_with_one_warning(caplog) -> None:
+    model, request = tiny_llama()
+    model._can_compile_fullgraph = False
+    graphs = decode_graphs(model)
+    with caplog.at_level(logging.WARNING, logger="launchless"):
+        for _ in range(2):
+            tokens = graphs.generate(model, (), dict(request))
+    assert torch.equal(tokens, model.generate(**request))  # plain generate(): the dynamic cache
+    lines = [r.getMessage() for r in caplog.records if "decodes eager" in r.getMessage()]
+    assert len(lines) == 1 and "does not support a static KV cache" in lines[0], lines
+    with pytest.raises(CaptureError, match="cannot decode through graphs: LlamaForCausalLM does not support"):
+        decode_graphs(model, explicit=True).generate(model, (), dict(request))
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])
+def test_decode_steps_replay_one_verified_graph_and_give_eager_static_tokens(monkeypatch, grad_mode) -> None:
+    captures: list = []
+    monkeypatch.setattr(decoding, "capture", recorded_capture(captures))
+    model, request = tiny_llama()
+    with grad_mode():
+        reference = eager_static(model, request)
+        graphs = decode_graphs(model)
+        first = graphs.generate(model, (), dict(request))
+        second = graphs.generate(model, (), dict(request))  # the same cache, emptied in place; the same graph
+    assert torch.equal(first, reference) and torch.equal(second, reference)
+    assert "forward" not in model.__dict__  # the model's own forward is back
+    info = graphs.info()
+    assert len(captures) == 1 and len(info["graphs"]) == 1, info
+    steps = NEW_TOKENS - 1  # the first new token comes from the prompt's forward
+    assert info["prefills"] == 2 and info["steps_replayed"] == 2 * steps - 1, info  # the first step waited
+    assert info["steps_eager"] == {"waiting to be seen 2 times": 1}, info
+    verification = info["graphs"][0]["verification"]
+    assert verification["status"] == "bit-identical" and verification["probes_differ"], verification
+    config = model.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    kv_bytes = 2 * 2 * config.num_key_value_heads * 64 * head_dim * 4  # keys and values of 2 sequences, float32
+    counter_bytes = 8  # the length written so far, an int64 on the device
+    assert info["static_caches"] == [
+        {
+            "batch": 2,
+            "length": 64,
+            "inference_mode": grad_mode is torch.inference_mode,
+            "bytes": config.num_hidden_layers * (kv_bytes + counter_bytes),
+        }
+    ]
+
+
+def test_inference_mode_and_no_grad_each_get_their_own_cache(monkeypatch) -> None:
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_llama()
+    reference = eager_static(model, request)
+    graphs = decode_graphs(model)
+    with torch.inference_mode():
+        assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+    with torch.no_grad():  # inference tensors cannot be written here: a cache of ordinary tensors
+        assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+    assert [c["inference_mode"] for c in graphs.info()["static_caches"]] == [True, False]
+
+
+def test_sampling_draws_the_numbers_eager_draws(monkeypatch) -> None:
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_llama()
+    torch.manual_seed(7)
+    reference = eager_static(model, request, do_sample=True)
+    graphs = decode_graphs(model)
+    torch.manual_seed(7)
+    sampled = graphs.generate(model, (), dict(request, do_sample=True))
+    assert torch.equal(sampled, reference) and not torch.equal(sampled, eager_static(model, request))
+    assert graphs.info()["steps_replayed"] > 0
+
+
+def test_a_graph_that_replays_stale_values_is_refused_and_decoding_stays_exact(monkeypatch, caplog) -> None:
+    def stale_capture(fn, flat, *, device, pool, warmup=3, **_):
+        graph = recorded_capture([])(fn, flat, device=device, pool=pool, warmup=warmup)
+        graph.graph.replay = lambda: None  # replays nothing: the outputs of the capture, whatever the tokens
+        return graph
+
+    monkeypatch.setattr(decoding, "capture", stale_capture)
+    model, request = tiny_llama()
+    reference = eager_static(model, request)
+    graphs = decode_graphs(model)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="launchless"):
+        tokens = graphs.generate(model, (), dict(request))
+    assert torch.equal(tokens, reference)
+    info = graphs.info()
+    assert info["graphs"] == [] and info["steps_replayed"] == 0, info
+    (fallback,) = info["fallbacks"]
+    assert fallback["stage"] == "verification" and "differs from eager" in fallback["reason"], fallback
+    assert any("a decode step is not replayed as a graph" in r.getMessage() for r in caplog.records)
+
+
+def test_the_models_forward_is_put_back_when_generate_raises(monkeypatch) -> None:
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_llama()
+    own = model.forward
+    model.forward = own  # an instance's own forward, set by the user
+    graphs = decode_graphs(model)
+    with pytest.raises(ValueError):
+        graphs.generate(model, (), dict(request, max_new_tokens=-1))
+    assert model.__dict__["forward"] is own
+
+
+def test_a_cache_that_keeps_host_side_state_is_refused_by_name(monkeypatch) -> None:
+    from transformers import cache_utils
+
+    update = cache_utils.StaticLayer.update
+
+    def counting_update(self, *args, **kwargs):
+        self.updates = getattr(self, "updates", 0) + 1  # host state a graph would not advance
+        return update(self, *args, **kwargs)
+
+    monkeypatch.setattr(cache_utils.StaticLayer, "update", counting_update)
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_llama()
+    reference = eager_static(model, request)
+    graphs = decode_graphs(model)
+    with torch.no_grad():
+        assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+    (fallback,) = graphs.info()["fallbacks"]
+    assert "changes the cache's host-side state (layers[0].updates, layers[1].updates)" in fallback["reason"]
+    assert "cannot be made static" in fallback["reason"]
+
+
+def test_the_wrapper_generates_as_the_model_does_off_the_gpu() -> None:
+    import launchless
+
+    model, request = tiny_llama()
+    wrapped = launchless.wrap(model)
+    assert torch.equal(wrapped.generate(**request), model.generate(**request))
+    assert wrapped.graph_info()["decode"] is None  # nothing was captured, nothing pretended
