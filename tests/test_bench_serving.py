@@ -54,6 +54,7 @@ DECODE_FIELDS = COMMON_FIELDS | {
     "first_call_s",
     "runs",
     "first_divergence",
+    "dynamic_divergence",
 }
 
 

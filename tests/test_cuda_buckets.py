@@ -119,3 +119,24 @@ def test_automatic_buckets_take_one_graph_per_doubling_of_the_batch() -> None:
             assert _close(m(x), model(x), m.graph_info()["batch_buckets"]["proofs"]), rows
     info = m.graph_info()
     assert info["batch_buckets"]["sizes"] == [4, 8] and len(info["graphs"]) == 2, info["batch_buckets"]
+
+
+def test_a_convolutional_network_in_tf32_is_padded_within_tf32s_rounding() -> None:
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().cuda().eval()
+    assert torch.backends.cudnn.allow_tf32  # PyTorch's default: convolutions round their inputs to TF32
+    m = ll.wrap(model, capture_after=1, batch_buckets=[4, 8, 16])
+    sizes = [3, 5, 13, 7, 3, 16, 11]
+    with torch.no_grad():
+        for rows in sizes:
+            x = torch.randn(rows, 3, 64, 64, device="cuda")
+            out, eager = m(x), model(x)
+            scale = eager.abs().max().item()
+            assert (out - eager).abs().max().item() <= 8 * 2.0**-10 * scale, rows  # TF32_ULPS units of TF32
+    info = m.graph_info()
+    buckets = info["batch_buckets"]
+    assert buckets["refused"] is None and len(info["graphs"]) == 3, buckets  # one graph per bucket, none per size
+    assert buckets["padded_calls"] == 6 and all(
+        p["status"] in ("bit-identical", "batch-shape") for p in buckets["proofs"].values()
+    ), buckets

@@ -17,10 +17,16 @@ The modes: ``eager`` is ``model.generate``; ``static-compile`` is transformers' 
 torch.compile (``generation_config.cache_implementation = "static"`` and ``model.forward =
 torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)``); ``launchless`` is
 ``launchless.wrap(model).generate``.
+
+A mode is ``identical`` when its tokens are those of eager ``generate()`` computing the same thing without graphs or
+compilation (``eager_equivalent``): a static cache attends over its whole, masked length and rounds differently from
+the default dynamic cache, so after some steps greedy tokens can part from the dynamic cache's -- for transformers'
+own recipe as for launchless. ``dynamic_divergence`` says where they did.
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -32,6 +38,7 @@ import transformers
 from transformers.generation.streamers import BaseStreamer
 
 import launchless
+from launchless.decoding import cache_keyword, cache_length
 
 from .multigpu_worker import synchronize_device
 from .serving_graphs import compiled_graphs
@@ -116,13 +123,32 @@ def first_divergence(reference: torch.Tensor, generations: list[Generation]) -> 
     return min(int(d.any(dim=0).nonzero()[0]) for d in differing) if differing else None
 
 
+def eager_equivalent(mode: str, model: torch.nn.Module, request: dict[str, Any]) -> Callable[..., torch.Tensor]:
+    """Eager ``generate()`` computing what ``mode`` computes, graphs and compilation aside: the default dynamic cache
+    for eager, a static cache of transformers' own length for static-compile, a static cache of launchless's bucket
+    length for launchless (off the GPU, where nothing is captured, plain ``generate()``). A mode is ``identical`` when
+    its tokens are this one's."""
+    if mode == EAGER or next(model.parameters()).device.type != "cuda":  # off the GPU wrap() generates as it is
+        return model.generate
+    if mode == STATIC_COMPILE:
+        return functools.partial(model.generate, cache_implementation="static", disable_compile=True)
+    needed = request["input_ids"].shape[1] + request["max_new_tokens"]
+
+    def static(**kwargs: Any) -> torch.Tensor:
+        cache = transformers.StaticCache(config=model.config, max_cache_len=cache_length(needed))
+        return model.generate(**kwargs, **{cache_keyword(model): cache}, disable_compile=True)
+
+    return static
+
+
 def measure_decode(workload: str, mode: str, *, device: torch.device) -> dict[str, Any]:
     """The measured fields of one decode row (see ``serving_report``)."""
     decode = decode_workload(workload)
     model, prompt = build_decoder(decode, device=device)
     new_tokens = decode.decoder.new_tokens
     request = {**prompt, "max_new_tokens": new_tokens, "do_sample": False}
-    reference = generate_once(model.generate, request, device=device).tokens
+    dynamic = generate_once(model.generate, request, device=device).tokens  # also every mode's warm-up
+    reference = generate_once(eager_equivalent(mode, model, request), request, device=device).tokens
     mode_decoding = decoding(mode, model)
     first = generate_once(mode_decoding.generate, request, device=device)
     runs = [generate_once(mode_decoding.generate, request, device=device) for _ in range(DECODE_RUNS)]
@@ -140,6 +166,7 @@ def measure_decode(workload: str, mode: str, *, device: torch.device) -> dict[st
         "graphs": _graphs(mode, mode_decoding) if device.type == "cuda" else None,
         "identical": divergence is None,
         "first_divergence": divergence,
+        "dynamic_divergence": first_divergence(dynamic, [first]),
     }
 
 

@@ -6,7 +6,8 @@ A row is one (workload, mode), written by that mode's worker::
 
     {"workload": str, "part": "buckets" | "decode", "mode": str, "status": "ok" | "error", "reason": str | None,
      "median_ms": float | None,      # buckets: the median call of the trace; decode: one decode step
-     "identical": bool | None,       # buckets: every call's outputs bit for bit eager's; decode: every token eager's
+     "identical": bool | None,       # buckets: every call's outputs bit for bit eager's; decode: every token that
+                                     # of eager generate() on the mode's own kind of cache (see serving_decode)
      "compile_s": float | None,      # the first pass (buckets) or call (decode) beyond a warm one: compilation,
                                      # capture, proofs
      "graphs": int | None,           # CUDA graphs the mode holds (None on a CPU)
@@ -24,7 +25,8 @@ A row is one (workload, mode), written by that mode's worker::
      "ttft_ms": float | None,        # time to the first new token on the host (median over the runs)
      "generate_ms": float | None,    # a whole generate() call (median over the runs)
      "first_call_s": float | None, "runs": int | None,
-     "first_divergence": int | None} # the first new-token position that left eager's tokens
+     "first_divergence": int | None, # the first new-token position that left the eager equivalent's tokens
+     "dynamic_divergence": int | None} # ... that left the tokens of eager generate() on its default dynamic cache
 
 The targets, judged from the rows: a bucket mode serves the trace at 0.9x the speed of graph-per-size or better
 while its graphs hold at most a quarter of graph-per-size's memory; launchless decodes at batch 1 at least as many
@@ -261,7 +263,7 @@ def _buckets_table(view: _View) -> list[str]:
 
 def _decode_table(view: _View) -> list[str]:
     header = ["workload", "batch", "mode", "tokens/s", "ms / step", "TTFT ms", "× static-compile tokens/s"]
-    header += ["compile s", "× static-compile compile", "graphs", "identical"]
+    header += ["compile s", "× static-compile compile", "graphs", "identical", "dynamic cache's tokens"]
     body = []
     for row in view.part_rows(DECODE):
         ok = row.get("status") == "ok"
@@ -279,9 +281,18 @@ def _decode_table(view: _View) -> list[str]:
                 _x(view.compile_vs_static_compile(row)),
                 _count(row.get("graphs")),
                 _identical_cell(row),
+                _dynamic_cell(row),
             ]
         )
     return _md_table(header, body)
+
+
+def _dynamic_cell(row: Row) -> str:
+    """``=`` every token of eager generate() on the default dynamic cache; ``≠ from token 78`` where they parted."""
+    if row.get("status") != "ok" or "dynamic_divergence" not in row:
+        return _MISSING
+    divergence = row["dynamic_divergence"]
+    return "=" if divergence is None else f"≠ from token {divergence}"
 
 
 def _notes(environment: Mapping[str, Any]) -> dict[str, str]:
@@ -299,7 +310,10 @@ def _notes(environment: Mapping[str, Any]) -> dict[str, str]:
         DECODE: "Greedy generate(); ms / step: a decode step after the first token (median over the runs); tokens/s: "
         "the batch's tokens per second at that step; TTFT: time to the first new token. × static-compile: "
         "tokens per second over static-compile's (above 1 is faster), and start-up time over its. Compile s: the "
-        "first call's time beyond the median call's.",
+        "first call's time beyond the median call's. Identical: every token that of eager generate() on the mode's "
+        "own kind of cache (eager: the default dynamic cache; static-compile: a static cache of transformers' length; "
+        "launchless: a static cache of its bucket length); dynamic cache's tokens: against eager generate() on the "
+        "default dynamic cache, where a static cache's attention over its whole masked length rounds differently.",
     }
 
 

@@ -1,0 +1,102 @@
+"""Decode graphs on the GPU: ``launchless.wrap(model).generate(...)`` replays one verified graph per (batch, cache
+length) for GPT-2 and a Llama-shaped decoder, greedy and sampling, batch 1 and 8, under no_grad and inference_mode:
+the tokens of eager generate() on the same static cache, bit for bit."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import launchless as ll
+from launchless.apps.bench.serving_workloads import build_decoder, decode_workload
+from launchless.decoding import cache_keyword, cache_length
+
+pytestmark = pytest.mark.cuda
+transformers = pytest.importorskip("transformers")
+
+GRAD_MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
+
+
+def eager_static(model: torch.nn.Module, request: dict, **extra) -> torch.Tensor:
+    """Eager generate() on a static cache of the length decode graphs give this request."""
+    length = cache_length(request["input_ids"].shape[1] + request["max_new_tokens"])
+    cache = transformers.StaticCache(config=model.config, max_cache_len=length)
+    return model.generate(**request, **{cache_keyword(model): cache}, disable_compile=True, **extra)
+
+
+def decoder(name: str, new_tokens: int = 32) -> tuple[torch.nn.Module, dict]:
+    model, prompt = build_decoder(decode_workload(name), device=torch.device("cuda"))
+    return model, {**prompt, "max_new_tokens": new_tokens, "do_sample": False}
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+@pytest.mark.parametrize("name", ["decode:gpt2-124m@b1", "decode:gpt2-124m@b8", "decode:llama-tiny@b8"])
+def test_greedy_decoding_replays_one_graph_with_eager_static_tokens(name: str, grad_mode: str) -> None:
+    model, request = decoder(name)
+    wrapped = ll.wrap(model)
+    with GRAD_MODES[grad_mode]():
+        reference = eager_static(model, request)
+        first = wrapped.generate(**request)
+        again = wrapped.generate(**request)
+    assert torch.equal(first, reference) and torch.equal(again, reference)
+    decode = wrapped.graph_info()["decode"]
+    (graph,) = decode["graphs"]
+    assert graph["verification"]["status"] == "bit-identical" and graph["verification"]["probes_differ"], graph
+    steps = request["max_new_tokens"] - 1
+    waited = wrapped.capture_after - 1  # steps seen before the capture
+    assert decode["steps_replayed"] == 2 * steps - waited and graph["replays"] >= 2 * steps - waited, decode
+    assert "forward" not in model.__dict__
+
+
+def test_sampling_draws_what_eager_draws_under_the_same_seed() -> None:
+    model, request = decoder("decode:llama-tiny@b8")
+    request = {**request, "do_sample": True, "top_k": 50}
+    wrapped = ll.wrap(model)
+    with torch.no_grad():
+        torch.manual_seed(11)
+        reference = eager_static(model, request)
+        torch.manual_seed(11)
+        sampled = wrapped.generate(**request)
+        torch.manual_seed(11)
+        again = wrapped.generate(**request)  # replayed from its first step
+    assert torch.equal(sampled, reference) and torch.equal(again, reference)
+    assert wrapped.graph_info()["decode"]["steps_replayed"] > 0
+
+
+def test_lengths_in_one_bucket_share_a_graph_and_a_longer_one_gets_its_own() -> None:
+    model, request = decoder("decode:gpt2-124m@b1", new_tokens=16)
+    wrapped = ll.wrap(model, cuda_graph=True)  # captured at the first decode step
+    prompt = request["input_ids"].shape[1]  # 64
+    with torch.inference_mode():
+        for new in (16, 40, 64, 100):  # 80, 104 and 128 tokens: the cache of 128; 164: the cache of 256
+            ask = {**request, "max_new_tokens": new}
+            assert torch.equal(wrapped.generate(**ask), eager_static(model, ask)), new
+    decode = wrapped.graph_info()["decode"]
+    assert [(c["batch"], c["length"]) for c in decode["static_caches"]] == [(1, 128), (1, 256)], decode
+    assert len(decode["graphs"]) == 2 and decode["steps_eager"] == {}, decode
+    assert cache_length(prompt + 64) == 128 and cache_length(prompt + 100) == 256
+
+
+def test_a_model_moved_after_capture_is_captured_again_on_its_new_memory(caplog) -> None:
+    model, request = decoder("decode:llama-tiny@b8")
+    wrapped = ll.wrap(model)
+    with torch.no_grad():
+        wrapped.generate(**request)
+        model.to(torch.float64).to(torch.float32)  # every parameter moved to new memory, same values
+        with caplog.at_level(logging.INFO, logger="launchless"):
+            tokens = wrapped.generate(**request)
+        assert torch.equal(tokens, eager_static(model, request))
+    assert any("dropped 1 graph" in r.getMessage() for r in caplog.records), caplog.text
+    assert len(wrapped.graph_info()["decode"]["graphs"]) == 1
+
+
+def test_beam_search_decodes_eager_with_one_warning(caplog) -> None:
+    model, request = decoder("decode:llama-tiny@b8", new_tokens=8)
+    wrapped = ll.wrap(model)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="launchless"):
+        tokens = wrapped.generate(**request, num_beams=2)
+        assert torch.equal(tokens, model.generate(**request, num_beams=2))
+    (line,) = [r.getMessage() for r in caplog.records if "decodes eager" in r.getMessage()]
+    assert "beam search (num_beams=2) reorders the cache between steps" in line
