@@ -239,7 +239,7 @@ class DecodeGraphs:
         key = (batch, cache_length(needed), torch.is_inference_mode_enabled())
         cache = self._caches.get(key)
         if cache is None:
-            cache = self._caches[key] = _new_static_cache(model, batch=batch, length=key[1])
+            cache = self._caches[key] = new_static_cache(model, batch=batch, length=key[1])
             while len(self._caches) > self.graphs.max_graphs:  # a cache per graph at most
                 _, old = self._caches.popitem(last=False)
                 self._forget(old)
@@ -407,7 +407,7 @@ def _prompt(args: tuple, kwargs: Mapping[str, Any]) -> tuple[int, int] | None:
     return None
 
 
-def _new_static_cache(model: torch.nn.Module, *, batch: int, length: int) -> Any:
+def new_static_cache(model: torch.nn.Module, *, batch: int, length: int) -> Any:
     """A transformers ``StaticCache`` for ``batch`` sequences of ``length`` tokens, on the model's device and dtype
     where the installed transformers asks for them (newer ones allocate at the first step, from its keys)."""
     static_cache = _static_cache_class()

@@ -11,7 +11,7 @@ import torch
 
 import launchless as ll
 from launchless.apps.bench.serving_workloads import build_decoder, decode_workload
-from launchless.decoding import cache_keyword, cache_length
+from launchless.decoding import cache_keyword, cache_length, new_static_cache
 
 pytestmark = pytest.mark.cuda
 transformers = pytest.importorskip("transformers")
@@ -22,7 +22,7 @@ GRAD_MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
 def eager_static(model: torch.nn.Module, request: dict, **extra) -> torch.Tensor:
     """Eager generate() on a static cache of the length decode graphs give this request."""
     length = cache_length(request["input_ids"].shape[1] + request["max_new_tokens"])
-    cache = transformers.StaticCache(config=model.config, max_cache_len=length)
+    cache = new_static_cache(model, batch=request["input_ids"].shape[0], length=length)
     return model.generate(**request, **{cache_keyword(model): cache}, disable_compile=True, **extra)
 
 

@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 import launchless.decoding as decoding  # noqa: E402
 from launchless import CaptureError  # noqa: E402
 from launchless.core.capture import CapturedGraph, _static_like  # noqa: E402
-from launchless.decoding import DecodeGraphs, cache_length, static_cache_refusal  # noqa: E402
+from launchless.decoding import DecodeGraphs, cache_length, new_static_cache, static_cache_refusal  # noqa: E402
 
 NEW_TOKENS = 6
 
@@ -76,7 +76,7 @@ def decode_graphs(model: torch.nn.Module, **options) -> DecodeGraphs:
 def eager_static(model: torch.nn.Module, request: dict, **extra) -> torch.Tensor:
     """Eager generate() on a static cache of the length decode graphs use."""
     length = cache_length(request["input_ids"].shape[1] + request["max_new_tokens"])
-    cache = transformers.StaticCache(config=model.config, max_cache_len=length)
+    cache = new_static_cache(model, batch=request["input_ids"].shape[0], length=length)
     extra = {decoding.cache_keyword(model): cache, "do_sample": False} | extra
     return model.generate(**request, disable_compile=True, **extra)
 

@@ -14,8 +14,9 @@ median over the runs of that time over the tokens after the first), ``tokens_per
 that step time. ``compile_s`` is the first call's time beyond the median call.
 
 The modes: ``eager`` is ``model.generate``; ``static-compile`` is transformers' own recipe for a static KV cache with
-torch.compile (``generation_config.cache_implementation = "static"`` and ``model.forward =
-torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)``); ``launchless`` is
+torch.compile: ``generation_config.cache_implementation = "static"``, with which ``generate()`` compiles the forward
+itself (``CompileConfig(fullgraph=True, mode="reduce-overhead")``; a transformers without ``CompileConfig`` gets
+``model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)``); ``launchless`` is
 ``launchless.wrap(model).generate``.
 
 A mode is ``identical`` when its tokens are those of eager ``generate()`` computing the same thing without graphs or
@@ -38,7 +39,7 @@ import transformers
 from transformers.generation.streamers import BaseStreamer
 
 import launchless
-from launchless.decoding import cache_keyword, cache_length
+from launchless.decoding import cache_keyword, cache_length, new_static_cache
 
 from .multigpu_worker import synchronize_device
 from .serving_graphs import compiled_graphs
@@ -93,7 +94,12 @@ def decoding(mode: str, model: torch.nn.Module) -> Decoding:
                 f"transformers {transformers.__version__} has no static KV cache (StaticCache); it came in 4.38"
             )
         model.generation_config.cache_implementation = "static"
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        if hasattr(transformers, "CompileConfig"):  # generate() compiles the forward itself, and marks its steps
+            compile_config = transformers.CompileConfig(fullgraph=True, mode="reduce-overhead")
+            compile_config._compile_all_devices = True  # on a CPU too (transformers compiles on accelerators only)
+            model.generation_config.compile_config = compile_config
+        else:
+            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
         return Decoding(model.generate)
     if mode == LAUNCHLESS:
         wrapped = launchless.wrap(model)
@@ -135,7 +141,7 @@ def eager_equivalent(mode: str, model: torch.nn.Module, request: dict[str, Any])
     needed = request["input_ids"].shape[1] + request["max_new_tokens"]
 
     def static(**kwargs: Any) -> torch.Tensor:
-        cache = transformers.StaticCache(config=model.config, max_cache_len=cache_length(needed))
+        cache = new_static_cache(model, batch=kwargs["input_ids"].shape[0], length=cache_length(needed))
         return model.generate(**kwargs, **{cache_keyword(model): cache}, disable_compile=True)
 
     return static
@@ -173,5 +179,6 @@ def measure_decode(workload: str, mode: str, *, device: torch.device) -> dict[st
 def _graphs(mode: str, mode_decoding: Decoding) -> int:
     """The CUDA graphs the mode holds on the GPU."""
     if mode_decoding.wrapped is not None:
-        return len(mode_decoding.wrapped.graph_info()["graphs"])
+        info = mode_decoding.wrapped.graph_info()
+        return len(info["graphs"]) + (len(info["decode"]["graphs"]) if info["decode"] else 0)
     return compiled_graphs() if mode == STATIC_COMPILE else 0
