@@ -315,6 +315,15 @@ def test_the_report_sets_each_mode_against_its_parts_baseline_and_judges_the_tar
 # --- the command line -----------------------------------------------------------------------------------------
 
 
+def test_a_run_cut_short_names_the_modes_that_left_no_row() -> None:
+    rows = [_decode_row(GPT2_B1, "eager", 200.0, 0.0), _decode_row(GPT2_B1, "launchless", 550.0, 4.0)]
+    md = serving_report.markdown({"modes": ["eager", "static-compile", "launchless"]}, rows)
+    assert f"- `{GPT2_B1}` · static-compile: no row (the run ended first)" in md
+    assert "every workload ran" not in md
+    whole = serving_report.markdown({"modes": ["eager", "launchless"]}, rows)
+    assert "- none: every workload ran in every mode of its part" in whole and "no row" not in whole
+
+
 def test_the_serving_command_line_refuses_what_cannot_run(capsys: pytest.CaptureFixture[str], on_cpu: None) -> None:
     bad = [
         (["--workloads", "mlp"], "start with 'buckets:'"),

@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -102,6 +103,16 @@ def environment(device: str, calls: int, gpus: Sequence[int] | None) -> dict:
     return env
 
 
+def write_report(
+    out: Path, env: dict, rows: list[dict], *, names: Sequence[str], modes: Sequence[str], started: float
+) -> dict[str, Path]:
+    """serving.json, .md and .png from the rows so far, in the order of the workloads and modes asked for."""
+    env["wall_s"] = round(time.monotonic() - started, 1)
+    order = {name: i for i, name in enumerate(names)}
+    rows = sorted(rows, key=lambda r: (order[r["workload"]], list(modes).index(r["mode"])))
+    return serving_report.write_all(out, env, rows)
+
+
 def run_serving(
     names: Sequence[str],
     modes: Sequence[str],
@@ -118,17 +129,20 @@ def run_serving(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     console = Console(width=None if sys.stdout.isatty() else 160)
-    env = environment(device, calls, gpus)
+    env = environment(device, calls, gpus) | {"modes": list(modes)}
     started = time.monotonic()
+    lock = threading.Lock()  # parts on several GPUs finish modes at once
     with Progress(console=console) as progress:
         task = progress.add_task("serving", total=sum(mode in modes_of(n) for n in names for mode in modes))
+
+        finished: list[dict] = []
 
         def run(mode: str, part: list[str], gpu: int | None, cores: set[int] | None) -> list[dict]:
             members = [n for n in part if mode in modes_of(n)]
             if not members:
                 return []
             progress.update(task, description=f"mode {mode}")
-            return run_mode(
+            rows = run_mode(
                 mode,
                 members,
                 calls=calls,
@@ -139,12 +153,13 @@ def run_serving(
                 cores=cores,
                 advance=lambda: progress.advance(task),
             )
+            with lock:  # the report so far: a run cut short keeps every mode that finished
+                finished.extend(rows)
+                write_report(out, env, finished, names=names, modes=modes, started=started)
+            return rows
 
         rows = run_parts(list(names), list(modes), list(gpus) if gpus else None, run)
-    env["wall_s"] = round(time.monotonic() - started, 1)
-    order = {name: i for i, name in enumerate(names)}
-    rows.sort(key=lambda r: (order[r["workload"]], modes.index(r["mode"])))
-    paths = serving_report.write_all(out, env, rows)
+    paths = write_report(out, env, rows, names=names, modes=modes, started=started)
     console.print(Markdown(paths["md"].read_text()))
     console.print("written: " + ", ".join(str(p) for p in paths.values()))
     return paths

@@ -50,6 +50,7 @@ from .serving_workloads import (
     LAUNCHLESS,
     PART_TITLES,
     STATIC_COMPILE,
+    modes_of,
 )
 from .stats import ordered_modes
 
@@ -350,10 +351,21 @@ def markdown(environment: Mapping[str, Any], rows: Sequence[Row]) -> str:
             lines += ["", f"## {title}", "", notes[part], "", *tables[part](view)]
     lines += ["", "## Targets", "", *_target_lines(view), "", "## Failed", ""]
     failed = [r for r in view.rows if r.get("status") != "ok"]
-    lines += [f"- `{r['workload']}` · {r['mode']}: {_one_line(r.get('reason'))}" for r in failed] or [
-        "- none: every workload ran in every mode of its part"
-    ]
+    lines += [f"- `{r['workload']}` · {r['mode']}: {_one_line(r.get('reason'))}" for r in failed]
+    missing = _missing(view.rows, environment.get("modes"))
+    lines += [f"- `{workload}` · {mode}: no row (the run ended first)" for workload, mode in missing]
+    if lines[-1] == "":
+        lines.append("- none: every workload ran in every mode of its part")
     return "\n".join(lines) + "\n"
+
+
+def _missing(rows: Sequence[Row], asked: Sequence[str] | None) -> list[tuple[str, str]]:
+    """(workload, mode) pairs asked for (``environment["modes"]``; where a report does not say, the modes some row
+    has) that have no row: a run cut short."""
+    ran = set(asked) if asked else {str(r["mode"]) for r in rows}
+    have = {(str(r["workload"]), str(r["mode"])) for r in rows}
+    workloads = dict.fromkeys(str(r["workload"]) for r in rows)
+    return [(w, m) for w in workloads for m in modes_of(w) if m in ran and (w, m) not in have]
 
 
 # --- chart ----------------------------------------------------------------------------------------------------
