@@ -31,6 +31,7 @@ from .core.signature import FlatInputs, Signature, signature_of
 
 log = logging.getLogger("launchless")
 AUTO = "auto"  # buckets chosen from the sizes seen: the powers of two that hold them
+PLANS_KEPT = 1024  # call signatures whose bucket is remembered
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +79,8 @@ class BatchBucketing:
         known = self._plans.get(signature)
         if known is None:
             known = self._plans[signature] = self._new_plan(flat)
+            if len(self._plans) > PLANS_KEPT:  # signatures that vary in more than the batch: the oldest go
+                del self._plans[next(iter(self._plans))]
         rows, bucket, padded_signature = known
         if rows is None:
             return None

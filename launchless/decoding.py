@@ -280,7 +280,14 @@ class DecodeGraphs:
             if held_cache is cache and _same_tensors(cache_tensors(cache), tensors_then):
                 self.replayed += 1
                 return _rebuilt(output, graph.replay_cloned(flat.leaves), cache)
-            graphs.drop_all("the static cache holds other tensors than the decode graph was captured on")
+            graphs.forget(key)  # captured again below, on the tensors the cache holds now
+            del self._state[key]
+            graphs.log_once(
+                "cache-tensors",
+                logging.INFO,
+                f"launchless: {self.name}: a static cache holds other tensors than its decode graph was captured on; "
+                "the graph is captured again",
+            )
         admission = Admission.CAPTURE if self.explicit else graphs.admit(key)
         if admission is Admission.CAPTURE:
             return self._capture_and_run(key, flat, forward, cache, keyword, kwargs)

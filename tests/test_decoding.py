@@ -233,3 +233,20 @@ def test_the_wrapper_generates_as_the_model_does_off_the_gpu() -> None:
     wrapped = launchless.wrap(model)
     assert torch.equal(wrapped.generate(**request), model.generate(**request))
     assert wrapped.graph_info()["decode"] is None  # nothing was captured, nothing pretended
+
+
+def test_a_cache_given_new_tensors_gets_its_graph_captured_again(monkeypatch, caplog) -> None:
+    captures: list = []
+    monkeypatch.setattr(decoding, "capture", recorded_capture(captures))
+    model, request = tiny_llama()
+    reference = eager_static(model, request)
+    graphs = decode_graphs(model)
+    with torch.no_grad():
+        graphs.generate(model, (), dict(request))
+        (cache,) = graphs._caches.values()
+        for layer in cache.layers:  # what a library that reallocates its cache does: same values, new memory
+            layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
+        with caplog.at_level(logging.INFO, logger="launchless"):
+            assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+    assert len(captures) == 2 and len(graphs.info()["graphs"]) == 1
+    assert any("holds other tensors than its decode graph was captured on" in r.getMessage() for r in caplog.records)
