@@ -19,10 +19,10 @@ on the same memory, so one graph replays them all. ``wrap(model).generate(...)``
    eager: the graph draws none), stopping criteria, streamers.
 
 Decoding runs eager, with one WARNING naming why, for a model whose class says it cannot use a static cache, an
-encoder-decoder, beam search and assisted decoding (they reorder or crop the cache between steps), a cache passed in
-that is not static, and another cache implementation asked for. The tokens are those of eager ``generate()`` on the
-same static cache. Against the default dynamic cache they can part after some steps: attention over the static
-cache's full, masked length rounds differently, as it does in transformers' own static-cache recipe.
+encoder-decoder, beam search and assisted decoding (they reorder or crop the cache between steps), ``use_cache=False``,
+a cache passed in that is not static, and another cache implementation asked for. The tokens are those of eager
+``generate()`` on the same static cache. Against the default dynamic cache they can part after some steps: attention
+over the static cache's full, masked length rounds differently, as it does in transformers' own static-cache recipe.
 """
 
 from __future__ import annotations
@@ -94,6 +94,8 @@ def static_cache_refusal(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> s
     if not supports:
         return f"{type(model).__name__} does not support a static KV cache (its class says so to transformers)"
     config = kwargs.get("generation_config") or model.generation_config
+    if not kwargs.get("use_cache", getattr(config, "use_cache", True)):
+        return "use_cache=False runs the whole sequence again at every step, without a cache"
     beams = kwargs.get("num_beams", getattr(config, "num_beams", 1)) or 1
     if beams > 1:
         return f"beam search (num_beams={beams}) reorders the cache between steps"

@@ -90,6 +90,7 @@ def test_the_cache_length_is_the_power_of_two_that_holds_the_generation(needed: 
     ("kwargs", "says"),
     [
         ({"num_beams": 4}, "beam search (num_beams=4) reorders the cache"),
+        ({"use_cache": False}, "use_cache=False runs the whole sequence again at every step"),
         ({"prompt_lookup_num_tokens": 3}, "assisted decoding crops the cache"),
         ({"cache_implementation": "offloaded"}, "cache_implementation='offloaded' was asked for"),
         ({"past_key_values": "dynamic"}, "a cache of type DynamicCache was passed in; pass none"),
