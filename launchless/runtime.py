@@ -30,7 +30,7 @@ from .core.buckets import check_buckets
 from .core.cache import GraphCache, Refusal
 from .core.capture_path import record_capture_branches
 from .core.collectives import agree
-from .core.pool import new_pool
+from .core.pool import SHARED, new_pool
 from .core.relocation import RelocationWatch
 from .core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
 from .core.status import Admission, SplitStatus, Stage, VerifyStatus
@@ -45,14 +45,16 @@ from .timing import SpeedVerdict, judge_speed
 Mode = bool | Literal["auto"]
 _OWN_SIGNATURE = object()  # a bucketed call that must go its own way after all
 OUTPUTS = {"clone": "copies the next replay cannot overwrite", "static": "the graph's own buffers, overwritten"}
+MEMORY_POOLS = {
+    "own": "the model's graphs share one memory pool of their own",
+    "shared": "one memory pool for the graphs of every model wrapped so, replayed one at a time",
+}
 ADDRESS_CHECKS = {
     "events": "relocation events plus a spot check of 8 tensors per call",
     "full": "every parameter and buffer on every call",
 }
 # process state: never copied or pickled
-_RUNTIME_STATE = frozenset(
-    {"_cache", "_watch", "_eager_reasons", "_last_stream", "_split", "_collective", "_bucketing", "_decode"}
-)
+_RUNTIME_STATE = frozenset({"_cache", "_watch", "_eager_reasons", "_split", "_collective", "_bucketing", "_decode"})
 
 
 def _check_mode(cuda_graph: Any) -> Mode:
@@ -83,6 +85,7 @@ class GraphedModule(torch.nn.Module):
         outputs: Literal["clone", "static"] = "clone",
         address_check: Literal["events", "full"] = "events",
         batch_buckets: Sequence[int] | Literal["auto"] | None = None,
+        memory_pool: Literal["own", "shared"] = "own",
     ) -> None:
         mode = _check_mode(cuda_graph)
         if batch_buckets is not None and not (isinstance(batch_buckets, str) and batch_buckets == AUTO):
@@ -94,12 +97,18 @@ class GraphedModule(torch.nn.Module):
         check_number("tolerance_ulps", tolerance_ulps, minimum=0)
         check_choice("outputs", outputs, OUTPUTS)
         check_choice("address_check", address_check, ADDRESS_CHECKS)
+        check_choice("memory_pool", memory_pool, MEMORY_POOLS)
+        if memory_pool == "shared" and outputs == "static":
+            raise ConfigError(
+                "memory_pool='shared' needs outputs='clone': another model's replay would overwrite the graph's own "
+                "output buffers that outputs='static' hands out; use outputs='clone', or memory_pool='own'"
+            )
         super().__init__()
         self.model = model
         self.cuda_graph = mode
         self.capture_after, self.max_graphs, self.warmup = capture_after, max_graphs, warmup
         self.verify, self.tolerance_ulps, self.outputs = verify, float(tolerance_ulps), outputs
-        self.address_check = address_check
+        self.address_check, self.memory_pool = address_check, memory_pool
         self.batch_buckets = batch_buckets if batch_buckets is None or batch_buckets == AUTO else list(batch_buckets)
         state_keys.install(self)
         self._init_runtime()
@@ -113,9 +122,9 @@ class GraphedModule(torch.nn.Module):
             max_graphs=self.max_graphs,
             guards=[self._watch],
             on_invalidate=_drop_split_of(weakref.ref(self)),  # weakly: a cycle would keep graphs until a collection
+            pool=SHARED if self.memory_pool == "shared" else None,
         )
         self._eager_reasons: dict[str, int] = {}
-        self._last_stream: tuple[int, torch.cuda.Stream] | None = None
         self._split: SplitForward | None = None  # the forward run as captured submodules, once refused whole
         self._collective = False  # a capture found collectives in the forward: ranks agree, nothing is split
         self._bucketing = (  # calls padded to a few batch sizes, where the rows are proven not to interact
@@ -271,21 +280,15 @@ class GraphedModule(torch.nn.Module):
         return Admission.REFUSED
 
     def _replay(self, graph: _capture.CapturedGraph, leaves: list, *, rows: int | None = None) -> Any:
-        """``rows``: the leaves fill only the first rows of the graph's input buffers (a batch bucket)."""
-        with self._cache.lock:
-            self._order_streams(graph)
+        """``rows``: the leaves fill only the first rows of the graph's input buffers (a batch bucket). Static
+        buffers and the pool's memory are shared: replays into one pool take its lock, and a replay on another
+        stream than the last waits for it."""
+        pool = self._cache.pool
+        with pool.lock:
+            pool.order(graph.device_index)
             if self.outputs == "clone":
                 return graph.replay_cloned(leaves, rows=rows)
             return graph.replay(leaves, rows=rows)
-
-    def _order_streams(self, graph: _capture.CapturedGraph) -> None:
-        """Static buffers are shared: a replay on another stream must wait for the previous one."""
-        raw = torch._C._cuda_getCurrentRawStream(graph.device_index)
-        if self._last_stream is None or self._last_stream[0] != raw:
-            current = torch.cuda.current_stream(graph.device_index)
-            if self._last_stream is not None:
-                current.wait_stream(self._last_stream[1])
-            self._last_stream = (raw, current)
 
     # ---- capture, verification, refusal ---------------------------------------------------------
     def _capture_and_run(self, sig: Signature, flat: FlatInputs, *, explicit: bool) -> Any:
@@ -521,6 +524,7 @@ class GraphedModule(torch.nn.Module):
             "verify": self.verify,
             "tolerance_ulps": self.tolerance_ulps,
             "address_check": self.address_check,
+            "memory_pool": self.memory_pool,
         }
         return SplitForward(
             self.model, name=self._name(), why=why, make_piece=functools.partial(_make_piece, options=options)
@@ -621,7 +625,8 @@ class GraphedModule(torch.nn.Module):
         """Free every graph, its static buffers and the memory pool; later calls capture again."""
         self._cache.drop_all()
         self._drop_split()
-        self._last_stream = None
+        if not self._cache.pool.shared:
+            self._cache.pool.last_stream = None
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()
 
@@ -675,7 +680,8 @@ class GraphedModule(torch.nn.Module):
             "mode": self.cuda_graph,
             **cache.summary(),
             "graphs": cache.rows(self._row),
-            "pool_bytes": cache.pool.bytes(),
+            "pool_bytes": cache.pool.bytes(),  # memory_pool="shared": the whole pool, every sharing model's graphs
+            "memory_pool": self.memory_pool,
             "fallbacks": cache.fallbacks(lambda sig: sig.describe()),
             "eager_calls": dict(self._eager_reasons),
             # a forward refused whole runs through captured submodules: the pieces, what runs eager, the decisions
@@ -743,6 +749,7 @@ def wrap(
     outputs: Literal["clone", "static"] = "clone",
     address_check: Literal["events", "full"] = "events",
     batch_buckets: Sequence[int] | Literal["auto"] | None = None,
+    memory_pool: Literal["own", "shared"] = "own",
 ) -> GraphedModule:
     """Wrap ``model`` so inference replays verified CUDA graphs, one per input signature.
 
@@ -759,6 +766,9 @@ def wrap(
     batch_buckets=[1, 2, 4, 8, ...]: pad a call's batch (the first dimension its tensor inputs share) up to the
         next of these sizes and replay that size's graph, once the model is proven to keep rows apart (see
         ``launchless.batching``); "auto": the powers of two that hold the sizes seen; None: a graph per batch size.
+    memory_pool="own" | "shared": the model's graphs in a memory pool of their own, or in one pool with the graphs
+        of every model wrapped with "shared" (they reuse each other's intermediate memory: the pool holds about what
+        the largest needs, not the sum; their replays take turns). "shared" needs outputs="clone".
     """
     if isinstance(model, GraphedModule):
         raise ConfigError("this model is already wrapped by launchless; use its .model to wrap again")
@@ -775,6 +785,7 @@ def wrap(
         outputs=outputs,
         address_check=address_check,
         batch_buckets=batch_buckets,
+        memory_pool=memory_pool,
     )
 
 

@@ -179,6 +179,33 @@ def test_a_warm_up_failure_keeps_the_pool(fake_pools) -> None:
     assert first == second
 
 
+def test_a_shared_pool_stays_while_any_cache_holds_a_graph_in_it(fake_pools) -> None:
+    shared = pool_module.GraphPool(shared=True)
+    a, b = cache(pool=shared), cache(pool=shared)
+    with a.capturing("x") as first:
+        a.keep("x", "graph-a", None, ())
+    with b.capturing("y") as second:
+        b.keep("y", "graph-b", None, ())
+    assert first == second  # the second model's graphs go into the same pool
+    a.drop_all()  # the first model lets go of its graphs: the second still holds one in the pool
+    with a.capturing("x") as third:
+        pass
+    assert third == first
+    b.drop_all()
+    a.discard()  # nothing is held in the pool by either: it goes
+    with b.capturing("y") as fourth:
+        pass
+    assert fourth != first and len(fake_pools) == 2
+
+
+def test_a_caches_own_pool_replays_under_the_caches_lock_and_a_shared_one_under_its_own() -> None:
+    own = cache()
+    assert own.pool.lock is own.lock and not own.pool.shared
+    shared = pool_module.GraphPool(shared=True)
+    a, b = cache(pool=shared), cache(pool=shared)
+    assert a.pool.lock is b.pool.lock is shared.lock and a.lock is not b.lock
+
+
 def test_release_forgets_refusals_and_counts() -> None:
     c = cache(capture_after=2)
     c.admit("a")

@@ -23,6 +23,8 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+import torch
+
 from .budget import BUDGET, tick
 from .capture import CAPTURE_LOCK, CaptureFailed
 from .churn import ShapeChurn
@@ -94,6 +96,7 @@ class GraphCache(Generic[G]):
         max_graphs_hint: str = "max_graphs",
         guards: Sequence[Guard] = (),
         on_invalidate: Callable[[str], None] | None = None,
+        pool: GraphPool | None = None,
     ) -> None:
         self.name = name
         self.capture_after = capture_after
@@ -103,8 +106,10 @@ class GraphCache(Generic[G]):
         self.on_invalidate = on_invalidate  # what the policy resets when a validity check drops the graphs
         self.graphs: OrderedDict[Hashable, G] = OrderedDict()
         self.reports: dict[Hashable, Any] = {}
-        self.pool = GraphPool()
         self.lock = threading.RLock()
+        self.pool = pool or GraphPool(lock=self.lock)  # a pool shared across models (``pool``), or its own
+        if self.pool.shared:
+            self.pool.join(self)
         self.churn = ShapeChurn()
         self.evictions = 0
         self.invalidations = 0
@@ -185,8 +190,10 @@ class GraphCache(Generic[G]):
     def capturing(self, key: Hashable) -> Iterator[Any]:
         """Hold the locks for one capture of ``key`` and yield the pool to capture into. A capture that failed
         midway retires the pool (``CaptureFailed`` with stage ``capture`` propagates)."""
-        with self.lock, CAPTURE_LOCK:
+        with self.lock, CAPTURE_LOCK, self.pool.lock:  # a shared pool: no other model replays meanwhile
             self._capturing = key
+            if self.pool.shared and torch.cuda.is_initialized():
+                self.pool.order(torch.cuda.current_device())  # after the last replay into the pool, on the GPU
             try:
                 yield self.pool.handle()
             except CaptureFailed as fail:
