@@ -189,7 +189,10 @@ class DecodeGraphs:
                 cache = self._own_cache(model, args, kwargs)
             call_kwargs = {k: v for k, v in kwargs.items() if k not in CACHE_KEYWORDS} | {keyword: cache}
             if hasattr(model.generation_config, "disable_compile"):
-                call_kwargs.setdefault("disable_compile", True)  # transformers would compile a static-cache forward
+                call_kwargs["disable_compile"] = True  # transformers would compile a static-cache forward: the step
+            config = kwargs.get("generation_config") or model.generation_config
+            if kwargs.get("cache_implementation", getattr(config, "cache_implementation", None)) is not None:
+                call_kwargs["cache_implementation"] = None  # the cache is passed: transformers refuses both
             own = model.__dict__.get("forward")  # an instance's own forward (set by the user) is put back after
             forward = own or type(model).forward.__get__(model)
             calls = [0]
@@ -343,6 +346,8 @@ class DecodeGraphs:
             return self._refuse(key, Stage.VERIFICATION, why, forward, kwargs)
         self.graphs.keep(key, graph, report, flat.leaves)
         self._state[key] = (cache, cache_tensors(cache), output)
+        for gone in [k for k in self._state if k not in self.graphs.graphs]:  # evicted: their caches let go
+            del self._state[gone]
         self.replayed += 1
         return _rebuilt(output, graph.replay_cloned(flat.leaves), cache)
 

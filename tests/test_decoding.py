@@ -251,3 +251,33 @@ def test_a_cache_given_new_tensors_gets_its_graph_captured_again(monkeypatch, ca
             assert torch.equal(graphs.generate(model, (), dict(request)), reference)
     assert len(captures) == 2 and len(graphs.info()["graphs"]) == 1
     assert any("holds other tensors than its decode graph was captured on" in r.getMessage() for r in caplog.records)
+
+
+def test_the_static_cache_recipe_already_set_on_the_model_is_taken_over(monkeypatch) -> None:
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_llama()
+    reference = eager_static(model, request)
+    model.generation_config.cache_implementation = "static"  # transformers' recipe, set before wrapping
+    graphs = decode_graphs(model)
+    with torch.no_grad():
+        assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+    assert graphs.info()["steps_replayed"] > 0
+
+
+def test_graphs_evicted_for_callers_caches_let_those_caches_go(monkeypatch) -> None:
+    import weakref
+
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_llama()
+    reference = eager_static(model, request)
+    graphs = decode_graphs(model, max_graphs=2)
+    given = []
+    with torch.no_grad():
+        for _ in range(4):  # a new cache of the caller's each time: a new graph each time
+            cache = new_static_cache(model, batch=2, length=64)
+            given.append(weakref.ref(cache))
+            keyword = decoding.cache_keyword(model)
+            assert torch.equal(graphs.generate(model, (), dict(request, **{keyword: cache})), reference)
+            del cache
+    assert len(graphs.info()["graphs"]) == 2
+    assert [ref() is None for ref in given] == [True, True, False, False]  # only the graphs held keep theirs
