@@ -299,7 +299,10 @@ class DecodeGraphs:
         if admission is Admission.REFUSED:
             refusal = graphs.refusal(key)
             return self._eager_step(refusal.reason if refusal else "refused", forward, args, kwargs)
-        return self._eager_step(f"waiting to be seen {graphs.capture_after} times", forward, args, kwargs)
+        if admission is Admission.OVER_CAPACITY:
+            why = f"more decode shapes in use than max_graphs={graphs.max_graphs}"
+            return self._eager_step(why, forward, args, kwargs)
+        return self._eager_step(f"captured once seen {graphs.capture_after} times", forward, args, kwargs)
 
     def _eager_step(self, why: str, forward: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         self.eager_steps[why] += 1

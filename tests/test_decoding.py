@@ -134,7 +134,7 @@ def test_decode_steps_replay_one_verified_graph_and_give_eager_static_tokens(mon
     assert len(captures) == 1 and len(info["graphs"]) == 1, info
     steps = NEW_TOKENS - 1  # the first new token comes from the prompt's forward
     assert info["prefills"] == 2 and info["steps_replayed"] == 2 * steps - 1, info  # the first step waited
-    assert info["steps_eager"] == {"waiting to be seen 2 times": 1}, info
+    assert info["steps_eager"] == {"captured once seen 2 times": 1}, info
     verification = info["graphs"][0]["verification"]
     assert verification["status"] == "bit-identical" and verification["probes_differ"], verification
     config = model.config
