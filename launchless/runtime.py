@@ -175,6 +175,7 @@ class GraphedModule(torch.nn.Module):
         """The wrapped transformers model's ``generate()``, its decode steps replayed as CUDA graphs on a static KV
         cache (see ``launchless.decoding``); plain ``generate()`` under ``cuda_graph=False`` or off the GPU."""
         model = self._modules["model"]
+        self._cache.validate(())  # a model moved since (to the GPU, say): the watch looks again at where it is
         if self.cuda_graph is False or self._watch.cuda_device is None:
             if self.cuda_graph is not False:
                 self._cache.log_once(

@@ -281,3 +281,36 @@ def test_graphs_evicted_for_callers_caches_let_those_caches_go(monkeypatch) -> N
             del cache
     assert len(graphs.info()["graphs"]) == 2
     assert [ref() is None for ref in given] == [True, True, False, False]  # only the graphs held keep theirs
+
+
+def test_threads_generating_at_once_each_get_eager_static_tokens(monkeypatch) -> None:
+    import threading
+
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_llama()
+    reference = eager_static(model, request)
+    dynamic = model.generate(**request)  # plain generate(), as a thread that does not go through the wrapper
+    graphs = decode_graphs(model)
+    results: dict[str, list] = {"wrapped": [], "plain": []}
+    errors: list[BaseException] = []
+
+    def run(kind: str) -> None:
+        try:
+            with torch.no_grad():
+                for _ in range(3):
+                    if kind == "wrapped":
+                        results[kind].append(graphs.generate(model, (), dict(request)))
+                    else:  # model.generate while the wrapper routes the forward: the caller's own cache, eager
+                        results[kind].append(model.generate(**request))
+        except BaseException as exc:  # noqa: BLE001 -- reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(kind,)) for kind in ("wrapped", "wrapped", "plain")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(results["wrapped"]) == 6 and all(torch.equal(t, reference) for t in results["wrapped"])
+    assert len(results["plain"]) == 3 and all(torch.equal(t, dynamic) for t in results["plain"])
+    assert "forward" not in model.__dict__
