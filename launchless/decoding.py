@@ -390,6 +390,7 @@ class DecodeGraphs:
                 "replays": graph.replays,
                 "capture_ms": round(graph.capture_ms, 3),
                 "pool_growth_bytes": graph.pool_growth,
+                "input_bytes": graph.input_bytes,
                 "verification": report.as_dict() if report else None,
             }
 

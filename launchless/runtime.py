@@ -657,6 +657,7 @@ class GraphedModule(torch.nn.Module):
             "replays": graph.replays,
             "capture_ms": round(graph.capture_ms, 3),
             "pool_growth_bytes": graph.pool_growth,
+            "input_bytes": graph.input_bytes,
             "verification": report.as_dict() if report else None,
         }
         if graph.junctions:  # a region split: graphs with operations run eager between them

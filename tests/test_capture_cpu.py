@@ -310,6 +310,17 @@ def test_several_inputs_are_loaded_in_one_multi_tensor_launch(monkeypatch) -> No
     assert calls == [2] and torch.equal(out, a.sum() + b.sum())
 
 
+def test_a_graph_holds_its_pool_share_and_its_input_buffers() -> None:
+    from launchless.core.cache import graph_bytes
+
+    static_in = [torch.zeros(8, 3), torch.zeros(8, dtype=torch.int64), torch.zeros(5)]
+    graph = RecomputingGraph(lambda x, ids, w: x * 2, static_in, torch.zeros(8, 3))
+    # the third leaf is read in place (a parameter the compiler hands over): not a buffer of the graph's own
+    g = CapturedGraph(graph, static_in, [0, 1], graph.static_outputs, capture_ms=0.0, pool_growth=4096)  # type: ignore[arg-type]
+    assert g.input_bytes == 8 * 3 * 4 + 8 * 8
+    assert g.held_bytes == graph_bytes(g) == 4096 + g.input_bytes
+
+
 def test_a_call_padded_to_a_bucket_fills_only_its_rows_of_the_input_buffers() -> None:
     def fn(x: torch.Tensor, ids: torch.Tensor):
         return x * 2 + ids[:, None]

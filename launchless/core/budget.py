@@ -1,10 +1,11 @@
 """One memory budget for every graph the process holds: the graphs of all wrapped models, training steps and
 compiled graphs stay under it, the least recently used evicted first, across them.
 
-A server holds graphs for several models and many shapes; each graph keeps its inputs, outputs and intermediates
-in its memory pool for as long as it lives. ``launchless.set_memory_budget(bytes)`` caps what all of them hold
-together. A graph's size is what its capture added to the memory PyTorch reserved (``pool_growth``): the memory
-that goes back to PyTorch once the graph -- and every other graph sharing its pool -- is gone. Every cache
+A server holds graphs for several models and many shapes; each graph keeps its outputs and intermediates in its
+memory pool, and its static input buffers beside it, for as long as it lives. ``launchless.set_memory_budget(bytes)``
+caps what all of them hold together. A graph's size is what its capture added to the memory PyTorch reserved
+(``pool_growth``: the memory that goes back to PyTorch once the graph -- and every other graph sharing its pool -- is
+gone) plus its static input buffers (``input_bytes``, freed with the graph). Every cache
 registers here; each time one keeps a new graph the budget is enforced: while the total is over, the graph used
 longest ago, in any cache, is evicted (one WARNING per cache). The graph just kept is never evicted for itself: a
 single graph larger than the whole budget stays, with one WARNING that says so. The memory of an evicted graph

@@ -35,12 +35,15 @@ log = logging.getLogger("launchless")
 
 
 def graph_bytes(held: Any) -> int:
-    """A held graph's memory as the budget counts it: what its capture added to PyTorch's reserved memory (a
-    captured forward, or the captured graph inside a training step's or a compiled graph's entry)."""
-    growth = getattr(held, "pool_growth", None)
-    if growth is None:
-        growth = getattr(getattr(held, "graph", None), "pool_growth", 0)
-    return int(growth or 0)
+    """A held graph's memory as the budget counts it: what its capture added to PyTorch's reserved memory, and its
+    static input buffers (a captured forward, or the captured graph inside a training step's or a compiled graph's
+    entry)."""
+    for graph in (held, getattr(held, "graph", None)):
+        if hasattr(graph, "held_bytes"):
+            return int(graph.held_bytes)
+        if hasattr(graph, "pool_growth"):
+            return int(graph.pool_growth or 0)
+    return 0
 
 
 G = TypeVar("G")  # what a policy holds per signature: a captured forward, a training step, a compiled graph's entry

@@ -149,7 +149,11 @@ class CapturedGraph:
         self.aliases = find_input_aliases(outputs, static_leaves)  # outputs that are (views of) inputs
         self._clone = make_cloner(outputs, frozenset(a.position for a in self.aliases))
         self.capture_ms = capture_ms
-        self.pool_growth = pool_growth
+        self.pool_growth = pool_growth  # what the capture added to PyTorch's reserved memory: the pool's share
+        # the static input buffers, allocated outside the pool and held as long as the graph
+        self.input_bytes = sum(
+            static.numel() * static.element_size() for _, static in (*self.slot_buffers, *self.host_buffers)
+        )
         self.replays = 0
         self.index_inputs: frozenset[int] = frozenset()  # float inputs read as addresses (capture's trace)
         self.host_constants: HostCopies = HostCopies()
@@ -158,6 +162,11 @@ class CapturedGraph:
         self.split_from: CaptureFailed | None = None  # why the forward was not captured as one graph
         self.speed: Any = None  # a chain's timing against eager (the policy's ``SpeedVerdict``)
         self.collective_groups: list[Any] = []  # process groups its collectives run over (``collectives``)
+
+    @property
+    def held_bytes(self) -> int:
+        """The device memory this graph keeps for its life: its share of the pool and its input buffers."""
+        return self.pool_growth + self.input_bytes
 
     def load(self, leaves: list, *, rows: int | None = None) -> None:
         """Copy new inputs into the static buffers, in one multi-tensor launch where there are several; a static
