@@ -6,8 +6,8 @@ step (new tensors of new shapes): nothing to capture. With its static cache (``S
 allocated for a fixed length up front, the length written so far kept on the device) every step runs the same shapes
 on the same memory, so one graph replays them all. ``wrap(model).generate(...)``:
 
-1. hands ``generate()`` a static cache of its own per (batch, cache length, inference mode): the length is what the
-   call needs (prompt and new tokens) rounded up to a power of two, at least ``MIN_CACHE_LENGTH``, so that requests
+1. hands ``generate()`` a static cache of its own per (batch, cache length, inference mode, the model's dtype and
+   device): the length is what the call needs (prompt and new tokens) rounded up to a power of two, at least ``MIN_CACHE_LENGTH``, so that requests
    of similar lengths share one cache and one graph. The cache is emptied in place before each call: its tensors
    keep the addresses the graph reads. A ``StaticCache`` passed in by the caller is used as given;
 2. runs the prompt's forward (the prefill) eager;
@@ -168,7 +168,10 @@ class DecodeGraphs:
             max_graphs=max_graphs,
             guards=[RelocationWatch(model)],
         )
-        self._caches: collections.OrderedDict[tuple[int, int, bool], Any] = collections.OrderedDict()
+        # (batch, length, inference mode, dtype, device) -> a static cache
+        self._caches: collections.OrderedDict[tuple[int, int, bool, torch.dtype, torch.device], Any] = (
+            collections.OrderedDict()
+        )
         # per decode graph: the cache it was captured on, that cache's tensors then, how its output is rebuilt
         self._state: dict[Signature, tuple[Any, list[torch.Tensor], _Output]] = {}
         self._lock = threading.RLock()  # one generate() at a time: the model's forward is routed while it runs
@@ -234,14 +237,16 @@ class DecodeGraphs:
         return model.generate(*args, **kwargs)
 
     def _own_cache(self, model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> Any:
-        """This call's static cache: one per (batch, length, inference mode), emptied in place. Inference tensors
-        cannot be written outside inference mode (nor the other way round): each mode gets its own."""
+        """This call's static cache: one per (batch, length, inference mode, the model's dtype and device), emptied in
+        place. Inference tensors cannot be written outside inference mode (nor the other way round): each mode gets
+        its own; a model converted (``.half()``) or moved since writes keys of another dtype or device."""
         batch, prompt = _prompt(args, kwargs)
         config = kwargs.get("generation_config") or model.generation_config
         batch *= kwargs.get("num_return_sequences", getattr(config, "num_return_sequences", 1)) or 1
         new = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
         needed = prompt + new if new is not None else kwargs.get("max_length", config.max_length)
-        key = (batch, cache_length(needed), torch.is_inference_mode_enabled())
+        parameter = next(model.parameters())  # a model converted or moved since needs a cache like it
+        key = (batch, cache_length(needed), torch.is_inference_mode_enabled(), parameter.dtype, parameter.device)
         cache = self._caches.get(key)
         if cache is None:
             cache = self._caches[key] = new_static_cache(model, batch=batch, length=key[1])
@@ -405,9 +410,10 @@ class DecodeGraphs:
                     "batch": batch,
                     "length": length,
                     "inference_mode": inference,
+                    "dtype": str(dtype).removeprefix("torch."),
                     "bytes": sum(t.numel() * t.element_size() for t in cache_tensors(cache)),
                 }
-                for (batch, length, inference), cache in self._caches.items()
+                for (batch, length, inference, dtype, _), cache in self._caches.items()
             ],
             "graphs": self.graphs.rows(row),
             "fallbacks": self.graphs.fallbacks(lambda key: key.describe()),

@@ -146,6 +146,7 @@ def test_decode_steps_replay_one_verified_graph_and_give_eager_static_tokens(mon
             "batch": 2,
             "length": 64,
             "inference_mode": grad_mode is torch.inference_mode,
+            "dtype": "float32",
             "bytes": config.num_hidden_layers * (kv_bytes + counter_bytes),
         }
     ]
@@ -314,3 +315,14 @@ def test_threads_generating_at_once_each_get_eager_static_tokens(monkeypatch) ->
     assert len(results["wrapped"]) == 6 and all(torch.equal(t, reference) for t in results["wrapped"])
     assert len(results["plain"]) == 3 and all(torch.equal(t, dynamic) for t in results["plain"])
     assert "forward" not in model.__dict__
+
+
+def test_a_model_converted_between_calls_gets_a_cache_of_its_new_dtype(monkeypatch) -> None:
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_llama()
+    graphs = decode_graphs(model)
+    with torch.no_grad():
+        graphs.generate(model, (), dict(request))
+        model.double()  # the float32 cache's keys could not take the model's float64 ones
+        assert torch.equal(graphs.generate(model, (), dict(request)), eager_static(model, request))
+    assert [c["dtype"] for c in graphs.info()["static_caches"]] == ["float32", "float64"]

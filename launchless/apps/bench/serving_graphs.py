@@ -1,10 +1,11 @@
 """The CUDA graphs a serving mode holds, and the memory they keep: what trading graphs for padding saves.
 
 launchless keeps its own account: every graph it holds is registered with the process's memory budget, sized by
-what its capture added to PyTorch's reserved memory and its static input buffers. torch.compile keeps no such account, so for its modes the
-graphs are counted in its CUDA graph trees and their memory is what PyTorch reserved beyond the mark taken before
-the mode ran (with the cached free blocks released both times). A worker serves one model at a time, so whatever the
-process holds is that model's. On a CPU there are no CUDA graphs: nothing is counted.
+what its capture added to PyTorch's reserved memory and its static input buffers. torch.compile keeps no such
+account, so for its modes the graphs are counted in its CUDA graph trees and their memory is what PyTorch reserved
+beyond the mark taken before the mode ran (with the cached free blocks released both times). A worker serves one
+model at a time, so whatever the process holds is that model's. On a CPU there are no CUDA graphs: nothing is
+counted.
 """
 
 from __future__ import annotations
