@@ -7,9 +7,10 @@ allocated for a fixed length up front, the length written so far kept on the dev
 on the same memory, so one graph replays them all. ``wrap(model).generate(...)``:
 
 1. hands ``generate()`` a static cache of its own per (batch, cache length, inference mode, the model's dtype and
-   device): the length is what the call needs (prompt and new tokens) rounded up to a power of two, at least ``MIN_CACHE_LENGTH``, so that requests
-   of similar lengths share one cache and one graph. The cache is emptied in place before each call: its tensors
-   keep the addresses the graph reads. A ``StaticCache`` passed in by the caller is used as given;
+   device): the length is what the call needs (prompt and new tokens) rounded up to a power of two, at least
+   ``MIN_CACHE_LENGTH``, so that requests of similar lengths share one cache and one graph. The cache is emptied in
+   place before each call: its tensors keep the addresses the graph reads. A ``StaticCache`` passed in by the caller
+   is used as given;
 2. runs the prompt's forward (the prefill) eager;
 3. sends every decode step through a graph: captured once the step repeats (``capture_after``), verified against
    eager from the same cache state (the logits and the cache each leaves behind, bit for bit; two different tokens
