@@ -100,3 +100,28 @@ def test_beam_search_decodes_eager_with_one_warning(caplog) -> None:
         assert torch.equal(tokens, model.generate(**request, num_beams=2))
     (line,) = [r.getMessage() for r in caplog.records if "decodes eager" in r.getMessage()]
     assert "beam search (num_beams=2) reorders the cache between steps" in line
+
+
+def test_a_checkpoint_loaded_between_calls_is_what_decodes_next() -> None:
+    model, request = decoder("decode:llama-tiny@b8")
+    wrapped = ll.wrap(model)
+    generator = torch.Generator(device="cuda").manual_seed(3)
+    other = {
+        k: v + 0.05 * torch.randn(v.shape, generator=generator, device="cuda") for k, v in model.state_dict().items()
+    }
+    with torch.no_grad():
+        before = wrapped.generate(**request)
+        model.load_state_dict(other)  # copied into the same tensors: the graph reads the new weights
+        after = wrapped.generate(**request)
+        assert torch.equal(after, eager_static(model, request)) and not torch.equal(after, before)
+    assert len(wrapped.graph_info()["decode"]["graphs"]) == 1
+
+
+def test_a_model_converted_to_half_between_calls_decodes_in_half() -> None:
+    model, request = decoder("decode:llama-tiny@b8")
+    wrapped = ll.wrap(model)
+    with torch.inference_mode():
+        wrapped.generate(**request)
+        model.half()
+        assert torch.equal(wrapped.generate(**request), eager_static(model, request))
+    assert [c["dtype"] for c in wrapped.graph_info()["decode"]["static_caches"]] == ["float32", "float16"]
