@@ -30,7 +30,18 @@ from pathlib import Path
 from typing import Any
 
 from . import graphs, stats
-from .report import _MISSING, _md_table, _ms, _one_line, _x, header_line, log_axis, write_suite_report
+from .report import (
+    _MISSING,
+    BarPanel,
+    _md_table,
+    _ms,
+    _one_line,
+    _x,
+    bar_panels,
+    chart_title,
+    header_line,
+    write_suite_report,
+)
 
 Row = Mapping[str, Any]
 
@@ -248,43 +259,21 @@ def markdown(environment: Mapping[str, Any], rows: Sequence[Row]) -> str:
 def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any]) -> Any:
     """Bars of ms per call (log scale): a panel per part, a group per (workload, world size), a bar per mode. A
     mode that did not run leaves a gap in its slot. Returns the figure."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: only `bench` needs matplotlib
-    from matplotlib.figure import Figure
-
     view = _View(rows)
-    parts = [p for p in PART_TITLES if view.part_rows(p)]
-    groups = {
-        p: list(dict.fromkeys((str(r["workload"]), int(r["world_size"])) for r in view.part_rows(p))) for p in parts
-    }
-    width = max(7.0, 3.0 + 1.2 * max((len(g) for g in groups.values()), default=1))
-    fig = Figure(figsize=(width, 4.2 * max(1, len(parts))), dpi=120)
-    FigureCanvasAgg(fig)
-    where = " · ".join(str(environment[k]) for k in ("gpu", "date") if environment.get(k))
-    fig.suptitle(f"launchless bench: {SUITE}, ms per call" + (f"\n{where}" if where else ""), fontsize=10)
-    if not parts:
-        fig.text(0.5, 0.5, "no rows", ha="center", va="center")
-    for i, part in enumerate(parts):
-        ax = fig.add_subplot(len(parts), 1, i + 1)
-        part_modes = stats.ordered_modes(view.part_rows(part))
-        bar = 0.8 / len(part_modes)
-        for j, mode in enumerate(part_modes):
-            xs, heights = [], []
-            for g, (workload, world_size) in enumerate(groups[part]):
-                median = view.median(workload, mode, world_size)
-                if median is not None:
-                    xs.append(g - 0.4 + (j + 0.5) * bar)
-                    heights.append(median)
-            bars = ax.bar(xs, heights, width=bar, color=f"C{j % 10}", label=mode)
-            ax.bar_label(bars, labels=[_ms(h) for h in heights], fontsize=6)
-        log_axis(ax)
-        ax.set_ylabel("ms per call (log scale)")
-        ax.set_title(PART_TITLES[part], fontsize=9)
-        ax.set_xticks(range(len(groups[part])))
-        ax.set_xticklabels([f"{w}\nworld size {n}" for w, n in groups[part]], fontsize=7)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, format="png")
-    return fig
+    panels = []
+    for part in (p for p in PART_TITLES if view.part_rows(p)):
+        groups = list(dict.fromkeys((str(r["workload"]), int(r["world_size"])) for r in view.part_rows(part)))
+        panels.append(
+            BarPanel(
+                title=PART_TITLES[part],
+                ylabel="ms per call (log scale)",
+                groups=[f"{w}\nworld size {n}" for w, n in groups],
+                modes=stats.ordered_modes(view.part_rows(part)),
+                value=lambda g, mode, groups=groups: view.median(groups[g][0], mode, groups[g][1]),
+            )
+        )
+    title = chart_title(f"launchless bench: {SUITE}, ms per call", environment)
+    return bar_panels(path, panels, title=title, group_width=1.2)
 
 
 # --- all outputs ----------------------------------------------------------------------------------------------
@@ -292,16 +281,12 @@ def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any])
 
 def write_all(out_dir: str | Path, environment: Mapping[str, Any], rows: Sequence[Row]) -> dict[str, Path]:
     """multigpu.json, multigpu.md and multigpu.png in ``out_dir``; returns {"json", "md", "png"}: path."""
-    document = {
-        "environment": dict(environment),
-        "suite": SUITE,
-        "rows": [dict(r) for r in rows],
-        "summary": _View(rows).summary(),
-    }
     return write_suite_report(
         out_dir,
-        "multigpu",
-        document=document,
+        SUITE,
+        environment=environment,
+        rows=rows,
+        summary=_View(rows).summary(),
         markdown_text=markdown(environment, rows),
         draw=lambda path: chart(path, rows, environment),
     )

@@ -15,6 +15,7 @@ Columns follow the order modes first appear in the rows; rows follow the order w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -470,19 +471,75 @@ def log_axis(ax: Any, *, unit: str = "") -> None:
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
+@dataclasses.dataclass(frozen=True)
+class BarPanel:
+    """One panel of a suite's chart: a group of bars per x label, a bar per mode (``value(group, mode)``: the bar's
+    height, None for a mode that did not run, which leaves a gap in its slot)."""
+
+    title: str
+    ylabel: str
+    groups: list[str]
+    modes: list[str]
+    value: Callable[[int, str], float | None]
+
+
+def bar_panels(path: str | Path, panels: Sequence[BarPanel], *, title: str, group_width: float) -> Any:
+    """The chart of the multigpu and serving suites: a panel per part, stacked, bars on the log axis every bench chart
+    shares, labelled with their value; ``title`` above (a second line: the GPU and date). Returns the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: only `bench` needs matplotlib
+    from matplotlib.figure import Figure
+
+    width = max(7.0, 3.0 + group_width * max((len(p.groups) for p in panels), default=1))
+    fig = Figure(figsize=(width, 4.2 * max(1, len(panels))), dpi=120)
+    FigureCanvasAgg(fig)
+    fig.suptitle(title, fontsize=10)
+    if not panels:
+        fig.text(0.5, 0.5, "no rows", ha="center", va="center")
+    for i, panel in enumerate(panels):
+        ax = fig.add_subplot(len(panels), 1, i + 1)
+        bar = 0.8 / len(panel.modes)
+        for j, mode in enumerate(panel.modes):
+            xs, heights = [], []
+            for g in range(len(panel.groups)):
+                value = panel.value(g, mode)
+                if value is not None:
+                    xs.append(g - 0.4 + (j + 0.5) * bar)
+                    heights.append(value)
+            bars = ax.bar(xs, heights, width=bar, color=f"C{j % 10}", label=mode)
+            ax.bar_label(bars, labels=[_ms(h) for h in heights], fontsize=6)
+        log_axis(ax)
+        ax.set_ylabel(panel.ylabel)
+        ax.set_title(panel.title, fontsize=9)
+        ax.set_xticks(range(len(panel.groups)))
+        ax.set_xticklabels(panel.groups, fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return fig
+
+
+def chart_title(suite_title: str, environment: Mapping[str, Any]) -> str:
+    """A suite chart's title, with the GPU and the date on a second line where the environment has them."""
+    where = " · ".join(str(environment[k]) for k in ("gpu", "date") if environment.get(k))
+    return suite_title + (f"\n{where}" if where else "")
+
+
 def write_suite_report(
     out_dir: str | Path,
-    name: str,
+    suite: str,
     *,
-    document: Mapping[str, Any],
+    environment: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    summary: Any,
     markdown_text: str,
     draw: Callable[[Path], Any],
 ) -> dict[str, Path]:
-    """``<name>.json`` (``document``), ``<name>.md`` and ``<name>.png`` (``draw(path)``) in ``out_dir``, created if
-    needed; returns {"json", "md", "png"}: path."""
+    """``<suite>.json`` (the environment, the suite, the rows and their summary), ``<suite>.md`` and ``<suite>.png``
+    (``draw(path)``) in ``out_dir``, created if needed; returns {"json", "md", "png"}: path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / f"{name}.json", "md": out / f"{name}.md", "png": out / f"{name}.png"}
+    paths = {"json": out / f"{suite}.json", "md": out / f"{suite}.md", "png": out / f"{suite}.png"}
+    document = {"environment": dict(environment), "suite": suite, "rows": [dict(r) for r in rows], "summary": summary}
     paths["json"].write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     paths["md"].write_text(markdown_text, encoding="utf-8")
     draw(paths["png"])

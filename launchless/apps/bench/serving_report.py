@@ -40,7 +40,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .report import _MISSING, _md_table, _ms, _one_line, _x, header_line, log_axis, write_suite_report
+from .report import (
+    _MISSING,
+    BarPanel,
+    _md_table,
+    _ms,
+    _one_line,
+    _x,
+    bar_panels,
+    chart_title,
+    header_line,
+    write_suite_report,
+)
 from .serving_workloads import (
     BUCKETS,
     BUCKETS_AUTO,
@@ -379,43 +390,18 @@ _CHART = {
 def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any]) -> Any:
     """Bars on a log scale: the trace's time per bucket workload and mode, tokens per second per decode workload
     and mode; a mode that did not run leaves a gap in its slot. Returns the figure."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: only `bench` needs matplotlib
-    from matplotlib.figure import Figure
-
     view = _View(rows)
-    parts = [p for p in PART_TITLES if view.part_rows(p)]
-    workloads = {p: list(dict.fromkeys(str(r["workload"]) for r in view.part_rows(p))) for p in parts}
-    width = max(7.0, 3.0 + 1.5 * max((len(w) for w in workloads.values()), default=1))
-    fig = Figure(figsize=(width, 4.2 * max(1, len(parts))), dpi=120)
-    FigureCanvasAgg(fig)
-    where = " · ".join(str(environment[k]) for k in ("gpu", "date") if environment.get(k))
-    fig.suptitle(f"launchless bench: {SUITE}" + (f"\n{where}" if where else ""), fontsize=10)
-    if not parts:
-        fig.text(0.5, 0.5, "no rows", ha="center", va="center")
-    for i, part in enumerate(parts):
+    panels = []
+    for part in (p for p in PART_TITLES if view.part_rows(p)):
         key, label = _CHART[part]
-        ax = fig.add_subplot(len(parts), 1, i + 1)
-        part_modes = ordered_modes(view.part_rows(part))
-        bar = 0.8 / len(part_modes)
-        for j, mode in enumerate(part_modes):
-            xs, heights = [], []
-            for g, workload in enumerate(workloads[part]):
-                row = view.ok(workload, mode)
-                value = _positive(row.get(key)) if row is not None else None
-                if value is not None:
-                    xs.append(g - 0.4 + (j + 0.5) * bar)
-                    heights.append(value)
-            bars = ax.bar(xs, heights, width=bar, color=f"C{j % 10}", label=mode)
-            ax.bar_label(bars, labels=[_ms(h) for h in heights], fontsize=6)
-        log_axis(ax)
-        ax.set_ylabel(label)
-        ax.set_title(PART_TITLES[part], fontsize=9)
-        ax.set_xticks(range(len(workloads[part])))
-        ax.set_xticklabels(workloads[part], fontsize=7)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, format="png")
-    return fig
+        workloads = list(dict.fromkeys(str(r["workload"]) for r in view.part_rows(part)))
+
+        def value(g: int, mode: str, workloads: list[str] = workloads, key: str = key) -> float | None:
+            row = view.ok(workloads[g], mode)
+            return _positive(row.get(key)) if row is not None else None
+
+        panels.append(BarPanel(PART_TITLES[part], label, workloads, ordered_modes(view.part_rows(part)), value))
+    return bar_panels(path, panels, title=chart_title(f"launchless bench: {SUITE}", environment), group_width=1.5)
 
 
 # --- all outputs ----------------------------------------------------------------------------------------------
@@ -423,16 +409,12 @@ def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any])
 
 def write_all(out_dir: str | Path, environment: Mapping[str, Any], rows: Sequence[Row]) -> dict[str, Path]:
     """serving.json, serving.md and serving.png in ``out_dir``; returns {"json", "md", "png"}: path."""
-    document = {
-        "environment": dict(environment),
-        "suite": SUITE,
-        "rows": [dict(r) for r in rows],
-        "summary": _View(rows).summary(),
-    }
     return write_suite_report(
         out_dir,
-        "serving",
-        document=document,
+        SUITE,
+        environment=environment,
+        rows=rows,
+        summary=_View(rows).summary(),
         markdown_text=markdown(environment, rows),
         draw=lambda path: chart(path, rows, environment),
     )
