@@ -10,10 +10,7 @@ the rest -- and the suite goes on.
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,7 +24,7 @@ from ..torchrun import torchrun_command
 from ..workers import run_workers
 from . import multigpu_report
 from .multigpu_worker import DDP_MODES, DDP_RESNET18, TP_MODES, check_workload, empty_row, modes_of
-from .runner import fresh_caches
+from .runner import fresh_cache_env
 
 MODES = tuple(dict.fromkeys((*TP_MODES, *DDP_MODES)))
 WORLD_SIZES = (1, 2)
@@ -83,10 +80,7 @@ def run_group(
     """Rows of ``workloads`` under ``mode`` from one ``torchrun`` group of ``world_size`` ranks (a new group for
     the rest when one dies or hangs). On CUDA the group sees the first ``world_size`` of ``gpus``."""
     label = f"-w{world_size}-{mode}"
-    caches = Path(tempfile.mkdtemp(prefix=f"launchless-bench{label}-"))
-    env = {**os.environ, **fresh_caches(caches)}
-    if device == "cuda":
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in (gpus or ())[:world_size])
+    visible = ",".join(str(g) for g in (gpus or ())[:world_size]) if device == "cuda" else None
 
     def command(remaining: list[str], jsonl: Path) -> list[str]:
         options = ("--mode", mode, "--device", device, "--iters", str(iters), "--out", str(jsonl))
@@ -97,7 +91,7 @@ def run_group(
     def failed_row(workload: str, why: str) -> dict:
         return empty_row(workload, mode, world_size, "error", f"{why} (see worker{label}.log)")
 
-    try:
+    with fresh_cache_env(f"launchless-bench{label}-", visible_gpus=visible) as env:
         return run_workers(
             workloads,
             command=command,
@@ -109,8 +103,6 @@ def run_group(
             env=env,
             on_row=lambda row: advance(),
         )
-    finally:
-        shutil.rmtree(caches, ignore_errors=True)
 
 
 def environment(device: str, gpus: Sequence[int] | None, world_sizes: Sequence[int]) -> dict:

@@ -11,6 +11,7 @@ cores so that one part's compilation does not steal the CPU another part is timi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from rich.console import Console
@@ -47,15 +48,12 @@ def run_mode(
 
     ``gpu`` makes the worker see only that GPU; ``cores`` pins it to those CPU cores."""
     part = "" if gpu is None else f"-gpu{gpu}"
-    caches = Path(tempfile.mkdtemp(prefix=f"launchless-bench-{mode}{part}-"))
-    env = {**os.environ, **fresh_caches(caches)}
-    if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
 
     def command(remaining: list[str], jsonl: Path) -> list[str]:
         return [*worker, "--mode", mode, "--iters", str(iters), "--out", str(jsonl), "--workloads", *remaining]
 
-    try:
+    visible = None if gpu is None else str(gpu)
+    with fresh_cache_env(f"launchless-bench-{mode}{part}-", visible_gpus=visible) as env:
         return run_workers(
             names,
             command=command,
@@ -68,8 +66,6 @@ def run_mode(
             cores=cores,
             on_row=lambda row: advance(),
         )
-    finally:
-        shutil.rmtree(caches, ignore_errors=True)
 
 
 def fresh_caches(root: Path) -> dict[str, str]:
@@ -79,6 +75,20 @@ def fresh_caches(root: Path) -> dict[str, str]:
         "TRITON_CACHE_DIR": str(root / "triton"),
         "LAUNCHLESS_CACHE_DIR": str(root / "decisions"),
     }
+
+
+@contextlib.contextmanager
+def fresh_cache_env(prefix: str, *, visible_gpus: str | None = None) -> Iterator[dict[str, str]]:
+    """The environment of a mode's workers: compile caches of their own in a temporary folder (removed afterwards:
+    one mode must not find another's kernels), and only ``visible_gpus`` where given."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    env = {**os.environ, **fresh_caches(root)}
+    if visible_gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible_gpus
+    try:
+        yield env
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def deal(names: list[str], parts: int, weights: Mapping[str, float] | None = None) -> list[list[str]]:

@@ -12,10 +12,7 @@ standard suite deals its own, each part's workers pinned to their own CPU cores.
 from __future__ import annotations
 
 import importlib.metadata
-import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +26,7 @@ from ..environment import describe
 from ..workers import run_workers
 from . import serving_report
 from .multigpu import device_type
-from .runner import fresh_caches, run_parts
+from .runner import fresh_cache_env, run_parts
 from .serving_worker import empty_row
 from .serving_workloads import TRACE_CALLS, check_workload, describe_trace, modes_of
 
@@ -57,10 +54,6 @@ def run_mode(
     """Rows of ``workloads`` under ``mode`` from one worker (a new one for the rest when one dies or hangs); ``gpu``
     makes the worker see only that GPU, ``cores`` pins it to those CPU cores."""
     label = f"-{mode}" + ("" if gpu is None else f"-gpu{gpu}")
-    caches = Path(tempfile.mkdtemp(prefix=f"launchless-serving{label}-"))
-    env = {**os.environ, **fresh_caches(caches)}
-    if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
 
     def command(remaining: list[str], jsonl: Path) -> list[str]:
         options = ("--mode", mode, "--calls", str(calls), "--device", device, "--out", str(jsonl))
@@ -69,7 +62,7 @@ def run_mode(
     def failed_row(workload: str, why: str) -> dict:
         return empty_row(workload, mode, "error", f"{why} (see worker{label}.log)")
 
-    try:
+    with fresh_cache_env(f"launchless-serving{label}-", visible_gpus=None if gpu is None else str(gpu)) as env:
         return run_workers(
             workloads,
             command=command,
@@ -82,8 +75,6 @@ def run_mode(
             cores=cores,
             on_row=lambda row: advance(),
         )
-    finally:
-        shutil.rmtree(caches, ignore_errors=True)
 
 
 def _version(package: str) -> str | None:
