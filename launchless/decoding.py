@@ -118,8 +118,13 @@ def static_cache_refusal(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> s
 
 def cache_tensors(cache: Any) -> list[torch.Tensor]:
     """Every tensor a static cache holds (per layer: keys, values, the length written so far), in a fixed order."""
+    return [tensor for _, _, tensor in _cache_slots(cache)]
+
+
+def _cache_slots(cache: Any) -> list[tuple[Any, str, torch.Tensor]]:
+    """(holder, attribute, tensor) for every tensor a static cache holds: what a decode graph reads and writes."""
     holders = [*getattr(cache, "layers", ()), cache]
-    return [v for holder in holders for _, v in sorted(vars(holder).items()) if isinstance(v, torch.Tensor)]
+    return [(h, name, v) for h in holders for name, v in sorted(vars(h).items()) if isinstance(v, torch.Tensor)]
 
 
 def _host_state(cache: Any) -> dict[str, str]:
@@ -173,8 +178,8 @@ class DecodeGraphs:
         self._caches: collections.OrderedDict[tuple[int, int, bool, torch.dtype, torch.device], Any] = (
             collections.OrderedDict()
         )
-        # per decode graph: the cache it was captured on, that cache's tensors then, how its output is rebuilt
-        self._state: dict[Signature, tuple[Any, list[torch.Tensor], _Output]] = {}
+        # per decode graph: the cache it was captured on, where that cache held which tensor, how its output is rebuilt
+        self._state: dict[Signature, tuple[Any, list[tuple[Any, str, torch.Tensor]], _Output]] = {}
         self._lock = threading.RLock()  # one generate() at a time: the model's forward is routed while it runs
         self.generate_calls = self.prefills = self.replayed = 0
         self.eager_steps: collections.Counter[str] = collections.Counter()
@@ -287,8 +292,8 @@ class DecodeGraphs:
         graphs.validate(())
         graph = graphs.get(key)
         if graph is not None:
-            held_cache, tensors_then, output = self._state[key]
-            if held_cache is cache and _same_tensors(cache_tensors(cache), tensors_then):
+            held_cache, slots, output = self._state[key]
+            if held_cache is cache and all(vars(h).get(name) is t for h, name, t in slots):  # no sort per step
                 self.replayed += 1
                 return _rebuilt(output, graph.replay_cloned(flat.leaves), cache)
             graphs.forget(key)  # captured again below, on the tensors the cache holds now
@@ -328,9 +333,10 @@ class DecodeGraphs:
         def decode_step(**tensors: Any) -> Any:
             return _without_cache(forward(**tensors, **{keyword: cache}), cache, output)
 
-        state = Snapshot(cache_tensors(cache))
+        held = cache_tensors(cache)
+        state = Snapshot(held)
         host = _host_state(cache)
-        device = cache_tensors(cache)[0].device
+        device = held[0].device
         try:
             with self.graphs.capturing(key) as pool:
                 graph = capture(decode_step, flat, device=device, pool=pool, warmup=self.warmup)
@@ -354,7 +360,7 @@ class DecodeGraphs:
             why = f"the decode graph differs from eager ({report.status}: {report.detail})"
             return self._refuse(key, Stage.VERIFICATION, why, forward, kwargs)
         self.graphs.keep(key, graph, report, flat.leaves)
-        self._state[key] = (cache, cache_tensors(cache), output)
+        self._state[key] = (cache, _cache_slots(cache), output)
         for gone in [k for k in self._state if k not in self.graphs.graphs]:  # evicted: their caches let go
             del self._state[gone]
         self.replayed += 1
@@ -463,10 +469,6 @@ def _rebuilt(output: _Output, tensors: Any, cache: Any) -> Any:
     if output.kind is None:
         return tensors
     return output.kind(**tensors, **dict.fromkeys(output.cache_fields, cache))
-
-
-def _same_tensors(now: list[torch.Tensor], then: list[torch.Tensor]) -> bool:
-    return len(now) == len(then) and all(a is b for a, b in zip(now, then, strict=True))
 
 
 def _named(flat: FlatInputs) -> list[tuple[str, Any]]:
