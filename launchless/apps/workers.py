@@ -15,6 +15,12 @@ POLL_S = 0.2
 Row = dict[str, Any]
 
 
+def append_row(path: str | Path, row: Row) -> None:
+    """A worker's row, one JSON line appended as soon as it is measured (``read_rows`` reads them back)."""
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
 def read_rows(path: Path, seen: int = 0) -> list[Row]:
     """The rows a worker has written to ``path``, past the first ``seen``."""
     if not path.exists():

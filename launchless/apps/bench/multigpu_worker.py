@@ -26,7 +26,6 @@ import argparse
 import ctypes
 import functools
 import importlib
-import json
 import os
 import signal
 import statistics
@@ -42,6 +41,7 @@ from torch.utils._pytree import tree_map
 
 from ...core.collectives import wait_outputs
 from ...timing import Timing, cuda_latency, cuda_time
+from ..workers import append_row
 from . import modes
 from .measure import compare_outputs
 from .multigpu_report import DDP_TRAINING, TP_INFERENCE
@@ -378,8 +378,7 @@ def run(mode: str, workloads: list[str], *, iters: int, device: torch.device, ou
         if rank == 0:
             row = gathered_row(workload, mode, world_size, results)
             row["wall_s"] = time.perf_counter() - started
-            with open(out, "a") as f:
-                f.write(json.dumps(row) + "\n")
+            append_row(out, row)
         release()
 
 

@@ -9,11 +9,11 @@ workloads it had not reached. A workload that fails is an error row and the work
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
 
+from ..workers import append_row
 from .serving_workloads import BUCKETS, DECODE, MODES, decode_workload, part_of
 from .worker import one_line, release
 
@@ -75,8 +75,7 @@ def run(mode: str, workloads: list[str], *, calls: int, device: torch.device, ou
         except Exception as exc:  # one workload failing must not stop the mode
             row = empty_row(workload, mode, "error", one_line(exc))
         row["wall_s"] = time.perf_counter() - started
-        with open(out, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_row(out, row)
         release()
 
 

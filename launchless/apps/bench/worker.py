@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import time
 
 import torch
 
+from ..workers import append_row
 from . import workloads
 from .measure import measure
 from .modes import ModeUnavailable
@@ -53,8 +53,7 @@ def run(mode: str, names: list[str], iters: int, out: str) -> None:
         except Exception as exc:  # one workload failing must not stop the suite
             row = empty_row(name, mode, "error", one_line(exc))
         row["wall_s"] = time.perf_counter() - start
-        with open(out, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_row(out, row)
         release()
 
 

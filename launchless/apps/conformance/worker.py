@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from typing import Any
 
@@ -12,6 +11,7 @@ import torch
 from .. import zoo
 from ..bench.worker import one_line
 from ..environment import describe
+from ..workers import append_row
 from .check import check, empty_row
 
 ENVIRONMENT = ("date", "gpu", "driver", "cuda", "torch", "triton", "python")
@@ -45,8 +45,7 @@ def run(names: list[str], out: str, iters: int) -> None:
         row = check_zoo_model(name, iters=iters)
         row["wall_s"] = round(time.perf_counter() - start, 2)
         row.update(environment)  # each row says where it was measured: parts of a matrix may be merged
-        with open(out, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_row(out, row)
         torch._dynamo.reset()
         torch.cuda.empty_cache()
 
