@@ -55,6 +55,8 @@ DECODE_FIELDS = COMMON_FIELDS | {
     "runs",
     "first_divergence",
     "dynamic_divergence",
+    "interleaved_ms",
+    "interleaved_rounds",
 }
 
 
@@ -117,6 +119,7 @@ def test_the_suite_runs_end_to_end_on_cpu_through_the_command_line(tmp_path: Pat
         assert row["batch"] == 1 and row["new_tokens"] == 4 and row["runs"] == 3
         assert row["tokens_per_s"] == pytest.approx(1e3 / row["median_ms"])
         assert 0 < row["ttft_ms"] < row["generate_ms"] and row["first_divergence"] is None
+        assert row["interleaved_ms"] is None and row["interleaved_rounds"] is None  # no race without graphs
 
     md = (tmp_path / "serving.md").read_text()
     assert "## Batch buckets" in md and "## Decode" in md and "device cpu" in md
@@ -255,9 +258,17 @@ DECODE_NUMBERS = {
 }
 
 
+# GPT-2 at batch 1 raced in one process: ms per decode step; it turns the separate rows' verdict round
+GPT2_B1_INTERLEAVED = {"eager": 5.0, "static-compile": 2.0, "launchless": 2.5}
+
+
 def _rows() -> list[dict]:
     rows = [_bucket_row(w, m, total, memory) for (w, m), (total, memory) in BUCKET_NUMBERS.items()]
-    return rows + [_decode_row(w, m, tokens, compile_s) for (w, m), (tokens, compile_s) in DECODE_NUMBERS.items()]
+    rows += [_decode_row(w, m, tokens, compile_s) for (w, m), (tokens, compile_s) in DECODE_NUMBERS.items()]
+    for row in rows:
+        if (row["workload"], row["mode"]) == (GPT2_B1, "launchless"):
+            row.update(interleaved_ms=GPT2_B1_INTERLEAVED, interleaved_rounds=7)
+    return rows
 
 
 def test_the_report_sets_each_mode_against_its_parts_baseline_and_judges_the_targets(tmp_path: Path) -> None:
@@ -276,9 +287,10 @@ def test_the_report_sets_each_mode_against_its_parts_baseline_and_judges_the_tar
         "memory_vs_graph_per_size": None,
     }
     decode = summary["ratios"]["decode"]
-    assert decode[GPT2_B1]["launchless"] == pytest.approx(
-        {"tokens_per_s_vs_static_compile": 550.0 / 500.0, "compile_s_vs_static_compile": 4.0 / 40.0}
+    assert decode[GPT2_B1]["launchless"] == pytest.approx(  # tokens from the race (2.0 / 2.5), not 550 / 500
+        {"tokens_per_s_vs_static_compile": 2.0 / 2.5, "compile_s_vs_static_compile": 4.0 / 40.0}
     )
+    assert decode[GPT2_B1]["eager"]["tokens_per_s_vs_static_compile"] == pytest.approx(2.0 / 5.0)
     assert decode[GPT2_B8]["launchless"] == pytest.approx(
         {"tokens_per_s_vs_static_compile": 1000.0 / 2000.0, "compile_s_vs_static_compile": 5.0 / 45.0}
     )
@@ -290,7 +302,7 @@ def test_the_report_sets_each_mode_against_its_parts_baseline_and_judges_the_tar
     assert verdicts[(RESNET, "buckets")]["met"] is True  # 100/105 >= 0.9 and 150/800 <= 0.25
     assert verdicts[(RESNET, "buckets-auto")]["met"] is False  # 100/125 = 0.8 < 0.9
     assert verdicts[(BERT, "buckets")]["met"] is None
-    assert verdicts[(GPT2_B1, "launchless")]["met"] is True  # 550/500 >= 1 and 4/40 <= 0.2
+    assert verdicts[(GPT2_B1, "launchless")]["met"] is False  # raced: 2.0/2.5 < 1, though 550/500 >= 1 apart
     assert verdicts[(LLAMA_B1, "launchless")]["met"] is False  # 250/300 < 1
 
     md = paths["md"].read_text()
@@ -300,13 +312,17 @@ def test_the_report_sets_each_mode_against_its_parts_baseline_and_judges_the_tar
     assert f"| `{RESNET}` | reduce-overhead | 90.0 | 9.00 | {reduce_overhead} | 3 | 0.5 | ≠ 2.5e-07 |" in md
     assert f"| `{RESNET}` | eager | 300 | 30.0 | {100 / 300:.2f}× | 0.0 | {0 / 800:.2f}× | 3 | 0.5 | = |" in md
     assert f"| `{BERT}` | graph-per-size | error |" in md
-    launchless = f"550.0 | {1e3 / 550:.2f} | 12.0 | {550 / 500:.2f}× | 4 | {4 / 40:.2f}×"
+    launchless = f"550.0 | {1e3 / 550:.2f} | 12.0 | {2 / 2.5:.2f}× | 4 | {4 / 40:.2f}×"
     assert f"| `{GPT2_B1}` | 1 | launchless | {launchless} | 0 | = |" in md
     static_compile = "500.0 | 2.00 | 12.0 | 1.00× | 40 | 1.00×"  # the baseline against itself
     assert f"| `{GPT2_B1}` | 1 | static-compile | {static_compile} | 0 | ≠ from token 17 |" in md
     assert f"- `{RESNET}` · buckets: **met**: {speed} the speed of graph-per-size (target ≥ 0.90×), {memory}" in md
     assert f"- `{RESNET}` · buckets-auto: **not met**: {100 / 125:.2f}× the speed of graph-per-size" in md
     assert f"- `{BERT}` · buckets: not judged: graph-per-size did not run" in md
+    assert "Raced in one process (the launchless worker, once its row was measured): 7 rounds" in md
+    assert f"| `{GPT2_B1}` | 5.00 | 2.00 | 2.50 | {2 / 2.5:.2f}× |" in md  # eager, static-compile, launchless
+    assert f"| `{GPT2_B8}` |" not in md.split("Raced in one process")[1].split("## Targets")[0]  # not raced
+    assert f"- `{GPT2_B1}` · launchless: **not met**: {2 / 2.5:.2f}× the tokens per second of static-compile" in md
     assert f"- `{LLAMA_B1}` · launchless: **not met**: {250 / 300:.2f}× the tokens per second of static-compile" in md
     assert f"- `{BERT}` · graph-per-size: the worker exited with code 1" in md
     assert paths["png"].read_bytes().startswith(b"\x89PNG")

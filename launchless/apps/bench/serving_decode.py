@@ -19,6 +19,14 @@ itself (``CompileConfig(fullgraph=True, mode="reduce-overhead")``; a transformer
 ``model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)``); ``launchless`` is
 ``launchless.wrap(model).generate``.
 
+Separate processes do not make a fair race: one process's host runs a few percent faster or slower than the next
+(measured: the same mode's step time moved by 10 % between runs on one machine), and decoding at batch 1 is bound by
+the host as much as by the device. So the launchless worker, once its own row is measured, also sets the three modes
+against each other in its one process (``interleaved``): static-compile compiled first (that start-up is its own
+worker's to measure), then ``INTERLEAVED_ROUNDS`` rounds of one generate() per mode, in a rotating order; the median
+decode step per mode goes to the launchless row as ``interleaved_ms``, and the report judges tokens per second by it.
+On a CPU, where nothing is captured or compiled into graphs, it does not run.
+
 A mode is ``identical`` when its tokens are those of eager ``generate()`` computing the same thing without graphs or
 compilation (``eager_equivalent``): a static cache attends over its whole, masked length and rounds differently from
 the default dynamic cache, so after some steps greedy tokens can part from the dynamic cache's -- for transformers'
@@ -27,6 +35,7 @@ own recipe as for launchless. ``dynamic_divergence`` says where they did.
 
 from __future__ import annotations
 
+import copy
 import functools
 import statistics
 import time
@@ -46,6 +55,7 @@ from .serving_graphs import compiled_graphs
 from .serving_workloads import DECODE_MODES, EAGER, LAUNCHLESS, STATIC_COMPILE, build_decoder, decode_workload
 
 DECODE_RUNS = 3  # timed generate() calls after the first
+INTERLEAVED_ROUNDS = 7  # rounds of one generate() per mode, the modes in a rotating order
 
 
 class StaticCacheUnavailable(RuntimeError):
@@ -158,9 +168,12 @@ def measure_decode(workload: str, mode: str, *, device: torch.device) -> dict[st
     mode_decoding = decoding(mode, model)
     first = generate_once(mode_decoding.generate, request, device=device)
     runs = [generate_once(mode_decoding.generate, request, device=device) for _ in range(DECODE_RUNS)]
-    step_ms = statistics.median((g.seconds - g.first_token_s) / (new_tokens - 1) * 1e3 for g in runs)
+    step_ms = statistics.median(decode_step_ms(g, new_tokens) for g in runs)
     generate_s = statistics.median(g.seconds for g in runs)
     divergence = first_divergence(reference, [first, *runs])
+    interleaved = None
+    if mode == LAUNCHLESS and device.type == "cuda":
+        interleaved = interleaved_step_ms(model, mode_decoding, request, device=device)
     return {
         "median_ms": step_ms,
         "tokens_per_s": decode.batch * 1e3 / step_ms,
@@ -173,7 +186,38 @@ def measure_decode(workload: str, mode: str, *, device: torch.device) -> dict[st
         "identical": divergence is None,
         "first_divergence": divergence,
         "dynamic_divergence": first_divergence(dynamic, [first]),
+        "interleaved_ms": interleaved,
+        "interleaved_rounds": INTERLEAVED_ROUNDS if interleaved else None,
     }
+
+
+def decode_step_ms(generation: Generation, new_tokens: int) -> float:
+    """A decode step of one generate() call: the time after the first new token over the tokens after it."""
+    return (generation.seconds - generation.first_token_s) / (new_tokens - 1) * 1e3
+
+
+def interleaved_step_ms(
+    model: torch.nn.Module, launchless_decoding: Decoding, request: dict[str, Any], *, device: torch.device
+) -> dict[str, float]:
+    """The median decode step of each decode mode, the modes taking turns in this process (see the module docstring):
+    {mode: ms}. Static-compile is left out where transformers has none."""
+    plain = copy.deepcopy(model.generation_config)  # static-compile rewrites the model's own
+    generates: dict[str, Callable[..., torch.Tensor]] = {
+        EAGER: functools.partial(model.generate, generation_config=plain),
+        LAUNCHLESS: functools.partial(launchless_decoding.generate, generation_config=plain),
+    }
+    try:
+        generates[STATIC_COMPILE] = decoding(STATIC_COMPILE, model).generate
+        generate_once(generates[STATIC_COMPILE], request, device=device)  # compiled here, not in the rounds
+    except StaticCacheUnavailable:
+        generates.pop(STATIC_COMPILE, None)
+    steps: dict[str, list[float]] = {mode: [] for mode in generates}
+    order = list(generates)
+    for round_ in range(INTERLEAVED_ROUNDS):
+        for mode in order[round_ % len(order) :] + order[: round_ % len(order)]:
+            generation = generate_once(generates[mode], request, device=device)
+            steps[mode].append(decode_step_ms(generation, request["max_new_tokens"]))
+    return {mode: statistics.median(times) for mode, times in steps.items()}
 
 
 def _graphs(mode: str, mode_decoding: Decoding) -> int:

@@ -26,11 +26,16 @@ A row is one (workload, mode), written by that mode's worker::
      "generate_ms": float | None,    # a whole generate() call (median over the runs)
      "first_call_s": float | None, "runs": int | None,
      "first_divergence": int | None, # the first new-token position that left the eager equivalent's tokens
-     "dynamic_divergence": int | None} # ... that left the tokens of eager generate() on its default dynamic cache
+     "dynamic_divergence": int | None, # ... that left the tokens of eager generate() on its default dynamic cache
+     "interleaved_ms": dict | None,  # launchless rows on a GPU: {mode: median ms per decode step} with the modes
+                                     # taking turns in one process (see serving_decode)
+     "interleaved_rounds": int | None} # the rounds of that race
 
 The targets, judged from the rows: a bucket mode serves the trace at 0.9x the speed of graph-per-size or better
 while its graphs hold at most a quarter of graph-per-size's memory; launchless decodes at batch 1 at least as many
-tokens per second as static-compile with at most a fifth of its start-up time (``compile_s``).
+tokens per second as static-compile with at most a fifth of its start-up time (``compile_s``). Tokens per second are
+set against each other from ``interleaved_ms`` where the launchless row has it (the modes raced in one process), from
+the separate rows where it does not.
 """
 
 from __future__ import annotations
@@ -123,8 +128,19 @@ class _View:
         return self._against(row, GRAPH_PER_SIZE, "graph_mem_bytes", baseline_over_row=False)
 
     def tokens_vs_static_compile(self, row: Row) -> float | None:
-        """This mode's tokens per second over static-compile's (above 1 is faster)."""
+        """This mode's tokens per second over static-compile's (above 1 is faster): from the modes' interleaved
+        decode steps where the workload's launchless row has them, else from the separate rows."""
+        interleaved = self.interleaved(str(row["workload"]))
+        if row.get("status") == "ok" and str(row["mode"]) in interleaved and STATIC_COMPILE in interleaved:
+            return _ratio(interleaved[STATIC_COMPILE], interleaved[str(row["mode"])])
         return self._against(row, STATIC_COMPILE, "tokens_per_s", baseline_over_row=False)
+
+    def interleaved(self, workload: str) -> dict[str, float]:
+        """{mode: median ms per decode step} of the modes raced in one process (the launchless row's); empty where
+        that did not run."""
+        row = self.ok(workload, LAUNCHLESS)
+        steps = (row or {}).get("interleaved_ms") or {}
+        return {str(mode): float(ms) for mode, ms in steps.items() if _positive(ms) is not None}
 
     def compile_vs_static_compile(self, row: Row) -> float | None:
         """This mode's start-up time (``compile_s``) over static-compile's."""
@@ -299,6 +315,34 @@ def _decode_table(view: _View) -> list[str]:
     return _md_table(header, body)
 
 
+def _interleaved_table(view: _View) -> list[str]:
+    """Per decode workload whose launchless row raced the modes in one process: each mode's decode step."""
+    workloads = [str(r["workload"]) for r in view.part_rows(DECODE) if r["mode"] == LAUNCHLESS]
+    raced = {w: view.interleaved(w) for w in workloads if view.interleaved(w)}
+    if not raced:
+        return []
+    rounds = {(view.ok(w, LAUNCHLESS) or {}).get("interleaved_rounds") for w in raced}
+    modes = [m for m in modes_of(workloads[0]) if any(m in steps for steps in raced.values())]
+    header = ["workload", *(f"{m} ms / step" for m in modes), "launchless × static-compile tokens/s"]
+    body = []
+    for workload, steps in raced.items():
+        ratio = _ratio(steps.get(STATIC_COMPILE), steps.get(LAUNCHLESS))
+        body.append([f"`{workload}`", *(_ms(steps.get(m)) for m in modes), _x(ratio)])
+    return [
+        "",
+        f"Raced in one process (the launchless worker, once its row was measured): {_rounds(rounds)} of one "
+        "generate() per mode, the modes in a rotating order, static-compile compiled before the rounds; the median "
+        "decode step per mode. The × static-compile tokens/s above and the targets below are from these.",
+        "",
+        *_md_table(header, body),
+    ]
+
+
+def _rounds(counts: set[Any]) -> str:
+    known = sorted(c for c in counts if isinstance(c, int))
+    return f"{'/'.join(map(str, known))} rounds" if known else "rounds"
+
+
 def _dynamic_cell(row: Row) -> str:
     """``=`` every token of eager generate() on the default dynamic cache; ``≠ from token 78`` where they parted."""
     if row.get("status") != "ok" or "dynamic_divergence" not in row:
@@ -360,6 +404,8 @@ def markdown(environment: Mapping[str, Any], rows: Sequence[Row]) -> str:
     for part, title in PART_TITLES.items():
         if view.part_rows(part):
             lines += ["", f"## {title}", "", notes[part], "", *tables[part](view)]
+            if part == DECODE:
+                lines += _interleaved_table(view)
     lines += ["", "## Targets", "", *_target_lines(view), "", "## Failed", ""]
     failed = [r for r in view.rows if r.get("status") != "ok"]
     lines += [f"- `{r['workload']}` · {r['mode']}: {_one_line(r.get('reason'))}" for r in failed]

@@ -38,6 +38,8 @@ PART_KEYS = {
         "first_call_s",
         "runs",
         "first_divergence",
+        "interleaved_ms",
+        "interleaved_rounds",
     ),
 }
 
