@@ -199,9 +199,12 @@ class DecodeGraphs:
             call_kwargs = {k: v for k, v in kwargs.items() if k not in CACHE_KEYWORDS} | {keyword: cache}
             if hasattr(model.generation_config, "disable_compile"):
                 call_kwargs["disable_compile"] = True  # transformers would compile a static-cache forward: the step
-            config = kwargs.get("generation_config") or model.generation_config
-            if kwargs.get("cache_implementation", getattr(config, "cache_implementation", None)) is not None:
-                call_kwargs["cache_implementation"] = None  # the cache is passed: transformers refuses both
+            # the cache is passed: transformers refuses a cache_implementation with it, and fills one a caller's own
+            # generation_config leaves unset from the model's, so it is cleared wherever it was set
+            configs = (kwargs.get("generation_config"), model.generation_config)
+            asked = [kwargs.get("cache_implementation")] + [getattr(c, "cache_implementation", None) for c in configs]
+            if any(a is not None for a in asked):
+                call_kwargs["cache_implementation"] = None
             own = model.__dict__.get("forward")  # an instance's own forward (set by the user) is put back after
             forward = own or type(model).forward.__get__(model)
             calls = [0]

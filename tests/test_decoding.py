@@ -258,11 +258,14 @@ def test_the_static_cache_recipe_already_set_on_the_model_is_taken_over(monkeypa
     monkeypatch.setattr(decoding, "capture", recorded_capture([]))
     model, request = tiny_llama()
     reference = eager_static(model, request)
+    plain = transformers.GenerationConfig.from_model_config(model.config)  # the caller's own, without the recipe
     model.generation_config.cache_implementation = "static"  # transformers' recipe, set before wrapping
     graphs = decode_graphs(model)
     with torch.no_grad():
         assert torch.equal(graphs.generate(model, (), dict(request)), reference)
-    assert graphs.info()["steps_replayed"] > 0
+        # transformers fills what a caller's config leaves unset from the model's, the recipe's cache included
+        assert torch.equal(graphs.generate(model, (), dict(request, generation_config=plain)), reference)
+    assert graphs.info()["steps_replayed"] > 0 and graphs.info()["generations_eager"] == {}
 
 
 def test_graphs_evicted_for_callers_caches_let_those_caches_go(monkeypatch) -> None:
