@@ -57,6 +57,7 @@ DECODE_FIELDS = COMMON_FIELDS | {
     "dynamic_divergence",
     "interleaved_ms",
     "interleaved_rounds",
+    "interleaved_error",
 }
 
 
@@ -120,6 +121,7 @@ def test_the_suite_runs_end_to_end_on_cpu_through_the_command_line(tmp_path: Pat
         assert row["tokens_per_s"] == pytest.approx(1e3 / row["median_ms"])
         assert 0 < row["ttft_ms"] < row["generate_ms"] and row["first_divergence"] is None
         assert row["interleaved_ms"] is None and row["interleaved_rounds"] is None  # no race without graphs
+        assert row["interleaved_error"] is None
 
     md = (tmp_path / "serving.md").read_text()
     assert "## Batch buckets" in md and "## Decode" in md and "device cpu" in md
@@ -268,6 +270,8 @@ def _rows() -> list[dict]:
     for row in rows:
         if (row["workload"], row["mode"]) == (GPT2_B1, "launchless"):
             row.update(interleaved_ms=GPT2_B1_INTERLEAVED, interleaved_rounds=7)
+        if (row["workload"], row["mode"]) == (LLAMA_B1, "launchless"):  # its own row stands; the race failed
+            row.update(interleaved_error="AcceleratorError: CUDA error: an illegal memory access was encountered")
     return rows
 
 
@@ -325,6 +329,7 @@ def test_the_report_sets_each_mode_against_its_parts_baseline_and_judges_the_tar
     assert f"- `{GPT2_B1}` · launchless: **not met**: {2 / 2.5:.2f}× the tokens per second of static-compile" in md
     assert f"- `{LLAMA_B1}` · launchless: **not met**: {250 / 300:.2f}× the tokens per second of static-compile" in md
     assert f"- `{BERT}` · graph-per-size: the worker exited with code 1" in md
+    assert f"- `{LLAMA_B1}` · the modes' race: AcceleratorError: CUDA error: an illegal memory access" in md
     assert paths["png"].read_bytes().startswith(b"\x89PNG")
 
 

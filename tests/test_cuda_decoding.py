@@ -125,3 +125,27 @@ def test_a_model_converted_to_half_between_calls_decodes_in_half() -> None:
         model.half()
         assert torch.equal(wrapped.generate(**request), eager_static(model, request))
     assert [c["dtype"] for c in wrapped.graph_info()["decode"]["static_caches"]] == ["float32", "float16"]
+
+
+@pytest.mark.parametrize("name", ["decode:llama-tiny@b1", "decode:llama-850m@b1", "decode:gpt2-124m@b8"])
+def test_transformers_compile_recipe_and_decode_graphs_take_turns_on_one_model(name: str) -> None:
+    """What a user comparing the two does in one process: transformers' static-cache compile recipe (CUDA graph trees
+    of its own) and launchless's decode graphs, in turns on the same model, with plain generate() between."""
+    from launchless.apps.bench.serving_decode import static_compile_recipe
+
+    recipe = static_compile_recipe()
+    if recipe is None:
+        pytest.skip(f"transformers {transformers.__version__} has no CompileConfig")
+    model, request = decoder(name)
+    wrapped = ll.wrap(model)
+    with torch.no_grad():
+        reference, dynamic = eager_static(model, request), model.generate(**request)
+        for turn in range(3):
+            compiled = model.generate(**request, **recipe)
+            assert compiled.shape == reference.shape, turn
+            assert torch.equal(wrapped.generate(**request), reference), turn
+            assert torch.equal(model.generate(**request), dynamic), turn  # the model's own config left as it was
+    torch.cuda.synchronize()
+    decode = wrapped.graph_info()["decode"]
+    assert len(decode["graphs"]) == 1 and decode["steps_eager"] == {"captured once seen 3 times": 2}, decode
+    assert "forward" not in model.__dict__

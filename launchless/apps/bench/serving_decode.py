@@ -14,18 +14,19 @@ median over the runs of that time over the tokens after the first), ``tokens_per
 that step time. ``compile_s`` is the first call's time beyond the median call.
 
 The modes: ``eager`` is ``model.generate``; ``static-compile`` is transformers' own recipe for a static KV cache with
-torch.compile: ``generation_config.cache_implementation = "static"``, with which ``generate()`` compiles the forward
-itself (``CompileConfig(fullgraph=True, mode="reduce-overhead")``; a transformers without ``CompileConfig`` gets
-``model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)``); ``launchless`` is
-``launchless.wrap(model).generate``.
+torch.compile: ``generate(cache_implementation="static", compile_config=CompileConfig(fullgraph=True,
+mode="reduce-overhead"))``, with which ``generate()`` compiles the forward itself, leaving the model's own generation
+config as it was (a transformers without ``CompileConfig`` gets ``model.forward = torch.compile(model.forward,
+mode="reduce-overhead", fullgraph=True)``); ``launchless`` is ``launchless.wrap(model).generate``.
 
-Separate processes do not make a fair race: one process's host runs a few percent faster or slower than the next
-(measured: the same mode's step time moved by 10 % between runs on one machine), and decoding at batch 1 is bound by
-the host as much as by the device. So the launchless worker, once its own row is measured, also sets the three modes
-against each other in its one process (``interleaved``): static-compile compiled first (that start-up is its own
+Separate processes do not make a fair race: one process's host runs faster or slower than the next (measured on one
+H200: static-compile's GPT-2 small step took from 1.37 to 1.86 ms over three runs), and decoding at batch 1 is bound
+by the host as much as by the device. So the launchless worker, once its own row is measured, also sets the three
+modes against each other in its one process (``interleaved``): static-compile compiled first (that start-up is its own
 worker's to measure), then ``INTERLEAVED_ROUNDS`` rounds of one generate() per mode, in a rotating order; the median
 decode step per mode goes to the launchless row as ``interleaved_ms``, and the report judges tokens per second by it.
-On a CPU, where nothing is captured or compiled into graphs, it does not run.
+A race that fails leaves the row's own measurement standing and says why in ``interleaved_error``. On a CPU, where
+nothing is captured or compiled into graphs, it does not run.
 
 A mode is ``identical`` when its tokens are those of eager ``generate()`` computing the same thing without graphs or
 compilation (``eager_equivalent``): a static cache attends over its whole, masked length and rounds differently from
@@ -35,7 +36,6 @@ own recipe as for launchless. ``dynamic_divergence`` says where they did.
 
 from __future__ import annotations
 
-import copy
 import functools
 import statistics
 import time
@@ -53,6 +53,7 @@ from launchless.decoding import cache_keyword, cache_length, new_static_cache
 from .multigpu_worker import synchronize_device
 from .serving_graphs import compiled_graphs
 from .serving_workloads import DECODE_MODES, EAGER, LAUNCHLESS, STATIC_COMPILE, build_decoder, decode_workload
+from .worker import one_line
 
 DECODE_RUNS = 3  # timed generate() calls after the first
 INTERLEAVED_ROUNDS = 7  # rounds of one generate() per mode, the modes in a rotating order
@@ -103,18 +104,27 @@ def decoding(mode: str, model: torch.nn.Module) -> Decoding:
             raise StaticCacheUnavailable(
                 f"transformers {transformers.__version__} has no static KV cache (StaticCache); it came in 4.38"
             )
+        recipe = static_compile_recipe()
+        if recipe is not None:  # per call: the model's own generation config is left as it was
+            return Decoding(functools.partial(model.generate, **recipe))
         model.generation_config.cache_implementation = "static"
-        if hasattr(transformers, "CompileConfig"):  # generate() compiles the forward itself, and marks its steps
-            compile_config = transformers.CompileConfig(fullgraph=True, mode="reduce-overhead")
-            compile_config._compile_all_devices = True  # on a CPU too (transformers compiles on accelerators only)
-            model.generation_config.compile_config = compile_config
-        else:
-            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
         return Decoding(model.generate)
     if mode == LAUNCHLESS:
         wrapped = launchless.wrap(model)
         return Decoding(wrapped.generate, wrapped)
     raise ValueError(f"mode {mode!r} does not decode; decode modes: {', '.join(DECODE_MODES)}")
+
+
+def static_compile_recipe() -> dict[str, Any] | None:
+    """generate()'s keyword arguments for transformers' static-cache compile recipe, where transformers compiles the
+    forward itself (``CompileConfig``) and marks its steps; None where it does not (the forward is compiled by hand
+    then, which changes the model for every later call)."""
+    if not hasattr(transformers, "CompileConfig"):
+        return None
+    compile_config = transformers.CompileConfig(fullgraph=True, mode="reduce-overhead")
+    compile_config._compile_all_devices = True  # on a CPU too (transformers compiles on accelerators only)
+    return {"cache_implementation": "static", "compile_config": compile_config}
 
 
 def generate_once(
@@ -171,9 +181,12 @@ def measure_decode(workload: str, mode: str, *, device: torch.device) -> dict[st
     step_ms = statistics.median(decode_step_ms(g, new_tokens) for g in runs)
     generate_s = statistics.median(g.seconds for g in runs)
     divergence = first_divergence(reference, [first, *runs])
-    interleaved = None
+    interleaved, interleaved_error = None, None
     if mode == LAUNCHLESS and device.type == "cuda":
-        interleaved = interleaved_step_ms(model, mode_decoding, request, device=device)
+        try:
+            interleaved = interleaved_step_ms(model, mode_decoding, request, device=device)
+        except Exception as exc:  # the row measured above stands; the report names what stopped the race
+            interleaved_error = one_line(exc)
     return {
         "median_ms": step_ms,
         "tokens_per_s": decode.batch * 1e3 / step_ms,
@@ -188,6 +201,7 @@ def measure_decode(workload: str, mode: str, *, device: torch.device) -> dict[st
         "dynamic_divergence": first_divergence(dynamic, [first]),
         "interleaved_ms": interleaved,
         "interleaved_rounds": INTERLEAVED_ROUNDS if interleaved else None,
+        "interleaved_error": interleaved_error,
     }
 
 
@@ -200,17 +214,15 @@ def interleaved_step_ms(
     model: torch.nn.Module, launchless_decoding: Decoding, request: dict[str, Any], *, device: torch.device
 ) -> dict[str, float]:
     """The median decode step of each decode mode, the modes taking turns in this process (see the module docstring):
-    {mode: ms}. Static-compile is left out where transformers has none."""
-    plain = copy.deepcopy(model.generation_config)  # static-compile rewrites the model's own
+    {mode: ms}. Static-compile is left out where transformers cannot compile the forward per call."""
     generates: dict[str, Callable[..., torch.Tensor]] = {
-        EAGER: functools.partial(model.generate, generation_config=plain),
-        LAUNCHLESS: functools.partial(launchless_decoding.generate, generation_config=plain),
+        EAGER: model.generate,
+        LAUNCHLESS: launchless_decoding.generate,
     }
-    try:
-        generates[STATIC_COMPILE] = decoding(STATIC_COMPILE, model).generate
+    recipe = static_compile_recipe() if hasattr(transformers, "StaticCache") else None
+    if recipe is not None:  # by hand (without CompileConfig) it would compile the forward eager calls too
+        generates[STATIC_COMPILE] = functools.partial(model.generate, **recipe)
         generate_once(generates[STATIC_COMPILE], request, device=device)  # compiled here, not in the rounds
-    except StaticCacheUnavailable:
-        generates.pop(STATIC_COMPILE, None)
     steps: dict[str, list[float]] = {mode: [] for mode in generates}
     order = list(generates)
     for round_ in range(INTERLEAVED_ROUNDS):

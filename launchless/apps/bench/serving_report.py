@@ -29,7 +29,8 @@ A row is one (workload, mode), written by that mode's worker::
      "dynamic_divergence": int | None, # ... that left the tokens of eager generate() on its default dynamic cache
      "interleaved_ms": dict | None,  # launchless rows on a GPU: {mode: median ms per decode step} with the modes
                                      # taking turns in one process (see serving_decode)
-     "interleaved_rounds": int | None} # the rounds of that race
+     "interleaved_rounds": int | None, # the rounds of that race
+     "interleaved_error": str | None}  # what stopped the race, where it failed
 
 The targets, judged from the rows: a bucket mode serves the trace at 0.9x the speed of graph-per-size or better
 while its graphs hold at most a quarter of graph-per-size's memory; launchless decodes at batch 1 at least as many
@@ -409,6 +410,8 @@ def markdown(environment: Mapping[str, Any], rows: Sequence[Row]) -> str:
     lines += ["", "## Targets", "", *_target_lines(view), "", "## Failed", ""]
     failed = [r for r in view.rows if r.get("status") != "ok"]
     lines += [f"- `{r['workload']}` · {r['mode']}: {_one_line(r.get('reason'))}" for r in failed]
+    lost_races = [r for r in view.rows if r.get("status") == "ok" and r.get("interleaved_error")]
+    lines += [f"- `{r['workload']}` · the modes' race: {_one_line(r['interleaved_error'])}" for r in lost_races]
     missing = _missing(view.rows, environment.get("modes"))
     lines += [f"- `{workload}` · {mode}: no row (the run ended first)" for workload, mode in missing]
     if lines[-1] == "":

@@ -40,6 +40,7 @@ PART_KEYS = {
         "first_divergence",
         "interleaved_ms",
         "interleaved_rounds",
+        "interleaved_error",
     ),
 }
 
