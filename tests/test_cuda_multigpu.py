@@ -5,6 +5,7 @@ checked against eager DDP from the same state."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import pytest
@@ -151,7 +152,11 @@ def _syncing_allreduce_hook(state, bucket):
     return allreduce_hook(state, bucket)
 
 
-def _ddp_step(rank: int, world: int, find_unused: bool, fp16_adamw: bool, syncing_hook: bool = False) -> dict:
+def _ddp_step(
+    rank: int, world: int, find_unused: bool, fp16_adamw: bool, syncing_hook: bool = False, own_stream: bool = False
+) -> dict:
+    """DDP training through graphed_step against eager DDP; ``own_stream`` builds DDP on a stream of its own instead
+    of ``launchless.capture_stream()``."""
     import launchless as ll
 
     torch.manual_seed(0)
@@ -160,7 +165,8 @@ def _ddp_step(rank: int, world: int, find_unused: bool, fp16_adamw: bool, syncin
     def build():
         torch.manual_seed(0)
         model = timm.create_model("resnet18", num_classes=10).cuda()
-        side = torch.cuda.Stream()
+        side = torch.cuda.Stream() if own_stream else ll.capture_stream()
+        side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # PyTorch's condition for a backward with its all-reduce in a graph
             ddp = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[rank], find_unused_parameters=find_unused
@@ -198,11 +204,12 @@ def _ddp_step(rank: int, world: int, find_unused: bool, fp16_adamw: bool, syncin
     eager, again = step_of(*eager_parts), step_of(*again_parts)
     gen = torch.Generator(device="cuda").manual_seed(100 + rank)  # each rank its own batches, as a sampler gives
     # a failure inside the backward (the syncing hook) waits for DDP to rebuild its buckets before each next level
-    for _ in range(48 if syncing_hook else 16):
-        x = torch.randn(2, 3, 64, 64, device="cuda", generator=gen)
-        y = torch.randint(0, 10, (2,), device="cuda", generator=gen)
-        graphed(x, y), eager(x, y), again(x, y)
-    torch.cuda.synchronize()
+    with _records_warnings(logging.getLogger("launchless")) as caught:
+        for _ in range(48 if syncing_hook else 16):
+            x = torch.randn(2, 3, 64, 64, device="cuda", generator=gen)
+            y = torch.randint(0, 10, (2,), device="cuda", generator=gen)
+            graphed(x, y), eager(x, y), again(x, y)
+        torch.cuda.synchronize()
 
     def max_diff(a, b) -> float:
         pairs = zip(a.parameters(), b.parameters(), strict=True)
@@ -222,7 +229,26 @@ def _ddp_step(rank: int, world: int, find_unused: bool, fp16_adamw: bool, syncin
         "noise": noise,
         "close": diff <= max(10 * noise, 1e-6),
         "replicas_equal": all(r == replicas[0] for r in replicas),
+        "warnings": caught,
     }
+
+
+@contextlib.contextmanager
+def _records_warnings(logger: logging.Logger):
+    """The WARNING lines ``logger`` writes inside the block (a list filled as they come)."""
+    lines: list[str] = []
+
+    class Lines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                lines.append(record.getMessage())
+
+    handler = Lines()
+    logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -232,6 +258,17 @@ def test_a_ddp_step_is_captured_whole_with_its_all_reduce_and_equals_eager_ddp(w
         assert got["level"] == "whole-step graph" and got["replays"] >= 4, (rank, got)
         assert got["replicas_equal"], "the ranks' parameters drifted apart: the all-reduce did not run"
         assert got["close"], (rank, got["diff"], got["noise"], got)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_ddp_built_on_another_stream_trains_eager_naming_capture_stream(world: int) -> None:
+    pytest.importorskip("timm")
+    ranks = run_ranks(_ddp_step, False, False, False, True, world_size=world, backend="nccl", timeout_s=300)
+    for rank, got in enumerate(ranks):
+        assert got["level"] == "eager" and "launchless.capture_stream()" in got["eager_reason"], (rank, got)
+        stream_warnings = [w for w in got["warnings"] if "capture_stream()" in w]
+        assert len(stream_warnings) == 1, (rank, got["warnings"])  # one WARNING, not one per step
+        assert got["close"] and got["replicas_equal"], (rank, got)
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -496,3 +496,24 @@ def test_unfreezing_a_layer_captures_the_step_again(caplog: pytest.LogCaptureFix
     assert sum("frozen or unfrozen" in r.getMessage() for r in caplog.records) == 1
     assert graphed.graph_info()["level"] == "whole-step graph"
     _same_state(gm, em)
+
+
+def test_capture_stream_is_one_per_device_and_the_stream_graphed_steps_warm_up_on() -> None:
+    stream = ll.capture_stream()
+    assert stream is ll.capture_stream(0) is ll.capture_stream("cuda:0") is ll.capture_stream(torch.device("cuda"))
+    assert stream != torch.cuda.current_stream()
+    with pytest.raises(ll.ConfigError, match="captured on CUDA devices only"):
+        ll.capture_stream("cpu")
+    torch.manual_seed(0)
+    model = _mlp().cuda().train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    streams: list[torch.cuda.Stream] = []
+    plain = _plain_step(model, opt)
+
+    def step(x, y):
+        streams.append(torch.cuda.current_stream())
+        return plain(x, y)
+
+    graphed = ll.graphed_step(step, model=model, optimizer=opt, capture_after=2)
+    graphed(*_batch())  # an eager warm-up step
+    assert streams == [stream]  # where DistributedDataParallel is to be constructed

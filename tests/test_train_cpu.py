@@ -350,3 +350,88 @@ def test_a_graphed_step_is_freed_with_its_last_reference_without_a_garbage_colle
     finally:
         if enabled:
             gc.enable()
+
+
+# --- DistributedDataParallel built on another stream than the capture's ------------------------------------------
+
+MISMATCH = (
+    "The AccumulateGrad node's stream does not match the stream of the node that produced the incoming gradient. "
+    "This may incur unnecessary synchronization"
+)
+
+
+def test_pytorchs_accumulator_stream_warning_is_told_apart_from_the_others() -> None:
+    import warnings
+
+    from launchless.train.step import split_accumulator_stream_warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.warn("a user's own warning", UserWarning, stacklevel=1)
+        warnings.warn(MISMATCH, UserWarning, stacklevel=1)
+    mismatched, others = split_accumulator_stream_warnings(caught)
+    assert mismatched and [str(w.message) for w in others] == ["a user's own warning"]
+    assert split_accumulator_stream_warnings(others) == (False, others)
+
+
+@pytest.mark.parametrize("any_rank_mismatched", [False, True])
+def test_a_ddp_warm_up_on_another_stream_makes_every_rank_train_eager_naming_the_fix(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, any_rank_mismatched: bool
+) -> None:
+    """The warm-up notes PyTorch's warning (and shows the others as they were); before the capture the ranks agree,
+    and where any rank saw it every rank trains eager with one WARNING naming launchless.capture_stream()."""
+    import warnings
+
+    from launchless.core.collectives import Agreement
+    from launchless.train import step as step_module
+
+    model, opt, step = _setup()
+    graphed = ll.graphed_step(step, model=model, optimizer=opt)
+    graphed._groups = [object()]  # as _ddp_reason leaves it for a DistributedDataParallel model
+    said: list[bool] = []
+
+    def agree(groups, *, ok, reason, what, **_):
+        said.append(ok)
+        refused = not ok or any_rank_mismatched
+        return Agreement({1: reason} if refused else {})
+
+    monkeypatch.setattr(step_module, "agree", agree)
+    shown = pytest.warns(UserWarning, match="a user's own warning")  # shown, not swallowed
+    with shown, graphed._watching_accumulator_streams():
+        warnings.warn("a user's own warning", UserWarning, stacklevel=1)
+    assert graphed._accumulators_elsewhere is False
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        agreed = graphed._accumulator_streams_agreed()
+        assert agreed is not any_rank_mismatched and said == [True]
+        if any_rank_mismatched:  # another rank saw it: this one goes eager too
+            assert "launchless.capture_stream()" in graphed.graph_info()["eager_reason"]
+            graphed._accumulator_streams_agreed()  # asked again: no second line
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "capture_stream()" in r.getMessage()]
+    assert len(warned) == (1 if any_rank_mismatched else 0)
+
+
+def test_the_step_that_saw_the_warning_says_so_when_the_ranks_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    import warnings
+
+    from launchless.core.collectives import Agreement
+    from launchless.train import step as step_module
+
+    model, opt, step = _setup()
+    graphed = ll.graphed_step(step, model=model, optimizer=opt)
+    graphed._groups = [object()]
+    monkeypatch.setattr(
+        step_module, "agree", lambda groups, *, ok, reason, what, **_: Agreement({} if ok else {0: reason})
+    )
+    with pytest.raises(RuntimeError, match="the step failed"), graphed._watching_accumulator_streams():
+        warnings.warn(MISMATCH, UserWarning, stacklevel=1)
+        raise RuntimeError("the step failed")  # noted even when the step raises
+    assert graphed._accumulators_elsewhere is True
+    assert graphed._accumulator_streams_agreed() is False
+    assert graphed.graph_info()["eager_reason"].startswith("DistributedDataParallel was constructed on another")
+
+
+def test_capture_stream_names_what_it_needs_without_a_gpu() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU; test_cuda_train checks the stream itself")
+    with pytest.raises(ll.NoCudaError, match="capture_stream\\(\\) needs a CUDA device"):
+        ll.capture_stream()

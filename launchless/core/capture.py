@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from ..errors import ConfigError, NoCudaError
 from .collectives import CollectiveTrace, distributed, wait_outputs
 from .host_constants import HostCopies, HostSources, recording, replaying
 from .index_trace import IndexTrace
@@ -53,6 +54,26 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
         if index not in _side_streams:
             _side_streams[index] = torch.cuda.Stream(index)
         return _side_streams[index]
+
+
+def capture_stream(device: torch.device | int | str | None = None) -> torch.cuda.Stream:
+    """The stream launchless warms up and captures on for ``device`` (the current CUDA device when None): one per
+    device for the process, shared by ``wrap``, ``graphed_step`` and the compiler backend.
+
+    Build under it what remembers the stream it was created on. ``DistributedDataParallel`` does: its gradient
+    accumulators are made when it is constructed and keep that stream, so every backward run on another stream
+    makes them wait across streams -- which a captured backward cannot replay faithfully (PyTorch asks that a DDP
+    whose backward is captured be constructed on the capture's stream)::
+
+        with torch.cuda.stream(launchless.capture_stream()):
+            model = DistributedDataParallel(model, device_ids=[rank])
+    """
+    if not torch.cuda.is_available():
+        raise NoCudaError("launchless.capture_stream() needs a CUDA device, and torch sees none")
+    target = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
+    if target.type != "cuda":
+        raise ConfigError(f"launchless.capture_stream(device={device!r}): graphs are captured on CUDA devices only")
+    return side_stream(target)
 
 
 class CaptureFailed(Exception):

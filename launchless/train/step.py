@@ -15,6 +15,9 @@ captures again.
 
 ``DistributedDataParallel``: the backward's gradient all-reduce is recorded in the graph (NCCL 2.9.6 or later, no
 ``find_unused_parameters``; otherwise eager with the fix named), after at least ``DDP_WARMUP_STEPS`` eager steps.
+Its steps run on ``launchless.capture_stream()``, under which DDP must have been constructed: a DDP built on another
+stream makes PyTorch warn during the warm-up that its gradient accumulators' stream differs, and the run trains eager
+with one WARNING naming the fix.
 Every rank captures and verifies alike: the ranks agree after each capture and each verification (when one rank
 refuses a level, all go to the next), and verification makes the same eager steps on every rank
 (``core.collectives``).
@@ -34,8 +37,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -67,6 +71,14 @@ DDP_LEVELS = (*LEVELS, LOCAL_BACKWARD)
 NOISE_FACTOR = 4.0  # a replay may differ from eager by this multiple of the largest eager-vs-eager difference
 NOISE_RUNS = 8  # eager reruns at most to measure that difference (two at least)
 LOCKSTEP_RUNS = 3  # eager reruns every rank of a distributed step makes, whatever its replay showed
+# PyTorch's warning when a backward meets gradient accumulators made on another stream (DDP makes its own when it is
+# constructed, and keeps them)
+ACCUMULATOR_STREAM_WARNING = "AccumulateGrad node's stream does not match"
+DDP_STREAM_REASON = (
+    "DistributedDataParallel was constructed on another CUDA stream than the one launchless trains and captures on, "
+    "so every backward makes its gradient accumulators wait across streams, which a captured backward does not "
+    "replay faithfully: construct it under `with torch.cuda.stream(launchless.capture_stream()):`"
+)
 DDP_WARMUP_STEPS = 11  # DDP's reducer collects runtime statistics (host syncs) in its first 10 iterations
 MIN_NCCL = (2, 9, 6)  # the first NCCL whose collectives a CUDA graph may record
 
@@ -86,6 +98,14 @@ class _Graph:
         self.spot: list[int] = []  # parameters checked to tell whether .grad was changed since the last replay
         self.whole_step_refused = ""  # why the whole step was not captured, when this graph is a lower level
         self.before_optimizer: list[Callable[[], Any]] = []  # eager work between the replay and the deferred calls
+
+
+def split_accumulator_stream_warnings(
+    caught: list[warnings.WarningMessage],
+) -> tuple[bool, list[warnings.WarningMessage]]:
+    """(whether PyTorch warned that gradient accumulators live on another stream, the other warnings)."""
+    mismatched = [w for w in caught if ACCUMULATOR_STREAM_WARNING in str(w.message)]
+    return bool(mismatched), [w for w in caught if not any(w is m for m in mismatched)]
 
 
 class GraphedStep:
@@ -132,6 +152,7 @@ class GraphedStep:
         self._groups: list[Any] = []  # DistributedDataParallel's process group: its ranks capture and verify alike
         self._next_level: dict[Signature, int] = {}  # DDP: the level a signature's next capture starts at
         self._whole_step_refused: dict[Signature, str] = {}  # DDP: why the whole step failed, for that next capture
+        self._accumulators_elsewhere = False  # DDP: a warm-up step's gradient accumulators waited on another stream
 
     def _state_changed(self, why: str) -> None:
         """A validity check dropped the graphs: the optimizer is prepared again for the state now in use (a loaded
@@ -256,15 +277,48 @@ class GraphedStep:
         """A real step on the capture stream: before capture it is also the warm-up."""
         device = self._device()
         if self._stream is None:
-            self._stream = torch.cuda.Stream(device)
+            self._stream = _capture.side_stream(device)  # launchless.capture_stream(): DDP is built under it
         caller = torch.cuda.current_stream(device)
         self._stream.wait_stream(caller)
         args, kwargs = flat.rebuild(flat.leaves)
         self._grads_owner = None  # an eager step leaves its own gradients
-        with torch.cuda.stream(self._stream):
+        with torch.cuda.stream(self._stream), self._watching_accumulator_streams():
             out = self.fn(*args, **kwargs)
         caller.wait_stream(self._stream)
         return out
+
+    @contextlib.contextmanager
+    def _watching_accumulator_streams(self) -> Iterator[None]:
+        """Under DDP, until the run trains eager: notes PyTorch's warning that the gradient accumulators DDP made live
+        on another stream than the step's (the ranks agree on it before the capture); every other warning is shown
+        as it would have been, also when the step raises."""
+        if not self._groups or self._eager_reason is not None:
+            yield
+            return
+        caught: list[warnings.WarningMessage] = []
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                yield
+        finally:
+            mismatched, others = split_accumulator_stream_warnings(caught)
+            for w in others:
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
+            self._accumulators_elsewhere = self._accumulators_elsewhere or mismatched
+
+    def _accumulator_streams_agreed(self) -> bool:
+        """Before a DDP capture: whether every rank's warm-up ran its gradient accumulators on the step's stream;
+        where any rank's did not, every rank trains eager from now on, with the fix named."""
+        if not self._groups:
+            return True
+        agreement = agree(
+            self._groups, ok=not self._accumulators_elsewhere, reason=DDP_STREAM_REASON, what="gradient accumulators"
+        )
+        if agreement.all_agree:
+            return True
+        self._eager_reason = DDP_STREAM_REASON
+        self._cache.drop_all()
+        self._cache.log_once("ddp-stream", logging.WARNING, f"launchless: training runs eager: {DDP_STREAM_REASON}")
+        return False
 
     def _grads_are(self, grads: list[torch.Tensor | None], entry: _Graph) -> bool:
         """Cheap check that ``.grad`` still points at ``grads`` (as after the last replay of ``entry``)."""
@@ -352,6 +406,8 @@ class GraphedStep:
 
     # ---- capture and verification --------------------------------------------------------------------
     def _capture(self, sig: Signature, flat: FlatInputs) -> Any:
+        if not self._accumulator_streams_agreed():
+            return self._eager(flat)
         cache = self._cache
         with cache.capturing(sig):
             if not self._params:

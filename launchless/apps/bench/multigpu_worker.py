@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_map
 
+from ...core.capture import capture_stream
 from ...core.collectives import wait_outputs
 from ...timing import Timing, cuda_latency, cuda_time
 from ..workers import append_row
@@ -303,10 +304,11 @@ def tp_inference(workload: str, mode: str, *, device: torch.device, iters: int) 
 
 
 def _ddp(model: torch.nn.Module, device: torch.device) -> DistributedDataParallel:
-    """DDP built on a side stream, as PyTorch's notes on CUDA graphs with DDP ask (for every mode alike)."""
+    """DDP built on ``launchless.capture_stream()``, the side stream graphed steps capture on, as PyTorch's notes on
+    CUDA graphs with DDP ask (for every mode alike)."""
     if device.type != "cuda":
         return DistributedDataParallel(model)
-    stream = torch.cuda.Stream(device)
+    stream = capture_stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
         ddp = DistributedDataParallel(model, device_ids=[device.index])

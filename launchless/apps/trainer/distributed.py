@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from ...core.capture import capture_stream
 from ...errors import ConfigError
 from ..torchrun import torchrun_command
 
@@ -102,13 +103,14 @@ def joined_group() -> Iterator[DataParallel]:
 
 
 def replicate(model: torch.nn.Module, parallel: DataParallel) -> DistributedDataParallel:
-    """``model`` in ``DistributedDataParallel``. On CUDA it is constructed on a side stream, as PyTorch asks of a DDP
-    model whose backward is captured in a CUDA graph; it is built that way with and without ``--cuda-graph``, so
-    that the graph is the only difference between the two."""
+    """``model`` in ``DistributedDataParallel``. On CUDA it is constructed on ``launchless.capture_stream()``, the
+    stream graphed steps run and capture on, as PyTorch asks of a DDP model whose backward is captured in a CUDA
+    graph; it is built that way with and without ``--cuda-graph``, so that the graph is the only difference between
+    the two."""
     if parallel.device.type != "cuda":
         return DistributedDataParallel(model)
     caller = torch.cuda.current_stream(parallel.device)
-    side = torch.cuda.Stream(parallel.device)
+    side = capture_stream(parallel.device)
     side.wait_stream(caller)  # the parameters were moved to the GPU on the caller's stream
     with torch.cuda.stream(side):
         ddp = DistributedDataParallel(model, device_ids=[parallel.local_rank])
