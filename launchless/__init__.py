@@ -8,7 +8,7 @@ y = m(x)                                # replays a verified graph per input sig
 from typing import Any
 
 from .core.budget import memory_budget, set_memory_budget
-from .core.capture import capture_stream
+from .core.streams import capture_stream
 from .diagnose.blockers import Blocker
 from .diagnose.dry_run import dry_run
 from .errors import CaptureError, ConfigError, LaunchlessError, NoCudaError, RanksDisagree, VerificationError

@@ -51,6 +51,7 @@ from ..core.collectives import agree, distributed
 from ..core.relocation import spread
 from ..core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
 from ..core.status import Admission, Stage, VerifyStatus
+from ..core.streams import side_stream
 from ..core.verify import difference, identical
 from ..diagnose.blockers import describe_failure
 from ..errors import ConfigError
@@ -277,7 +278,7 @@ class GraphedStep:
         """A real step on the capture stream: before capture it is also the warm-up."""
         device = self._device()
         if self._stream is None:
-            self._stream = _capture.side_stream(device)  # launchless.capture_stream(): DDP is built under it
+            self._stream = side_stream(device)  # launchless.capture_stream(): DDP is built under it
         caller = torch.cuda.current_stream(device)
         self._stream.wait_stream(caller)
         args, kwargs = flat.rebuild(flat.leaves)

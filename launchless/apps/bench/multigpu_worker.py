@@ -39,8 +39,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_map
 
-from ...core.capture import capture_stream
 from ...core.collectives import wait_outputs
+from ...core.streams import capture_stream
 from ...timing import Timing, cuda_latency, cuda_time
 from ..workers import append_row
 from . import modes

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ...core.capture import capture_stream
+from ...core.streams import capture_stream
 from ...errors import ConfigError
 from ..torchrun import torchrun_command
 
