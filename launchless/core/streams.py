@@ -32,8 +32,8 @@ def capture_stream(device: torch.device | int | str | None = None) -> torch.cuda
 
     Build under it what remembers the stream it was created on. ``DistributedDataParallel`` does: its gradient
     accumulators are made when it is constructed and keep that stream, so every backward run on another stream
-    makes them wait across streams -- which a captured backward cannot replay faithfully (PyTorch asks that a DDP
-    whose backward is captured be constructed on the capture's stream)::
+    synchronises them across streams, which can break a captured backward (PyTorch asks that a DDP whose backward
+    is captured be constructed on the capture's stream)::
 
         with torch.cuda.stream(launchless.capture_stream()):
             model = DistributedDataParallel(model, device_ids=[rank])

@@ -77,8 +77,8 @@ LOCKSTEP_RUNS = 3  # eager reruns every rank of a distributed step makes, whatev
 ACCUMULATOR_STREAM_WARNING = "AccumulateGrad node's stream does not match"
 DDP_STREAM_REASON = (
     "DistributedDataParallel was constructed on another CUDA stream than the one launchless trains and captures on, "
-    "so every backward makes its gradient accumulators wait across streams, which a captured backward does not "
-    "replay faithfully: construct it under `with torch.cuda.stream(launchless.capture_stream()):`"
+    "so every backward synchronises its gradient accumulators across the two streams, which PyTorch warns can break "
+    "a captured backward: construct it under `with torch.cuda.stream(launchless.capture_stream()):`"
 )
 DDP_WARMUP_STEPS = 11  # DDP's reducer collects runtime statistics (host syncs) in its first 10 iterations
 MIN_NCCL = (2, 9, 6)  # the first NCCL whose collectives a CUDA graph may record
