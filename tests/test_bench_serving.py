@@ -41,6 +41,7 @@ BUCKET_FIELDS = COMMON_FIELDS | {
     "distinct_sizes",
     "first_pass_s",
     "graph_mem_bytes",
+    "device_mem_bytes",
     "max_abs_diff",
     "batch_buckets",
 }
@@ -111,7 +112,7 @@ def test_the_suite_runs_end_to_end_on_cpu_through_the_command_line(tmp_path: Pat
     for row in rows[:4]:  # on a CPU every launchless mode runs eager: bit for bit eager's outputs
         assert row["calls"] == 10 and row["distinct_sizes"] == len(set(trace))
         assert 0 < row["median_ms"] <= row["total_ms"] and row["first_pass_s"] > 0
-        assert row["max_abs_diff"] == 0.0 and row["graph_mem_bytes"] is None
+        assert row["max_abs_diff"] == 0.0 and row["graph_mem_bytes"] is None and row["device_mem_bytes"] is None
     by_mode = {r["mode"]: r for r in rows[:4]}
     assert by_mode["buckets"]["batch_buckets"]["sizes"] == [1, 2, 4, 8, 16, 32]
     assert by_mode["buckets-auto"]["batch_buckets"]["automatic"] is True
@@ -208,6 +209,7 @@ def _bucket_row(workload: str, mode: str, total_ms: float | None, memory_mib: fl
         "distinct_sizes": 6,
         "first_pass_s": 1.0,
         "graph_mem_bytes": None if memory_mib is None else int(memory_mib * MIB),
+        "device_mem_bytes": None if memory_mib is None else int(2 * memory_mib * MIB),
         "max_abs_diff": 2.5e-7 if mode == "reduce-overhead" else 0.0,
         "batch_buckets": None,
         "wall_s": 2.0,
@@ -311,10 +313,10 @@ def test_the_report_sets_each_mode_against_its_parts_baseline_and_judges_the_tar
 
     md = paths["md"].read_text()
     speed, memory = f"{100 / 105:.2f}×", f"{150 / 800:.2f}×"
-    assert f"| `{RESNET}` | buckets | 105 | 10.5 | {speed} | 150.0 | {memory} | 3 | 0.5 | = |" in md
-    reduce_overhead = f"{100 / 90:.2f}× | 1000.0 | {1000 / 800:.2f}×"
+    assert f"| `{RESNET}` | buckets | 105 | 10.5 | {speed} | 150.0 | {memory} | 300.0 | 3 | 0.5 | = |" in md
+    reduce_overhead = f"{100 / 90:.2f}× | 1000.0 | {1000 / 800:.2f}× | 2000.0"
     assert f"| `{RESNET}` | reduce-overhead | 90.0 | 9.00 | {reduce_overhead} | 3 | 0.5 | ≠ 2.5e-07 |" in md
-    assert f"| `{RESNET}` | eager | 300 | 30.0 | {100 / 300:.2f}× | 0.0 | {0 / 800:.2f}× | 3 | 0.5 | = |" in md
+    assert f"| `{RESNET}` | eager | 300 | 30.0 | {100 / 300:.2f}× | 0.0 | {0 / 800:.2f}× | 0.0 | 3 | 0.5 | = |" in md
     assert f"| `{BERT}` | graph-per-size | error |" in md
     launchless = f"550.0 | {1e3 / 550:.2f} | 12.0 | {2 / 2.5:.2f}× | 4 | {4 / 40:.2f}×"
     assert f"| `{GPT2_B1}` | 1 | launchless | {launchless} | 0 | = |" in md

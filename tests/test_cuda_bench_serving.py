@@ -34,7 +34,7 @@ def test_a_graph_per_size_or_per_bucket_equal_to_eager(tmp_path: Path) -> None:
         if row["mode"] == "eager":
             assert row["graphs"] == 0 and row["graph_mem_bytes"] == 0 and row["identical"] is True
             continue
-        assert row["graph_mem_bytes"] > 0, row
+        assert row["graph_mem_bytes"] > 0 and row["device_mem_bytes"] > 0, row
         if row["mode"] == "graph-per-size":
             assert row["graphs"] == len(sizes) and row["identical"] is True, row
             continue

@@ -31,7 +31,14 @@ import launchless
 
 from .measure import clone_outputs, compare_outputs
 from .multigpu_worker import synchronize_device
-from .serving_graphs import NOT_ON_CPU, GraphsHeld, held_by_compile, held_by_launchless, reserved_mark
+from .serving_graphs import (
+    NOT_ON_CPU,
+    GraphsHeld,
+    device_free_mark,
+    held_by_compile,
+    held_by_launchless,
+    reserved_mark,
+)
 from .serving_workloads import (
     BUCKET_MODES,
     BUCKETS_AUTO,
@@ -108,6 +115,7 @@ def measure_buckets(workload: str, mode: str, *, calls: int, device: torch.devic
     with torch.no_grad():
         reference = [clone_outputs(model(*args, **kwargs)) for args, kwargs in trace]
         mark = reserved_mark() if cuda else 0
+        free_mark = device_free_mark() if cuda else 0
         began = time.perf_counter()
         mode_server = server(mode, model)
         for inputs in trace:
@@ -118,6 +126,7 @@ def measure_buckets(workload: str, mode: str, *, calls: int, device: torch.devic
         pairs = zip(reference, trace, strict=True)
         compared = [compare_outputs(ref, mode_server.serve(inputs)) for ref, inputs in pairs]
     held = _held(mode, mode_server, mark) if cuda else NOT_ON_CPU
+    device_bytes = free_mark - device_free_mark() if cuda else None
     total_ms = sum(times)
     return {
         "total_ms": total_ms,
@@ -128,6 +137,7 @@ def measure_buckets(workload: str, mode: str, *, calls: int, device: torch.devic
         "compile_s": max(0.0, first_pass_s - total_ms / 1e3),
         "graphs": held.graphs,
         "graph_mem_bytes": held.bytes,
+        "device_mem_bytes": device_bytes,
         "identical": all(c["status"] == "bit-identical" for c in compared),
         "max_abs_diff": max(c["max_abs_diff"] for c in compared),
         "batch_buckets": mode_server.wrapped.graph_info()["batch_buckets"] if mode_server.wrapped else None,

@@ -4,8 +4,9 @@ launchless keeps its own account: every graph it holds is registered with the pr
 what its capture added to PyTorch's reserved memory and its static input buffers. torch.compile keeps no such
 account, so for its modes the graphs are counted in its CUDA graph trees and their memory is what PyTorch reserved
 beyond the mark taken before the mode ran (with the cached free blocks released both times). A worker serves one
-model at a time, so whatever the process holds is that model's. On a CPU there are no CUDA graphs: nothing is
-counted.
+model at a time, so whatever the process holds is that model's. Beside both, the driver's count: the device memory
+the mode's pass left in use (``cudaMemGetInfo``, with the cached free blocks released), which also sees what CUDA
+keeps for each instantiated graph. On a CPU there are no CUDA graphs: nothing is counted.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ def reserved_mark() -> int:
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     return torch.cuda.memory_reserved()
+
+
+def device_free_mark() -> int:
+    """The device's free memory as the driver counts it, with PyTorch's cached free blocks given back: a mark to
+    measure what a mode leaves in use from."""
+    reserved_mark()
+    return torch.cuda.mem_get_info()[0]
 
 
 def held_by_compile(mark: int) -> GraphsHeld:

@@ -17,6 +17,7 @@ A row is one (workload, mode), written by that mode's worker::
      "calls": int | None, "distinct_sizes": int | None,
      "first_pass_s": float | None,   # the first pass over the trace
      "graph_mem_bytes": int | None,  # the memory the graphs hold (None on a CPU)
+     "device_mem_bytes": int | None, # the device memory the mode's passes left in use, by the driver's count
      "max_abs_diff": float | None,   # the largest difference from eager over the trace
      "batch_buckets": dict | None,   # graph_info()["batch_buckets"] of the bucket modes
      # decode
@@ -269,7 +270,7 @@ def _identical_cell(row: Row) -> str:
 
 def _buckets_table(view: _View) -> list[str]:
     header = ["workload", "mode", "trace ms", "median ms", "× graph-per-size speed", "graph MiB"]
-    header += ["× graph-per-size memory", "graphs", "compile s", "identical"]
+    header += ["× graph-per-size memory", "device MiB", "graphs", "compile s", "identical"]
     body = []
     for row in view.part_rows(BUCKETS):
         ok = row.get("status") == "ok"
@@ -282,6 +283,7 @@ def _buckets_table(view: _View) -> list[str]:
                 _x(view.speed_vs_graph_per_size(row)),
                 _mib(row.get("graph_mem_bytes")),
                 _x(view.memory_vs_graph_per_size(row)),
+                _mib(row.get("device_mem_bytes")),
                 _count(row.get("graphs")),
                 _seconds(row.get("compile_s")),
                 _identical_cell(row),
@@ -363,7 +365,9 @@ def _notes(environment: Mapping[str, Any]) -> dict[str, str]:
     return {
         BUCKETS: trace_line + "Each call waited for (CUDA events; the host clock on a CPU), after a first pass over "
         "the trace. × graph-per-size speed: its trace time over this one's (above 1 is faster); × graph-per-size "
-        "memory: this mode's graph memory over its. Compile s: the first pass's time beyond the timed pass's.",
+        "memory: this mode's graph memory over its. Device MiB: the device memory the mode's passes left in use as the "
+        "driver counts it (which also sees what CUDA keeps per instantiated graph). Compile s: the first pass's time "
+        "beyond the timed pass's.",
         DECODE: "Greedy generate(); ms / step: a decode step after the first token (median over the runs); tokens/s: "
         "the batch's tokens per second at that step; TTFT: time to the first new token. × static-compile: "
         "tokens per second over static-compile's (above 1 is faster), and start-up time over its. Compile s: the "

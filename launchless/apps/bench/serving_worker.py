@@ -25,6 +25,7 @@ PART_KEYS = {
         "distinct_sizes",
         "first_pass_s",
         "graph_mem_bytes",
+        "device_mem_bytes",
         "max_abs_diff",
         "batch_buckets",
     ),
