@@ -72,6 +72,12 @@ Scenarios (entry point) and what goes wrong without the library's protection:
 #     be what the replay accumulates into, as in eager.
 # test_compiled_replay_equals_the_same_compilation_without_graphs (torch.compile backend): replay under no_grad /
 #     inference_mode against the same Inductor code run without a graph.
+# test_cublas_workspaces_emptied_after_capture (wrap, in a fresh process each): a graph's matmuls write into the
+#     cuBLAS workspace they were captured with; PyTorch keeps workspaces in a process-wide map that torch.compile's
+#     CUDA graph trees (and memory clean-up code) empty, freeing them -- a graph whose workspace was not its own then
+#     writes into another tensor's memory, or memory given back to the driver (an illegal memory access).
+# test_two_wrapped_models_replayed_at_once_on_two_streams (wrap): graphs captured on one stream recorded the one
+#     cuBLAS workspace of that stream; two of them replayed at once on two streams would share its scratch memory.
 # test_compiled_graph_after_parameters_are_replaced (torch.compile backend): load_state_dict(assign=True) or a
 #     round trip through the CPU moves the parameters the graph reads in place.
 
@@ -996,3 +1002,105 @@ def test_compiled_graph_after_parameters_are_replaced(change: str, tmp_path, fre
     assert not bit_identical(before, want)
     for i, out in enumerate(outs):
         assert_bit_identical(out, want, f"call {i} after {change}")
+
+
+# ---- process-wide cuBLAS workspaces ----------------------------------------------------------------------------
+WORKSPACE_SCENARIO = r"""
+import json, sys
+import torch
+from torch import nn
+import launchless as ll
+
+scenario = sys.argv[1]
+torch.manual_seed(0)
+# bfloat16 matmuls of one row over a long inner dimension: cuBLAS splits the sum and uses its workspace
+model = nn.Sequential(nn.Linear(4096, 8192), nn.GELU(), nn.Linear(8192, 4096)).cuda().bfloat16().eval()
+wrapped = ll.wrap(model, cuda_graph=True)
+xs = [torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+with torch.no_grad():
+    wrapped(xs[0])  # captured and verified
+    if scenario == "reduce_overhead_recorded_after":
+        other = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024)).cuda().eval()
+        compiled = torch.compile(other, mode="reduce-overhead")
+        y = torch.randn(8, 1024, device="cuda")
+        for _ in range(4):  # warm-up, then recording: the graph trees empty cuBLAS's workspaces around both
+            torch.compiler.cudagraph_mark_step_begin()
+            compiled(y)
+    else:
+        torch._C._cuda_clearCublasWorkspaces()  # what memory clean-up code and the graph trees call
+    if scenario == "workspaces_cleared_and_cache_emptied":
+        torch.cuda.empty_cache()  # free blocks go back to the driver
+    side = ll.capture_stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # blocks freed on the capture stream are handed to tensors made on it
+        taken = [torch.full((256 << 10,), 7.0, device="cuda") for _ in range(256)]  # 256 x 1 MiB
+    torch.cuda.current_stream().wait_stream(side)
+    outs = [wrapped(x).clone() for x in xs]
+    wants = [model(x) for x in xs]
+    torch.cuda.synchronize()
+replays = sum(g["replays"] for g in wrapped.graph_info()["graphs"])
+print(json.dumps({
+    "identical": all(torch.equal(o, w) for o, w in zip(outs, wants)),
+    "taken_intact": all(bool((t == 7.0).all()) for t in taken),
+    "replays": replays,
+}))
+"""
+
+
+@cuda
+@pytest.mark.parametrize(
+    "scenario", ["workspaces_cleared", "workspaces_cleared_and_cache_emptied", "reduce_overhead_recorded_after"]
+)
+def test_cublas_workspaces_emptied_after_capture(scenario: str) -> None:
+    """In a process of its own: a graph that wrote into freed memory could leave the process unusable."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", WORKSPACE_SCENARIO, scenario], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["replays"] >= 3, result  # the graph replayed after the workspaces were emptied
+    assert result["identical"], result  # bit for bit eager's
+    assert result["taken_intact"], result  # and no other tensor was written by the replays
+
+
+@cuda
+def test_two_wrapped_models_replayed_at_once_on_two_streams(grad_mode) -> None:
+    torch.manual_seed(0)
+    models = [
+        nn.Sequential(nn.Linear(4096, 8192), nn.GELU(), nn.Linear(8192, 4096)).cuda().bfloat16().eval()
+        for _ in range(2)
+    ]
+    wrapped = [ll.wrap(model, cuda_graph=True) for model in models]  # each model its own pool
+    calls = 40
+    inputs = [[torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(calls)] for _ in range(2)]
+    with grad_mode():
+        for m, xs in zip(wrapped, inputs, strict=True):
+            m(xs[0])  # both captured, on the one capture stream, before the threads start
+    held = [replays(m) for m in wrapped]
+    torch.cuda.synchronize()
+    results: list[list] = [[None] * calls for _ in range(2)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def work(t: int) -> None:
+        try:
+            with grad_mode(), torch.cuda.stream(torch.cuda.Stream()):
+                barrier.wait()
+                for k, x in enumerate(inputs[t]):
+                    results[t][k] = wrapped[t](x)
+                torch.cuda.current_stream().synchronize()
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    run_in_threads(work)
+    assert not errors, errors
+    torch.cuda.synchronize()
+    assert [replays(m) - h for m, h in zip(wrapped, held, strict=True)] == [calls, calls]
+    with grad_mode():
+        for t in range(2):
+            for k in range(calls):
+                assert_bit_identical(results[t][k], models[t](inputs[t][k]), f"model {t}, call {k}")
