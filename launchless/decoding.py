@@ -32,8 +32,10 @@ import collections
 import dataclasses
 import functools
 import inspect
+import itertools
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -180,6 +182,8 @@ class DecodeGraphs:
         )
         # per decode graph: the cache it was captured on, where that cache held which tensor, how its output is rebuilt
         self._state: dict[Signature, tuple[Any, list[tuple[Any, str, torch.Tensor]], _Output]] = {}
+        self._serials: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # cache -> key number
+        self._next_serial = itertools.count()
         self._lock = threading.RLock()  # one generate() at a time: the model's forward is routed while it runs
         self.generate_calls = self.prefills = self.replayed = 0
         self.eager_steps: collections.Counter[str] = collections.Counter()
@@ -290,7 +294,7 @@ class DecodeGraphs:
             sig = signature_of(flat)
         except UnhashableInput as exc:
             return self._eager_step(str(exc), forward, args, kwargs)
-        key = Signature(("decode", id(cache), sig.structure), sig.leaves, sig.context)
+        key = Signature(("decode", self._serial(cache), sig.structure), sig.leaves, sig.context)
         graphs = self.graphs
         graphs.validate(())
         graph = graphs.get(key)
@@ -317,6 +321,18 @@ class DecodeGraphs:
             why = f"more decode shapes in use than max_graphs={graphs.max_graphs}"
             return self._eager_step(why, forward, args, kwargs)
         return self._eager_step(f"captured once seen {graphs.capture_after} times", forward, args, kwargs)
+
+    def _serial(self, cache: Any) -> int:
+        """The cache's number in the graph keys: given once per cache object and never again -- an ``id()`` comes
+        back for a new cache made where a freed one was, which would read as the shape of an evicted graph coming
+        back (and stop the cache's eviction, ``core.churn``)."""
+        try:
+            serial = self._serials.get(cache)
+            if serial is None:
+                serial = self._serials[cache] = next(self._next_serial)
+        except TypeError:  # a cache class that compares by value and cannot be hashed: its id, for want of better
+            return -1 - id(cache)
+        return serial
 
     def _eager_step(self, why: str, forward: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         self.eager_steps[why] += 1
