@@ -137,3 +137,14 @@ def test_verify_off_is_really_off_and_the_decorator_takes_the_same_options() -> 
     step, model, opt = step_parts()
     graphed = ll.graphed_step(model=model, optimizer=opt, verify="off", capture_after=4)(step)
     assert graphed.verify == "off" and graphed.capture_after == 4
+
+
+def test_a_state_tensor_deleted_and_made_again_between_two_steps_is_noticed() -> None:
+    """A freed tensor's id() is taken by the next tensor made (CPython reuses the slot): the check keeps alive what
+    it fingerprinted while armed, and lets go once it found the change."""
+    _, opt, state = trained()
+    for p in list(opt.state):  # each state tensor freed, then made again of the same size
+        del opt.state[p]["momentum_buffer"]
+        opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
+    assert "tensors of the optimizer's state were replaced" in (state.stale() or "")
+    assert state._identities_held is None  # let go: the replaced state is not kept beside the new one

@@ -44,6 +44,17 @@ def _held_id(held: dict | None, key: str) -> int | None:
     return None if held is None else id(held.get(key))
 
 
+def _held(held: dict | None, key: str) -> Any:
+    """The tensor at ``key`` of one parameter's state, or None."""
+    return None if held is None else held.get(key)
+
+
+def _scaler_tensors(scaler: torch.amp.GradScaler | None) -> tuple:
+    if scaler is None:
+        return ()
+    return getattr(scaler, "_scale", None), getattr(scaler, "_growth_tracker", None)
+
+
 def _scaler_fields(scaler: torch.amp.GradScaler | None) -> tuple:
     """What a captured ``scaler.update()`` baked in: its tensors' identities and its Python-number factors."""
     if scaler is None or not scaler.is_enabled():
@@ -66,6 +77,7 @@ class TrainingState:
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self._watch = RelocationWatch(model)
         self._armed = False
+        self._identities_held: tuple | None = None
 
     def arm(self, leaves: Sequence[Any] = ()) -> None:
         optimizer = self.optimizer
@@ -77,6 +89,16 @@ class TrainingState:
         every = list(self.model.parameters())
         self._trainable = [every[i] for i in spread(len(every))]
         self._fingerprint = self._now()
+        # the objects whose identities the fingerprint holds, kept alive while it is armed: a freed object's id()
+        # can be taken by a new one (a state tensor deleted, then made again between two steps) and would read as
+        # unchanged. Let go of as soon as a change is found, so a replaced state is not held beside the new one.
+        self._identities_held = (
+            optimizer.state,
+            optimizer.param_groups,
+            tuple(optimizer.param_groups),
+            tuple(map(_held, map(optimizer.state.get, self._spot_params), self._spot_keys)),
+            _scaler_tensors(self.scaler),
+        )
         self._armed = True
 
     def _now(self) -> tuple:
@@ -101,6 +123,7 @@ class TrainingState:
         why = self._why()
         if why is not None:
             self._armed = False  # the graphs go; the next one kept arms the check again
+            self._identities_held = None
         return why
 
     def _why(self) -> str | None:
