@@ -56,6 +56,8 @@ Scenarios (entry point) and what goes wrong without the library's protection:
 #     keeps updating the old momentum / Adam moments.
 # test_optimizer_state_cleared_mid_run (graphed_step): the cleared state is recreated elsewhere; the graph keeps
 #     the old buffers.
+# test_optimizer_state_tensors_deleted_and_made_again_mid_run (graphed_step): a new state tensor made where a freed
+#     one was takes its id(); a check by identity alone misses it and the graph updates the freed tensors.
 # test_add_param_group_mid_run (graphed_step): the new layer's parameters are not in the captured optimizer step.
 # test_learning_rate_set_by_assignment (graphed_step): the graph froze the old number.
 # test_scheduler_load_state_dict_mid_run (graphed_step): a rewound schedule must set the lr the graph reads.
@@ -714,6 +716,30 @@ def test_optimizer_state_cleared_mid_run(opt_name: str) -> None:
             assert_whole_step_replaying(graphed)
             opt.state.clear()  # momentum / moments and step counters start again
             twin_opt.state.clear()
+
+    run_twins(graphed, make_step(twin, twin_opt), classifier_batches(12), events)
+    assert_same_training_state(model, opt, twin, twin_opt)
+
+
+@cuda
+@pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
+def test_optimizer_state_tensors_deleted_and_made_again_mid_run(opt_name: str) -> None:
+    """Each state tensor freed and a new one made at once: CPython gives the new tensor the freed one's id(), so a
+    check by identity alone reads the state as unchanged while the graph keeps updating the freed tensors."""
+    model, opt, twin, twin_opt = train_twins(OPTIMIZERS[opt_name])
+    graphed = ll.graphed_step(make_step(model, opt), model=model, optimizer=opt)
+
+    def remake(optimizer: torch.optim.Optimizer) -> None:
+        for p, state in optimizer.state.items():
+            for key in [k for k, v in state.items() if isinstance(v, torch.Tensor) and v.shape == p.shape]:
+                del state[key]
+                state[key] = torch.zeros_like(p)
+
+    def events(i: int) -> None:
+        if i == 6:
+            assert_whole_step_replaying(graphed)
+            remake(opt)
+            remake(twin_opt)
 
     run_twins(graphed, make_step(twin, twin_opt), classifier_batches(12), events)
     assert_same_training_state(model, opt, twin, twin_opt)
