@@ -50,6 +50,7 @@ def _held(held: dict | None, key: str) -> Any:
 
 
 def _scaler_tensors(scaler: torch.amp.GradScaler | None) -> tuple:
+    """The GradScaler's tensors whose identities ``_scaler_fields`` takes."""
     if scaler is None:
         return ()
     return getattr(scaler, "_scale", None), getattr(scaler, "_growth_tracker", None)
