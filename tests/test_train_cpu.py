@@ -435,3 +435,18 @@ def test_capture_stream_names_what_it_needs_without_a_gpu() -> None:
         pytest.skip("this machine has a GPU; test_cuda_train checks the stream itself")
     with pytest.raises(ll.NoCudaError, match="capture_stream\\(\\) needs a CUDA device"):
         ll.capture_stream()
+
+
+def test_a_users_filter_that_ignores_the_accumulator_warning_does_not_hide_it() -> None:
+    """Training scripts often silence this warning; the warm-up must still see it (and the user still not)."""
+    import warnings
+
+    model, opt, step = _setup()
+    graphed = ll.graphed_step(step, model=model, optimizer=opt)
+    graphed._groups = [object()]
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.filterwarnings("ignore", message="The AccumulateGrad node's stream does not match")
+        with graphed._watching_accumulator_streams():
+            warnings.warn(MISMATCH, UserWarning, stacklevel=1)
+    assert graphed._accumulators_elsewhere is True
+    assert not [w for w in shown if "AccumulateGrad" in str(w.message)]  # still silent for the user

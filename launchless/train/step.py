@@ -292,15 +292,24 @@ class GraphedStep:
     def _watching_accumulator_streams(self) -> Iterator[None]:
         """Under DDP, until the run trains eager: notes PyTorch's warning that the gradient accumulators DDP made live
         on another stream than the step's (the ranks agree on it before the capture); every other warning is shown
-        as it would have been, also when the step raises."""
+        as it would have been, also when the step raises. The warning is let through a user's filter and PyTorch's
+        switch for it here, but PyTorch gives it once per process: one given before graphed_step's first steps is
+        not seen again, and verification against eager DDP is then what stands between a mismatch and a graph."""
         if not self._groups or self._eager_reason is not None:
             yield
             return
         caught: list[warnings.WarningMessage] = []
+        switch = getattr(torch._C, "_warn_on_accumulate_grad_stream_mismatch", None)
+        was_on = switch() if switch is not None else None
         try:
             with warnings.catch_warnings(record=True) as caught:
+                warnings.filterwarnings("always", message=f"The {ACCUMULATOR_STREAM_WARNING}")
+                if was_on is False:
+                    torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(True)
                 yield
         finally:
+            if was_on is False:
+                torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)
             mismatched, others = split_accumulator_stream_warnings(caught)
             for w in others:
                 warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
