@@ -78,6 +78,9 @@ Scenarios (entry point) and what goes wrong without the library's protection:
 #     cuBLAS workspace they were captured with; PyTorch keeps workspaces in a process-wide map that torch.compile's
 #     CUDA graph trees (and memory clean-up code) empty, freeing them -- a graph whose workspace was not its own then
 #     writes into another tensor's memory, or memory given back to the driver (an illegal memory access).
+# test_cufft_plan_cache_cleared_after_capture (wrap, in a fresh process): an FFT's captured kernels read the plan's
+#     own device memory (cuFFT allocates it when PyTorch makes the plan, outside any pool); clearing or evicting the
+#     process-wide plan cache destroys the plan and frees that memory under the graph.
 # test_two_wrapped_models_replayed_at_once_on_two_streams (wrap): graphs captured on one stream recorded the one
 #     cuBLAS workspace of that stream; two of them replayed at once on two streams would share its scratch memory.
 # test_compiled_graph_after_parameters_are_replaced (torch.compile backend): load_state_dict(assign=True) or a
@@ -1130,3 +1133,52 @@ def test_two_wrapped_models_replayed_at_once_on_two_streams(grad_mode) -> None:
         for t in range(2):
             for k in range(calls):
                 assert_bit_identical(results[t][k], models[t](inputs[t][k]), f"model {t}, call {k}")
+
+
+FFT_SCENARIO = r"""
+import json
+import torch
+from torch import nn
+import launchless as ll
+
+
+class Spectral(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(1024, 1024)
+
+    def forward(self, x):
+        return torch.fft.irfft(torch.fft.rfft(self.lin(x)) * 0.5, n=1024)
+
+
+torch.manual_seed(0)
+model = Spectral().cuda().eval()
+wrapped = ll.wrap(model, cuda_graph=True)
+xs = [torch.randn(16, 1024, device="cuda") for _ in range(3)]
+with torch.no_grad():
+    wrapped(xs[0])  # captured and verified
+    torch.backends.cuda.cufft_plan_cache.clear()  # the plans the graph's kernels use are destroyed
+    made = [torch.fft.rfft(torch.randn(16, n, device="cuda")) for n in (1000, 1500, 2000)]  # new plans, new memory
+    taken = [torch.full((256 << 10,), 7.0, device="cuda") for _ in range(64)]
+    outs = [wrapped(x).clone() for x in xs]
+    wants = [model(x) for x in xs]
+    torch.cuda.synchronize()
+print(json.dumps({
+    "identical": all(torch.equal(o, w) for o, w in zip(outs, wants)),
+    "taken_intact": all(bool((t == 7.0).all()) for t in taken),
+    "replays": sum(g["replays"] for g in wrapped.graph_info()["graphs"]),
+}))
+"""
+
+
+@cuda
+def test_cufft_plan_cache_cleared_after_capture() -> None:
+    """In a process of its own: a graph reading a destroyed plan's memory could leave the process unusable."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FFT_SCENARIO], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["replays"] >= 3 and result["identical"] and result["taken_intact"], result
