@@ -198,12 +198,24 @@ def bit_identical(actual: Any, expected: Any) -> bool:
 
 
 def run_in_threads(work: Callable[[int], None], count: int = 2) -> None:
-    """Run ``work(0)`` ... ``work(count - 1)`` on as many threads at once, and wait for all of them."""
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+    """Run ``work(0)`` ... ``work(count - 1)`` on as many threads, released together from one barrier, wait for all
+    of them, and fail with every exception a thread raised."""
+    barrier = threading.Barrier(count)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait()
+            work(i)
+        except BaseException as exc:  # surfaced below, on the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    assert not errors, errors
 
 
 def graph_count(wrapped: Any) -> int:

@@ -92,7 +92,6 @@ import contextlib
 import copy
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Callable
 
@@ -641,22 +640,15 @@ def test_two_threads_calling_one_wrapped_model(streams: str, grad_mode) -> None:
     held = replays(m)
     torch.cuda.synchronize()
     results: list[list] = [[None] * calls for _ in range(2)]
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(2)
 
     def work(t: int) -> None:
-        try:
-            stream = torch.cuda.stream(torch.cuda.Stream()) if streams == "a_stream_each" else contextlib.nullcontext()
-            with grad_mode(), stream:  # grad mode is per thread
-                barrier.wait()
-                for k, x in enumerate(inputs[t]):
-                    results[t][k] = m(x)
-                torch.cuda.current_stream().synchronize()
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+        stream = torch.cuda.stream(torch.cuda.Stream()) if streams == "a_stream_each" else contextlib.nullcontext()
+        with grad_mode(), stream:  # grad mode is per thread
+            for k, x in enumerate(inputs[t]):
+                results[t][k] = m(x)
+            torch.cuda.current_stream().synchronize()
 
-    run_in_threads(work)
-    assert not errors, errors
+    run_in_threads(work)  # released together; fails with what a thread raised
     torch.cuda.synchronize()
     assert replays(m) - held >= 2 * calls, m.graph_info()
     with grad_mode():
@@ -1112,21 +1104,14 @@ def test_two_wrapped_models_replayed_at_once_on_two_streams(grad_mode) -> None:
     held = [replays(m) for m in wrapped]
     torch.cuda.synchronize()
     results: list[list] = [[None] * calls for _ in range(2)]
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(2)
 
     def work(t: int) -> None:
-        try:
-            with grad_mode(), torch.cuda.stream(torch.cuda.Stream()):
-                barrier.wait()
-                for k, x in enumerate(inputs[t]):
-                    results[t][k] = wrapped[t](x)
-                torch.cuda.current_stream().synchronize()
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+        with grad_mode(), torch.cuda.stream(torch.cuda.Stream()):
+            for k, x in enumerate(inputs[t]):
+                results[t][k] = wrapped[t](x)
+            torch.cuda.current_stream().synchronize()
 
-    run_in_threads(work)
-    assert not errors, errors
+    run_in_threads(work)  # released together; fails with what a thread raised
     torch.cuda.synchronize()
     assert [replays(m) - h for m, h in zip(wrapped, held, strict=True)] == [calls, calls]
     with grad_mode():
