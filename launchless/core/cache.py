@@ -5,8 +5,9 @@ from then on runs without a graph -- and a verified graph is *replaying* once it
 cache holds at most ``max_graphs`` graphs, least recently used evicted; once an evicted signature comes back
 (more shapes in use than ``max_graphs``: ``churn``) it stops evicting and keeps what it holds. Before every
 replay it runs the validity checks (``Guard``) its policy gave it, and when one says the graphs no longer
-read what they captured -- parameters relocated, optimizer state replaced -- every graph is dropped with one
-log line and captured again as needed. It owns the memory pool's lifetime (``pool``), the log-once rule and
+read what they captured -- parameters relocated, optimizer state replaced, cuFFT plans destroyed
+(``fft_plans``, armed by the cache itself) -- every graph is dropped with one log line and captured again as
+needed. It owns the memory pool's lifetime (``pool``), the log-once rule and
 the rows ``graph_info()`` shows.
 
 What it does not decide: the key (the policy computes the ``Signature``), what to capture and how to verify
@@ -28,22 +29,37 @@ import torch
 from .budget import BUDGET, tick
 from .capture import CAPTURE_LOCK, CaptureFailed
 from .churn import ShapeChurn
+from .fft_plans import CufftPlanWatch
 from .pool import GraphPool
 from .status import Admission, SignatureState, Stage
 
 log = logging.getLogger("launchless")
 
 
+def _captured(held: Any) -> Iterator[Any]:
+    """A held graph, then the captured graph inside it (a training step's or a compiled graph's entry)."""
+    yield held
+    yield getattr(held, "graph", None)
+
+
 def graph_bytes(held: Any) -> int:
     """A held graph's memory as the budget counts it: what its capture added to PyTorch's reserved memory, and its
-    static input buffers (a captured forward, or the captured graph inside a training step's or a compiled graph's
-    entry)."""
-    for graph in (held, getattr(held, "graph", None)):
+    static input buffers."""
+    for graph in _captured(held):
         if hasattr(graph, "held_bytes"):
             return int(graph.held_bytes)
         if hasattr(graph, "pool_growth"):
             return int(graph.pool_growth or 0)
     return 0
+
+
+def plan_devices(held: Any) -> tuple[int, ...]:
+    """The devices whose cuFFT plans a held graph may read (``fft_plans``)."""
+    for graph in _captured(held):
+        devices = getattr(graph, "plan_devices", None)
+        if devices is not None:
+            return tuple(devices)
+    return ()
 
 
 G = TypeVar("G")  # what a policy holds per signature: a captured forward, a training step, a compiled graph's entry
@@ -114,6 +130,7 @@ class GraphCache(Generic[G]):
         if self.pool.shared:
             self.pool.join(self)
         self.churn = ShapeChurn()
+        self.plans = CufftPlanWatch()  # a guard too, once a graph may read cuFFT plans
         self.evictions = 0
         self.invalidations = 0
         self._seen: OrderedDict[Hashable, int] = OrderedDict()
@@ -220,6 +237,7 @@ class GraphCache(Generic[G]):
             self.graphs[key] = graph
             self.reports[key] = report
             self.used[key] = tick()
+            self._watch_plans(graph)
             while len(self.graphs) > self.max_graphs:
                 old, _ = self.graphs.popitem(last=False)
                 self.reports.pop(old, None)
@@ -234,6 +252,16 @@ class GraphCache(Generic[G]):
                     "Shown once.",
                 )
         BUDGET.enforce(kept=(self, key))  # outside this cache's lock: it may evict from other caches
+
+    def _watch_plans(self, graph: G) -> None:
+        """A graph that may read cuFFT plans: the plan caches of its devices are checked before every replay."""
+        devices = plan_devices(graph)
+        if not devices:
+            return
+        for device in devices:
+            self.plans.watch(device)
+        if self.plans not in self.guards:
+            self.guards.append(self.plans)
 
     def held(self) -> list[tuple[Hashable, int, int]]:
         """For the memory budget: per graph held, its key, bytes (its pool growth at capture) and last use."""
@@ -299,6 +327,9 @@ class GraphCache(Generic[G]):
                 self._refused.clear()
                 self._retry.clear()
             self.churn.reset()
+            if self.plans in self.guards:  # no graph left to read a plan
+                self.guards.remove(self.plans)
+                self.plans.reset()
             self.pool.release()
             if why is not None:
                 self.invalidations += 1

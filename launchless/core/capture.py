@@ -1,7 +1,9 @@
 """The capture primitive: the one module that touches ``torch.cuda.CUDAGraph``.
 
-Warm-up runs on a side stream that is also the capture stream (cuBLAS and cuDNN keep workspaces
-per stream, so warming another stream would let the capture allocate them). Capture uses
+Warm-up runs on a side stream that is also the capture stream. cuBLAS's workspaces are the exception to
+"warm up, then capture": PyTorch keeps one per (handle, stream) in a process-wide map that anyone may empty
+(torch.compile's graph trees do, around every recording), so a graph must not keep the one its warm-up made --
+each capture makes its own, in its graph's pool (``_own_blas_workspaces``). Capture uses
 ``capture_error_mode="thread_local"``: in the default global mode a DataLoader pin-memory thread
 calling ``cudaHostAlloc`` both invalidates the capture and is corrupted by it. All graphs of one
 wrapped model share one memory pool. Random ops are graph-safe: PyTorch registers every CUDA
@@ -29,6 +31,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .collectives import CollectiveTrace, distributed, wait_outputs
+from .fft_plans import holds_plans
 from .host_constants import HostCopies, HostSources, recording, replaying
 from .index_trace import IndexTrace
 from .junctions import MAX_JUNCTION_OPS, Junction, NotAJunction, SegmentedGraph, SegmentingMode, Site
@@ -104,6 +107,33 @@ def _capture_autocast() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _own_blas_workspaces() -> Iterator[None]:
+    """The capture's matmuls get a cuBLAS workspace of their own, allocated in the graph's pool, and the
+    process-wide map of workspaces is left without it.
+
+    A captured matmul records the address of the workspace PyTorch keeps for its (handle, stream). Captured with
+    the one the warm-up made, the graph reads and writes a block of the default pool that the map owns: once
+    anyone empties the map (``torch._C._cuda_clearCublasWorkspaces``, which torch.compile's graph trees call
+    around every warm-up and recording, and memory clean-up code calls), a replay writes into whatever tensor is
+    given that block next, or into memory ``empty_cache()`` gave back -- and every graph of the device shares that
+    one block, so two models' graphs replayed at once on two streams would race on it. Emptying the map before
+    the capture makes the first captured matmul allocate a new workspace, in the pool being captured into;
+    emptying it after hands that block to the pool, where it stays as long as the pool (like the graph's other
+    scratch memory: graphs of one pool never replay at once) and no later eager matmul can pick it up."""
+    _clear_blas_workspaces()
+    try:
+        yield
+    finally:
+        _clear_blas_workspaces()
+
+
+def _clear_blas_workspaces() -> None:
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+
+
 def _end_pool_allocation(device: torch.device, pool: Any) -> None:
     end = getattr(torch._C, "_cuda_endAllocateToPool", None) or getattr(
         torch._C, "_cuda_endAllocateCurrentStreamToPool", None
@@ -150,6 +180,8 @@ class CapturedGraph:
         self.split_from: CaptureFailed | None = None  # why the forward was not captured as one graph
         self.speed: Any = None  # a chain's timing against eager (the policy's ``SpeedVerdict``)
         self.collective_groups: list[Any] = []  # process groups its collectives run over (``collectives``)
+        # devices whose cuFFT plan cache held plans at capture: the graph may read them (``fft_plans``)
+        self.plan_devices: tuple[int, ...] = ()
 
     @property
     def held_bytes(self) -> int:
@@ -296,6 +328,8 @@ def capture(
         )
         captured.index_inputs = index_inputs
         captured.collective_groups = groups
+        if device.type == "cuda" and holds_plans(captured.device_index):
+            captured.plan_devices = (captured.device_index,)
         if isinstance(graph, SegmentedGraph):
             captured.junctions = tuple(graph.junctions)
             captured.split_from = first_failure
@@ -372,7 +406,7 @@ def _capture_once(run: _Run, pool: Any) -> tuple[torch.cuda.CUDAGraph, Any]:
     device, generator = run.device, run.generator
     rng_before = generator.clone_state()
     graph = torch.cuda.CUDAGraph(keep_graph=True) if run.keep_graph else torch.cuda.CUDAGraph()
-    with torch.cuda.stream(run.stream), _capture_autocast(), _no_cyclic_gc():
+    with _own_blas_workspaces(), torch.cuda.stream(run.stream), _capture_autocast(), _no_cyclic_gc():
         try:
             graph.capture_begin(pool=pool, capture_error_mode="thread_local")
         except Exception as exc:  # e.g. a pool whose graphs are all gone: its generator state is set already
@@ -403,10 +437,11 @@ def _capture_chain(run: _Run, pool: Any, junction_ops: frozenset[Any]) -> tuple[
         graph = torch.cuda.CUDAGraph()
         chain.graphs.append(graph)
         chain.empty.append(False)
+        _clear_blas_workspaces()  # a junction's eager matmul may have made one outside the pool
         graph.capture_begin(pool=pool, capture_error_mode="thread_local")
 
     mode = SegmentingMode(chain, junction_ops=junction_ops, device=device, begin=begin)
-    with torch.cuda.stream(run.stream), _capture_autocast(), _no_cyclic_gc():
+    with _own_blas_workspaces(), torch.cuda.stream(run.stream), _capture_autocast(), _no_cyclic_gc():
         try:
             mode.start()
             with mode:
