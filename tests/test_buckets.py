@@ -143,9 +143,14 @@ def test_kernels_that_round_in_tf32_are_held_to_tf32s_rounding(
     monkeypatch: pytest.MonkeyPatch, tf32: bool, relative: float, status: RowsVerdictStatus
 ) -> None:
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", tf32)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    x = torch.randn(3, 8)
-    verdict = prove_rows_independent(RoundsByBatchSize(relative), flatten_inputs((x,), {}), 4)
+    matmul = torch.backends.cuda.matmul  # its flags live in C++: set and restored by hand, not monkeypatched
+    matmul_tf32 = matmul.allow_tf32
+    matmul.allow_tf32 = False
+    try:
+        x = torch.randn(3, 8)
+        verdict = prove_rows_independent(RoundsByBatchSize(relative), flatten_inputs((x,), {}), 4)
+    finally:
+        matmul.allow_tf32 = matmul_tf32
     assert verdict.status is status, verdict
     assert ("TF32" in verdict.detail) is tf32, verdict.detail  # the bound that was applied is named
 
