@@ -6,7 +6,14 @@
 # Steps run in order; each writes under OUT_DIR/<step>/ and logs to OUT_DIR/<step>*.log; a failing step does
 # not stop the next. At the end OUT_DIR is packed into OUT_DIR.tgz (a device call returns only a few files of at
 # most 16 MiB each: one archive, checkpoints and generated images left out, loses nothing else). Steps:
-#   tests              python -m pytest -m cuda (all GPU tests)
+#   install            pip install -e . into the interpreter that runs the rest (the README's backend="launchless"
+#                      block and the CLI need the entry points); run it first
+#   tests              python -m pytest -m cuda (all GPU tests; more than one device call holds: use the parts)
+#   tests-core         the parts of it one device call holds: the runtime, coverage, splits, hazard catalogue,
+#   tests-serving      README, bench, compiler and training tests (core); decoding, buckets, budget and the serving
+#   tests-multigpu     bench (serving); tensor parallelism and DDP, world 1, and world 2 on two GPUs (multigpu)
+#   multigpu-bench     launchless bench --suite multigpu over GPUS (world size W on the first W)
+#   serving-bench      launchless bench --suite serving (SERVING="workload ..." instead of the suite's workloads)
 #   training           launchless bench --suite training: the four training steps, all five modes, one run
 #   train-epochs       launchless train, 20 epochs of the tiny set: eager twice, then --cuda-graph
 #   standard-inference launchless bench --suite standard, its inference workloads only (training runs above)
@@ -67,7 +74,26 @@ coverage() {  # the blocked models dealt over the GPUs, PER_GPU evidence process
 
 for step in "$@"; do
   case $step in
+  install) run install python3 -m pip install -e . --no-deps --no-build-isolation -q ;;
   tests) run tests python3 -m pytest -m cuda tests/ -q -rA -p no:cacheprovider ;;
+  tests-core)
+    run tests-core python3 -m pytest -m cuda -q -rA -p no:cacheprovider tests/test_cuda_coverage.py \
+      tests/test_cuda_runtime.py tests/hazards tests/test_cuda_bench.py tests/test_readme.py \
+      tests/test_cuda_region_split.py tests/test_cuda_compiler.py tests/test_cuda_train.py \
+      tests/test_trainer.py ;;
+  tests-serving)
+    run tests-serving python3 -m pytest -m cuda -q -rA -p no:cacheprovider tests/test_cuda_decoding.py \
+      tests/test_cuda_buckets.py tests/test_cuda_budget.py tests/test_cuda_bench_serving.py ;;
+  tests-multigpu)
+    run tests-multigpu python3 -m pytest -m cuda -q -rA -p no:cacheprovider tests/test_cuda_multigpu.py \
+      tests/test_cuda_trainer_ddp.py tests/test_cuda_zoo_tensor_parallel.py tests/test_cuda_bench_multigpu.py ;;
+  multigpu-bench)
+    run multigpu-bench python3 -m launchless.apps.cli bench --suite multigpu --gpus "${gpus[@]}" \
+      --out "$out/multigpu-bench" ;;
+  serving-bench)
+    read -r -a serving <<<"${SERVING:-}"
+    run serving-bench python3 -m launchless.apps.cli bench --suite serving ${serving[@]:+--workloads "${serving[@]}"} \
+      --out "$out/serving-bench" ;;
   compiler-tests) run compiler-tests python3 -m pytest -m cuda tests/test_cuda_compiler.py -q -rA -p no:cacheprovider ;;
   compiler-inference)
     ((${#inference[@]})) || { echo "compiler-inference: no workload left by ONLY" | tee -a "$out/steps.txt"; continue; }
