@@ -134,4 +134,7 @@ print(*[w.name for w in suite(STANDARD) if w.kind != "training"])')"
   esac
 done
 tar czf "$out.tgz" --exclude="*.pt" --exclude="tiny-data" -C "$(dirname "$out")" "$(basename "$out")"
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ] && [ "$(cd "$(dirname "$out")" && pwd)" != "$(cd "$OUT" && pwd)" ]; then
+  cp "$out.tgz" "$OUT/"  # on the device: the archive is what comes back
+fi
 cat "$out/steps.txt"
