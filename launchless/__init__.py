@@ -9,6 +9,7 @@ from typing import Any
 
 from .core.budget import memory_budget, set_memory_budget
 from .core.streams import capture_stream
+from .core.workspaces import own_blas_workspaces
 from .diagnose.blockers import Blocker
 from .diagnose.dry_run import dry_run
 from .errors import CaptureError, ConfigError, LaunchlessError, NoCudaError, RanksDisagree, VerificationError
@@ -42,6 +43,7 @@ __all__ = [
     "explain",
     "graphed_step",
     "memory_budget",
+    "own_blas_workspaces",
     "set_memory_budget",
     "wrap",
 ]

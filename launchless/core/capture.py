@@ -1,9 +1,9 @@
 """The capture primitive: the one module that touches ``torch.cuda.CUDAGraph``.
 
 Warm-up runs on a side stream that is also the capture stream. cuBLAS's workspaces are the exception to
-"warm up, then capture": PyTorch keeps one per (handle, stream) in a process-wide map that anyone may empty
-(torch.compile's graph trees do, around every recording), so a graph must not keep the one its warm-up made --
-each capture makes its own, in its graph's pool (``_own_blas_workspaces``). Capture uses
+"warm up, then capture": PyTorch keeps one per (handle, stream) in a process-wide map that anyone may empty, so a
+graph must not keep the one its warm-up made -- each capture makes its own, in its graph's pool (``workspaces``).
+Capture uses
 ``capture_error_mode="thread_local"``: in the default global mode a DataLoader pin-memory thread
 calling ``cudaHostAlloc`` both invalidates the capture and is corrupted by it. All graphs of one
 wrapped model share one memory pool. Random ops are graph-safe: PyTorch registers every CUDA
@@ -41,6 +41,7 @@ from .output_tree import see_into
 from .signature import FlatInputs
 from .status import Stage
 from .streams import side_stream
+from .workspaces import clear_blas_workspaces, own_blas_workspaces
 
 CAPTURE_LOCK = threading.RLock()
 _failed_graphs: list[torch.cuda.CUDAGraph] = []
@@ -105,33 +106,6 @@ def _capture_autocast() -> Iterator[None]:
     torch.clear_autocast_cache()
     with torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False):
         yield
-
-
-@contextlib.contextmanager
-def _own_blas_workspaces() -> Iterator[None]:
-    """The capture's matmuls get a cuBLAS workspace of their own, allocated in the graph's pool, and the
-    process-wide map of workspaces is left without it.
-
-    A captured matmul records the address of the workspace PyTorch keeps for its (handle, stream). Captured with
-    the one the warm-up made, the graph reads and writes a block of the default pool that the map owns: once
-    anyone empties the map (``torch._C._cuda_clearCublasWorkspaces``, which torch.compile's graph trees call
-    around every warm-up and recording, and memory clean-up code calls), a replay writes into whatever tensor is
-    given that block next, or into memory ``empty_cache()`` gave back -- and every graph of the device shares that
-    one block, so two models' graphs replayed at once on two streams would race on it. Emptying the map before
-    the capture makes the first captured matmul allocate a new workspace, in the pool being captured into;
-    emptying it after hands that block to the pool, where it stays as long as the pool (like the graph's other
-    scratch memory: graphs of one pool never replay at once) and no later eager matmul can pick it up."""
-    _clear_blas_workspaces()
-    try:
-        yield
-    finally:
-        _clear_blas_workspaces()
-
-
-def _clear_blas_workspaces() -> None:
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear is not None:
-        clear()
 
 
 def _end_pool_allocation(device: torch.device, pool: Any) -> None:
@@ -406,7 +380,7 @@ def _capture_once(run: _Run, pool: Any) -> tuple[torch.cuda.CUDAGraph, Any]:
     device, generator = run.device, run.generator
     rng_before = generator.clone_state()
     graph = torch.cuda.CUDAGraph(keep_graph=True) if run.keep_graph else torch.cuda.CUDAGraph()
-    with _own_blas_workspaces(), torch.cuda.stream(run.stream), _capture_autocast(), _no_cyclic_gc():
+    with own_blas_workspaces(), torch.cuda.stream(run.stream), _capture_autocast(), _no_cyclic_gc():
         try:
             graph.capture_begin(pool=pool, capture_error_mode="thread_local")
         except Exception as exc:  # e.g. a pool whose graphs are all gone: its generator state is set already
@@ -437,11 +411,11 @@ def _capture_chain(run: _Run, pool: Any, junction_ops: frozenset[Any]) -> tuple[
         graph = torch.cuda.CUDAGraph()
         chain.graphs.append(graph)
         chain.empty.append(False)
-        _clear_blas_workspaces()  # a junction's eager matmul may have made one outside the pool
+        clear_blas_workspaces()  # a junction's eager matmul may have made one outside the pool
         graph.capture_begin(pool=pool, capture_error_mode="thread_local")
 
     mode = SegmentingMode(chain, junction_ops=junction_ops, device=device, begin=begin)
-    with _own_blas_workspaces(), torch.cuda.stream(run.stream), _capture_autocast(), _no_cyclic_gc():
+    with own_blas_workspaces(), torch.cuda.stream(run.stream), _capture_autocast(), _no_cyclic_gc():
         try:
             mode.start()
             with mode:

@@ -81,6 +81,9 @@ Scenarios (entry point) and what goes wrong without the library's protection:
 # test_cufft_plan_cache_cleared_after_capture (wrap, in a fresh process): an FFT's captured kernels read the plan's
 #     own device memory (cuFFT allocates it when PyTorch makes the plan, outside any pool); clearing or evicting the
 #     process-wide plan cache destroys the plan and frees that memory under the graph.
+# test_a_hand_captured_graph_owning_its_workspace_survives_a_later_capture (a graph of the user's own, in a fresh
+#     process): launchless empties the workspace map around each capture, as the graph trees do; a graph captured by
+#     hand under launchless.own_blas_workspaces() owns its workspace and is not touched by that.
 # test_two_wrapped_models_replayed_at_once_on_two_streams (wrap): graphs captured on one stream recorded the one
 #     cuBLAS workspace of that stream; two of them replayed at once on two streams would share its scratch memory.
 # test_compiled_graph_after_parameters_are_replaced (torch.compile backend): load_state_dict(assign=True) or a
@@ -1118,6 +1121,60 @@ def test_two_wrapped_models_replayed_at_once_on_two_streams(grad_mode) -> None:
         for t in range(2):
             for k in range(calls):
                 assert_bit_identical(results[t][k], models[t](inputs[t][k]), f"model {t}, call {k}")
+
+
+HAND_GRAPH_SCENARIO = r"""
+import json
+import torch
+from torch import nn
+import launchless as ll
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4096, 8192), nn.GELU(), nn.Linear(8192, 4096)).cuda().bfloat16().eval()
+other = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024)).cuda().bfloat16().eval()
+static = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+stream = torch.cuda.Stream()
+with torch.no_grad():
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm-up: the stream's workspace is made here, in the default pool
+            model(static)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with ll.own_blas_workspaces(), torch.cuda.graph(graph, stream=stream):
+        out = model(static)
+    ll.wrap(other, cuda_graph=True)(torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16))  # empties the map
+    torch.cuda.empty_cache()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # blocks freed on the graph's stream are handed to tensors made on it
+        taken = [torch.full((256 << 10,), 7.0, device="cuda") for _ in range(256)]
+    torch.cuda.current_stream().wait_stream(stream)
+    xs = [torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    outs = []
+    for x in xs:
+        static.copy_(x)
+        graph.replay()
+        outs.append(out.clone())
+    wants = [model(x) for x in xs]
+    torch.cuda.synchronize()
+print(json.dumps({
+    "identical": all(torch.equal(o, w) for o, w in zip(outs, wants)),
+    "taken_intact": all(bool((t == 7.0).all()) for t in taken),
+}))
+"""
+
+
+@cuda
+def test_a_hand_captured_graph_owning_its_workspace_survives_a_later_capture() -> None:
+    """In a process of its own: a graph that wrote into freed memory could leave the process unusable."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", HAND_GRAPH_SCENARIO], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["identical"] and result["taken_intact"], result
 
 
 FFT_SCENARIO = r"""

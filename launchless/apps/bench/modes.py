@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from ...core.workspaces import own_blas_workspaces
+
 MODES = ("eager", "compile", "reduce-overhead", "hand-graph", "launchless", "launchless-compile")
 
 
@@ -42,7 +44,7 @@ def hand_graph(fn: Callable[..., Any], args: tuple, kwargs: dict, warmup: int = 
             fn(*sargs, **skwargs)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with own_blas_workspaces(), torch.cuda.graph(graph):  # a later capture empties PyTorch's shared workspaces
         out = fn(*sargs, **skwargs)
     pairs = [(s, x) for s, x in zip(static, leaves, strict=True) if isinstance(s, torch.Tensor)]
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ...core.workspaces import own_blas_workspaces
 from .. import zoo
 from .modes import ModeUnavailable, Prepared, compiled_model
 from .workloads import BenchWorkload
@@ -105,7 +106,7 @@ def _hand_graph(s: TrainingSetup, warmup: int = 3) -> Prepared:
     torch.cuda.current_stream().wait_stream(stream)
     static = [t.clone() for t in s.batch]
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with own_blas_workspaces(), torch.cuda.graph(graph):  # a later capture empties PyTorch's shared workspaces
         loss = step(*static)
 
     def replay() -> torch.Tensor:
