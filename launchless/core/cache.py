@@ -260,8 +260,8 @@ class GraphCache(Generic[G]):
             return
         for device in devices:
             self.plans.watch(device)
-        if self.plans not in self.guards:
-            self.guards.append(self.plans)
+        if self.plans not in self.guards:  # a new list: a call validating in another thread keeps its own
+            self.guards = [*self.guards, self.plans]
 
     def held(self) -> list[tuple[Hashable, int, int]]:
         """For the memory budget: per graph held, its key, bytes (its pool growth at capture) and last use."""
@@ -328,7 +328,7 @@ class GraphCache(Generic[G]):
                 self._retry.clear()
             self.churn.reset()
             if self.plans in self.guards:  # no graph left to read a plan
-                self.guards.remove(self.plans)
+                self.guards = [guard for guard in self.guards if guard is not self.plans]
                 self.plans.reset()
             self.pool.release()
             if why is not None:
