@@ -73,7 +73,7 @@ def holds_plans(device: int, caches: PlanCaches | None = None) -> bool:
     """Whether ``device``'s plan cache holds cuFFT plans: a graph captured now may read them."""
     try:
         return (caches or PlanCaches()).size(device) > 0
-    except RuntimeError:  # a build without cuFFT
+    except (RuntimeError, AttributeError):  # a build without cuFFT
         return False
 
 
