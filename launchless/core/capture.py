@@ -3,8 +3,7 @@
 Warm-up runs on a side stream that is also the capture stream. cuBLAS's workspaces are the exception to
 "warm up, then capture": PyTorch keeps one per (handle, stream) in a process-wide map that anyone may empty, so a
 graph must not keep the one its warm-up made -- each capture makes its own, in its graph's pool (``workspaces``).
-Capture uses
-``capture_error_mode="thread_local"``: in the default global mode a DataLoader pin-memory thread
+Capture uses ``capture_error_mode="thread_local"``: in the default global mode a DataLoader pin-memory thread
 calling ``cudaHostAlloc`` both invalidates the capture and is corrupted by it. All graphs of one
 wrapped model share one memory pool. Random ops are graph-safe: PyTorch registers every CUDA
 generator a capture uses and advances its offset on each replay.
