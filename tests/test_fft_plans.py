@@ -91,6 +91,17 @@ def test_a_graph_that_may_read_plans_is_dropped_once_one_can_have_been_destroyed
     assert cache.lookup("a", ()) is not None or change == "filled up"  # a full cache cannot be watched
 
 
+def test_a_graph_kept_after_every_other_was_evicted_is_watched_from_the_plans_as_they_are_now() -> None:
+    caches = StandInCaches(size=2)
+    cache = watched_cache(caches)
+    cache.keep("a", HeldGraph((0,)), {}, ())
+    cache.evict("a", "over the memory budget")  # no graph left, the watch still armed
+    caches.clear()
+    caches.sizes[0] = 2  # the next capture's warm-up made its plans again
+    cache.keep("b", HeldGraph((0,)), {}, ())
+    assert cache.lookup("b", ()) is not None and cache.invalidations == 0
+
+
 def test_a_graph_captured_without_plans_on_its_device_is_not_watched() -> None:
     caches = StandInCaches(size=0)
     cache = watched_cache(caches)

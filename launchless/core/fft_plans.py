@@ -98,7 +98,9 @@ class CufftPlanWatch:
         self.watched.clear()
 
     def arm(self, leaves: Sequence[Any]) -> None:
-        """Nothing to remember from the call: ``watch`` records the plan caches."""
+        """A first graph is kept after the others were evicted: what was watched for them is forgotten (``watch``
+        records the plan caches as they are now)."""
+        self.reset()
 
     def stale(self, leaves: Sequence[Any]) -> str | None:
         caches = self.caches
