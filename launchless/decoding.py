@@ -29,6 +29,7 @@ over the static cache's full, masked length rounds differently, as it does in tr
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -36,7 +37,7 @@ import itertools
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -48,6 +49,7 @@ from .core.signature import FlatInputs, Signature, UnhashableInput, flatten_inpu
 from .core.snapshot import Snapshot
 from .core.status import Admission, Stage, VerifyStatus
 from .core.verify import VerifyReport, verify_step
+from .decode_loop import LoopRequest, loop_request, run_loop
 from .errors import CaptureError
 
 log = logging.getLogger("launchless")
@@ -188,6 +190,8 @@ class DecodeGraphs:
         self.generate_calls = self.prefills = self.replayed = 0
         self.eager_steps: collections.Counter[str] = collections.Counter()
         self.eager_generations: collections.Counter[str] = collections.Counter()
+        self.loop_generations = self.loop_exact_inputs = 0  # generations the host-ahead loop decoded
+        self.through_generate: collections.Counter[str] = collections.Counter()  # why others went through generate()
 
     # ---- generate() ------------------------------------------------------------------------------
     def generate(self, model: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -198,34 +202,85 @@ class DecodeGraphs:
         with self._lock:
             self.generate_calls += 1
             cache = given_cache(kwargs)
+            loop = self._loop_request(model, args, kwargs, given=cache is not None)
             if cache is None:
                 cache = self._own_cache(model, args, kwargs)
-            call_kwargs = {k: v for k, v in kwargs.items() if k not in CACHE_KEYWORDS} | {keyword: cache}
-            if hasattr(model.generation_config, "disable_compile"):
-                call_kwargs["disable_compile"] = True  # transformers would compile a static-cache forward: the step
-            # the cache is passed: transformers refuses a cache_implementation with it, and fills one a caller's own
-            # generation_config leaves unset from the model's, so it is cleared wherever it was set
-            configs = (kwargs.get("generation_config"), model.generation_config)
-            asked = [kwargs.get("cache_implementation")] + [getattr(c, "cache_implementation", None) for c in configs]
-            if any(a is not None for a in asked):
-                call_kwargs["cache_implementation"] = None
-            own = model.__dict__.get("forward")  # an instance's own forward (set by the user) is put back after
-            forward = own or type(model).forward.__get__(model)
-            calls = [0]
-
-            @functools.wraps(forward)  # generate() reads the forward's parameters
-            def step(*step_args: Any, **step_kwargs: Any) -> Any:
-                calls[0] += 1
-                return self._step(forward, cache, keyword, calls[0] == 1, step_args, step_kwargs)
-
-            model.forward = step
-            try:
+            with self._routed(model, cache, keyword) as forward:
+                if isinstance(loop, LoopRequest):
+                    return self._loop(model, loop, cache, keyword, forward)
+                call_kwargs = {k: v for k, v in kwargs.items() if k not in CACHE_KEYWORDS} | {keyword: cache}
+                if hasattr(model.generation_config, "disable_compile"):
+                    call_kwargs["disable_compile"] = True  # transformers would compile a static-cache forward
+                # the cache is passed: transformers refuses a cache_implementation with it, and fills one a caller's
+                # own generation_config leaves unset from the model's, so it is cleared wherever it was set
+                configs = (kwargs.get("generation_config"), model.generation_config)
+                asked = [kwargs.get("cache_implementation")] + [
+                    getattr(c, "cache_implementation", None) for c in configs
+                ]
+                if any(a is not None for a in asked):
+                    call_kwargs["cache_implementation"] = None
                 return model.generate(*args, **call_kwargs)
-            finally:
-                if own is None:
-                    del model.__dict__["forward"]
-                else:
-                    model.forward = own
+
+    @contextlib.contextmanager
+    def _routed(self, model: torch.nn.Module, cache: Any, keyword: str) -> Iterator[Callable[..., Any]]:
+        """The model's forward sent through ``_step`` while the block runs (the model's ``__call__``, its hooks
+        included, stays the way in); yields the model to call. An instance's own forward is put back after."""
+        own = model.__dict__.get("forward")
+        forward = own or type(model).forward.__get__(model)
+        calls = [0]
+
+        @functools.wraps(forward)  # generate() reads the forward's parameters
+        def step(*step_args: Any, **step_kwargs: Any) -> Any:
+            calls[0] += 1
+            return self._step(forward, cache, keyword, calls[0] == 1, step_args, step_kwargs)
+
+        model.forward = step
+        try:
+            yield model
+        finally:
+            if own is None:
+                del model.__dict__["forward"]
+            else:
+                model.forward = own
+
+    def _loop_request(
+        self, model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any], *, given: bool
+    ) -> LoopRequest | None:
+        """The call as the host-ahead loop decodes it (``launchless.decode_loop``); None, with one line per reason,
+        where ``generate()`` decodes it instead."""
+        if args:
+            why = "generate() was given positional arguments"
+        elif given:
+            why = "a cache was passed in: generate() decodes on it as given"
+        else:
+            request = loop_request(model, kwargs)
+            if isinstance(request, LoopRequest):
+                return request
+            why = request
+        self.through_generate[why] += 1
+        self.graphs.log_once(
+            f"loop:{why}",
+            logging.INFO,
+            f"launchless: {self.name}.generate() decodes through transformers' own loop, which waits for the GPU at "
+            f"every token (its steps still replay graphs): {why}. Shown once.",
+        )
+        return None
+
+    def _loop(
+        self, model: torch.nn.Module, request: LoopRequest, cache: Any, keyword: str, forward: Callable[..., Any]
+    ) -> torch.Tensor:
+        with torch.no_grad():
+            result = run_loop(model, request, cache=cache, keyword=keyword, forward=forward)
+        self.loop_generations += 1
+        if not result.advanced:
+            self.loop_exact_inputs += 1
+            self.graphs.log_once(
+                "loop:inputs",
+                logging.INFO,
+                f"launchless: {self.name}.generate(): the decode loop's own inputs for a step differ from "
+                f"transformers' ({result.mismatch}); every step takes transformers' inputs, waiting for the GPU",
+            )
+        return result.sequences
 
     def _refusal(self, model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> str | None:
         if model.training:
@@ -431,6 +486,9 @@ class DecodeGraphs:
             "steps_replayed": self.replayed,
             "steps_eager": dict(self.eager_steps),
             "generations_eager": dict(self.eager_generations),
+            "loop_generations": self.loop_generations,
+            "loop_exact_inputs": self.loop_exact_inputs,
+            "through_generate": dict(self.through_generate),
             "static_caches": [
                 {
                     "batch": batch,

@@ -47,6 +47,7 @@ def test_greedy_decoding_replays_one_graph_with_eager_static_tokens(name: str, g
     steps = request["max_new_tokens"] - 1
     waited = wrapped.capture_after - 1  # steps seen before the capture
     assert decode["steps_replayed"] == 2 * steps - waited and graph["replays"] >= 2 * steps - waited, decode
+    assert decode["loop_generations"] == 2 and decode["loop_exact_inputs"] == 0, decode  # the host-ahead loop
     assert "forward" not in model.__dict__
 
 
@@ -63,6 +64,66 @@ def test_sampling_draws_what_eager_draws_under_the_same_seed() -> None:
         again = wrapped.generate(**request)  # replayed from its first step
     assert torch.equal(sampled, reference) and torch.equal(again, reference)
     assert wrapped.graph_info()["decode"]["steps_replayed"] > 0
+
+
+class RecordingStreamer:
+    def __init__(self) -> None:
+        self.puts: list[list[int]] = []
+        self.ended = False
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts.append(value.flatten().tolist())
+
+    def end(self) -> None:
+        self.ended = True
+
+
+@pytest.mark.parametrize("name", ["decode:llama-tiny@b8", "decode:gpt2-124m@b1"])
+def test_the_loop_samples_to_end_tokens_as_generate_does_streams_alike_and_leaves_the_generator_alike(
+    name: str,
+) -> None:
+    model, request = decoder(name, new_tokens=48)
+    vocabulary = model.config.vocab_size
+    request = {**request, "do_sample": True, "top_k": 40, "top_p": 0.95, "temperature": 0.8}
+    request["eos_token_id"] = list(range(0, vocabulary, 12))  # one token in twelve ends a sequence
+    wrapped = ll.wrap(model)
+    expected, got = RecordingStreamer(), RecordingStreamer()
+    with torch.no_grad():
+        torch.manual_seed(5)
+        reference = eager_static(model, request, streamer=expected)
+        after = torch.cuda.get_rng_state()
+        for streamer in (None, got):  # the first call captures, the second replays
+            torch.manual_seed(5)
+            sampled = wrapped.generate(**request, **({"streamer": streamer} if streamer else {}))
+            assert torch.equal(sampled, reference)
+            assert torch.equal(torch.cuda.get_rng_state(), after)
+    assert reference.shape[1] < request["input_ids"].shape[1] + 48  # it ended early: the loop ran past, dropped it
+    assert got.puts == expected.puts and got.ended
+    decode = wrapped.graph_info()["decode"]
+    assert decode["loop_generations"] == 2 and decode["steps_replayed"] > 0, decode
+
+
+def test_the_loop_waits_for_the_gpu_as_often_for_110_tokens_as_for_60() -> None:
+    """CUDA's synchronising calls, counted by PyTorch's sync debug mode: the loop reads the device a fixed number of
+    times per call (the prompt, the first two steps' inputs), not once per token."""
+    import warnings
+
+    model, request = decoder("decode:llama-tiny@b1", new_tokens=110)
+    wrapped = ll.wrap(model)
+    counts = []
+    with torch.no_grad():
+        wrapped.generate(**request)  # captured and verified here
+        for new in (60, 110):  # one cache length (128, with the prompt of 8): one graph
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    wrapped.generate(**{**request, "max_new_tokens": new})
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            counts.append(sum("synchronizing" in str(w.message) for w in caught))
+    assert counts[0] == counts[1] and counts[0] < 30, counts
+    assert len(wrapped.graph_info()["decode"]["graphs"]) == 1
 
 
 def test_lengths_in_one_bucket_share_a_graph_and_a_longer_one_gets_its_own() -> None:

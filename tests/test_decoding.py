@@ -345,3 +345,187 @@ def test_a_model_converted_between_calls_gets_a_cache_of_its_new_dtype(monkeypat
         model.double()  # the float32 cache's keys could not take the model's float64 ones
         assert torch.equal(graphs.generate(model, (), dict(request)), eager_static(model, request))
     assert [c["dtype"] for c in graphs.info()["static_caches"]] == ["float32", "float64"]
+
+
+# ---- the host-ahead loop (launchless.decode_loop) ----------------------------------------------------------------
+from launchless import decode_loop  # noqa: E402
+
+
+class RecordingStreamer:
+    """Keeps what generate() hands a streamer: each put's tokens, and whether end() came."""
+
+    def __init__(self) -> None:
+        self.puts: list[list[int]] = []
+        self.ended = False
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts.append(value.flatten().tolist())
+
+    def end(self) -> None:
+        self.ended = True
+
+
+def loop_info(graphs: DecodeGraphs) -> tuple[int, dict]:
+    info = graphs.info()
+    return info["loop_generations"], info["through_generate"]
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])
+def test_the_loop_decodes_greedy_calls_and_its_steps_replay_graphs(monkeypatch, grad_mode) -> None:
+    captures: list = []
+    monkeypatch.setattr(decoding, "capture", recorded_capture(captures))
+    model, request = tiny_llama()
+    with grad_mode():
+        reference = eager_static(model, request)
+        graphs = decode_graphs(model)
+        assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+        assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+    assert loop_info(graphs) == (2, {}) and graphs.info()["loop_exact_inputs"] == 0
+    assert len(captures) == 1 and graphs.info()["steps_replayed"] == 2 * (NEW_TOKENS - 1) - 1
+
+
+def test_the_host_reads_the_device_as_often_for_fifty_tokens_as_for_twenty(monkeypatch) -> None:
+    """Without an end-of-sequence token or a streamer the loop never waits for the device after the second step:
+    the reads of device values (bool, item, cpu, tolist) do not grow with the number of tokens."""
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_llama()
+    graphs = decode_graphs(model)
+    reads = {"n": 0}
+
+    def counted(name):
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            reads["n"] += 1
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, read)
+
+    counts = []
+    with torch.no_grad():
+        graphs.generate(model, (), dict(request, max_new_tokens=50))  # captured and verified here
+        for name in ("__bool__", "item", "cpu", "tolist"):
+            counted(name)
+        for new in (20, 50):  # one cache length (64): one graph
+            reads["n"] = 0
+            graphs.generate(model, (), dict(request, max_new_tokens=new))
+            counts.append(reads["n"])
+    monkeypatch.undo()
+    assert counts[0] == counts[1], counts
+    assert loop_info(graphs)[0] == 3
+
+
+def test_end_of_sequence_tokens_pad_and_stop_the_loop_as_they_stop_generate(monkeypatch) -> None:
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_llama()
+    request = dict(request, max_new_tokens=40)
+    prompt = request["input_ids"].shape[1]
+    plain = eager_static(model, request)
+    eos = [int(plain[0, prompt + 2]), int(plain[1, prompt + 4])]  # row 0 ends first, row 1 two steps later
+    reference = eager_static(model, request, eos_token_id=eos)
+    assert reference.shape[1] < prompt + 40  # generate() stopped early: the loop ran past the end and dropped it
+    graphs = decode_graphs(model)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(graphs.generate(model, (), dict(request, eos_token_id=eos)), reference)
+    assert loop_info(graphs) == (2, {})
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [{}, {"temperature": 0.7}, {"top_k": 5}, {"top_p": 0.8}, {"temperature": 1.3, "top_k": 20, "top_p": 0.9}],
+)
+def test_sampling_in_the_loop_draws_what_generate_draws_and_leaves_the_generator_where_it_would(
+    monkeypatch, sampling
+) -> None:
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_llama()
+    request = dict(request, max_new_tokens=40, eos_token_id=list(range(25)), **sampling)
+    torch.manual_seed(3)
+    reference = eager_static(model, request, do_sample=True)
+    after = torch.get_rng_state()
+    assert reference.shape[1] < request["input_ids"].shape[1] + 40  # ended early: the loop drew past the end
+    graphs = decode_graphs(model)
+    with torch.no_grad():
+        torch.manual_seed(3)
+        assert torch.equal(graphs.generate(model, (), dict(request, do_sample=True)), reference)
+    assert torch.equal(torch.get_rng_state(), after)
+    assert loop_info(graphs) == (1, {})
+
+
+def test_a_streamer_gets_from_the_loop_what_generate_hands_it(monkeypatch) -> None:
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_llama()
+    request = dict(request, max_new_tokens=40)
+    expected = RecordingStreamer()
+    eager_static(model, request, streamer=expected)
+    graphs = decode_graphs(model)
+    got = RecordingStreamer()
+    with torch.no_grad():
+        graphs.generate(model, (), dict(request, streamer=got))
+    assert got.puts == expected.puts and got.ended and len(got.puts) == 41
+    assert loop_info(graphs) == (1, {})
+
+
+def test_left_padded_prompts_decode_in_the_loop_as_in_generate(monkeypatch) -> None:
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_llama()
+    mask = request["attention_mask"].clone()
+    mask[1, :2] = 0  # the second prompt is three tokens, padded on the left
+    request = dict(request, attention_mask=mask, pad_token_id=0, max_new_tokens=20)
+    reference = eager_static(model, request)
+    graphs = decode_graphs(model)
+    with torch.no_grad():
+        assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+    assert loop_info(graphs) == (1, {}) and graphs.info()["loop_exact_inputs"] == 0
+
+
+def test_inputs_the_loop_would_advance_wrongly_are_taken_from_transformers_with_one_line(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    advance = decode_loop._advance
+
+    def forgetful(inputs, chosen, *, column):  # the new position never attended: a rule transformers disagrees with
+        advance(inputs, chosen, column=column)
+        inputs["attention_mask"].select(-1, column).fill_(False)
+
+    monkeypatch.setattr(decode_loop, "_advance", forgetful)
+    model, request = tiny_llama()
+    reference = eager_static(model, request)
+    graphs = decode_graphs(model)
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(2):
+            assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+    assert graphs.info()["loop_exact_inputs"] == 2
+    lines = [r.getMessage() for r in caplog.records if "differ from transformers'" in r.getMessage()]
+    assert len(lines) == 1 and "its 'attention_mask' differs" in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ({"repetition_penalty": 1.3}, "the generation settings ask for repetition_penalty=1.3"),
+        ({"min_new_tokens": 3}, "the generation settings ask for min_new_tokens=3"),
+        ({"output_scores": True, "return_dict_in_generate": True}, "output_scores=True"),
+        ({"logits_processor": "list"}, "generate() was given logits_processor"),
+        ({"num_return_sequences": 2, "do_sample": True}, "num_return_sequences=2"),
+    ],
+)
+def test_calls_the_loop_cannot_decode_exactly_go_through_generate_with_one_line(
+    monkeypatch, caplog, extra, says
+) -> None:
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_llama()
+    if extra.get("logits_processor") == "list":
+        extra = dict(extra, logits_processor=transformers.LogitsProcessorList())
+    torch.manual_seed(0)
+    reference = eager_static(model, request, **extra)
+    graphs = decode_graphs(model)
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(2):
+            torch.manual_seed(0)
+            got = graphs.generate(model, (), dict(request, **extra))
+    expected = reference.sequences if hasattr(reference, "sequences") else reference
+    assert torch.equal(got.sequences if hasattr(got, "sequences") else got, expected)
+    loops, why = loop_info(graphs)
+    assert loops == 0 and len(why) == 1 and says in next(iter(why)), why
+    assert sum("decodes through transformers' own loop" in r.getMessage() for r in caplog.records) == 1
