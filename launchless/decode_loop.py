@@ -27,7 +27,8 @@ The tokens are those of ``generate()`` on the same static cache. The loop takes 
 others go through ``generate()`` itself (their decode steps replay graphs all the same): logits processors or
 stopping criteria passed in, a generation setting other than the length, sampling (temperature,
 top-k, top-p) and the end and padding tokens, a cache passed in, several sequences per prompt, prompts given as
-embeddings, a pad token without an attention mask, and a transformers that prepares inputs otherwise.
+embeddings, a pad token without an attention mask, a model class that overrides ``generate()`` or a step of it the
+loop stands in for, and a transformers that prepares inputs otherwise.
 """
 
 from __future__ import annotations
@@ -103,8 +104,15 @@ class LoopRequest:
     streamer: Any = None  # handed the prompt, then each step's tokens (see ``run_loop``), then end()
 
 
+# generate()'s own steps the loop stands in for: a model class that overrides one decodes its own way
+STOOD_IN_FOR = ("generate", "_sample", "_prefill", "_update_model_kwargs_for_generation")
+
+
 def loop_request(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> LoopRequest | str:
     """The call as the loop decodes it, or why the loop does not take it (``generate()`` decodes it then)."""
+    overridden = _overridden(model)
+    if overridden:
+        return f"{type(model).__name__} overrides generate()'s {', '.join(overridden)}"
     others = sorted(k for k in kwargs if k not in LOOP_ARGUMENTS and not _is_setting(k))
     if others:
         return f"generate() was given {', '.join(others)}, which only generate() itself carries out"
@@ -147,10 +155,27 @@ def loop_request(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> LoopReque
     )
 
 
-def _is_setting(name: str) -> bool:
+def _overridden(model: torch.nn.Module) -> list[str]:
+    """The steps of ``generate()`` that the model's class decodes its own way."""
+    from transformers.generation.utils import GenerationMixin
+
+    return [
+        name
+        for name in STOOD_IN_FOR
+        if hasattr(GenerationMixin, name) and getattr(type(model), name, None) is not getattr(GenerationMixin, name)
+    ]
+
+
+@functools.cache
+def _settings() -> frozenset[str]:
+    """The names ``GenerationConfig`` knows: the generation settings."""
     from transformers import GenerationConfig
 
-    return name in LOOP_SETTINGS or hasattr(GenerationConfig(), name)
+    return frozenset(vars(GenerationConfig()))
+
+
+def _is_setting(name: str) -> bool:
+    return name in LOOP_SETTINGS or name in _settings()
 
 
 def _changed_settings(model: torch.nn.Module, config: Any) -> list[str]:

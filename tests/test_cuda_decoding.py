@@ -104,8 +104,8 @@ def test_the_loop_samples_to_end_tokens_as_generate_does_streams_alike_and_leave
 
 
 def test_the_loop_waits_for_the_gpu_as_often_for_110_tokens_as_for_60() -> None:
-    """CUDA's synchronising calls, counted by PyTorch's sync debug mode: the loop reads the device a fixed number of
-    times per call (the prompt, the first two steps' inputs), not once per token."""
+    """CUDA's synchronising calls, counted by PyTorch's sync debug mode: the loop reads the device a few times per
+    call (transformers' inputs for the prompt and the first two steps, their check), not once per token."""
     import warnings
 
     model, request = decoder("decode:llama-tiny@b1", new_tokens=110)
@@ -122,7 +122,8 @@ def test_the_loop_waits_for_the_gpu_as_often_for_110_tokens_as_for_60() -> None:
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
             counts.append(sum("synchronizing" in str(w.message) for w in caught))
-    assert counts[0] == counts[1] and counts[0] < 30, counts
+    # a handful per call (7 and 6 seen on an H200), not one per token
+    assert max(counts) <= 10 and abs(counts[0] - counts[1]) <= 2, counts
     assert len(wrapped.graph_info()["decode"]["graphs"]) == 1
 
 

@@ -529,3 +529,40 @@ def test_calls_the_loop_cannot_decode_exactly_go_through_generate_with_one_line(
     loops, why = loop_info(graphs)
     assert loops == 0 and len(why) == 1 and says in next(iter(why)), why
     assert sum("decodes through transformers' own loop" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_model_class_that_decodes_its_own_way_goes_through_its_generate(monkeypatch) -> None:
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+
+    class OwnUpdate(transformers.LlamaForCausalLM):
+        def _update_model_kwargs_for_generation(self, outputs, model_kwargs, **kwargs):  # e.g. rope deltas
+            return super()._update_model_kwargs_for_generation(outputs, model_kwargs, **kwargs)
+
+    model, request = tiny_llama()
+    model.__class__ = OwnUpdate
+    reference = eager_static(model, request)
+    graphs = decode_graphs(model)
+    with torch.no_grad():
+        assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+    loops, why = loop_info(graphs)
+    assert loops == 0 and list(why) == ["OwnUpdate overrides generate()'s _update_model_kwargs_for_generation"], why
+    assert graphs.info()["steps_replayed"] > 0
+
+
+@pytest.mark.parametrize(
+    ("made_under", "decoded_under"), [("inference_mode", "no_grad"), ("no_grad", "inference_mode")]
+)
+def test_a_prompt_made_under_one_grad_mode_decodes_in_the_loop_under_the_other(
+    monkeypatch, made_under: str, decoded_under: str
+) -> None:
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    modes = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
+    model, request = tiny_llama()
+    reference = eager_static(model, request)
+    with modes[made_under]():
+        request = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in request.items()}
+    graphs = decode_graphs(model)
+    with modes[decoded_under]():
+        for _ in range(2):
+            assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+    assert loop_info(graphs) == (2, {}) and graphs.info()["steps_replayed"] > 0
