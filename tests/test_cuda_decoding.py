@@ -8,6 +8,7 @@ import logging
 
 import pytest
 import torch
+from streamers import RecordingStreamer
 
 import launchless as ll
 from launchless.apps.bench.serving_workloads import build_decoder, decode_workload
@@ -64,18 +65,6 @@ def test_sampling_draws_what_eager_draws_under_the_same_seed() -> None:
         again = wrapped.generate(**request)  # replayed from its first step
     assert torch.equal(sampled, reference) and torch.equal(again, reference)
     assert wrapped.graph_info()["decode"]["steps_replayed"] > 0
-
-
-class RecordingStreamer:
-    def __init__(self) -> None:
-        self.puts: list[list[int]] = []
-        self.ended = False
-
-    def put(self, value: torch.Tensor) -> None:
-        self.puts.append(value.flatten().tolist())
-
-    def end(self) -> None:
-        self.ended = True
 
 
 @pytest.mark.parametrize("name", ["decode:llama-tiny@b8", "decode:gpt2-124m@b1"])
