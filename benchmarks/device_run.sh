@@ -13,7 +13,8 @@
 #   tests-serving      README, bench, compiler and training tests (core); decoding, buckets, budget and the serving
 #   tests-multigpu     bench (serving); tensor parallelism and DDP, world 1, and world 2 on two GPUs (multigpu)
 #   multigpu-bench     launchless bench --suite multigpu over GPUS (world size W on the first W)
-#   serving-bench      launchless bench --suite serving (SERVING="workload ..." instead of the suite's workloads)
+#   serving-bench      launchless bench --suite serving (SERVING="workload ..." instead of the suite's workloads,
+#                      SERVING_MODES="mode ..." only those modes: a part of it; launchless bench --merge joins parts)
 #   training           launchless bench --suite training: the four training steps, all five modes, one run
 #   train-epochs       launchless train, 20 epochs of the tiny set: eager twice, then --cuda-graph
 #   standard-inference launchless bench --suite standard, its inference workloads only (training runs above)
@@ -92,8 +93,9 @@ for step in "$@"; do
       --out "$out/multigpu-bench" ;;
   serving-bench)
     read -r -a serving <<<"${SERVING:-}"
+    read -r -a serving_modes <<<"${SERVING_MODES:-}"
     run serving-bench python3 -m launchless.apps.cli bench --suite serving ${serving[@]:+--workloads "${serving[@]}"} \
-      --out "$out/serving-bench" ;;
+      ${serving_modes[@]:+--modes "${serving_modes[@]}"} --out "$out/serving-bench" ;;
   compiler-tests) run compiler-tests python3 -m pytest -m cuda tests/test_cuda_compiler.py -q -rA -p no:cacheprovider ;;
   compiler-inference)
     ((${#inference[@]})) || { echo "compiler-inference: no workload left by ONLY" | tee -a "$out/steps.txt"; continue; }

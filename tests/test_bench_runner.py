@@ -251,3 +251,29 @@ def test_each_mode_compiles_into_fresh_caches_that_are_gone_afterwards(tmp_path,
         assert not os.path.exists(row["caches"]["root"])  # removed when the mode is done
     a, b = (seen[m]["caches"]["TORCHINDUCTOR_CACHE_DIR"] for m in ("compile", "reduce-overhead"))
     assert a != b and "/shared/cache" not in (a, b)
+
+
+def test_serving_runs_split_by_mode_merge_into_the_serving_report_with_its_targets(tmp_path) -> None:
+    import json
+    from pathlib import Path
+
+    from launchless.apps.bench.runner import merge
+
+    earlier = json.loads(Path("benchmarks/results/2026-12-01-serving-decode.json").read_text())
+    loop = json.loads(Path("benchmarks/results/2026-12-01-serving-decode-loop.json").read_text())
+    others = dict(earlier, rows=[r for r in earlier["rows"] if r["mode"] != "launchless"])  # eager, static-compile
+    parts = [tmp_path / "others.json", tmp_path / "launchless.json"]
+    parts[0].write_text(json.dumps(others))
+    parts[1].write_text(json.dumps(loop))
+    assert merge([str(p) for p in parts], str(tmp_path / "merged")) == 0
+    merged = json.loads((tmp_path / "merged" / "serving.json").read_text())
+    modes = {(r["workload"], r["mode"]) for r in merged["rows"]}
+    assert ("decode:llama-850m@b1", "launchless") in modes and ("decode:llama-850m@b1", "static-compile") in modes
+    verdicts = {v["workload"]: v for v in merged["summary"]["verdicts"]}
+    assert verdicts["decode:gpt2-124m@b1"]["met"] is True  # judged now that static-compile's row is there
+    assert verdicts["decode:llama-850m@b1"]["met"] is False and "1.00×" in verdicts["decode:llama-850m@b1"]["detail"]
+    assert "## Targets" in (tmp_path / "merged" / "serving.md").read_text()
+    standard = json.loads(Path("benchmarks/results/2026-11-29-bench-quick.json").read_text())
+    parts[0].write_text(json.dumps(standard))
+    with pytest.raises(ValueError, match="different suites"):
+        merge([str(p) for p in parts], str(tmp_path / "bad"))

@@ -238,15 +238,22 @@ def run_suite(
 
 
 def merge(paths: list[str], out_dir: str) -> int:
-    """One report from several partial runs (a standard suite split over device calls by --workloads).
+    """One report from several partial runs (a suite split over device calls by --workloads or --modes).
 
     Rows of a later file replace the same (workload, mode) of an earlier one; the environment is the
-    first file's, and the GPU must be the same in all of them.
+    first file's, and the GPU must be the same in all of them. The serving and multigpu suites' runs are
+    reported as those suites report (their own tables and targets), and only with runs of the same suite.
     """
+    from . import multigpu_report, serving_report
+
+    own_reports = {serving_report.SUITE: serving_report.write_all, multigpu_report.SUITE: multigpu_report.write_all}
     runs = [json.loads(Path(p).read_text()) for p in paths]
     gpus = {run["environment"].get("gpu") for run in runs}
     if len(gpus) > 1:
         raise ValueError(f"refusing to merge runs from different GPUs: {sorted(map(str, gpus))}")
+    suites = {run["suite"] for run in runs}
+    if len(suites) > 1 and suites & set(own_reports):
+        raise ValueError(f"refusing to merge runs of different suites: {sorted(suites)}")
     rows: dict[tuple[str, str], dict] = {}
     for run in runs:
         rows.update({(r["workload"], r["mode"]): r for r in run["rows"]})
@@ -254,6 +261,9 @@ def merge(paths: list[str], out_dir: str) -> int:
     environment = dict(runs[0]["environment"], merged_from=[str(p) for p in paths])
     environment["wall_s"] = sum(walls) if all(w is not None for w in walls) else None
     suite = "+".join(dict.fromkeys(run["suite"] for run in runs))
-    paths_out = report.write_all(Path(out_dir), environment, suite, list(rows.values()))
+    if suite in own_reports:
+        paths_out = own_reports[suite](Path(out_dir), environment, list(rows.values()))
+    else:
+        paths_out = report.write_all(Path(out_dir), environment, suite, list(rows.values()))
     Console().print("written: " + ", ".join(str(p) for p in paths_out.values()))
     return 0
