@@ -141,15 +141,16 @@ def loop_request(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> LoopReque
     if new_tokens < 1:
         return "no new token is asked for"
     eos = config.eos_token_id
-    eos_ids = None if eos is None else torch.tensor(eos if isinstance(eos, list) else [eos], device=prompt.device)
+    eos_list = None if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    eos_ids = None if eos_list is None else torch.tensor(eos_list, device=prompt.device)
     pad = config.pad_token_id
     mask = kwargs.get("attention_mask")
     if mask is None:
         if pad is not None:
             return "a pad token is set and no attention_mask was given; pass the prompt's attention_mask"
         mask = torch.ones_like(prompt)
-    if pad is None and eos_ids is not None:
-        pad = int(eos_ids[0])  # as generate() pads finished sequences
+    if pad is None and eos_list is not None:
+        pad = eos_list[0]  # as generate() pads finished sequences
     return LoopRequest(
         prompt, mask, new_tokens, bool(config.do_sample), _warpers(config), eos_ids, pad, kwargs.get("streamer")
     )
@@ -224,16 +225,9 @@ class LoopResult:
     mismatch: str = ""
 
 
-def run_loop(
-    model: torch.nn.Module,
-    request: LoopRequest,
-    *,
-    cache: Any,
-    keyword: str,
-    forward: Callable[..., Any],
-) -> LoopResult:
-    """Decodes ``request`` on ``cache`` (empty, static), calling ``forward`` (the model's routed forward) once per
-    step; see the module docstring."""
+def run_loop(model: torch.nn.Module, request: LoopRequest, *, cache: Any, keyword: str) -> LoopResult:
+    """Decodes ``request`` on ``cache`` (empty, static), calling ``model`` once per step -- with its forward routed
+    through the decode graphs by the caller; see the module docstring."""
     prompt, batch = request.prompt, request.prompt.shape[0]
     kwargs: dict[str, Any] = {keyword: cache, "attention_mask": request.attention_mask, "use_cache": True}
     sequence = prompt
@@ -263,7 +257,7 @@ def run_loop(
             _advance(inputs, tokens[:, step - 1], column=prompt.shape[1] + step - 1)
         if generator is not None:
             states.append(generator.get_state())
-        output = forward(**inputs, return_dict=True)
+        output = model(**inputs, return_dict=True)
         chosen = _choose(output.logits, request, prompt)
         if request.eos is not None:
             chosen = chosen * unfinished + request.pad * (1 - unfinished)

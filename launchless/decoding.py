@@ -16,8 +16,11 @@ on the same memory, so one graph replays them all. ``wrap(model).generate(...)``
    eager from the same cache state (the logits and the cache each leaves behind, bit for bit; two different tokens
    must give different logits), then replayed. The cache's tensors are read and written in place, never copied;
    before each replay the cache must still hold the tensors the graph was captured on;
-4. leaves the rest to ``generate()``: logits processors, the greedy choice or sampling (the same random numbers as
-   eager: the graph draws none), stopping criteria, streamers.
+4. decodes greedy and sampling calls in a loop of its own that keeps the host ahead of the GPU
+   (``launchless.decode_loop``: ``generate()`` itself waits for the GPU at every token), choosing each token as
+   ``generate()`` does; the calls that loop cannot decode exactly (logits processors or stopping criteria passed in,
+   other generation settings, a cache passed in) go through ``generate()``, which keeps its logits processors,
+   choice or sampling (the same random numbers as eager: the graph draws none), stopping criteria and streamers.
 
 Decoding runs eager, with one WARNING naming why, for a model whose class says it cannot use a static cache, an
 encoder-decoder, beam search and assisted decoding (they reorder or crop the cache between steps), ``use_cache=False``,
@@ -205,9 +208,9 @@ class DecodeGraphs:
             loop = self._loop_request(model, args, kwargs, given=cache is not None)
             if cache is None:
                 cache = self._own_cache(model, args, kwargs)
-            with self._routed(model, cache, keyword) as forward:
+            with self._routed(model, cache, keyword):
                 if isinstance(loop, LoopRequest):
-                    return self._loop(model, loop, cache, keyword, forward)
+                    return self._loop(model, loop, cache, keyword)
                 call_kwargs = {k: v for k, v in kwargs.items() if k not in CACHE_KEYWORDS} | {keyword: cache}
                 if hasattr(model.generation_config, "disable_compile"):
                     call_kwargs["disable_compile"] = True  # transformers would compile a static-cache forward
@@ -222,9 +225,9 @@ class DecodeGraphs:
                 return model.generate(*args, **call_kwargs)
 
     @contextlib.contextmanager
-    def _routed(self, model: torch.nn.Module, cache: Any, keyword: str) -> Iterator[Callable[..., Any]]:
-        """The model's forward sent through ``_step`` while the block runs (the model's ``__call__``, its hooks
-        included, stays the way in); yields the model to call. An instance's own forward is put back after."""
+    def _routed(self, model: torch.nn.Module, cache: Any, keyword: str) -> Iterator[None]:
+        """The model's forward sent through ``_step`` while the block runs: calling the model (its ``__call__`` and
+        hooks stay the way in) runs a decode step through the graphs. An instance's own forward is put back after."""
         own = model.__dict__.get("forward")
         forward = own or type(model).forward.__get__(model)
         calls = [0]
@@ -236,7 +239,7 @@ class DecodeGraphs:
 
         model.forward = step
         try:
-            yield model
+            yield
         finally:
             if own is None:
                 del model.__dict__["forward"]
@@ -266,11 +269,10 @@ class DecodeGraphs:
         )
         return None
 
-    def _loop(
-        self, model: torch.nn.Module, request: LoopRequest, cache: Any, keyword: str, forward: Callable[..., Any]
-    ) -> torch.Tensor:
+    def _loop(self, model: torch.nn.Module, request: LoopRequest, cache: Any, keyword: str) -> torch.Tensor:
+        """The host-ahead loop's generation, the model's forward routed (``_routed``)."""
         with torch.no_grad():
-            result = run_loop(model, request, cache=cache, keyword=keyword, forward=forward)
+            result = run_loop(model, request, cache=cache, keyword=keyword)
         self.loop_generations += 1
         if not result.advanced:
             self.loop_exact_inputs += 1
