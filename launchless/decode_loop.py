@@ -25,10 +25,10 @@ of the device's. This loop decodes the same tokens with the host running ahead o
 
 The tokens are those of ``generate()`` on the same static cache. The loop takes the calls it can decode exactly; the
 others go through ``generate()`` itself (their decode steps replay graphs all the same): logits processors or
-stopping criteria passed in, a generation setting other than the length, sampling (temperature,
-top-k, top-p) and the end and padding tokens, a cache passed in, several sequences per prompt, prompts given as
-embeddings, a pad token without an attention mask, a model class that overrides ``generate()`` or a step of it the
-loop stands in for, and a transformers that prepares inputs otherwise.
+stopping criteria passed in, a generation setting other than the length, sampling (temperature, top-k, top-p) and
+the end and padding tokens, a cache passed in, several sequences per prompt, prompts given as embeddings, a pad
+token without an attention mask, a model class that overrides ``generate()`` or a step of it the loop stands in for,
+and a transformers that prepares inputs otherwise.
 """
 
 from __future__ import annotations
