@@ -372,3 +372,18 @@ def test_the_serving_list_names_the_parts_workloads_and_modes(capsys: pytest.Cap
     assert "decode:llama-850m@b<batch>" in listed
     assert "buckets modes: eager, graph-per-size, buckets, buckets-auto, reduce-overhead" in listed
     assert "decode modes: eager, static-compile, launchless" in listed
+
+
+def test_the_report_names_launchless_generations_that_went_through_generates_own_loop(tmp_path: Path) -> None:
+    environment = {"date": "2026-12-01T00:00:00+00:00", "gpu": "NVIDIA H200", "torch": "2.14.1", "device": "cuda"}
+    environment["trace"] = {"calls": 200, "law": "P(size = k) proportional to 1/k", "seed": 0}
+    rows = _rows()
+    for row in rows:
+        if row["mode"] == "launchless" and row["workload"] == GPT2_B1:
+            row.update(loop_generations=2, through_generate={"a cache was passed in": 3})
+        elif row["mode"] == "launchless":
+            row.update(loop_generations=4, through_generate={})
+    md = serving_report.write_all(tmp_path, environment, rows)["md"].read_text()
+    lines = [line for line in md.splitlines() if "decoded through generate()'s own loop" in line]
+    why = "a cache was passed in (3 calls)"
+    assert lines == [f"- `{GPT2_B1}`: launchless decoded through generate()'s own loop: {why}"]

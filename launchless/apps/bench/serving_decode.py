@@ -196,6 +196,7 @@ def measure_decode(workload: str, mode: str, *, device: torch.device) -> dict[st
         "compile_s": max(0.0, first.seconds - generate_s),
         "runs": DECODE_RUNS,
         "graphs": _graphs(mode, mode_decoding) if device.type == "cuda" else None,
+        **_loop_fields(mode_decoding),
         "identical": divergence is None,
         "first_divergence": divergence,
         "dynamic_divergence": first_divergence(dynamic, [first]),
@@ -230,6 +231,18 @@ def interleaved_step_ms(
             generation = generate_once(generates[mode], request, device=device)
             steps[mode].append(decode_step_ms(generation, request["max_new_tokens"]))
     return {mode: statistics.median(times) for mode, times in steps.items()}
+
+
+def _loop_fields(mode_decoding: Decoding) -> dict[str, Any]:
+    """For launchless: how many of its generations the host-ahead loop decoded, and why any went through
+    ``generate()``'s own loop (``launchless.decode_loop``); nothing for the other modes, or where nothing decoded
+    through graphs (off the GPU)."""
+    if mode_decoding.wrapped is None:
+        return {}
+    decode = mode_decoding.wrapped.graph_info()["decode"]
+    if decode is None:
+        return {}
+    return {"loop_generations": decode["loop_generations"], "through_generate": decode["through_generate"]}
 
 
 def _graphs(mode: str, mode_decoding: Decoding) -> int:

@@ -31,7 +31,9 @@ A row is one (workload, mode), written by that mode's worker::
      "interleaved_ms": dict | None,  # launchless rows on a GPU: {mode: median ms per decode step} with the modes
                                      # taking turns in one process (see serving_decode)
      "interleaved_rounds": int | None, # the rounds of that race
-     "interleaved_error": str | None}  # what stopped the race, where it failed
+     "interleaved_error": str | None, # what stopped the race, where it failed
+     "loop_generations": int,        # launchless on a GPU: the generations the host-ahead loop decoded
+     "through_generate": dict}       # ... and why others went through generate()'s own loop: {reason: calls}
 
 The targets, judged from the rows: a bucket mode serves the trace at 0.9x the speed of graph-per-size or better
 while its graphs hold at most a quarter of graph-per-size's memory; launchless decodes at batch 1 at least as many
@@ -341,6 +343,18 @@ def _interleaved_table(view: _View) -> list[str]:
     ]
 
 
+def _through_generate_lines(view: _View) -> list[str]:
+    """A line per launchless decode row some of whose generations went through generate()'s own loop (which waits
+    for the GPU at every token) instead of the host-ahead loop, with why."""
+    lines = []
+    for row in view.part_rows(DECODE):
+        reasons = row.get("through_generate") or {}
+        if row["mode"] == LAUNCHLESS and reasons:
+            why = "; ".join(f"{reason} ({calls} calls)" for reason, calls in reasons.items())
+            lines.append(f"- `{row['workload']}`: launchless decoded through generate()'s own loop: {why}")
+    return ["", *lines] if lines else []
+
+
 def _rounds(counts: set[Any]) -> str:
     known = sorted(c for c in counts if isinstance(c, int))
     return f"{'/'.join(map(str, known))} rounds" if known else "rounds"
@@ -410,7 +424,7 @@ def markdown(environment: Mapping[str, Any], rows: Sequence[Row]) -> str:
         if view.part_rows(part):
             lines += ["", f"## {title}", "", notes[part], "", *tables[part](view)]
             if part == DECODE:
-                lines += _interleaved_table(view)
+                lines += _interleaved_table(view) + _through_generate_lines(view)
     lines += ["", "## Targets", "", *_target_lines(view), "", "## Failed", ""]
     failed = [r for r in view.rows if r.get("status") != "ok"]
     lines += [f"- `{r['workload']}` · {r['mode']}: {_one_line(r.get('reason'))}" for r in failed]
