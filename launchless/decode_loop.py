@@ -137,7 +137,7 @@ def loop_request(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> LoopReque
         return f"the generation settings ask for {', '.join(changed)}, which only generate() itself carries out"
     if (config.num_return_sequences or 1) != 1:
         return f"num_return_sequences={config.num_return_sequences} decodes several sequences per prompt"
-    new_tokens = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - prompt.shape[1]
+    new_tokens = generated_length(model, config, kwargs, prompt=prompt.shape[1]) - prompt.shape[1]
     if new_tokens < 1:
         return "no new token is asked for"
     eos = config.eos_token_id
@@ -154,6 +154,24 @@ def loop_request(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> LoopReque
     return LoopRequest(
         prompt, mask, new_tokens, bool(config.do_sample), _warpers(config), eos_ids, pad, kwargs.get("streamer")
     )
+
+
+def generated_length(model: torch.nn.Module, config: Any, kwargs: Mapping[str, Any], *, prompt: int) -> int:
+    """The length (prompt included) at which ``generate()`` stops, from its resolved settings ``config``: the prompt
+    and ``max_new_tokens`` where set; else ``max_length`` as set by the caller or a generation config, or -- where no
+    one set it -- transformers' default taken as new tokens after the prompt, at most the model's positions."""
+    if config.max_new_tokens is not None:
+        return prompt + config.max_new_tokens
+    given = kwargs.get("generation_config")
+    unset = (
+        kwargs.get("max_length") is None
+        and (given is None or given.max_length is None)
+        and getattr(model.generation_config, "max_length", None) is None
+    )
+    if not unset:
+        return config.max_length
+    positions = getattr(model.config, "max_position_embeddings", None)
+    return min(prompt + config.max_length, positions) if positions else prompt + config.max_length
 
 
 def _overridden(model: torch.nn.Module) -> list[str]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import dataclasses
 import functools
 import inspect
@@ -52,7 +53,7 @@ from .core.signature import FlatInputs, Signature, UnhashableInput, flatten_inpu
 from .core.snapshot import Snapshot
 from .core.status import Admission, Stage, VerifyStatus
 from .core.verify import VerifyReport, verify_step
-from .decode_loop import LoopRequest, loop_request, run_loop
+from .decode_loop import LoopRequest, generated_length, loop_request, run_loop
 from .errors import CaptureError
 
 log = logging.getLogger("launchless")
@@ -311,10 +312,11 @@ class DecodeGraphs:
         place. Inference tensors cannot be written outside inference mode (nor the other way round): each mode gets
         its own; a model converted (``.half()``) or moved since writes keys of another dtype or device."""
         batch, prompt = _prompt(args, kwargs)
-        config = kwargs.get("generation_config") or model.generation_config
-        batch *= kwargs.get("num_return_sequences", getattr(config, "num_return_sequences", 1)) or 1
-        new = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
-        needed = prompt + new if new is not None else kwargs.get("max_length", config.max_length)
+        config = _resolved_config(model, kwargs)
+        batch *= getattr(config, "num_return_sequences", 1) or 1
+        if getattr(config, "max_length", None) is None and getattr(config, "max_new_tokens", None) is None:
+            config.max_length = DEFAULT_MAX_LENGTH  # a transformers that fills its defaults in later
+        needed = generated_length(model, config, kwargs, prompt=prompt)
         parameter = next(model.parameters())  # a model converted or moved since needs a cache like it
         key = (batch, cache_length(needed), torch.is_inference_mode_enabled(), parameter.dtype, parameter.device)
         cache = self._caches.get(key)
@@ -504,6 +506,26 @@ class DecodeGraphs:
             "graphs": self.graphs.rows(row),
             "fallbacks": self.graphs.fallbacks(lambda key: key.describe()),
         }
+
+
+DEFAULT_MAX_LENGTH = 20  # transformers' own default length of a generation (prompt included)
+
+
+def _resolved_config(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> Any:
+    """The generation settings ``generate()`` will use for this call: transformers' own resolution (the call's
+    arguments over its or the model's generation config over the global defaults) where it has one that accepts
+    them, else the call's arguments over the config, as older versions merge them."""
+    base = kwargs.get("generation_config") or model.generation_config
+    prepare = getattr(model, "_prepare_generation_config", None)
+    if prepare is not None:
+        settings = {k: v for k, v in kwargs.items() if k not in ("generation_config", "input_ids", "inputs")}
+        try:
+            return prepare(kwargs.get("generation_config"), **settings)[0]
+        except Exception:  # generate() raises it for the user; the length below is only the cache's
+            pass
+    merged = copy.deepcopy(base)
+    merged.update(**{k: v for k, v in kwargs.items() if hasattr(merged, k)})
+    return merged
 
 
 def _prompt(args: tuple, kwargs: Mapping[str, Any]) -> tuple[int, int] | None:

@@ -541,3 +541,21 @@ def test_a_prompt_made_under_one_grad_mode_decodes_in_the_loop_under_the_other(
         for _ in range(2):
             assert torch.equal(graphs.generate(model, (), dict(request)), reference)
     assert loop_info(graphs) == (2, {}) and graphs.info()["steps_replayed"] > 0
+
+
+@pytest.mark.parametrize("length", [{}, {"max_length": 12}], ids=["unset", "max_length"])
+def test_a_call_without_max_new_tokens_stops_where_generate_stops(monkeypatch, length: dict) -> None:
+    """Unset, the length is transformers' default taken as new tokens after the prompt (filled in at generate():
+    the model's generation config holds none); ``max_length`` counts the prompt. The static cache is sized from what
+    generate() will use, and the loop stops where generate() stops."""
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_llama()
+    del request["max_new_tokens"]
+    request |= length
+    reference = model.generate(**request, do_sample=False)  # the default dynamic cache: tiny lengths round alike
+    graphs = decode_graphs(model)
+    with torch.no_grad():
+        tokens = graphs.generate(model, (), dict(request))
+    assert tokens.shape == reference.shape and torch.equal(tokens, reference)
+    assert reference.shape[1] == (12 if length else 5 + 20)
+    assert graphs.info()["loop_generations"] == 1
