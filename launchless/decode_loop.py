@@ -119,17 +119,16 @@ def loop_request(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> LoopReque
     prompt = kwargs.get("input_ids", kwargs.get("inputs"))
     if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2:
         return "the prompt is not a 2-D tensor of token ids"
-    prepare = getattr(model, "_prepare_generation_config", None)
     if (
-        prepare is None
+        not hasattr(model, "_prepare_generation_config")
         or "next_sequence_length" not in inspect.signature(model.prepare_inputs_for_generation).parameters
     ):
         return "this transformers prepares a step's inputs in a way the loop does not follow"
-    settings = {k: v for k, v in kwargs.items() if k not in LOOP_ARGUMENTS}
     try:
-        config, unused = prepare(kwargs.get("generation_config"), **settings)
+        config, model_kwargs = resolved_settings(model, kwargs)
     except Exception as exc:  # generate() raises the same for the user
         return f"the generation settings are not accepted ({type(exc).__name__})"
+    unused = [k for k in model_kwargs if k not in LOOP_ARGUMENTS]
     if unused:
         return f"generate() was given {', '.join(sorted(unused))}, which only generate() itself carries out"
     changed = _changed_settings(model, config)
@@ -154,6 +153,18 @@ def loop_request(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> LoopReque
     return LoopRequest(
         prompt, mask, new_tokens, bool(config.do_sample), _warpers(config), eos_ids, pad, kwargs.get("streamer")
     )
+
+
+PROMPT_ARGUMENTS = ("generation_config", "input_ids", "inputs")  # what generate() takes apart from its settings
+
+
+def resolved_settings(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The generation settings ``generate()`` will use for this call, by transformers' own resolution (the call's
+    arguments over its or the model's generation config over the global defaults), and the arguments left for the
+    model. Raises what transformers raises for settings it does not take, and AttributeError for a transformers
+    without that resolution."""
+    settings = {k: v for k, v in kwargs.items() if k not in PROMPT_ARGUMENTS}
+    return model._prepare_generation_config(kwargs.get("generation_config"), **settings)
 
 
 def generated_length(model: torch.nn.Module, config: Any, kwargs: Mapping[str, Any], *, prompt: int) -> int:

@@ -53,7 +53,7 @@ from .core.signature import FlatInputs, Signature, UnhashableInput, flatten_inpu
 from .core.snapshot import Snapshot
 from .core.status import Admission, Stage, VerifyStatus
 from .core.verify import VerifyReport, verify_step
-from .decode_loop import LoopRequest, generated_length, loop_request, run_loop
+from .decode_loop import LoopRequest, generated_length, loop_request, resolved_settings, run_loop
 from .errors import CaptureError
 
 log = logging.getLogger("launchless")
@@ -515,15 +515,11 @@ def _resolved_config(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> Any:
     """The generation settings ``generate()`` will use for this call: transformers' own resolution (the call's
     arguments over its or the model's generation config over the global defaults) where it has one that accepts
     them, else the call's arguments over the config, as older versions merge them."""
-    base = kwargs.get("generation_config") or model.generation_config
-    prepare = getattr(model, "_prepare_generation_config", None)
-    if prepare is not None:
-        settings = {k: v for k, v in kwargs.items() if k not in ("generation_config", "input_ids", "inputs")}
-        try:
-            return prepare(kwargs.get("generation_config"), **settings)[0]
-        except Exception:  # generate() raises it for the user; the length below is only the cache's
-            pass
-    merged = copy.deepcopy(base)
+    try:
+        return resolved_settings(model, kwargs)[0]
+    except Exception:  # generate() raises it for the user; the length taken from it is only the cache's
+        pass
+    merged = copy.deepcopy(kwargs.get("generation_config") or model.generation_config)
     merged.update(**{k: v for k, v in kwargs.items() if hasattr(merged, k)})
     return merged
 
