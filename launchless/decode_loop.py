@@ -244,14 +244,18 @@ def _warpers(config: Any) -> tuple[Callable[[torch.Tensor, torch.Tensor], torch.
     return tuple(warpers)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class LoopResult:
-    """The sequences ``generate()`` returns (the prompt, then the new tokens), and whether the loop advanced the
-    inputs itself (False: the rule differed from transformers' inputs, and every step took transformers')."""
+    """The sequences ``generate()`` returns (the prompt, then the new tokens), and where the loop's own inputs for a
+    step differed from transformers' (empty: the loop advanced the inputs itself; else every step took
+    transformers')."""
 
     sequences: torch.Tensor
-    advanced: bool
     mismatch: str = ""
+
+    @property
+    def advanced(self) -> bool:
+        return not self.mismatch
 
 
 def run_loop(model: torch.nn.Module, request: LoopRequest, *, cache: Any, keyword: str) -> LoopResult:
@@ -312,7 +316,7 @@ def run_loop(model: torch.nn.Module, request: LoopRequest, *, cache: Any, keywor
         generator.set_state(states[kept])  # where it stood after the last kept step's draw
     if streamer is not None:
         streamer.end()
-    return LoopResult(torch.cat([prompt, tokens[:, :kept]], dim=-1), advanced, mismatch)
+    return LoopResult(torch.cat([prompt, tokens[:, :kept]], dim=-1), mismatch)
 
 
 def _prepare(model: torch.nn.Module, sequence: torch.Tensor, **kwargs: Any) -> dict[str, Any]:
