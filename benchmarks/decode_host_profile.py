@@ -4,7 +4,7 @@ kernels and GPU kernel time per token, and a cProfile of three launchless calls 
 Modes: ``ll-default`` (``wrap(model).generate``, its own static cache), ``ll-192`` (the same on a static cache of 192
 positions, transformers' own length for the serving suite's 64 + 128 tokens), ``eager-static`` (eager ``generate()``
 on a static cache of 256) and ``static-compile`` (transformers' static-cache compile recipe). The numbers in
-``benchmarks/results/2026-12-01-serving-decode-loop.md`` ("Why a loop of its own") were taken with ``generate()``'s own
+``benchmarks/results/2026-12-01-decode-host-profile.md`` were taken with ``generate()``'s own
 loop; the host-ahead loop (``launchless.decode_loop``) now takes these calls, so the ``ll-*`` rows measure it.
 
     PYTHONPATH=. python benchmarks/decode_host_profile.py decode:llama-850m@b1
