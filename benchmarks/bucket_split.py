@@ -9,12 +9,14 @@ with PyTorch's cached free blocks given back), and the largest difference from e
 the memory count is the process's.
 
     PYTHONPATH=. python benchmarks/bucket_split.py buckets:resnet18@64 split-8 --out split.jsonl
+    PYTHONPATH=. python benchmarks/bucket_split.py --report split.jsonl --out results/DATE-bucket-split  # .md, .png
 """
 
 import argparse
 import functools
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,12 +48,70 @@ def split_call(wrapped: launchless.GraphedModule, rows: int, largest: int, input
     return tree_unflatten(joined, spec[0])
 
 
+def report(rows_path: str, prefix: str) -> None:
+    """``prefix``.md (each mode's speed and memory over a graph per size's) and ``prefix``.png (memory against
+    speed, one line per workload) from the rows in ``rows_path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in Path(rows_path).read_text().splitlines()]
+    per_size = {r["workload"]: r for r in rows if r["mode"] == "graph-per-size"}
+    lines = [
+        "| workload | mode | largest bucket | replays | trace ms | × graph-per-size speed | held MiB "
+        "| × graph-per-size held | driver MiB | × graph-per-size driver | graphs | max abs diff |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    figure, axes = plt.subplots(figsize=(6.5, 4.2))
+    for workload in per_size:
+        base = per_size[workload]
+        own = [r for r in rows if r["workload"] == workload]
+        for r in own:
+            speed, held = base["trace_ms"] / r["trace_ms"], r["held_mib"] / base["held_mib"]
+            lines.append(
+                f"| `{workload}` | {r['mode']} | {r['largest_bucket']} | {r['replays']} | {r['trace_ms']:.1f} "
+                f"| {speed:.2f}× | {r['held_mib']:.1f} | {held:.2f}× | {r['driver_mib']:.0f} "
+                f"| {r['driver_mib'] / base['driver_mib']:.2f}× | {r['graphs']} | {r['max_abs_diff']:.2g} |"
+            )
+        axes.plot(
+            [r["held_mib"] / base["held_mib"] for r in own],
+            [base["trace_ms"] / r["trace_ms"] for r in own],
+            marker="o",
+            label=workload,
+        )
+        for r in own:
+            axes.annotate(r["mode"], (r["held_mib"] / base["held_mib"], base["trace_ms"] / r["trace_ms"]), fontsize=7)
+    axes.axvline(0.25, color="grey", linestyle="--", linewidth=0.8)
+    axes.axhline(0.9, color="grey", linestyle="--", linewidth=0.8)
+    axes.set_xlabel("graph memory held, × a graph per size (target ≤ 0.25)")
+    axes.set_ylabel("trace speed, × a graph per size (target ≥ 0.9)")
+    axes.set_xlim(0, 1.05)
+    axes.set_ylim(0, 1.1)
+    axes.legend(fontsize=8)
+    axes.set_title(f"{rows[0]['versions']['gpu']}, torch {rows[0]['versions']['torch']}", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(f"{prefix}.png", dpi=120)
+    with open(f"{prefix}.md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workload")
-    parser.add_argument("mode", choices=tuple(LARGEST_BUCKET))
-    parser.add_argument("--out", required=True, help="JSON-lines file the row is appended to")
+    parser.add_argument("workload", nargs="?")
+    parser.add_argument("mode", nargs="?", choices=tuple(LARGEST_BUCKET))
+    parser.add_argument(
+        "--out",
+        required=True,
+        help="JSON-lines file the row is appended to (with --report: the prefix of the .md and .png written)",
+    )
+    parser.add_argument("--report", metavar="ROWS_JSONL", help="write the table and chart of earlier rows instead")
     args = parser.parse_args()
+    if args.report:
+        report(args.report, args.out)
+        return
+    if args.workload is None or args.mode is None:
+        parser.error("give a workload and a mode, or --report ROWS_JSONL")
     device = torch.device("cuda")
     model, make_inputs = bucket_builder(args.workload)(device=device)
     sizes = batch_trace(TRACE_CALLS)
