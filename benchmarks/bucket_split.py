@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 import launchless
 from launchless.apps.bench.measure import clone_outputs, compare_outputs
-from launchless.apps.bench.serving_buckets import waited_ms
+from launchless.apps.bench.serving_buckets import BUCKET_SIZES, waited_ms
 from launchless.apps.bench.serving_graphs import device_free_mark
 from launchless.apps.bench.serving_workloads import LARGEST_BATCH, TRACE_CALLS, TRACE_SEED, batch_trace, bucket_builder
 
@@ -125,7 +125,7 @@ def main() -> None:
             wrapped = launchless.wrap(model, capture_after=1, max_graphs=LARGEST_BATCH)
             largest = LARGEST_BATCH
         else:
-            buckets = [b for b in (1, 2, 4, 8, 16, 32) if b <= largest]
+            buckets = [b for b in BUCKET_SIZES if b <= largest]
             wrapped = launchless.wrap(model, capture_after=1, batch_buckets=buckets)
         serve = functools.partial(split_call, wrapped, largest=largest)
         began = time.perf_counter()
