@@ -8,13 +8,16 @@ doubling of the batch, none for sizes never seen. Before the first call that is 
 to keep rows apart (``core.buckets.prove_rows_independent``: two different paddings, bit for bit; and the rows
 against the unpadded call). A model whose rows interact -- or whose outputs are not per row -- is refused buckets
 with one WARNING naming why, and every batch size gets its own signature, as without buckets. A batch larger than
-the largest bucket runs with its own signature too, with one WARNING per model.
+the largest bucket runs with its own signature too, with one WARNING per model. Traffic that misses the buckets the
+other way -- sizes far below the bucket they go to, so that at least half of the rows the bucket graphs compute are
+padding -- gets one WARNING per model too, naming the sizes padded most.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +35,8 @@ from .core.signature import FlatInputs, Signature, signature_of
 log = logging.getLogger("launchless")
 AUTO = "auto"  # buckets chosen from the sizes seen: the powers of two that hold them
 PLANS_KEPT = 1024  # call signatures whose bucket is remembered
+PADDING_LOOK_EVERY = 256  # padded calls between looks at how much of the bucket graphs' work was padding
+PADDING_WARN_SHARE = 0.5  # one WARNING once at least this share of the rows computed were padding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +72,9 @@ class BatchBucketing:
         self.verdicts: dict[int, RowsVerdict] = {}  # bucket -> the proof for this model
         self.refused: RowsVerdict | None = None  # the rows interact: no call is padded any more
         self.padded_calls = self.padded_rows = self.exact_calls = self.calls_over = 0
-        self._warned_over = False
+        self.rows_computed = 0  # the bucket graphs' rows, padding included
+        self._padded_sizes: Counter[int] = Counter()  # rows of the padded calls, for the padding WARNING
+        self._warned_over = self._warned_padding = False
         self._plans: dict[Signature, tuple[int | None, int | None, Signature | None]] = {}  # per call signature
 
     def plan(self, flat: FlatInputs, signature: Signature) -> BucketPlan | None:
@@ -136,11 +143,36 @@ class BatchBucketing:
         return True
 
     def count(self, plan: BucketPlan) -> None:
-        if plan.padded:
-            self.padded_calls += 1
-            self.padded_rows += plan.bucket - plan.rows
-        else:
+        """One call through its bucket, counted; every ``PADDING_LOOK_EVERY`` padded calls, whether padding has
+        become most of the work (one WARNING per model)."""
+        self.rows_computed += plan.bucket
+        if not plan.padded:
             self.exact_calls += 1
+            return
+        self.padded_calls += 1
+        self.padded_rows += plan.bucket - plan.rows
+        self._padded_sizes[plan.rows] += 1
+        if self.padded_calls % PADDING_LOOK_EVERY == 0 and not self._warned_padding:
+            self._warn_if_mostly_padding()
+
+    def padding_share(self) -> float:
+        """The share of the rows the bucket graphs computed that were padding."""
+        return self.padded_rows / self.rows_computed if self.rows_computed else 0.0
+
+    def _warn_if_mostly_padding(self) -> None:
+        share = self.padding_share()
+        if share < PADDING_WARN_SHARE:
+            return
+        self._warned_padding = True
+        most = ", ".join(f"{rows} rows ({calls} calls)" for rows, calls in self._padded_sizes.most_common(3))
+        log.warning(
+            "launchless: %s: %.0f%% of the rows its bucket graphs computed were padding (buckets %s; the batch sizes "
+            "padded most: %s). Add buckets at or just above those sizes, or pass batch_buckets='auto'. Shown once.",
+            self.name,
+            100 * share,
+            list(self.sizes),
+            most,
+        )
 
     def info(self) -> dict[str, Any]:
         """For ``graph_info()["batch_buckets"]``: the sizes, how calls fitted them, the proof per bucket."""
@@ -150,6 +182,7 @@ class BatchBucketing:
             "exact_calls": self.exact_calls,
             "padded_calls": self.padded_calls,
             "padding_rows": self.padded_rows,
+            "padding_share": self.padding_share(),  # of the rows the bucket graphs computed
             "calls_over_largest": self.calls_over,
             "proofs": {
                 bucket: {"status": str(v.status), "max_abs_diff": v.max_abs, "bound": v.bound, "detail": v.detail}

@@ -175,3 +175,42 @@ def test_automatic_buckets_are_the_powers_of_two_that_hold_the_sizes_seen() -> N
         assert plan.flat is flat  # the call's own inputs: a replay writes them into the graph's buffers
     assert buckets == [8, 2, 8, 1, 16, 32, 8]
     assert bucketing.sizes == (1, 2, 8, 16, 32) and bucketing.info()["automatic"]
+
+
+def _through_buckets(bucketing, sizes) -> None:
+    """Each size planned and counted as a call through its bucket (what a replay does, without the graph)."""
+    for rows in sizes:
+        flat = flatten_inputs((torch.zeros(rows, 3),), {})
+        plan = bucketing.plan(flat, signature_of(flat))
+        bucketing.count(plan)
+
+
+def test_traffic_far_below_its_buckets_gets_one_warning_naming_the_sizes_padded_most(caplog) -> None:
+    import logging
+
+    from launchless.batching import PADDING_LOOK_EVERY, BatchBucketing
+
+    bucketing = BatchBucketing([1, 32], name="ranker", tolerance_ulps=64.0)
+    with caplog.at_level(logging.WARNING, logger="launchless"):
+        _through_buckets(bucketing, [3, 3, 5, 1] * PADDING_LOOK_EVERY)  # 3 and 5 rows padded to 32
+    said = [r.getMessage() for r in caplog.records if "were padding" in r.getMessage()]
+    assert len(said) == 1, said  # once, not per look
+    assert "ranker" in said[0] and "buckets [1, 32]" in said[0] and "batch_buckets='auto'" in said[0]
+    looked = PADDING_LOOK_EVERY  # the first look, at that many padded calls: 3, 3, 5, 3, 3, 5, ...
+    threes, fives = 2 * (looked // 3) + min(looked % 3, 2), looked // 3 + max(looked % 3 - 2, 0)
+    assert f"3 rows ({threes} calls), 5 rows ({fives} calls)" in said[0]
+    info = bucketing.info()
+    assert info["padding_rows"] == 2 * PADDING_LOOK_EVERY * 29 + PADDING_LOOK_EVERY * 27
+    assert info["padding_share"] == pytest.approx(info["padding_rows"] / (PADDING_LOOK_EVERY * (3 * 32 + 1)))
+
+
+def test_traffic_that_fits_powers_of_two_is_padded_without_a_warning(caplog) -> None:
+    import logging
+
+    from launchless.batching import PADDING_LOOK_EVERY, BatchBucketing
+
+    bucketing = BatchBucketing([1, 2, 4, 8, 16, 32], name="m", tolerance_ulps=64.0)
+    with caplog.at_level(logging.WARNING, logger="launchless"):
+        _through_buckets(bucketing, list(range(1, 33)) * PADDING_LOOK_EVERY)  # every size; under half is padding
+    assert not [r for r in caplog.records if "were padding" in r.getMessage()]
+    assert 0.0 < bucketing.info()["padding_share"] < 0.5
