@@ -53,7 +53,7 @@ from .core.signature import FlatInputs, Signature, UnhashableInput, flatten_inpu
 from .core.snapshot import Snapshot
 from .core.status import Admission, Stage, VerifyStatus
 from .core.verify import VerifyReport, verify_step
-from .decode_loop import LoopRequest, generated_length, loop_request, resolved_settings, run_loop
+from .decode_loop import GenerationSettings, LoopRequest, generated_length, loop_request, run_loop, settings_of
 from .errors import CaptureError
 
 log = logging.getLogger("launchless")
@@ -90,8 +90,9 @@ def _static_cache_class() -> type | None:
     return getattr(transformers, "StaticCache", None)
 
 
-def static_cache_refusal(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> str | None:
-    """Why this ``generate()`` call cannot decode through graphs; None when it can."""
+def static_cache_refusal(model: torch.nn.Module, kwargs: Mapping[str, Any], *, config: Any = None) -> str | None:
+    """Why this ``generate()`` call cannot decode through graphs; None when it can. ``config``: the call's resolved
+    generation settings (``_resolved_config``), resolved here when not given."""
     static_cache = _static_cache_class()
     if static_cache is None:
         return "the installed transformers has no static KV cache (StaticCache came in transformers 4.38)"
@@ -102,8 +103,10 @@ def static_cache_refusal(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> s
         supports = getattr(model, "_supports_static_cache", False)
     if not supports:
         return f"{type(model).__name__} does not support a static KV cache (its class says so to transformers)"
-    config = kwargs.get("generation_config") or model.generation_config
-    if not kwargs.get("use_cache", getattr(config, "use_cache", True)):
+    # the settings generate() will use: a generation_config passed in leaves unset what transformers fills in from
+    # the model's and its defaults (transformers 5 leaves use_cache, num_beams, ... None until then)
+    config = config if config is not None else _resolved_config(model, kwargs, settings_of(model, kwargs))
+    if kwargs.get("use_cache", getattr(config, "use_cache", True)) is False:
         return "use_cache=False runs the whole sequence again at every step, without a cache"
     beams = kwargs.get("num_beams", getattr(config, "num_beams", 1)) or 1
     if beams > 1:
@@ -199,16 +202,18 @@ class DecodeGraphs:
 
     # ---- generate() ------------------------------------------------------------------------------
     def generate(self, model: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> Any:
-        why = self._refusal(model, args, kwargs)
+        args, kwargs = by_keyword(model, args, kwargs)
+        settings = settings_of(model, kwargs)
+        why = self._refusal(model, args, kwargs, settings=settings)
         if why is not None:
             return self._eager_generation(model, why, args, kwargs)
         keyword = cache_keyword(model)
         with self._lock:
             self.generate_calls += 1
             cache = given_cache(kwargs)
-            loop = self._loop_request(model, args, kwargs, given=cache is not None)
+            loop = self._loop_request(model, args, kwargs, given=cache is not None, settings=settings)
             if cache is None:
-                cache = self._own_cache(model, args, kwargs)
+                cache = self._own_cache(model, args, kwargs, settings=settings)
             with self._routed(model, cache, keyword):
                 if isinstance(loop, LoopRequest):
                     return self._loop(model, loop, cache, keyword)
@@ -248,7 +253,13 @@ class DecodeGraphs:
                 model.forward = own
 
     def _loop_request(
-        self, model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any], *, given: bool
+        self,
+        model: torch.nn.Module,
+        args: tuple,
+        kwargs: Mapping[str, Any],
+        *,
+        given: bool,
+        settings: GenerationSettings | Exception,
     ) -> LoopRequest | None:
         """The call as the host-ahead loop decodes it (``launchless.decode_loop``); None, with one line per reason,
         where ``generate()`` decodes it instead."""
@@ -257,7 +268,7 @@ class DecodeGraphs:
         elif given:
             why = "a cache was passed in: generate() decodes on it as given"
         else:
-            request = loop_request(model, kwargs)
+            request = loop_request(model, kwargs, settings=settings)
             if isinstance(request, LoopRequest):
                 return request
             why = request
@@ -285,12 +296,19 @@ class DecodeGraphs:
             )
         return result.sequences
 
-    def _refusal(self, model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> str | None:
+    def _refusal(
+        self,
+        model: torch.nn.Module,
+        args: tuple,
+        kwargs: Mapping[str, Any],
+        *,
+        settings: GenerationSettings | Exception,
+    ) -> str | None:
         if model.training:
             return "the model is in training mode; call .eval() to decode through graphs"
         if _prompt(args, kwargs) is None:
             return "generate() was called without input_ids or inputs_embeds"
-        return static_cache_refusal(model, kwargs)
+        return static_cache_refusal(model, kwargs, config=_resolved_config(model, kwargs, settings))
 
     def _eager_generation(self, model: torch.nn.Module, why: str, args: tuple, kwargs: dict[str, Any]) -> Any:
         if self.explicit:
@@ -307,14 +325,22 @@ class DecodeGraphs:
         )
         return model.generate(*args, **kwargs)
 
-    def _own_cache(self, model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> Any:
+    def _own_cache(
+        self,
+        model: torch.nn.Module,
+        args: tuple,
+        kwargs: Mapping[str, Any],
+        *,
+        settings: GenerationSettings | Exception,
+    ) -> Any:
         """This call's static cache: one per (batch, length, inference mode, the model's dtype and device), emptied in
         place. Inference tensors cannot be written outside inference mode (nor the other way round): each mode gets
         its own; a model converted (``.half()``) or moved since writes keys of another dtype or device."""
         batch, prompt = _prompt(args, kwargs)
-        config = _resolved_config(model, kwargs)
+        config = _resolved_config(model, kwargs, settings)
         batch *= getattr(config, "num_return_sequences", 1) or 1
         if getattr(config, "max_length", None) is None and getattr(config, "max_new_tokens", None) is None:
+            config = copy.copy(config)  # the call's settings, shared with the loop, stay as resolved
             config.max_length = DEFAULT_MAX_LENGTH  # a transformers that fills its defaults in later
         needed = generated_length(model, config, kwargs, prompt=prompt)
         parameter = next(model.parameters())  # a model converted or moved since needs a cache like it
@@ -511,17 +537,37 @@ class DecodeGraphs:
 DEFAULT_MAX_LENGTH = 20  # transformers' own default length of a generation (prompt included)
 
 
-def _resolved_config(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> Any:
+def _resolved_config(
+    model: torch.nn.Module, kwargs: Mapping[str, Any], settings: GenerationSettings | Exception
+) -> Any:
     """The generation settings ``generate()`` will use for this call: transformers' own resolution (the call's
-    arguments over its or the model's generation config over the global defaults) where it has one that accepts
-    them, else the call's arguments over the config, as older versions merge them."""
-    try:
-        return resolved_settings(model, kwargs)[0]
-    except Exception:  # generate() raises it for the user; the length taken from it is only the cache's
-        pass
+    arguments over its or the model's generation config over the global defaults; ``settings``, from
+    ``settings_of``) where it has one that accepts them, else the call's arguments over the config, as older
+    versions merge them (generate() raises for settings it refuses; the length taken from them is only the cache's)."""
+    if not isinstance(settings, Exception):
+        return settings[0]
     merged = copy.deepcopy(kwargs.get("generation_config") or model.generation_config)
     merged.update(**{k: v for k, v in kwargs.items() if hasattr(merged, k)})
     return merged
+
+
+def by_keyword(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """A generate() call's positional arguments under the names of generate()'s own parameters (``generate(ids)``
+    is ``generate(inputs=ids)``), so that it decodes as the same call made by keyword does. Left as given where they
+    do not bind by name alone (more of them than named parameters, or a name also given by keyword): generate()
+    then takes them, and says what is wrong with them, itself."""
+    if not args:
+        return args, kwargs
+    try:
+        parameters = inspect.signature(model.generate).parameters
+        bound = inspect.Signature([p for p in parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]).bind_partial(
+            *args
+        )
+    except (TypeError, ValueError):
+        return args, kwargs
+    if bound.arguments.keys() & kwargs.keys():
+        return args, kwargs
+    return (), {**bound.arguments, **kwargs}
 
 
 def _prompt(args: tuple, kwargs: Mapping[str, Any]) -> tuple[int, int] | None:

@@ -559,3 +559,23 @@ def test_a_call_without_max_new_tokens_stops_where_generate_stops(monkeypatch, l
     assert tokens.shape == reference.shape and torch.equal(tokens, reference)
     assert reference.shape[1] == (12 if length else 5 + 20)
     assert graphs.info()["loop_generations"] == 1
+
+
+def test_a_prompt_and_config_passed_by_position_or_own_config_decode_in_the_loop(monkeypatch) -> None:
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_llama()
+    reference = eager_static(model, request)
+    ids, rest = request["input_ids"], {k: v for k, v in request.items() if k != "input_ids"}
+    graphs = decode_graphs(model)
+    config = transformers.GenerationConfig(max_new_tokens=NEW_TOKENS, do_sample=False)
+    with torch.no_grad():
+        assert torch.equal(graphs.generate(model, (ids,), dict(rest)), reference)  # generate(ids, ...)
+        mask = {"attention_mask": request["attention_mask"]}
+        assert torch.equal(graphs.generate(model, (ids, config), mask), reference)  # generate(ids, config, ...)
+        # a config of its own leaves use_cache, num_beams, ... unset (transformers 5) until generate() fills them in
+        by_name = graphs.generate(model, (), dict(mask, input_ids=ids, generation_config=config))
+        assert torch.equal(by_name, reference)
+        assert loop_info(graphs) == (3, {})
+        with pytest.raises(TypeError, match="multiple values for argument 'inputs'"):  # as generate() itself says
+            graphs.generate(model, (ids,), dict(rest, inputs=ids))
+    assert loop_info(graphs) == (3, {"generate() was given positional arguments": 1})
