@@ -147,14 +147,23 @@ def loop_request(
     pad = config.pad_token_id
     mask = kwargs.get("attention_mask")
     if mask is None:
-        if pad is not None:
-            return "a pad token is set and no attention_mask was given; pass the prompt's attention_mask"
-        mask = torch.ones_like(prompt)
+        if _mask_from_padding(prompt, pad, eos_list):
+            return "the prompt holds the pad token and no attention_mask was given; pass the prompt's attention_mask"
+        mask = torch.ones_like(prompt)  # what generate() attends to without a mask it can infer
     if pad is None and eos_list is not None:
         pad = eos_list[0]  # as generate() pads finished sequences
     return LoopRequest(
         prompt, mask, new_tokens, bool(config.do_sample), _warpers(config), eos_ids, pad, kwargs.get("streamer")
     )
+
+
+def _mask_from_padding(prompt: torch.Tensor, pad: int | None, eos: list[int] | None) -> bool:
+    """Whether ``generate()``, given no attention mask, infers one from the pad token in the prompt (transformers'
+    ``_prepare_attention_mask_for_generation``: a pad token that is no end token and occurs in the prompt); else it
+    attends to every position. Reads the prompt on the host once."""
+    if pad is None or (eos is not None and pad in eos):
+        return False
+    return bool((prompt == pad).any())
 
 
 PROMPT_ARGUMENTS = ("generation_config", "input_ids", "inputs")  # what generate() takes apart from its settings

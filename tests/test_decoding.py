@@ -579,3 +579,32 @@ def test_a_prompt_and_config_passed_by_position_or_own_config_decode_in_the_loop
         with pytest.raises(TypeError, match="multiple values for argument 'inputs'"):  # as generate() itself says
             graphs.generate(model, (ids,), dict(rest, inputs=ids))
     assert loop_info(graphs) == (3, {"generate() was given positional arguments": 1})
+
+
+@pytest.mark.parametrize(
+    ("tokens", "loop"),
+    [
+        ({"pad_token_id": 7}, True),  # a pad token the prompt does not hold: generate() attends to every position
+        ({"pad_token_id": 7, "eos_token_id": 7}, True),  # the pad token is the end token: no mask is inferred
+        ({"pad_token_id": 3}, False),  # the prompt holds it: generate() infers the mask from it
+    ],
+    ids=["pad-not-in-prompt", "pad-is-eos", "pad-in-prompt"],
+)
+def test_a_pad_token_without_a_mask_decodes_as_generate_infers_the_mask(monkeypatch, tokens: dict, loop: bool) -> None:
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_llama()
+    del request["attention_mask"]
+    request["input_ids"] = request["input_ids"].clamp(min=8)
+    request["input_ids"][0, :2] = 3  # a left-padded first row, by the token of the last case
+    request |= tokens
+    reference = eager_static(model, request)
+    graphs = decode_graphs(model)
+    with torch.no_grad():
+        assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+    loops, why = loop_info(graphs)
+    if loop:
+        assert (loops, why) == (1, {})
+    else:
+        assert loops == 0 and list(why) == [
+            "the prompt holds the pad token and no attention_mask was given; pass the prompt's attention_mask"
+        ]
