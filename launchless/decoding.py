@@ -211,8 +211,9 @@ class DecodeGraphs:
         with self._lock:
             self.generate_calls += 1
             cache = given_cache(kwargs)
-            loop = self._loop_request(model, args, kwargs, given=cache is not None, settings=settings)
-            if cache is None:
+            own = cache is None
+            loop = self._loop_request(model, args, kwargs, given=not own, settings=settings)
+            if own:
                 cache = self._own_cache(model, args, kwargs, settings=settings)
             with self._routed(model, cache, keyword):
                 if isinstance(loop, LoopRequest):
@@ -228,7 +229,29 @@ class DecodeGraphs:
                 ]
                 if any(a is not None for a in asked):
                     call_kwargs["cache_implementation"] = None
-                return model.generate(*args, **call_kwargs)
+                result = model.generate(*args, **call_kwargs)
+            return self._handed_out(result, cache) if own else result
+
+    def _handed_out(self, result: Any, cache: Any) -> Any:
+        """generate()'s output with a copy of this call's static cache where it carries the cache itself
+        (``return_dict_in_generate=True``): the next call empties and refills that cache in place, which would change
+        the caller's ``past_key_values`` under them. Left out (None), with one WARNING, where it cannot be copied."""
+        if not isinstance(result, Mapping):
+            return result  # the sequences alone
+        for name, value in list(result.items()):
+            if value is cache:
+                try:
+                    result[name] = copy.deepcopy(cache)
+                except Exception as exc:  # whatever a cache class raises, the caller gets None
+                    result[name] = None
+                    self.graphs.log_once(
+                        "handout",
+                        logging.WARNING,
+                        f"launchless: {self.name}.generate(): the output's {name} is left out (None): the static cache "
+                        f"is launchless's own, reused by the next call, and could not be copied "
+                        f"({type(exc).__name__}: {exc}); pass a transformers StaticCache of your own to keep one",
+                    )
+        return result
 
     @contextlib.contextmanager
     def _routed(self, model: torch.nn.Module, cache: Any, keyword: str) -> Iterator[None]:

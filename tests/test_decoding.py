@@ -608,3 +608,29 @@ def test_a_pad_token_without_a_mask_decodes_as_generate_infers_the_mask(monkeypa
         assert loops == 0 and list(why) == [
             "the prompt holds the pad token and no attention_mask was given; pass the prompt's attention_mask"
         ]
+
+
+def test_the_cache_an_output_carries_is_the_callers_and_stays_as_it_was(monkeypatch) -> None:
+    """``return_dict_in_generate=True`` returns the cache with the sequences; the wrapper's own static cache is emptied
+    and refilled by the next call, so the output carries a copy of it."""
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_llama()
+    graphs = decode_graphs(model)
+    with torch.no_grad():
+        first = graphs.generate(model, (), dict(request, return_dict_in_generate=True))
+        kept = [t.clone() for t in pytree.tree_leaves(_cache_tensors(first.past_key_values))]
+        other = dict(request, input_ids=request["input_ids"].flip(0), return_dict_in_generate=True)
+        second = graphs.generate(model, (), other)
+    assert first.past_key_values is not second.past_key_values
+    assert first.past_key_values not in [held for held in graphs._caches.values()]
+    after = pytree.tree_leaves(_cache_tensors(first.past_key_values))
+    assert kept and all(torch.equal(a, b) for a, b in zip(kept, after, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(after, pytree.tree_leaves(_cache_tensors(second.past_key_values))))
+    assert torch.equal(first.sequences, eager_static(model, request))
+
+
+def _cache_tensors(cache) -> list:
+    """A static cache's key and value tensors, layer by layer (transformers 5: ``layers``; older: lists)."""
+    if hasattr(cache, "layers"):
+        return [[layer.keys, layer.values] for layer in cache.layers]
+    return [cache.key_cache, cache.value_cache]
