@@ -200,3 +200,30 @@ def test_transformers_compile_recipe_and_decode_graphs_take_turns_on_one_model(n
     decode = wrapped.graph_info()["decode"]
     assert len(decode["graphs"]) == 1 and decode["steps_eager"] == {"captured once seen 3 times": 2}, decode
     assert "forward" not in model.__dict__
+
+
+def test_calls_written_the_usual_ways_decode_in_the_loop_and_a_kept_cache_stays_the_callers() -> None:
+    """``generate(ids)``, ``generate(ids, config)``, a ``generation_config`` of the caller's own, a pad token without
+    a mask that the prompt does not hold (or that is the end token, as GPT-2's usual ``pad_token_id=eos``): each
+    decodes in the host-ahead loop with eager's tokens. An output that carries the cache (``return_dict_in_generate``)
+    keeps its values through the next call."""
+    model, request = decoder("decode:gpt2-124m@b1")
+    ids, mask = request["input_ids"], request["attention_mask"]
+    config = transformers.GenerationConfig(max_new_tokens=request["max_new_tokens"], do_sample=False)
+    wrapped = ll.wrap(model)
+    with torch.inference_mode():
+        reference = eager_static(model, request)
+        assert torch.equal(wrapped.generate(ids, attention_mask=mask, max_new_tokens=32, do_sample=False), reference)
+        assert torch.equal(wrapped.generate(ids, config, attention_mask=mask), reference)
+        assert torch.equal(wrapped.generate(input_ids=ids, attention_mask=mask, generation_config=config), reference)
+        absent = next(t for t in range(model.config.vocab_size) if not bool((ids == t).any()))
+        for tokens in ({"pad_token_id": absent}, {"pad_token_id": absent, "eos_token_id": absent}):  # no mask inferred
+            padded = {"input_ids": ids, "max_new_tokens": 32, "do_sample": False, **tokens}
+            assert torch.equal(wrapped.generate(**padded), eager_static(model, padded))
+        decode = wrapped.graph_info()["decode"]
+        assert decode["loop_generations"] == 5 and decode["through_generate"] == {}, decode
+        first = wrapped.generate(**request, return_dict_in_generate=True)
+        kept = [layer.keys.clone() for layer in first.past_key_values.layers]
+        wrapped.generate(**dict(request, input_ids=ids.flip(1)), return_dict_in_generate=True)
+    assert all(torch.equal(a, layer.keys) for a, layer in zip(kept, first.past_key_values.layers, strict=True))
+    assert torch.equal(first.sequences, reference)
