@@ -24,11 +24,11 @@ of the device's. This loop decodes the same tokens with the host running ahead o
    hands them over.
 
 The tokens are those of ``generate()`` on the same static cache. The loop takes the calls it can decode exactly; the
-others go through ``generate()`` itself (their decode steps replay graphs all the same): logits processors or
-stopping criteria passed in, a generation setting other than the length, sampling (temperature, top-k, top-p) and
-the end and padding tokens, a cache passed in, several sequences per prompt, prompts given as embeddings, a pad
-token without an attention mask, a model class that overrides ``generate()`` or a step of it the loop stands in for,
-and a transformers that prepares inputs otherwise.
+others go through ``generate()`` itself (their decode steps replay graphs all the same): logits processors or stopping
+criteria passed in, a generation setting other than the length, sampling (temperature, top-k, top-p) and the end and
+padding tokens, a cache passed in, several sequences per prompt, prompts given as embeddings, a prompt that holds the
+pad token without an attention mask (``generate()`` infers the mask from it), a model class that overrides
+``generate()`` or a step of it the loop stands in for, and a transformers that prepares inputs otherwise.
 """
 
 from __future__ import annotations
@@ -290,7 +290,8 @@ def run_loop(model: torch.nn.Module, request: LoopRequest, *, cache: Any, keywor
     unfinished = torch.ones(batch, dtype=torch.long, device=prompt.device)
     generator = _generator(prompt.device) if request.do_sample and request.eos is not None else None
     states: list[torch.Tensor] = []
-    prepare = functools.partial(_prepare, model)
+    takes_first = "is_first_iteration" in inspect.signature(model.prepare_inputs_for_generation).parameters
+    prepare = functools.partial(_prepare, model, takes_first=takes_first)
     inputs = prepare(prompt, next_sequence_length=prompt.shape[1], is_first_iteration=True, **kwargs)
     advanced, mismatch = True, ""
     kept, handed, streamer = request.new_tokens, 0, request.streamer
@@ -340,13 +341,12 @@ def run_loop(model: torch.nn.Module, request: LoopRequest, *, cache: Any, keywor
     return LoopResult(torch.cat([prompt, tokens[:, :kept]], dim=-1), mismatch)
 
 
-def _prepare(model: torch.nn.Module, sequence: torch.Tensor, **kwargs: Any) -> dict[str, Any]:
+def _prepare(model: torch.nn.Module, sequence: torch.Tensor, *, takes_first: bool, **kwargs: Any) -> dict[str, Any]:
     """transformers' inputs for a step, as ``generate()`` asks for them (``is_first_iteration`` only where the
-    installed version takes it: anything else it does not name would reach the forward)."""
-    prepare = model.prepare_inputs_for_generation
-    if "is_first_iteration" not in inspect.signature(prepare).parameters:
+    installed version takes it, ``takes_first``: anything else it does not name would reach the forward)."""
+    if not takes_first:
         kwargs.pop("is_first_iteration", None)
-    return dict(prepare(sequence, **kwargs))
+    return dict(model.prepare_inputs_for_generation(sequence, **kwargs))
 
 
 def _hand_over(streamer: Any, tokens: torch.Tensor, *, start: int, stop: int) -> int:
