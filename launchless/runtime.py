@@ -30,6 +30,7 @@ from .core.buckets import check_buckets
 from .core.cache import GraphCache, Refusal
 from .core.capture_path import record_capture_branches
 from .core.collectives import agree
+from .core.junctions import JunctionShapeChanged
 from .core.pool import SHARED, new_pool
 from .core.relocation import RelocationWatch
 from .core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
@@ -234,7 +235,10 @@ class GraphedModule(torch.nn.Module):
             if graph.host_sources is not None and graph.host_sources.changed():
                 cache.drop_all("a host tensor copied into a graph as a constant was written or replaced")
             else:
-                return self._replay(graph, flat.leaves)
+                try:
+                    return self._replay(graph, flat.leaves)
+                except JunctionShapeChanged as exc:
+                    return self._shape_changed(sig, flat, exc)
         admission = cache.admit(sig) if self.cuda_graph == "auto" else self._admit_now(sig)
         if admission is Admission.CAPTURE:
             return self._capture_and_run(sig, flat, explicit=False)
@@ -259,9 +263,12 @@ class GraphedModule(torch.nn.Module):
             if not bucketing.proven(plan, self._target()):
                 return _OWN_SIGNATURE
             bucketing.count(plan)
-            if graph.aliases:  # an output that is an input: it must be the padded input, as the graph returns it
-                return plan.take_rows(self._replay(graph, plan.padded_flat().leaves))
-            return plan.take_rows(self._replay(graph, plan.flat.leaves, rows=plan.rows))
+            try:
+                if graph.aliases:  # an output that is an input: it must be the padded input, as the graph returns it
+                    return plan.take_rows(self._replay(graph, plan.padded_flat().leaves))
+                return plan.take_rows(self._replay(graph, plan.flat.leaves, rows=plan.rows))
+            except JunctionShapeChanged as exc:
+                return self._shape_changed(plan.signature, plan.flat, exc, split=False)
         admission = cache.admit(plan.signature) if self.cuda_graph == "auto" else self._admit_now(plan.signature)
         if admission is Admission.CAPTURE:
             if not bucketing.proven(plan, self._target()):
@@ -362,7 +369,28 @@ class GraphedModule(torch.nn.Module):
         cache.keep(sig, graph, report, flat.leaves)
         if graph.junctions:
             self._log_chain(sig, graph)
-        return self._replay(graph, flat.leaves)
+        try:
+            return self._replay(graph, flat.leaves)
+        except JunctionShapeChanged as exc:
+            return self._shape_changed(sig, flat, exc)
+
+    def _shape_changed(self, sig: Signature, flat: FlatInputs, exc: JunctionShapeChanged, *, split: bool = True) -> Any:
+        """A chain's junction returned another shape than at its capture: its shape depends on the values after all.
+        Nothing was handed out; the chain goes, and this signature runs as a refused one does from now on (split by
+        submodule where allowed, else eager), this call included. One log line. ``split``: False for a batch
+        bucket's signature, whose call runs eager as given."""
+        self._cache.forget(sig)
+        refusal = Refusal(
+            Stage.CAPTURE,
+            "an operation run eager between graphs returned a data-dependent shape",
+            f"launchless: {self._name()} {sig.describe()}: {exc}. Its graphs are dropped and this input signature "
+            "runs without them",
+        )
+        self._cache.refuse(sig, refusal)
+        if split and self.cuda_graph == "auto" and self._splits and not self._collective:
+            return self._run_split(sig, flat, refusal)
+        args, kwargs = flat.rebuild(flat.leaves)
+        return self._run_eager(args, kwargs)
 
     def _capture_failed(
         self, sig: Signature, flat: FlatInputs, fail: _capture.CaptureFailed, device: Any, explicit: bool

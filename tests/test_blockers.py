@@ -276,3 +276,25 @@ def test_dry_run_on_timm_resnet18_finds_nothing() -> None:
 
     w = zoo.build("timm:resnet18")
     assert dry_run(w.model, w.args, w.kwargs) is None
+
+
+class _CaptureRefusesNonzero(torch.utils._python_dispatch.TorchDispatchMode):
+    """Stands in for a capturing stream where it matters here: ``nonzero`` syncs with the host and raises."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.nonzero.default:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode], ids=["no_grad", "inference_mode"])
+def test_a_failed_capture_names_the_same_operation_and_kind_in_both_grad_modes(grad_mode) -> None:
+    """Under inference_mode a dispatch mode sees ``where(mask)`` whole; the recorder looks into it as no_grad shows."""
+    with grad_mode():
+        mask = torch.tensor([True, False, True])
+        recorder = blockers.FailureRecorder()
+        with pytest.raises(RuntimeError, match="not permitted"), _CaptureRefusesNonzero(), recorder:
+            torch.where(mask)
+    assert recorder.blocker is not None
+    assert (recorder.blocker.kind, recorder.blocker.operation) == (DATA_DEPENDENT, "aten.nonzero")
+    assert recorder.blocker.location is not None and "torch.where(mask)" in recorder.blocker.location.code

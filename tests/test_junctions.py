@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from launchless.core.junctions import Junction, NotAJunction, is_capture_error, site_of
+from launchless.core.junctions import Junction, JunctionShapeChanged, NotAJunction, is_capture_error, site_of
 
 aten = torch.ops.aten
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
@@ -58,8 +58,58 @@ def test_a_junction_writes_its_new_result_into_the_buffer_the_next_graph_reads()
 def test_a_junction_whose_result_changes_shape_raises_instead_of_replaying() -> None:
     x = torch.ones(4)
     junction = Junction(aten.clone.default, (x,), {}, torch.empty(3), CPU, None)
-    with pytest.raises(RuntimeError, match="cannot be replayed"):
+    with pytest.raises(JunctionShapeChanged, match="cannot be replayed"):
         junction.run()
+
+
+class _SeenOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """The operations a dispatch mode sees (what ``SegmentingMode`` sees while a chain is captured)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append((func, args, kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode], ids=["no_grad", "inference_mode"])
+def test_where_of_a_mask_is_no_junction_in_either_grad_mode(grad_mode) -> None:
+    """Under inference_mode a dispatch mode sees ``aten::where(condition)`` undecomposed and untagged (under no_grad:
+    ``nonzero``): the verdict must not depend on which one it sees."""
+    with grad_mode():
+        mask = torch.tensor([True, False, True, True])
+        with _SeenOps() as mode:
+            torch.where(mask)
+        func, args, kwargs = mode.seen[0]
+        site = site_of(func, args, kwargs, CPU)
+    assert not site.eligible and "shape depends on the values" in site.why_not, site
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode], ids=["no_grad", "inference_mode"])
+def test_another_librarys_untagged_operation_with_a_data_dependent_shape_is_no_junction(grad_mode) -> None:
+    pytest.importorskip("torchvision.ops")  # registers the operation and its shape function
+    with grad_mode():
+        boxes = torch.tensor([[0.0, 0.0, 10.0, 10.0], [1.0, 1.0, 11.0, 11.0], [50.0, 50.0, 60.0, 60.0]])
+        scores = torch.tensor([0.9, 0.8, 0.7])
+        site = site_of(torch.ops.torchvision.nms.default, (boxes, scores, 0.5), {}, CPU)
+    assert not site.eligible and "shape depends on the values" in site.why_not, site
+
+
+def test_an_operation_without_a_shape_function_is_not_proven_and_no_junction() -> None:
+    library = torch.library.Library("launchless_test_junctions", "DEF")
+    library.define("keep_positive(Tensor x) -> Tensor")
+    library.impl("keep_positive", lambda x: x[x > 0], "CPU")
+    op = torch.ops.launchless_test_junctions.keep_positive.default
+    site = site_of(op, (torch.tensor([1.0, -1.0]),), {}, CPU)
+    assert not site.eligible and "no shape function" in site.why_not, site
+
+
+def test_operations_whose_shape_follows_from_shapes_stay_junctions() -> None:
+    x = torch.rand(4, 8)
+    assert site_of(aten.histc.default, (x,), {"bins": 4}, CPU).eligible
+    assert site_of(aten.add.Tensor, (x, x), {}, CPU).eligible
 
 
 def test_capture_errors_are_told_from_other_errors() -> None:

@@ -14,9 +14,14 @@ An operation is a junction only when running it again on the same tensors is exa
   host tensor could hold another value at the next call, unseen;
 - it returns device tensors or nothing: a host tensor or a Python number could steer the Python code after it,
   which the graphs after it froze (``.item()``, ``.cpu()``, ``.tolist()`` are not junctions);
-- its output's shape follows from its inputs' shapes and it draws no random numbers: PyTorch tags the others
-  (``dynamic_output_shape`` for ``nonzero``, ``unique``, ``masked_select``; ``data_dependent_output``;
-  ``nondeterministic_seeded``).
+- its output's shape follows from its inputs' shapes and it draws no random numbers: PyTorch tags some of the
+  others (``dynamic_output_shape`` for ``nonzero``, ``unique``, ``masked_select``; ``data_dependent_output``;
+  ``nondeterministic_seeded``), and the rest is proven on fake tensors (``shape_proof``): a composite such as
+  ``where(condition)``, which a dispatch mode sees undecomposed under ``inference_mode``, and another library's
+  operation such as ``torchvision::nms`` carry no tag, yet return as many elements as their data says.
+
+Should a junction still return another shape at a replay than at its capture, the replay raises
+``JunctionShapeChanged`` before any output is handed out; the policy runs that call eager and drops the graph.
 
 Junctions are found by capturing: a capture that fails inside an operation names it (``SegmentingMode`` counts
 nothing, it only watches which operation raised); every call of that operation becomes a junction and the
@@ -38,11 +43,12 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..diagnose.source import locate
+from .shape_proof import DATA_DEPENDENT_SHAPE, HOST_VALUE, data_dependence
 
 MAX_JUNCTION_OPS = 8  # kinds of operation one forward may run eager between its graphs
 _NOT_JUNCTION_TAGS = {
-    torch.Tag.dynamic_output_shape: "its output's shape depends on the values it reads",
-    torch.Tag.data_dependent_output: "it hands a value it read to the host",
+    torch.Tag.dynamic_output_shape: DATA_DEPENDENT_SHAPE,
+    torch.Tag.data_dependent_output: HOST_VALUE,
     torch.Tag.nondeterministic_seeded: "it draws random numbers",
 }
 
@@ -85,8 +91,16 @@ def site_of(func: Any, args: tuple, kwargs: dict, device: torch.device) -> Site:
     why_not = next((why for tag, why in _NOT_JUNCTION_TAGS.items() if tag in getattr(func, "tags", ())), "")
     if not why_not and any(not _on(device, t) for t in _tensors((args, kwargs))):
         why_not = "it reads a host tensor, whose value may change between calls unseen"
+    if not why_not:
+        why_not = data_dependence(func, args, kwargs)
     location = locate(traceback.extract_stack())
     return Site(func, _name(func), why_not, str(location) if location else None)
+
+
+class JunctionShapeChanged(RuntimeError):
+    """A junction returned another shape or dtype at a replay than at its capture: its output's shape depends on
+    values after all, and the graphs after it read buffers of the captured shape. Raised before any output is handed
+    out, so the call can run eager instead."""
 
 
 class NotAJunction(Exception):
@@ -112,8 +126,8 @@ class Junction:
         for static, new in zip(self.outputs, fresh, strict=True):
             if new is static or (new.data_ptr() == static.data_ptr() and new.shape == static.shape):
                 continue  # in place: it wrote the graph's buffer itself
-            if new.shape != static.shape or new.dtype != static.dtype:  # excluded by the tags; proven cheaply
-                raise RuntimeError(
+            if new.shape != static.shape or new.dtype != static.dtype:  # excluded by the proof; checked cheaply
+                raise JunctionShapeChanged(
                     f"launchless: {self.name} returned {tuple(new.shape)} {new.dtype} on replay, "
                     f"{tuple(static.shape)} {static.dtype} when captured; its graph cannot be replayed"
                 )

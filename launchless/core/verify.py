@@ -34,6 +34,7 @@ from torch.utils import _pytree as pytree
 
 from .capture import CapturedGraph, CaptureFailed
 from .capture_path import pretend_capturing
+from .junctions import JunctionShapeChanged
 from .signature import FlatInputs
 from .snapshot import Snapshot
 from .status import Stage, VerifyStatus
@@ -292,7 +293,10 @@ def _protocol(
     lockstep: bool = False,
 ) -> VerifyReport:
     eager = [_eager(fn, flat, p) for p in probes]
-    graphed = [graph.replay_cloned(p) for p in probes]
+    try:
+        graphed = [graph.replay_cloned(p) for p in probes]
+    except JunctionShapeChanged as exc:  # the probes' values gave an operation between two graphs other shapes
+        return VerifyReport(VerifyStatus.FAILED, False, branches=branches, detail=str(exc))
     reruns = _Reruns(fn, flat, probes, made_now=lockstep)
     eager_differ = not identical(eager[0], eager[1])
     probes_differ = not identical(graphed[0], graphed[1])

@@ -121,6 +121,11 @@ class FailureRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if is_composite(func):  # seen undecomposed under inference_mode: look at what it runs, as no_grad shows
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
         try:
             return func(*args, **kwargs)
         except Exception as exc:
@@ -128,3 +133,11 @@ class FailureRecorder(TorchDispatchMode):
                 kind = classify_op(func, args, kwargs) or classify_message(str(exc))
                 self.blocker = Blocker(kind, f"aten.{op_name(func)}", locate(traceback.extract_stack()))
             raise
+
+
+def is_composite(func: object) -> bool:
+    """An operation made of others (``where(condition)`` of ``nonzero``). A dispatch mode sees it whole under
+    ``torch.inference_mode()``, where autograd's dispatch key -- at which composites decompose -- is skipped, and
+    its parts under ``torch.no_grad()``."""
+    name = getattr(func, "name", None)
+    return callable(name) and torch._C._dispatch_has_kernel_for_dispatch_key(name(), "CompositeImplicitAutograd")

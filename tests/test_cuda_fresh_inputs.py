@@ -1,0 +1,113 @@
+"""GPU tests with a fresh input on every call, as users call: detectors fed a new image each call must never crash
+where eager works, in either grad mode, and every call's result must be eager's on that same input.
+
+An R-CNN's proposal step filters boxes (``torch.where(mask)``, ``torchvision::nms``): how many survive depends on the
+image. Under ``inference_mode`` a dispatch mode sees ``where(mask)`` whole (untagged) and ``nms`` carries no tag;
+taken for operations whose shape follows from shapes, they were run eager between graphs, and the third call raised
+("torchvision::nms returned (332,) on replay, (338,) when captured"). They are proven on fake tensors now; and a
+replay whose operation between graphs returns another shape still runs eager, once told."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import launchless as ll
+from launchless import CaptureError
+from launchless.core import junctions
+from launchless.core.verify import identical
+
+pytestmark = pytest.mark.cuda
+torchvision = pytest.importorskip("torchvision")
+
+GRAD_MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
+CALLS = 8
+
+
+def real_looking_image(generator: torch.Generator, height: int = 320, width: int = 416) -> torch.Tensor:
+    """A smooth field with blobs and edges in [0, 1] (white noise gives a detector nothing to find), new each call."""
+    coarse = torch.rand(1, 3, height // 16, width // 16, generator=generator)
+    image = torch.nn.functional.interpolate(coarse, size=(height, width), mode="bilinear", align_corners=False)[0]
+    for _ in range(4):  # rectangles of one colour: edges and corners
+        top, left = (int(v) for v in torch.randint(0, min(height, width) // 2, (2,), generator=generator))
+        size = int(torch.randint(16, min(height, width) // 2, (1,), generator=generator))
+        image[:, top : top + size, left : left + size] = torch.rand(3, 1, 1, generator=generator)
+    return image.clamp(0, 1).cuda()
+
+
+def _detector(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    builder = getattr(torchvision.models.detection, name)
+    return builder(weights=None, weights_backbone=None).cuda().eval()
+
+
+DETECTORS = ["fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_resnet50_fpn_v2", "maskrcnn_resnet50_fpn"]
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+@pytest.mark.parametrize("name", DETECTORS)
+def test_a_detector_fed_a_fresh_image_each_call_returns_eagers_result_in_auto(name: str, grad_mode: str) -> None:
+    model = _detector(name)
+    fast = ll.wrap(model)  # "auto"
+    generator = torch.Generator().manual_seed(1)
+    with GRAD_MODES[grad_mode]():
+        for call in range(CALLS):
+            image = real_looking_image(generator)
+            expected = model([image])
+            got = fast([image])
+            assert identical(got, expected), f"call {call}: the wrapped detector's result is not eager's"
+    info = fast.graph_info()
+    split = info.get("split") or {}
+    assert not any(row.get("region_split") for row in info["graphs"]), info["graphs"]  # nothing between graphs
+    assert split.get("pieces"), info  # the backbone replays: the split by submodule took the detector
+    assert any(piece["replays"] for piece in split["pieces"]), split["pieces"]
+
+
+@pytest.mark.parametrize("name", ["fasterrcnn_mobilenet_v3_large_320_fpn"])
+def test_cuda_graph_true_names_the_same_blocker_in_both_grad_modes(name: str) -> None:
+    model = _detector(name)
+    generator = torch.Generator().manual_seed(2)
+    messages = {}
+    for grad_mode, context in GRAD_MODES.items():
+        fast = ll.wrap(model, cuda_graph=True)
+        with context(), pytest.raises(CaptureError) as raised:
+            fast([real_looking_image(generator)])
+        messages[grad_mode] = str(raised.value)
+    for message in messages.values():
+        assert "aten.nonzero" in message and "boxes.py" in message, messages
+    assert "returned" not in messages["inference_mode"], messages  # no junction replay ever ran
+
+
+class _Proposals(nn.Module):
+    """Layers, then boxes filtered by NMS (how many survive depends on the values), then more layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.before = nn.Sequential(*(nn.Linear(4, 4) for _ in range(6)))
+        self.after = nn.Sequential(*(nn.Linear(4, 4) for _ in range(6)))
+
+    def forward(self, boxes: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        boxes = self.before(boxes).abs().cumsum(-1) * 10
+        keep = torchvision.ops.nms(boxes, scores, 0.3)
+        return self.after(boxes[keep]).sum(0)
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+def test_a_junction_that_returns_another_shape_at_replay_runs_that_call_eager(grad_mode, monkeypatch, caplog) -> None:
+    """The last line of defence: an operation taken for a junction (here the proof is switched off) whose output's
+    shape changes at a replay. The call is eager's, the chain goes, one log line; no later call raises."""
+    monkeypatch.setattr(junctions, "data_dependence", lambda func, args, kwargs: "")
+    model = _Proposals().cuda().eval()
+    fast = ll.wrap(model, capture_after=1)
+    generator = torch.Generator(device="cuda").manual_seed(3)
+    with GRAD_MODES[grad_mode](), caplog.at_level(logging.INFO, logger="launchless"):
+        for call in range(CALLS):
+            boxes = torch.rand(64, 4, device="cuda", generator=generator)
+            scores = torch.rand(64, device="cuda", generator=generator)
+            assert identical(fast(boxes, scores), model(boxes, scores)), f"call {call}"
+    said = [r.getMessage() for r in caplog.records if "data-dependent shape" in r.getMessage()]
+    assert len(said) <= 1, said
