@@ -112,6 +112,13 @@ def test_operations_whose_shape_follows_from_shapes_stay_junctions() -> None:
     assert site_of(aten.add.Tensor, (x, x), {}, CPU).eligible
 
 
+def test_a_primitive_whose_shape_function_refuses_its_inputs_is_judged_by_its_tags() -> None:
+    """``_grouped_mm``'s shape function asks for bfloat16; its CUDA kernel also takes float32 (syncing inside)."""
+    weight, offsets = torch.rand(4, 32, 48), torch.tensor([2, 5, 5, 8], dtype=torch.int32)
+    site = site_of(aten._grouped_mm.default, (torch.rand(8, 32), weight), {"offs": offsets}, CPU)
+    assert site.eligible, site
+
+
 def test_capture_errors_are_told_from_other_errors() -> None:
     assert is_capture_error(RuntimeError("CUDA error: operation not permitted when stream is capturing"))
     assert is_capture_error(RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture"))

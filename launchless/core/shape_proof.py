@@ -12,11 +12,14 @@ one it produced at capture. PyTorch tags some operations whose output shape depe
 Running the operation on fake tensors (shapes, dtypes and devices without data) through its registered shape
 function decides both: a composite decomposes there, and a library's fake implementation that returns a
 data-dependent size raises. An operation with no shape function is not proven, so it is treated as
-data-dependent.
+data-dependent. A primitive ``aten`` operation whose shape function refuses the inputs its kernel accepts
+(``_grouped_mm``'s asks for bfloat16; the CUDA kernel also takes float32) is judged by its tags, which PyTorch keeps
+complete for its own primitives.
 """
 
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Any
 
@@ -28,8 +31,10 @@ HOST_VALUE = "it hands a value it read to the host"
 
 
 def data_dependence(func: Any, args: tuple, kwargs: dict) -> str:
-    """Empty when ``func(*args, **kwargs)``'s output shapes follow from its inputs' shapes (proven on fake tensors);
-    otherwise why not. Runs no kernel and allocates no device memory, so it may run while a stream captures."""
+    """Empty when ``func(*args, **kwargs)``'s output shapes follow from its inputs' shapes (proven on fake tensors,
+    or by the tags of a primitive ``aten`` operation, which the caller checks first); otherwise why not. Runs no
+    kernel and allocates no device memory, so it may run while a stream captures. PyTorch's own log line for a shape
+    function that raises is held back: the refusal is the answer here."""
     from torch._subclasses.fake_tensor import (
         DataDependentOutputException,
         DynamicOutputShapeException,
@@ -37,6 +42,9 @@ def data_dependence(func: Any, args: tuple, kwargs: dict) -> str:
         UnsupportedOperatorException,
     )
 
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a library's fake implementation may warn about its own API
@@ -50,6 +58,18 @@ def data_dependence(func: Any, args: tuple, kwargs: dict) -> str:
     except UnsupportedOperatorException:
         return "its library registers no shape function for it: its output's shape may depend on its values"
     except Exception as exc:  # a shape function that refuses these inputs proves nothing
+        if getattr(func, "namespace", None) == "aten" and not is_composite(func):
+            return ""  # its tags, checked before, say its shape follows from shapes
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return f"its output's shape could not be derived from its inputs' shapes ({type(exc).__name__}: {first})"
+    finally:
+        fake_log.setLevel(level)
     return ""
+
+
+def is_composite(func: object) -> bool:
+    """An operation made of others (``where(condition)`` of ``nonzero``). A dispatch mode sees it whole under
+    ``torch.inference_mode()``, where autograd's dispatch key -- at which composites decompose -- is skipped, and
+    its parts under ``torch.no_grad()``."""
+    name = getattr(func, "name", None)
+    return callable(name) and torch._C._dispatch_has_kernel_for_dispatch_key(name(), "CompositeImplicitAutograd")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..core.shape_proof import is_composite
 from .source import Location, locate, locate_exception
 
 HOST_SYNC = "host sync"
@@ -133,11 +134,3 @@ class FailureRecorder(TorchDispatchMode):
                 kind = classify_op(func, args, kwargs) or classify_message(str(exc))
                 self.blocker = Blocker(kind, f"aten.{op_name(func)}", locate(traceback.extract_stack()))
             raise
-
-
-def is_composite(func: object) -> bool:
-    """An operation made of others (``where(condition)`` of ``nonzero``). A dispatch mode sees it whole under
-    ``torch.inference_mode()``, where autograd's dispatch key -- at which composites decompose -- is skipped, and
-    its parts under ``torch.no_grad()``."""
-    name = getattr(func, "name", None)
-    return callable(name) and torch._C._dispatch_has_kernel_for_dispatch_key(name(), "CompositeImplicitAutograd")
