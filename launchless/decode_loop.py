@@ -4,35 +4,43 @@ transformers' ``generate()`` waits for the device at every step: it reads whethe
 (``unfinished_sequences.max() == 0``), and building the step's attention mask it reads whether the mask hides
 anything. A decode graph replays a step's forward in one launch, but the host prepares the next step only once the
 device has finished this one, so every token costs the host's work (about a millisecond of Python per step) on top
-of the device's. This loop decodes the same tokens with the host running ahead of the device:
+of the device's. This loop decodes the same tokens with the host running ahead of the device.
 
-1. the prompt's forward (the prefill) and the first decode step take their inputs from transformers' own
-   ``prepare_inputs_for_generation``, as ``generate()`` does. From then on the loop advances the inputs itself, in
-   place on the device: the chosen token becomes ``input_ids``, the static cache's mask attends one more position,
-   position counters move by one. That rule is checked once per call, on the second decode step, against the inputs
-   transformers prepares for it (every tensor bit for bit, every other value equal); where they differ, every step
-   of the call takes transformers' inputs instead (exact, with its waits) and one line says so;
-2. every step's forward goes through the decode graphs (``launchless.decoding``): captured, verified and replayed
+It runs inside ``generate()``, as the decoding method ``generate()`` calls once it has prepared the call (its
+``custom_generate`` argument takes a callable): transformers resolves the settings, infers the attention mask, builds
+the position ids, the end and pad tokens, the length and the logits warpers, puts the prompt to a streamer, exactly
+as for its own loop. The loop then:
+
+1. runs the prompt's forward (the prefill) through transformers' own ``_prefill``, and takes the first decode step's
+   inputs from ``prepare_inputs_for_generation`` on the keyword arguments ``_update_model_kwargs_for_generation``
+   advanced, as ``generate()``'s own loop does. From then on it advances the inputs itself, in place on the device:
+   the chosen token becomes ``input_ids``, the static cache's mask attends one more position, position counters
+   move by one. That rule is checked once per call, on the second decode step, against the inputs transformers
+   prepares for it (every tensor bit for bit, every other value equal); where they differ, every step of the call
+   takes transformers' inputs instead (exact, with its waits) and one line says so;
+2. sends every step's forward through the decode graphs (``launchless.decoding``): captured, verified and replayed
    as ``generate()``'s steps are;
-3. the next token is chosen as ``generate()`` chooses it, on the device: the last position's logits in float32,
-   transformers' own temperature, top-k and top-p warpers where sampling asks for them, ``argmax`` or
-   ``multinomial`` on the same random-number generator in the same order, finished sequences padded;
-4. the host reads whether every sequence has met an end-of-sequence token once every ``CHECK_EVERY`` steps. Steps
-   run past the end are dropped from the result, and the random-number generator is put back where it stood after
-   the last kept step, so that a sampling call leaves it as ``generate()`` would. A streamer gets the prompt, the
-   first token as soon as it is chosen, and the others at those reads, one ``put`` per step as ``generate()``
-   hands them over.
+3. chooses the next token as ``generate()`` chooses it, on the device: the last position's logits in float32,
+   ``generate()``'s own prepared warpers (temperature, top-k, top-p), ``argmax`` or ``multinomial`` on the same
+   random-number generator in the same order, finished sequences padded;
+4. reads on the host whether every sequence has met an end token once every ``CHECK_EVERY`` steps. Steps run past
+   the end are dropped from the result, and the random-number generator is put back where it stood after the last
+   kept step, so that a sampling call leaves it as ``generate()`` would. A streamer gets the first token as soon as
+   it is chosen, and the others at those reads, one ``put`` per step as ``generate()`` hands them over.
 
-The tokens are those of ``generate()`` on the same static cache. The loop takes the calls it can decode exactly; the
-others go through ``generate()`` itself (their decode steps replay graphs all the same): logits processors or stopping
-criteria passed in, a generation setting other than the length, sampling (temperature, top-k, top-p) and the end and
-padding tokens, a cache passed in, several sequences per prompt, prompts given as embeddings, a prompt that holds the
-pad token without an attention mask (``generate()`` infers the mask from it), a model class that overrides
-``generate()`` or a step of it the loop stands in for, and a transformers that prepares inputs otherwise.
+``own_loop`` runs ``generate()``'s own loop (``_sample``) on the same prepared call: ``launchless.decoding`` proves
+the host-ahead loop against it on the first call of each kind of call, and sends a kind that parts through it.
+
+The loop takes the calls it can decode exactly; the others go through ``generate()``'s own loop (their decode steps
+replay graphs all the same): logits processors or stopping criteria passed in, a generation setting other than the
+length, sampling (temperature, top-k, top-p) and the end and padding tokens, a cache passed in, several sequences per
+prompt, prompts given as embeddings, a model class that overrides ``generate()`` or a step of it the loop stands in
+for, and a transformers that prepares inputs otherwise or takes no decoding method as ``custom_generate``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -87,83 +95,6 @@ OTHER_METHODS = frozenset(
 )
 FALSY_DEFAULTS = frozenset({"output_attentions", "output_hidden_states"})  # False is as good as unset
 ADVANCED_COUNTERS = ("cache_position", "position_ids")  # integer inputs that move by one position per step
-
-
-@dataclasses.dataclass(frozen=True)
-class LoopRequest:
-    """A ``generate()`` call as the loop decodes it: the prompt, its 2-D attention mask, how many new tokens, and how
-    each is chosen."""
-
-    prompt: torch.Tensor
-    attention_mask: torch.Tensor
-    new_tokens: int
-    do_sample: bool
-    warpers: tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], ...]
-    eos: torch.Tensor | None  # the end-of-sequence ids, on the prompt's device
-    pad: int | None  # what a finished sequence is padded with
-    streamer: Any = None  # handed the prompt, then each step's tokens (see ``run_loop``), then end()
-
-
-# generate()'s own steps the loop stands in for: a model class that overrides one decodes its own way
-STOOD_IN_FOR = ("generate", "_sample", "_prefill", "_update_model_kwargs_for_generation")
-
-
-def loop_request(
-    model: torch.nn.Module, kwargs: Mapping[str, Any], *, settings: GenerationSettings | Exception
-) -> LoopRequest | str:
-    """The call as the loop decodes it, or why the loop does not take it (``generate()`` decodes it then).
-    ``settings``: ``settings_of(model, kwargs)``, resolved once for the whole call."""
-    overridden = _overridden(model)
-    if overridden:
-        return f"{type(model).__name__} overrides generate()'s {', '.join(overridden)}"
-    others = sorted(k for k in kwargs if k not in LOOP_ARGUMENTS and not _is_setting(k))
-    if others:
-        return f"generate() was given {', '.join(others)}, which only generate() itself carries out"
-    prompt = kwargs.get("input_ids", kwargs.get("inputs"))
-    if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2:
-        return "the prompt is not a 2-D tensor of token ids"
-    if (
-        not hasattr(model, "_prepare_generation_config")
-        or "next_sequence_length" not in inspect.signature(model.prepare_inputs_for_generation).parameters
-    ):
-        return "this transformers prepares a step's inputs in a way the loop does not follow"
-    if isinstance(settings, Exception):  # generate() raises the same for the user
-        return f"the generation settings are not accepted ({type(settings).__name__})"
-    config, model_kwargs = settings
-    unused = [k for k in model_kwargs if k not in LOOP_ARGUMENTS]
-    if unused:
-        return f"generate() was given {', '.join(sorted(unused))}, which only generate() itself carries out"
-    changed = _changed_settings(model, config)
-    if changed:
-        return f"the generation settings ask for {', '.join(changed)}, which only generate() itself carries out"
-    if (config.num_return_sequences or 1) != 1:
-        return f"num_return_sequences={config.num_return_sequences} decodes several sequences per prompt"
-    new_tokens = generated_length(model, config, kwargs, prompt=prompt.shape[1]) - prompt.shape[1]
-    if new_tokens < 1:
-        return "no new token is asked for"
-    eos = config.eos_token_id
-    eos_list = None if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
-    eos_ids = None if eos_list is None else torch.tensor(eos_list, device=prompt.device)
-    pad = config.pad_token_id
-    mask = kwargs.get("attention_mask")
-    if mask is None:
-        if _mask_from_padding(prompt, pad, eos_list):
-            return "the prompt holds the pad token and no attention_mask was given; pass the prompt's attention_mask"
-        mask = torch.ones_like(prompt)  # what generate() attends to without a mask it can infer
-    if pad is None and eos_list is not None:
-        pad = eos_list[0]  # as generate() pads finished sequences
-    return LoopRequest(
-        prompt, mask, new_tokens, bool(config.do_sample), _warpers(config), eos_ids, pad, kwargs.get("streamer")
-    )
-
-
-def _mask_from_padding(prompt: torch.Tensor, pad: int | None, eos: list[int] | None) -> bool:
-    """Whether ``generate()``, given no attention mask, infers one from the pad token in the prompt (transformers'
-    ``_prepare_attention_mask_for_generation``: a pad token that is no end token and occurs in the prompt); else it
-    attends to every position. Reads the prompt on the host once."""
-    if pad is None or (eos is not None and pad in eos):
-        return False
-    return bool((prompt == pad).any())
 
 
 PROMPT_ARGUMENTS = ("generation_config", "input_ids", "inputs")  # what generate() takes apart from its settings
@@ -249,20 +180,117 @@ def _changed_settings(model: torch.nn.Module, config: Any) -> list[str]:
     return changed
 
 
-def _warpers(config: Any) -> tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], ...]:
-    """transformers' own warpers for a sampling call, in the order ``generate()`` applies them."""
-    if not config.do_sample:
-        return ()
-    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+# generate()'s own steps the loop stands in for: a model class that overrides one decodes its own way
+STOOD_IN_FOR = ("generate", "_sample", "_prefill", "_update_model_kwargs_for_generation")
 
-    warpers: list[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = []
-    if config.temperature is not None and config.temperature != 1.0:
-        warpers.append(TemperatureLogitsWarper(config.temperature))
-    if config.top_k is not None and config.top_k != 0:
-        warpers.append(TopKLogitsWarper(top_k=config.top_k, min_tokens_to_keep=1))
-    if config.top_p is not None and config.top_p < 1.0:
-        warpers.append(TopPLogitsWarper(top_p=config.top_p, min_tokens_to_keep=1))
-    return tuple(warpers)
+
+def loop_refusal(model: torch.nn.Module, kwargs: Mapping[str, Any], *, settings: GenerationSettings | Exception) -> str:
+    """Why the loop does not take this ``generate()`` call (``generate()``'s own loop decodes it then); empty where
+    it does. Read before ``generate()`` runs, from the call's arguments and ``settings``
+    (``settings_of(model, kwargs)``, resolved once for the whole call)."""
+    overridden = _overridden(model)
+    if overridden:
+        return f"{type(model).__name__} overrides generate()'s {', '.join(overridden)}"
+    others = sorted(k for k in kwargs if k not in LOOP_ARGUMENTS and not _is_setting(k))
+    if others:
+        return f"generate() was given {', '.join(others)}, which only generate() itself carries out"
+    prompt = kwargs.get("input_ids", kwargs.get("inputs"))
+    if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2:
+        return "the prompt is not a 2-D tensor of token ids"
+    if not _takes_a_decoding_method(type(model)):
+        return "this transformers prepares a step's inputs in a way the loop does not follow"
+    if isinstance(settings, Exception):  # generate() raises the same for the user
+        return f"the generation settings are not accepted ({type(settings).__name__})"
+    config, model_kwargs = settings
+    unused = [k for k in model_kwargs if k not in LOOP_ARGUMENTS]
+    if unused:
+        return f"generate() was given {', '.join(sorted(unused))}, which only generate() itself carries out"
+    changed = _changed_settings(model, config)
+    if changed:
+        return f"the generation settings ask for {', '.join(changed)}, which only generate() itself carries out"
+    if (config.num_return_sequences or 1) != 1:
+        return f"num_return_sequences={config.num_return_sequences} decodes several sequences per prompt"
+    if generated_length(model, config, kwargs, prompt=prompt.shape[1]) <= prompt.shape[1]:
+        return "no new token is asked for"
+    return ""
+
+
+@functools.cache
+def _takes_a_decoding_method(model_class: type) -> bool:
+    """Whether the installed transformers runs a decoding method passed to ``generate()`` as ``custom_generate``
+    after preparing the call, and prefills and prepares a step's inputs the way the loop follows."""
+    return (
+        hasattr(model_class, "_prefill")
+        and hasattr(model_class, "_sample")
+        and "custom_generate" in inspect.signature(model_class.generate).parameters
+        and "next_sequence_length" in inspect.signature(model_class.prepare_inputs_for_generation).parameters
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A ``generate()`` call as transformers hands it to its decoding method once prepared: the prompt (expanded),
+    its logits processors and stopping criteria, the resolved generation config, and the model's keyword arguments
+    (attention mask, position ids, cache, ``logits_to_keep``, ``use_cache``)."""
+
+    input_ids: torch.Tensor
+    logits_processor: Any
+    stopping_criteria: Any
+    generation_config: Any
+    model_kwargs: Mapping[str, Any]
+
+    @property
+    def new_tokens(self) -> int:
+        return int(self.generation_config.max_length) - self.input_ids.shape[1]
+
+
+def decoding_method(decode: Callable[[Prepared], torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """A decoding method for ``generate(custom_generate=...)``: ``decode`` gets the prepared call. Its parameters are
+    ``_sample``'s (``generate()`` reads them: any other name it would take out of the call's arguments)."""
+
+    def method(
+        model: torch.nn.Module,
+        input_ids: torch.Tensor,
+        logits_processor: Any = None,
+        stopping_criteria: Any = None,
+        generation_config: Any = None,
+        **model_kwargs: Any,
+    ) -> torch.Tensor:
+        return decode(Prepared(input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs))
+
+    return method
+
+
+def unfollowed(prepared: Prepared) -> str:
+    """Why the loop cannot decode the call ``generate()`` prepared exactly; empty where it can: logits processors
+    that read more than the scores, stopping criteria other than the length and the end tokens."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+    warpers = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+    others = [type(p).__name__ for p in prepared.logits_processor or () if type(p) not in warpers]
+    if others:
+        return f"generate() prepared logits processors the loop does not carry out ({', '.join(others)})"
+    criteria = (MaxLengthCriteria, EosTokenCriteria)
+    others = [type(c).__name__ for c in prepared.stopping_criteria or () if type(c) not in criteria]
+    if others:
+        return f"generate() prepared stopping criteria the loop does not carry out ({', '.join(others)})"
+    if prepared.new_tokens < 1:
+        return "no new token is asked for"
+    return ""
+
+
+def own_loop(model: torch.nn.Module, prepared: Prepared, *, streamer: Any = None) -> torch.Tensor:
+    """``generate()``'s own loop (``_sample``) on the prepared call, as ``generate()`` would have run it."""
+    return type(model)._sample(
+        model,
+        prepared.input_ids,
+        logits_processor=prepared.logits_processor,
+        stopping_criteria=prepared.stopping_criteria,
+        generation_config=prepared.generation_config,
+        streamer=streamer,
+        **prepared.model_kwargs,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,61 +307,69 @@ class LoopResult:
         return not self.mismatch
 
 
-def run_loop(model: torch.nn.Module, request: LoopRequest, *, cache: Any, keyword: str) -> LoopResult:
-    """Decodes ``request`` on ``cache`` (empty, static), calling ``model`` once per step -- with its forward routed
-    through the decode graphs by the caller; see the module docstring."""
-    prompt, batch = request.prompt, request.prompt.shape[0]
-    kwargs: dict[str, Any] = {keyword: cache, "attention_mask": request.attention_mask, "use_cache": True}
-    sequence = prompt
-    tokens = torch.empty(batch, request.new_tokens, dtype=torch.long, device=prompt.device)
-    ended = torch.zeros(request.new_tokens, dtype=torch.bool, device=prompt.device)
+def run_loop(model: torch.nn.Module, prepared: Prepared, *, streamer: Any = None) -> LoopResult:
+    """Decodes the prepared call on its cache (empty, static), calling ``model`` once per step -- with its forward
+    routed through the decode graphs by the caller; see the module docstring."""
+    prompt, config = prepared.input_ids, prepared.generation_config
+    batch, start, new_tokens = prompt.shape[0], prompt.shape[1], prepared.new_tokens
+    model_kwargs = dict(prepared.model_kwargs)  # advanced here: the prepared call stays as generate() made it
+    eos = next((c.eos_token_id for c in prepared.stopping_criteria or () if hasattr(c, "eos_token_id")), None)
+    pad = config._pad_token_tensor
+    do_sample = bool(config.do_sample)
+    tokens = torch.empty(batch, new_tokens, dtype=torch.long, device=prompt.device)
+    ended = torch.zeros(new_tokens, dtype=torch.bool, device=prompt.device)
     unfinished = torch.ones(batch, dtype=torch.long, device=prompt.device)
-    generator = _generator(prompt.device) if request.do_sample and request.eos is not None else None
+    generator = device_generator(prompt.device) if do_sample and eos is not None else None
     states: list[torch.Tensor] = []
-    takes_first = "is_first_iteration" in inspect.signature(model.prepare_inputs_for_generation).parameters
-    prepare = functools.partial(_prepare, model, takes_first=takes_first)
-    inputs = prepare(prompt, next_sequence_length=prompt.shape[1], is_first_iteration=True, **kwargs)
+    update = functools.partial(model._update_model_kwargs_for_generation, is_encoder_decoder=False)
+    sequence = prompt
+    inputs: dict[str, Any] = {}
     advanced, mismatch = True, ""
-    kept, handed, streamer = request.new_tokens, 0, request.streamer
-    if streamer is not None:
-        streamer.put(prompt.cpu())  # as generate() hands it over first
-    for step in range(request.new_tokens):
-        if step == 1 or (step > 1 and not advanced):
-            inputs = prepare(sequence, next_sequence_length=1, **kwargs)
-            if step == 1:
-                inputs = _owned(inputs)
-        elif step == 2:
-            actual = prepare(sequence, next_sequence_length=1, **kwargs)
-            _advance(inputs, tokens[:, step - 1], column=prompt.shape[1] + 1)
-            mismatch = _difference(inputs, actual)
-            advanced = not mismatch
-            inputs = inputs if advanced else actual
-        elif step > 2:
-            _advance(inputs, tokens[:, step - 1], column=prompt.shape[1] + step - 1)
-        if generator is not None:
-            states.append(generator.get_state())
-        output = model(**inputs, return_dict=True)
-        chosen = _choose(output.logits, request, prompt)
-        if request.eos is not None:
-            chosen = chosen * unfinished + request.pad * (1 - unfinished)
-            unfinished = unfinished & ~torch.isin(chosen, request.eos)
-            ended[step] = unfinished.max() == 0
-        tokens[:, step] = chosen
-        del output
-        if step < 2 or not advanced:  # transformers prepares these steps from the whole sequence and its mask
-            sequence = torch.cat([sequence, chosen[:, None]], dim=-1)
-            kwargs["attention_mask"] = torch.cat(
-                [kwargs["attention_mask"], kwargs["attention_mask"].new_ones(batch, 1)], -1
-            )
-        boundary = step == 0 or (step + 1) % CHECK_EVERY == 0 or step + 1 == request.new_tokens
-        if boundary and (request.eos is not None or streamer is not None):  # the host waits here, and only here
-            done = request.eos is not None and bool(ended[: step + 1].any())
-            if done:
-                kept = int(ended.nonzero()[0]) + 1
-            if streamer is not None:
-                handed = _hand_over(streamer, tokens, start=handed, stop=min(step + 1, kept))
-            if done:
-                break
+    kept, handed = new_tokens, 0
+    if generator is not None:
+        states.append(generator.get_state())
+    first = not getattr(config, "is_assistant", False)
+    output = model._prefill(prompt, config, model_kwargs, is_first_iteration=first)
+    optimized = getattr(model, "_optimize_model_for_decode", contextlib.nullcontext)
+    with optimized():  # as generate()'s own loop runs the steps after the prefill
+        for step in range(new_tokens):
+            if step > 0:
+                if generator is not None:
+                    states.append(generator.get_state())
+                if step == 1 or not advanced:
+                    inputs = model.prepare_inputs_for_generation(sequence, next_sequence_length=1, **model_kwargs)
+                    if step == 1:
+                        inputs = _owned(inputs)
+                elif step == 2:
+                    actual = model.prepare_inputs_for_generation(sequence, next_sequence_length=1, **model_kwargs)
+                    _advance(inputs, tokens[:, step - 1], column=start + 1)
+                    mismatch = _difference(inputs, actual)
+                    advanced = not mismatch
+                    inputs = inputs if advanced else dict(actual)
+                else:
+                    _advance(inputs, tokens[:, step - 1], column=start + step - 1)
+                output = model(**inputs, return_dict=True)
+            if step < 2 or not advanced:  # transformers prepares these steps from the arguments it advanced
+                model_kwargs = update(output, model_kwargs)
+            scores = output.logits[:, -1].to(copy=True, dtype=torch.float32, device=prompt.device)
+            del output
+            chosen = _choose(scores, prepared.logits_processor, sequence, do_sample=do_sample)
+            if eos is not None:
+                chosen = chosen * unfinished + pad * (1 - unfinished)
+                unfinished = unfinished & ~torch.isin(chosen, eos)
+                ended[step] = unfinished.max() == 0
+            tokens[:, step] = chosen
+            if step < 2 or not advanced:
+                sequence = torch.cat([sequence, chosen[:, None]], dim=-1)
+            boundary = step == 0 or (step + 1) % CHECK_EVERY == 0 or step + 1 == new_tokens
+            if boundary and (eos is not None or streamer is not None):  # the host waits here, and only here
+                done = eos is not None and bool(ended[: step + 1].any())
+                if done:
+                    kept = int(ended.nonzero()[0]) + 1
+                if streamer is not None:
+                    handed = _hand_over(streamer, tokens, start=handed, stop=min(step + 1, kept))
+                if done:
+                    break
     if generator is not None and kept < len(states):
         generator.set_state(states[kept])  # where it stood after the last kept step's draw
     if streamer is not None:
@@ -341,12 +377,15 @@ def run_loop(model: torch.nn.Module, request: LoopRequest, *, cache: Any, keywor
     return LoopResult(torch.cat([prompt, tokens[:, :kept]], dim=-1), mismatch)
 
 
-def _prepare(model: torch.nn.Module, sequence: torch.Tensor, *, takes_first: bool, **kwargs: Any) -> dict[str, Any]:
-    """transformers' inputs for a step, as ``generate()`` asks for them (``is_first_iteration`` only where the
-    installed version takes it, ``takes_first``: anything else it does not name would reach the forward)."""
-    if not takes_first:
-        kwargs.pop("is_first_iteration", None)
-    return dict(model.prepare_inputs_for_generation(sequence, **kwargs))
+def _choose(scores: torch.Tensor, processors: Any, sequence: torch.Tensor, *, do_sample: bool) -> torch.Tensor:
+    """The next token per sequence, as ``generate()`` chooses it: its prepared warpers (they read the scores only),
+    then ``multinomial`` or ``argmax``."""
+    if processors:
+        scores = processors(sequence, scores)
+    if do_sample:
+        probabilities = torch.nn.functional.softmax(scores, dim=-1)
+        return torch.multinomial(probabilities, num_samples=1).squeeze(1)
+    return torch.argmax(scores, dim=-1)
 
 
 def _hand_over(streamer: Any, tokens: torch.Tensor, *, start: int, stop: int) -> int:
@@ -359,22 +398,11 @@ def _hand_over(streamer: Any, tokens: torch.Tensor, *, start: int, stop: int) ->
     return max(start, stop)
 
 
-def _generator(device: torch.device) -> torch.Generator:
+def device_generator(device: torch.device) -> torch.Generator:
     """The default random-number generator ``torch.multinomial`` draws from on ``device``."""
     if device.type == "cuda":
         return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
     return torch.default_generator
-
-
-def _choose(logits: torch.Tensor, request: LoopRequest, prompt: torch.Tensor) -> torch.Tensor:
-    """The next token per sequence, as ``generate()`` chooses it (its warpers read the scores only)."""
-    scores = logits[:, -1].to(copy=True, dtype=torch.float32)
-    for warp in request.warpers:
-        scores = warp(prompt, scores)
-    if request.do_sample:
-        probabilities = torch.nn.functional.softmax(scores, dim=-1)
-        return torch.multinomial(probabilities, num_samples=1).squeeze(1)
-    return torch.argmax(scores, dim=-1)
 
 
 def _owned(inputs: Mapping[str, Any]) -> dict[str, Any]:

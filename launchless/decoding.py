@@ -35,11 +35,14 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import enum
 import functools
 import inspect
 import itertools
 import logging
+import os
 import threading
+import traceback
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -53,7 +56,18 @@ from .core.signature import FlatInputs, Signature, UnhashableInput, flatten_inpu
 from .core.snapshot import Snapshot
 from .core.status import Admission, Stage, VerifyStatus
 from .core.verify import VerifyReport, verify_step
-from .decode_loop import GenerationSettings, LoopRequest, generated_length, loop_request, run_loop, settings_of
+from .decode_loop import (
+    GenerationSettings,
+    Prepared,
+    decoding_method,
+    device_generator,
+    generated_length,
+    loop_refusal,
+    own_loop,
+    run_loop,
+    settings_of,
+    unfollowed,
+)
 from .errors import CaptureError
 
 log = logging.getLogger("launchless")
@@ -162,6 +176,139 @@ class _Output:
     cache_fields: tuple[str, ...] = ()
 
 
+class LoopProof(enum.Enum):
+    """Where a class of calls stands with the host-ahead loop (``DecodeGraphs._prove``)."""
+
+    PROVEN = "proven"  # its first call decoded alike both ways: the host-ahead loop decodes it
+    PARTED = "parted"  # the loop parted from generate()'s own loop: that own loop decodes it, on the graphs
+    FELL_BACK = "fell back"  # decoding through graphs raised where generate() does not: generate() as called
+
+
+@dataclasses.dataclass(frozen=True)
+class CallClass:
+    """What makes one ``generate()`` call decode like another: the model's class, dtype and attention, the batch,
+    whether a prompt is left-padded, how tokens are chosen, the end and pad tokens."""
+
+    model: str
+    dtype: str
+    device: str
+    attention: str
+    batch: int
+    left_padded: bool
+    choice: tuple[tuple[str, Any], ...]  # ("greedy",) or the sampling settings
+    eos: tuple[int, ...]
+    pad: int | None
+
+    def describe(self) -> str:
+        choice = ", ".join(f"{k} {v}" for k, v in self.choice) if self.choice[0][0] != "greedy" else "greedy"
+        tokens = f"end tokens {list(self.eos)}" if self.eos else "no end token"
+        return (
+            f"{self.model}, {self.dtype}, batch {self.batch}{', left-padded' if self.left_padded else ''}, {choice}, "
+            f"{tokens}, pad {self.pad}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "choice": dict(self.choice)}
+
+
+def call_class(
+    model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any], settings: GenerationSettings | Exception
+) -> CallClass:
+    """The call's class. Whether a prompt is padded is read on the host once, as ``generate()`` reads it."""
+    config = _resolved_config(model, kwargs, settings)
+    parameter = next(model.parameters())
+    eos = getattr(config, "eos_token_id", None)
+    eos_ids = () if eos is None else tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
+    pad = getattr(config, "pad_token_id", None)
+    pad = None if pad is None else int(pad)
+    prompt = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs"))
+    mask = kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor):
+        padded = not bool(mask.all())
+    elif isinstance(prompt, torch.Tensor) and pad is not None and pad not in eos_ids:
+        padded = bool((prompt == pad).any())  # generate() infers the mask from the pad token
+    else:
+        padded = False
+    if getattr(config, "do_sample", False):
+        choice = tuple((name, getattr(config, name, None)) for name in ("do_sample", "temperature", "top_k", "top_p"))
+    else:
+        choice = (("greedy", True),)
+    return CallClass(
+        model=type(model).__name__,
+        dtype=str(parameter.dtype).removeprefix("torch."),
+        device=parameter.device.type,
+        attention=str(getattr(model.config, "_attn_implementation", None)),
+        batch=(_prompt(args, kwargs) or (0, 0))[0],
+        left_padded=padded,
+        choice=choice,
+        eos=eos_ids,
+        pad=pad,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassRecord:
+    proof: LoopProof
+    reason: str  # why it parted or fell back; empty where proven
+
+
+class _WatchedStreamer:
+    """A caller's streamer, and whether anything reached it: a call that handed a token on cannot start over."""
+
+    def __init__(self, streamer: Any) -> None:
+        self.streamer, self.received = streamer, False
+
+    def put(self, value: torch.Tensor) -> None:
+        self.received = True
+        self.streamer.put(value)
+
+    def end(self) -> None:
+        self.streamer.end()
+
+
+def _parting(expected: torch.Tensor, got: torch.Tensor, *, start: int) -> str:
+    """Where the host-ahead loop's sequences part from ``generate()``'s own (``start``: the prompt's length);
+    empty where they are the same. Read on the host: once per class."""
+    if got.shape != expected.shape:
+        return f"it decoded {got.shape[1] - start} new tokens, generate() {expected.shape[1] - start}"
+    differ = (got != expected).cpu()
+    rows = [int(r) for r in differ.any(dim=1).nonzero().flatten()]
+    if not rows:
+        return ""
+    steps = [int(differ[r].nonzero()[0]) - start + 1 for r in rows]
+    where = ", ".join(f"row {r} at new token {s}" for r, s in zip(rows, steps, strict=True))
+    return f"{where} (of {expected.shape[1] - start})"
+
+
+def _raised(exc: BaseException) -> str:
+    """An exception and the source line that raised it, for a log line."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = ""
+    if frames:
+        frame = frames[-1]
+        where = f" at {os.path.basename(frame.filename)}:{frame.lineno}" + (f" ({frame.line})" if frame.line else "")
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def unfollowed_layers(model: torch.nn.Module, cache: Any) -> str:
+    """Why a decode graph cannot follow the layers of a static cache; empty where it can. A layer whose update is
+    not the plain static layer's keeps state a graph does not replay -- a sliding-window layer counts its length in
+    Python, on the host. transformers without cache layers keeps plain tensors: nothing to say."""
+    try:
+        from transformers.cache_utils import StaticLayer
+    except ImportError:
+        return ""
+    kinds = sorted(
+        {type(layer).__name__ for layer in getattr(cache, "layers", ()) if type(layer).update is not StaticLayer.update}
+    )
+    if not kinds:
+        return ""
+    return (
+        f"{type(model).__name__}'s static cache has {', '.join(kinds)} layers, whose update a decode graph cannot "
+        "replay (a sliding-window layer counts its length on the host)"
+    )
+
+
 class DecodeGraphs:
     """The decode graphs of one wrapped model (see the module docstring)."""
 
@@ -199,6 +346,11 @@ class DecodeGraphs:
         self.eager_generations: collections.Counter[str] = collections.Counter()
         self.loop_generations = self.loop_exact_inputs = 0  # generations the host-ahead loop decoded
         self.through_generate: collections.Counter[str] = collections.Counter()  # why others went through generate()
+        self.proofs = 0  # first calls of a class, decoded both ways
+        self._classes: dict[CallClass, ClassRecord] = {}  # where each class of calls stands with the loop
+        self._forwards = [0]  # forwards of the routed model in this decoding: the first is the prompt's
+        # the model's own static cache, whether a graph can follow its layers: (its config, why not) per model class
+        self._layers: dict[type, tuple[Any, str]] = {}
 
     # ---- generate() ------------------------------------------------------------------------------
     def generate(self, model: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -207,6 +359,36 @@ class DecodeGraphs:
         why = self._refusal(model, args, kwargs, settings=settings)
         if why is not None:
             return self._eager_generation(model, why, args, kwargs)
+        kind = call_class(model, args, kwargs, settings)
+        record = self._classes.get(kind)
+        if record is not None and record.proof is LoopProof.FELL_BACK:
+            self.eager_generations[record.reason] += 1  # said once, when the class fell back
+            return model.generate(*args, **kwargs)
+        generator = device_generator(next(model.parameters()).device)
+        before = generator.get_state()
+        streamer = _WatchedStreamer(kwargs["streamer"]) if kwargs.get("streamer") is not None else None
+        try:
+            return self._graphed_generation(model, args, kwargs, settings=settings, kind=kind, streamer=streamer)
+        except Exception as exc:
+            if self.explicit or (streamer is not None and streamer.received):
+                raise  # a token already reached the caller, or graphs were asked for: the error is theirs to see
+            generator.set_state(before)
+            result = model.generate(*args, **kwargs)  # what raises here is the model's own error, raised as is
+            self._fell_back(kind, exc)
+            return result
+
+    def _graphed_generation(
+        self,
+        model: torch.nn.Module,
+        args: tuple,
+        kwargs: dict[str, Any],
+        *,
+        settings: GenerationSettings | Exception,
+        kind: CallClass,
+        streamer: _WatchedStreamer | None,
+    ) -> Any:
+        """The call decoded through the decode graphs: in the host-ahead loop (``launchless.decode_loop``) inside
+        ``generate()`` where the loop takes it, else in ``generate()``'s own loop."""
         keyword = cache_keyword(model)
         with self._lock:
             self.generate_calls += 1
@@ -215,22 +397,88 @@ class DecodeGraphs:
             loop = self._loop_request(model, args, kwargs, given=not own, settings=settings)
             if own:
                 cache = self._own_cache(model, args, kwargs, settings=settings)
+            call_kwargs = {k: v for k, v in kwargs.items() if k not in CACHE_KEYWORDS} | {keyword: cache}
+            if hasattr(model.generation_config, "disable_compile"):
+                call_kwargs["disable_compile"] = True  # transformers would compile a static-cache forward
+            # the cache is passed: transformers refuses a cache_implementation with it, and fills one a caller's
+            # own generation_config leaves unset from the model's, so it is cleared wherever it was set
+            configs = (kwargs.get("generation_config"), model.generation_config)
+            asked = [kwargs.get("cache_implementation")] + [getattr(c, "cache_implementation", None) for c in configs]
+            if any(a is not None for a in asked):
+                call_kwargs["cache_implementation"] = None
+            if streamer is not None:
+                call_kwargs["streamer"] = streamer
+            if loop:
+                decode = functools.partial(self._decode, model, kind, cache, streamer)
+                call_kwargs["custom_generate"] = decoding_method(decode)
             with self._routed(model, cache, keyword):
-                if isinstance(loop, LoopRequest):
-                    return self._loop(model, loop, cache, keyword)
-                call_kwargs = {k: v for k, v in kwargs.items() if k not in CACHE_KEYWORDS} | {keyword: cache}
-                if hasattr(model.generation_config, "disable_compile"):
-                    call_kwargs["disable_compile"] = True  # transformers would compile a static-cache forward
-                # the cache is passed: transformers refuses a cache_implementation with it, and fills one a caller's
-                # own generation_config leaves unset from the model's, so it is cleared wherever it was set
-                configs = (kwargs.get("generation_config"), model.generation_config)
-                asked = [kwargs.get("cache_implementation")] + [
-                    getattr(c, "cache_implementation", None) for c in configs
-                ]
-                if any(a is not None for a in asked):
-                    call_kwargs["cache_implementation"] = None
                 result = model.generate(*args, **call_kwargs)
             return self._handed_out(result, cache) if own else result
+
+    def _decode(
+        self, model: torch.nn.Module, kind: CallClass, cache: Any, streamer: Any, prepared: Prepared
+    ) -> torch.Tensor:
+        """The decoding method ``generate()`` runs once it has prepared the call: the host-ahead loop for a class of
+        calls proven to decode in it as ``generate()``'s own loop does, that own loop for a class that parted, and
+        both -- the proof -- at the first call of a class."""
+        why = unfollowed(prepared)
+        if why:
+            self._note_through_generate(why)
+            return own_loop(model, prepared, streamer=streamer)
+        record = self._classes.get(kind)
+        if record is None:
+            return self._prove(model, kind, cache, streamer, prepared)
+        if record.proof is LoopProof.PARTED:
+            self.through_generate[record.reason] += 1
+            return own_loop(model, prepared, streamer=streamer)
+        return self._loop(model, prepared, streamer).sequences
+
+    def _prove(
+        self, model: torch.nn.Module, kind: CallClass, cache: Any, streamer: Any, prepared: Prepared
+    ) -> torch.Tensor:
+        """The first call of a class decodes both ways on the same graphs: ``generate()``'s own loop (the caller's
+        result, its streamer, where it leaves the random-number generator), then the host-ahead loop from the same
+        generator state on the emptied cache. Tokens and generator state alike: the class is proven and later calls
+        run the loop; else one WARNING says where they parted and the class keeps to ``generate()``'s own loop."""
+        generator = device_generator(prepared.input_ids.device)
+        before = generator.get_state()
+        expected = own_loop(model, prepared, streamer=streamer)
+        after = generator.get_state()
+        cache.reset()  # in place: the graphs read the same tensors
+        generator.set_state(before)
+        self._prefill_next()
+        try:
+            result = self._loop(model, prepared, None, proof=True)
+            parted = _parting(expected, result.sequences, start=prepared.input_ids.shape[1])
+            if not parted and not torch.equal(generator.get_state(), after):
+                parted = "the tokens agree, the random-number generator is left elsewhere"
+        except Exception as exc:  # the loop's own failure: generate()'s own loop decodes this class
+            parted = f"the loop raised {_raised(exc)}"
+        finally:
+            generator.set_state(after)
+        self.proofs += 1
+        if not parted:
+            self._classes[kind] = ClassRecord(LoopProof.PROVEN, "")
+            return expected
+        reason = f"the host-ahead loop parted from generate()'s own loop for {kind.describe()}: {parted}"
+        self._classes[kind] = ClassRecord(LoopProof.PARTED, reason)
+        self.through_generate[reason] += 1
+        log.warning(
+            f"launchless: {self.name}.generate(): {reason}; calls like it decode through generate()'s own loop, "
+            "which waits for the GPU at every token (its steps still replay graphs)"
+        )
+        return expected
+
+    def _fell_back(self, kind: CallClass, exc: Exception) -> None:
+        """A class whose decoding through graphs raised where ``generate()`` itself does not: it goes through
+        ``generate()`` as called from now on, with one WARNING naming the exception and where it was raised."""
+        reason = f"decoding through graphs raised {_raised(exc)}"
+        self._classes[kind] = ClassRecord(LoopProof.FELL_BACK, reason)
+        self.eager_generations[reason] += 1
+        log.warning(
+            f"launchless: {self.name}.generate() decodes through transformers' generate() as called, without "
+            f"graphs, for {kind.describe()}: {reason}. Calls like it do so from now on"
+        )
 
     def _handed_out(self, result: Any, cache: Any) -> Any:
         """generate()'s output with a copy of this call's static cache where it carries the cache itself
@@ -259,7 +507,7 @@ class DecodeGraphs:
         hooks stay the way in) runs a decode step through the graphs. An instance's own forward is put back after."""
         own = model.__dict__.get("forward")
         forward = own or type(model).forward.__get__(model)
-        calls = [0]
+        calls = self._forwards = [0]  # the first forward is the prefill (``_prefill_next`` starts over)
 
         @functools.wraps(forward)  # generate() reads the forward's parameters
         def step(*step_args: Any, **step_kwargs: Any) -> Any:
@@ -275,6 +523,10 @@ class DecodeGraphs:
             else:
                 model.forward = own
 
+    def _prefill_next(self) -> None:
+        """The next forward of the routed model is a prompt's (a second decoding of the same call): it runs eager."""
+        self._forwards[0] = 0
+
     def _loop_request(
         self,
         model: torch.nn.Module,
@@ -283,18 +535,21 @@ class DecodeGraphs:
         *,
         given: bool,
         settings: GenerationSettings | Exception,
-    ) -> LoopRequest | None:
-        """The call as the host-ahead loop decodes it (``launchless.decode_loop``); None, with one line per reason,
-        where ``generate()`` decodes it instead."""
+    ) -> bool:
+        """Whether the host-ahead loop (``launchless.decode_loop``) may decode the call; where not, one line per
+        reason says why ``generate()``'s own loop decodes it."""
         if args:
             why = "generate() was given positional arguments"
         elif given:
             why = "a cache was passed in: generate() decodes on it as given"
         else:
-            request = loop_request(model, kwargs, settings=settings)
-            if isinstance(request, LoopRequest):
-                return request
-            why = request
+            why = loop_refusal(model, kwargs, settings=settings)
+            if not why:
+                return True
+        self._note_through_generate(why)
+        return False
+
+    def _note_through_generate(self, why: str) -> None:
         self.through_generate[why] += 1
         self.graphs.log_once(
             f"loop:{why}",
@@ -302,13 +557,12 @@ class DecodeGraphs:
             f"launchless: {self.name}.generate() decodes through transformers' own loop, which waits for the GPU at "
             f"every token (its steps still replay graphs): {why}. Shown once.",
         )
-        return None
 
-    def _loop(self, model: torch.nn.Module, request: LoopRequest, cache: Any, keyword: str) -> torch.Tensor:
-        """The host-ahead loop's generation, the model's forward routed (``_routed``)."""
-        with torch.no_grad():
-            result = run_loop(model, request, cache=cache, keyword=keyword)
-        self.loop_generations += 1
+    def _loop(self, model: torch.nn.Module, prepared: Prepared, streamer: Any, *, proof: bool = False) -> Any:
+        """The host-ahead loop's decoding of the prepared call, the model's forward routed (``_routed``)."""
+        result = run_loop(model, prepared, streamer=streamer)
+        if not proof:
+            self.loop_generations += 1
         if not result.advanced:
             self.loop_exact_inputs += 1
             self.graphs.log_once(
@@ -317,7 +571,7 @@ class DecodeGraphs:
                 f"launchless: {self.name}.generate(): the decode loop's own inputs for a step differ from "
                 f"transformers' ({result.mismatch}); every step takes transformers' inputs, waiting for the GPU",
             )
-        return result.sequences
+        return result
 
     def _refusal(
         self,
@@ -331,7 +585,19 @@ class DecodeGraphs:
             return "the model is in training mode; call .eval() to decode through graphs"
         if _prompt(args, kwargs) is None:
             return "generate() was called without input_ids or inputs_embeds"
-        return static_cache_refusal(model, kwargs, config=_resolved_config(model, kwargs, settings))
+        why = static_cache_refusal(model, kwargs, config=_resolved_config(model, kwargs, settings))
+        if why is not None:
+            return why
+        given = given_cache(kwargs)
+        return (unfollowed_layers(model, given) if given is not None else self._layers_refusal(model)) or None
+
+    def _layers_refusal(self, model: torch.nn.Module) -> str:
+        """``unfollowed_layers`` for the static cache this model gets, read once per model class and config (a cache
+        made for it allocates nothing before its first step; older transformers allocate one small one)."""
+        held = self._layers.get(type(model))
+        if held is None or held[0] is not model.config:
+            held = self._layers[type(model)] = (model.config, unfollowed_layers(model, _probe_cache(model)))
+        return held[1]
 
     def _eager_generation(self, model: torch.nn.Module, why: str, args: tuple, kwargs: dict[str, Any]) -> Any:
         if self.explicit:
@@ -542,6 +808,11 @@ class DecodeGraphs:
             "loop_generations": self.loop_generations,
             "loop_exact_inputs": self.loop_exact_inputs,
             "through_generate": dict(self.through_generate),
+            "proofs": self.proofs,
+            "classes": [
+                {**kind.as_dict(), "proof": record.proof.value, "reason": record.reason}
+                for kind, record in self._classes.items()
+            ],
             "static_caches": [
                 {
                     "batch": batch,
@@ -619,6 +890,11 @@ def new_static_cache(model: torch.nn.Module, *, batch: int, length: int) -> Any:
     return static_cache(
         config=model.config, max_cache_len=length, **{k: v for k, v in offered.items() if k in accepted}
     )
+
+
+def _probe_cache(model: torch.nn.Module) -> Any:
+    """A static cache as the model gets one, to read its layers' kinds."""
+    return new_static_cache(model, batch=1, length=MIN_CACHE_LENGTH)
 
 
 def _without_cache(output: Any, cache: Any, into: _Output) -> Any:

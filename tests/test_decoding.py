@@ -131,10 +131,12 @@ def test_decode_steps_replay_one_verified_graph_and_give_eager_static_tokens(mon
     assert torch.equal(first, reference) and torch.equal(second, reference)
     assert "forward" not in model.__dict__  # the model's own forward is back
     info = graphs.info()
-    assert info["loop_generations"] == 2 and info["loop_exact_inputs"] == 0, info  # the host-ahead loop
+    # the first call proves the host-ahead loop against generate()'s own (both decode it); the second runs the loop
+    assert info["proofs"] == 1 and info["loop_generations"] == 1 and info["loop_exact_inputs"] == 0, info
+    assert [c["proof"] for c in info["classes"]] == ["proven"], info["classes"]
     assert len(captures) == 1 and len(info["graphs"]) == 1, info
     steps = NEW_TOKENS - 1  # the first new token comes from the prompt's forward
-    assert info["prefills"] == 2 and info["steps_replayed"] == 2 * steps - 1, info  # the first step waited
+    assert info["prefills"] == 3 and info["steps_replayed"] == 3 * steps - 1, info  # the first step waited
     assert info["steps_eager"] == {"captured once seen 2 times": 1}, info
     verification = info["graphs"][0]["verification"]
     assert verification["status"] == "bit-identical" and verification["probes_differ"], verification
@@ -387,7 +389,7 @@ def test_the_host_reads_the_device_as_often_for_fifty_tokens_as_for_twenty(monke
             counts.append(reads["n"])
     monkeypatch.undo()
     assert counts[0] == counts[1], counts
-    assert loop_info(graphs)[0] == 3
+    assert loop_info(graphs)[0] == 2  # the first call was the proof
 
 
 def test_end_of_sequence_tokens_pad_and_stop_the_loop_as_they_stop_generate(monkeypatch) -> None:
@@ -401,7 +403,7 @@ def test_end_of_sequence_tokens_pad_and_stop_the_loop_as_they_stop_generate(monk
     assert reference.shape[1] < prompt + 40  # generate() stopped early: the loop ran past the end and dropped it
     graphs = decode_graphs(model)
     with torch.no_grad():
-        for _ in range(2):
+        for _ in range(3):  # the proof, then the loop twice
             assert torch.equal(graphs.generate(model, (), dict(request, eos_token_id=eos)), reference)
     assert loop_info(graphs) == (2, {})
 
@@ -422,9 +424,10 @@ def test_sampling_in_the_loop_draws_what_generate_draws_and_leaves_the_generator
     assert reference.shape[1] < request["input_ids"].shape[1] + 40  # ended early: the loop drew past the end
     graphs = decode_graphs(model)
     with torch.no_grad():
-        torch.manual_seed(3)
-        assert torch.equal(graphs.generate(model, (), dict(request, do_sample=True)), reference)
-    assert torch.equal(torch.get_rng_state(), after)
+        for _ in range(2):  # the proof, then the loop
+            torch.manual_seed(3)
+            assert torch.equal(graphs.generate(model, (), dict(request, do_sample=True)), reference)
+            assert torch.equal(torch.get_rng_state(), after)
     assert loop_info(graphs) == (1, {})
 
 
@@ -435,10 +438,11 @@ def test_a_streamer_gets_from_the_loop_what_generate_hands_it(monkeypatch) -> No
     expected = RecordingStreamer()
     eager_static(model, request, streamer=expected)
     graphs = decode_graphs(model)
-    got = RecordingStreamer()
-    with torch.no_grad():
-        graphs.generate(model, (), dict(request, streamer=got))
-    assert got.puts == expected.puts and got.ended and len(got.puts) == 41
+    for _ in range(2):  # the proof (generate()'s own loop streams), then the loop
+        got = RecordingStreamer()
+        with torch.no_grad():
+            graphs.generate(model, (), dict(request, streamer=got))
+        assert got.puts == expected.puts and got.ended and len(got.puts) == 41
     assert loop_info(graphs) == (1, {})
 
 
@@ -451,7 +455,8 @@ def test_left_padded_prompts_decode_in_the_loop_as_in_generate(monkeypatch) -> N
     reference = eager_static(model, request)
     graphs = decode_graphs(model)
     with torch.no_grad():
-        assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+        for _ in range(2):
+            assert torch.equal(graphs.generate(model, (), dict(request)), reference)
     assert loop_info(graphs) == (1, {}) and graphs.info()["loop_exact_inputs"] == 0
 
 
@@ -468,9 +473,9 @@ def test_inputs_the_loop_would_advance_wrongly_are_taken_from_transformers_with_
     reference = eager_static(model, request)
     graphs = decode_graphs(model)
     with torch.no_grad(), caplog.at_level(logging.INFO, logger="launchless"):
-        for _ in range(2):
+        for _ in range(2):  # the proof's loop and the loop: each takes transformers' inputs
             assert torch.equal(graphs.generate(model, (), dict(request)), reference)
-    assert graphs.info()["loop_exact_inputs"] == 2
+    assert graphs.info()["loop_exact_inputs"] == 2 and graphs.info()["classes"][0]["proof"] == "proven"
     lines = [r.getMessage() for r in caplog.records if "differ from transformers'" in r.getMessage()]
     assert len(lines) == 1 and "its 'attention_mask' differs" in lines[0], lines
 
@@ -538,7 +543,7 @@ def test_a_prompt_made_under_one_grad_mode_decodes_in_the_loop_under_the_other(
         request = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in request.items()}
     graphs = decode_graphs(model)
     with modes[decoded_under]():
-        for _ in range(2):
+        for _ in range(3):
             assert torch.equal(graphs.generate(model, (), dict(request)), reference)
     assert loop_info(graphs) == (2, {}) and graphs.info()["steps_replayed"] > 0
 
@@ -555,8 +560,9 @@ def test_a_call_without_max_new_tokens_stops_where_generate_stops(monkeypatch, l
     reference = model.generate(**request, do_sample=False)  # the default dynamic cache: tiny lengths round alike
     graphs = decode_graphs(model)
     with torch.no_grad():
-        tokens = graphs.generate(model, (), dict(request))
-    assert tokens.shape == reference.shape and torch.equal(tokens, reference)
+        for _ in range(2):
+            tokens = graphs.generate(model, (), dict(request))
+            assert tokens.shape == reference.shape and torch.equal(tokens, reference)
     assert reference.shape[1] == (12 if length else 5 + 20)
     assert graphs.info()["loop_generations"] == 1
 
@@ -575,22 +581,23 @@ def test_a_prompt_and_config_passed_by_position_or_own_config_decode_in_the_loop
         # a config of its own leaves use_cache, num_beams, ... unset (transformers 5) until generate() fills them in
         by_name = graphs.generate(model, (), dict(mask, input_ids=ids, generation_config=config))
         assert torch.equal(by_name, reference)
-        assert loop_info(graphs) == (3, {})
+        assert loop_info(graphs) == (2, {})  # the first was the proof
         with pytest.raises(TypeError, match="multiple values for argument 'inputs'"):  # as generate() itself says
             graphs.generate(model, (ids,), dict(rest, inputs=ids))
-    assert loop_info(graphs) == (3, {"generate() was given positional arguments": 1})
+    assert loop_info(graphs) == (2, {"generate() was given positional arguments": 1})
 
 
 @pytest.mark.parametrize(
-    ("tokens", "loop"),
+    "tokens",
     [
-        ({"pad_token_id": 7}, True),  # a pad token the prompt does not hold: generate() attends to every position
-        ({"pad_token_id": 7, "eos_token_id": 7}, True),  # the pad token is the end token: no mask is inferred
-        ({"pad_token_id": 3}, False),  # the prompt holds it: generate() infers the mask from it
+        {"pad_token_id": 7},  # a pad token the prompt does not hold: generate() attends to every position
+        {"pad_token_id": 7, "eos_token_id": 7},  # the pad token is the end token: no mask is inferred
+        {"pad_token_id": 3},  # the prompt holds it: generate() infers the mask from it
     ],
     ids=["pad-not-in-prompt", "pad-is-eos", "pad-in-prompt"],
 )
-def test_a_pad_token_without_a_mask_decodes_as_generate_infers_the_mask(monkeypatch, tokens: dict, loop: bool) -> None:
+def test_a_pad_token_without_a_mask_decodes_in_the_loop_on_the_mask_generate_infers(monkeypatch, tokens: dict) -> None:
+    """The loop runs inside generate(), on the mask generate() inferred (or none)."""
     monkeypatch.setattr(decoding, "capture", recorded_capture([]))
     model, request = tiny_llama()
     del request["attention_mask"]
@@ -600,14 +607,11 @@ def test_a_pad_token_without_a_mask_decodes_as_generate_infers_the_mask(monkeypa
     reference = eager_static(model, request)
     graphs = decode_graphs(model)
     with torch.no_grad():
-        assert torch.equal(graphs.generate(model, (), dict(request)), reference)
-    loops, why = loop_info(graphs)
-    if loop:
-        assert (loops, why) == (1, {})
-    else:
-        assert loops == 0 and list(why) == [
-            "the prompt holds the pad token and no attention_mask was given; pass the prompt's attention_mask"
-        ]
+        for _ in range(2):
+            assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+    assert loop_info(graphs) == (1, {})
+    (kind,) = graphs.info()["classes"]
+    assert kind["left_padded"] is (tokens == {"pad_token_id": 3}) and kind["proof"] == "proven", kind
 
 
 def test_the_cache_an_output_carries_is_the_callers_and_stays_as_it_was(monkeypatch) -> None:
