@@ -1,0 +1,254 @@
+"""A generic shrinker for transformers configs: any architecture made small without a config written for it.
+
+The differential population is every architecture the library lists, so sizes cannot be hand-picked per model.
+The shrinker walks a config's ``to_dict()`` (sub-configs such as ``text_config`` / ``vision_config`` included) and
+rewrites attributes by what their names mean: widths, heads, key/value heads, head sizes, feed-forward sizes,
+experts, vocabularies, sliding windows, rope settings and per-layer lists, keeping them consistent with each
+other (heads divide the width; a per-layer list keeps one layer of every kind; token ids stay in the vocabulary).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+HIDDEN = 128  # width of every shrunk transformer (the brief allows at most 256)
+HEADS = 4
+HEAD_DIM = HIDDEN // HEADS
+FEED_FORWARD = 256
+EXPERT_FEED_FORWARD = 64
+VOCAB = 1024
+EXPERTS = 4
+EXPERTS_PER_TOKEN = 2
+SLIDING_WINDOW = 64
+STATE = 16  # state sizes / ranks of state-space and low-rank layers
+
+_WIDTH = re.compile(
+    r"^(hidden_size|d_model|n_embd|n_embed|embed_dim|model_dim|dim|d_embed|word_embed_proj_dim|hidden_dim|"
+    r"out_hidden_size|text_hidden_size|vision_hidden_size|projector_hidden_size|projection_dim|proj_dim|"
+    r"encoder_hidden_size|decoder_hidden_size|embedding_dim|n_embd_text|attention_hidden_size)$"
+)
+_HEADS = re.compile(
+    r"^(num_attention_heads|n_head|n_heads|num_heads|encoder_attention_heads|decoder_attention_heads|"
+    r"attention_heads|num_attention_heads_text|decoder_num_attention_heads)$"
+)
+_KV_HEADS = re.compile(r"^(num_key_value_heads|n_kv_heads|num_kv_heads|multi_query_group_num|kv_heads|n_head_kv)$")
+_HEAD_DIM = re.compile(r"^(head_dim|attention_head_dim|d_kv|d_head|kv_channels|head_size|attention_head_size)$")
+_ROTARY_DIM = re.compile(r"^(rotary_dim|rotary_emb_base_dim|rope_dim)$")
+_LAYERS = re.compile(
+    r"^(num_hidden_layers|n_layer|n_layers|num_layers|encoder_layers|decoder_layers|num_encoder_layers|"
+    r"num_decoder_layers|num_text_layers|num_vision_layers|decoder_num_hidden_layers|num_blocks)$"
+)
+_FEED_FORWARD = re.compile(
+    r"^(intermediate_size|ffn_dim|encoder_ffn_dim|decoder_ffn_dim|n_inner|d_ff|ffn_hidden_size|mlp_dim|"
+    r"intermediate_dim|dim_feedforward|decoder_intermediate_size|encoder_intermediate_size|ff_dim)$"
+)
+_EXPERT_FEED_FORWARD = re.compile(
+    r"^(moe_intermediate_size|shared_expert_intermediate_size|expert_intermediate_size|moe_ffn_hidden_size|"
+    r"moe_shared_expert_intermediate_size|expert_dim)$"
+)
+_EXPERTS = re.compile(
+    r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts|num_routed_experts|n_experts|num_moe_experts)$"
+)
+_EXPERTS_PER_TOKEN = re.compile(r"^(num_experts_per_tok|moe_topk|top_k|num_experts_per_token|moe_k|experts_per_token)$")
+_ONE = re.compile(r"^(n_group|topk_group|n_shared_experts|num_shared_experts|first_k_dense_replace|moe_layer_start)$")
+_VOCAB = re.compile(r"^(vocab_size|n_vocab|text_vocab_size)$")
+_TOKEN_ID = re.compile(r".*(_token_id|_token_index|_token_ids|_id)$")
+_STATE = re.compile(r"^(mamba_dt_rank|time_step_rank|mamba_d_state|state_size|d_state|kv_lora_rank|q_lora_rank)$")
+_ROPE_DIMS = re.compile(r"^(qk_rope_head_dim|qk_nope_head_dim|v_head_dim)$")
+_PERIOD = re.compile(r".*_period$")
+_WINDOW = re.compile(r"^(sliding_window|window_size_local|local_window_size)$")
+_STAGES = ("depths", "hidden_sizes", "stage_depths", "block_depths", "embed_dims")
+
+
+@dataclass
+class _TokenIds:
+    """Token ids past the shrunk vocabulary, each moved to its own id at the top of it (equal ids stay equal)."""
+
+    moved: dict[int, int] = field(default_factory=dict)
+
+    def remap(self, value: int) -> int:
+        if value < VOCAB:
+            return value
+        if value not in self.moved:
+            self.moved[value] = VOCAB - 1 - len(self.moved)
+        return self.moved[value]
+
+
+def layer_selection(types: list[Any], count: int) -> list[int]:
+    """Indices of ``count`` layers that keep the first layer of every kind in ``types`` (in order)."""
+    chosen: list[int] = []
+    for i, kind in enumerate(types):
+        if len(chosen) < count and kind not in [types[j] for j in chosen]:
+            chosen.append(i)
+    for i in range(len(types)):
+        if len(chosen) >= count:
+            break
+        if i not in chosen:
+            chosen.append(i)
+    return sorted(chosen)
+
+
+def _layer_count(config: dict[str, Any]) -> tuple[int | None, int]:
+    """(original layer count, shrunk count): enough layers to keep one of every kind a per-layer list names."""
+    old = next((v for k, v in config.items() if _LAYERS.match(str(k)) and isinstance(v, int) and v > 0), None)
+    if old is None:
+        return None, 0
+    kinds = max((len(set(map(str, v))) for v in _per_layer_lists(config, old)), default=1)
+    return old, min(old, max(2, min(kinds, 4)))
+
+
+def _per_layer_lists(config: dict[str, Any], layers: int | None) -> list[list[Any]]:
+    """Lists with one entry per layer that repeat kinds (an index list, all values distinct, names no kinds)."""
+    return [
+        v
+        for v in config.values()
+        if isinstance(v, list) and layers and len(v) == layers and len(set(map(str, v))) < len(v)
+    ]
+
+
+def _heads(key: str, value: int, old_heads: int) -> int | None:
+    """Heads divide the width, key/value heads divide the heads (one stays one: multi-query attention)."""
+    if _HEADS.match(key):
+        return HEADS
+    if _KV_HEADS.match(key):
+        return 1 if value == 1 else (HEADS if value >= old_heads else 2)
+    if _HEAD_DIM.match(key) or _ROTARY_DIM.match(key):
+        return min(value, HEAD_DIM)
+    return None
+
+
+def _state_space(config: dict[str, Any], out: dict[str, Any]) -> None:
+    """State-space heads tile the inner width: heads x head size == expand x width."""
+    expand = next((config[k] for k in ("mamba_expand", "expand") if isinstance(config.get(k), int)), None)
+    heads_key = next((k for k in ("mamba_n_heads", "n_mamba_heads", "mamba_num_heads") if k in config), None)
+    head_key = next((k for k in ("mamba_d_head", "mamba_head_dim", "mamba_headdim") if k in config), None)
+    if expand is None:
+        return
+    if heads_key is None and "num_heads" in config and "head_dim" in config and "expand" in config:
+        heads_key, head_key = "num_heads", "head_dim"
+    width = out.get("hidden_size", HIDDEN)
+    if heads_key and head_key and isinstance(width, int):
+        out[heads_key] = HEADS
+        out[head_key] = expand * width // HEADS
+    if isinstance(config.get("mamba_d_ssm"), int) and isinstance(width, int):
+        out["mamba_d_ssm"] = expand * width
+    for key in ("mamba_n_groups", "n_groups", "mamba_ngroups"):
+        if isinstance(config.get(key), int):
+            out[key] = 1
+
+
+def _rotary_width(config: dict[str, Any]) -> int | None:
+    """The width rope turns: the rope part of a latent-attention head, else the head size."""
+    for key in ("qk_rope_head_dim", "head_dim"):
+        if isinstance(config.get(key), int):
+            return config[key]
+    width = next((v for k, v in config.items() if _WIDTH.match(str(k)) and isinstance(v, int)), None)
+    heads = next((v for k, v in config.items() if _HEADS.match(str(k)) and isinstance(v, int)), None)
+    return width // heads if width and heads else None
+
+
+def _rope(value: dict[str, Any], old: int | None, new: int | None) -> dict[str, Any]:
+    """Per-frequency rope lists and multimodal rope sections rescaled from the old rotary width to the new."""
+    value = dict(value)
+    for key in ("short_factor", "long_factor"):
+        if isinstance(value.get(key), list) and value[key] and new:
+            factors, half = value[key], new // 2
+            value[key] = [factors[i * len(factors) // half] for i in range(half)]
+    if isinstance(value.get("mrope_section"), list):
+        value["mrope_section"] = _sections(value["mrope_section"], old, new)
+    return value
+
+
+def _sections(section: list[int], old: int | None, new: int | None) -> list[int]:
+    """Sections of the rotary frequencies (time, height, width) keeping their shares of the new width."""
+    if not section or not old or not new or old == new:
+        return section
+    total = max(len(section), sum(section) * new // old)
+    scaled = [max(1, s * total // sum(section)) for s in section]
+    scaled[0] += total - sum(scaled)
+    return scaled
+
+
+def _select_layers(value: list[Any], old_layers: int | None, chosen: list[int]) -> list[Any] | None:
+    """A per-layer list cut to the chosen layers, or an index list renumbered to them; None: not a layer list."""
+    if old_layers is None or not chosen:
+        return None
+    if len(value) == old_layers:
+        return [value[i] for i in chosen]
+    return None
+
+
+def shrink_config(config: dict[str, Any], ids: _TokenIds | None = None) -> dict[str, Any]:
+    """``config`` (a config's ``to_dict()``) with every size small and every dependent size consistent."""
+    ids = ids or _TokenIds()
+    out = dict(config)
+    staged = any(isinstance(config.get(k), list) for k in _STAGES)  # hierarchical widths: keep their stage plan
+    # a backbone whose outputs name stages, or hierarchical stages: its depth plan stays as configured
+    keeps_depth = staged or bool(config.get("out_features") or config.get("out_indices"))
+    old_layers, layers = (None, 0) if keeps_depth else _layer_count(config)
+    kinds = _per_layer_lists(config, old_layers)
+    most = max(kinds, key=lambda v: len(set(map(str, v))), default=None)
+    chosen = layer_selection(most, layers) if most else list(range(layers))
+    old_heads = next((v for k, v in config.items() if _HEADS.match(str(k)) and isinstance(v, int)), HEADS)
+    for key, value in config.items():
+        if not isinstance(key, str) or key in ("id2label", "label2id"):
+            continue
+        if isinstance(value, dict):
+            if "rope" in key:
+                continue
+            if value and all(str(k).isdigit() for k in value):  # settings keyed by layer index
+                out[key] = {type(k)(chosen.index(int(k))): v for k, v in value.items() if int(k) in chosen}
+            else:
+                out[key] = shrink_config(value, ids)
+            continue
+        if isinstance(value, list):
+            if key == "mrope_section":
+                continue  # rescaled once the head sizes are known
+            if key.endswith("_config") and all(isinstance(v, dict) for v in value):
+                out[key] = [shrink_config(v, ids) for v in value]
+            elif _TOKEN_ID.match(key) and all(isinstance(v, int) for v in value):
+                out[key] = [ids.remap(v) for v in value]
+            elif (selected := _select_layers(value, old_layers, chosen)) is not None:
+                out[key] = selected
+            elif "layer" in key and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                out[key] = [chosen.index(v) for v in value if v in chosen] or [0]
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            continue
+        heads = None if staged else _heads(key, value, old_heads)
+        out[key] = heads if heads is not None else _shrink_int(key, value, staged=staged, layers=layers, ids=ids)
+    _state_space(config, out)
+    if "qk_rope_head_dim" in out and "head_dim" in out:
+        out["head_dim"] = out["qk_rope_head_dim"]  # multi-head latent attention: rope runs on the rope part
+    if isinstance(config.get("mrope_section"), list):
+        out["mrope_section"] = _sections(config["mrope_section"], _rotary_width(config), _rotary_width(out))
+    for key, value in config.items():  # rope settings read the final head sizes
+        if isinstance(value, dict) and "rope" in str(key):
+            out[key] = _rope(value, _rotary_width(config), _rotary_width(out))
+    if "qk_head_dim" in config and "qk_rope_head_dim" in out and "qk_nope_head_dim" in out:
+        out["qk_head_dim"] = out["qk_rope_head_dim"] + out["qk_nope_head_dim"]
+    return out
+
+
+def _shrink_int(key: str, value: int, *, staged: bool, layers: int, ids: _TokenIds) -> int:
+    """The shrunk value of one integer attribute, by what its name says it is."""
+    rules: list[tuple[bool, int]] = [
+        (_LAYERS.match(key) is not None, min(value, layers) if layers else value),
+        (not staged and _WIDTH.match(key) is not None, min(value, HIDDEN)),
+        (_FEED_FORWARD.match(key) is not None, min(value, FEED_FORWARD)),
+        (_EXPERT_FEED_FORWARD.match(key) is not None, min(value, EXPERT_FEED_FORWARD)),
+        (_EXPERTS.match(key) is not None, min(value, EXPERTS)),
+        (_EXPERTS_PER_TOKEN.match(key) is not None, min(value, EXPERTS_PER_TOKEN)),
+        (_ONE.match(key) is not None, min(value, 1)),
+        (key == "num_kv_shared_layers", 0),  # a shared cache needs layers of every kind after the cut
+        (_VOCAB.match(key) is not None, min(value, VOCAB)),
+        (_STATE.match(key) is not None, min(value, STATE)),
+        (_ROPE_DIMS.match(key) is not None, min(value, HEAD_DIM // 2)),
+        (_WINDOW.match(key) is not None, min(value, SLIDING_WINDOW)),
+        (_PERIOD.match(key) is not None, min(value, 2)),
+        (key.endswith("_offset") and "layer" in key, value % 2),
+        (_TOKEN_ID.match(key) is not None and value >= 0, ids.remap(value)),
+    ]
+    return next((new for applies, new in rules if applies), value)
