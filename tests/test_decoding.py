@@ -21,6 +21,16 @@ from launchless.decoding import DecodeGraphs, cache_length, new_static_cache, st
 NEW_TOKENS = 6
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Models this small decode fastest on one CPU thread: bfloat16 kernels sharing a busy machine's cores wait on
+    each other (milliseconds a matmul)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 class RecomputingGraph:
     """replay() runs the captured function again on the static inputs, into the static outputs."""
 
@@ -639,3 +649,214 @@ def _cache_tensors(cache) -> list:
     if hasattr(cache, "layers"):
         return [[layer.keys, layer.values] for layer in cache.layers]
     return [cache.key_cache, cache.value_cache]
+
+
+# ---- the proof per class of calls, models the loop must drive, caches it cannot follow, the safety net ------------
+def tiny_opt() -> tuple[torch.nn.Module, dict]:
+    config = transformers.OPTConfig(
+        vocab_size=256,
+        hidden_size=32,
+        ffn_dim=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=128,
+    )
+    torch.manual_seed(0)
+    model = transformers.OPTForCausalLM(config).eval().to(torch.bfloat16)
+    ids = torch.randint(3, 256, (2, 6), generator=torch.Generator().manual_seed(1))
+    return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": 48}
+
+
+def test_opt_decodes_in_the_loop_on_the_position_ids_generate_builds(monkeypatch) -> None:
+    """OPT reads its positions from the attention mask where none are given; the loop once gave none beside the
+    static cache's 4-D mask, and OPT's attention raised. Inside generate() it gets generate()'s position ids."""
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_opt()
+    with torch.no_grad():
+        dynamic = model.generate(**request, do_sample=False)  # the model's default call
+        static = eager_static(model, request)
+        graphs = decode_graphs(model)
+        for _ in range(2):  # the proof, then the loop
+            assert torch.equal(graphs.generate(model, (), dict(request)), static)
+    assert torch.equal(static, dynamic)
+    info = graphs.info()
+    assert info["loop_generations"] == 1 and [c["proof"] for c in info["classes"]] == ["proven"], info
+    assert info["steps_replayed"] > 0 and info["generations_eager"] == {}, info
+
+
+def padded_bf16_llama() -> tuple[torch.nn.Module, dict]:
+    """Four prompts of 12, 9, 6 and 3 tokens, left-padded, a bf16 Llama: the loop once let the model count positions
+    from the cache (0, 1, ...) where generate() counts them from the mask, which rounds rope otherwise in bf16."""
+    config = transformers.LlamaConfig(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval().to(torch.bfloat16)
+    ids = torch.randint(1, 512, (4, 12), generator=torch.Generator().manual_seed(2))
+    mask = torch.zeros_like(ids)
+    for row, length in enumerate((12, 9, 6, 3)):
+        mask[row, 12 - length :] = 1
+        ids[row, : 12 - length] = 0
+    return model, {"input_ids": ids, "attention_mask": mask, "pad_token_id": 0, "max_new_tokens": 40}
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])
+def test_left_padded_bf16_prompts_are_proven_in_the_loop_on_generates_position_ids(monkeypatch, grad_mode) -> None:
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = padded_bf16_llama()
+    with grad_mode():
+        reference = model.generate(**request, do_sample=False, cache_implementation="static", disable_compile=True)
+        graphs = decode_graphs(model)
+        for _ in range(2):
+            assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+    (kind,) = graphs.info()["classes"]
+    assert kind["left_padded"] and kind["batch"] == 4 and kind["dtype"] == "bfloat16", kind
+    assert kind["proof"] == "proven", kind  # the loop's own tokens are generate()'s, not only the safety net's
+    assert graphs.info()["loop_generations"] == 1
+
+
+def tiny_gemma2() -> tuple[torch.nn.Module, dict]:
+    config = transformers.Gemma2Config(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+    )
+    torch.manual_seed(0)
+    model = transformers.Gemma2ForCausalLM(config).eval().to(torch.bfloat16)
+    ids = torch.randint(3, 256, (2, 6), generator=torch.Generator().manual_seed(1))
+    return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": 20, "do_sample": False}
+
+
+def test_a_sliding_window_cache_goes_through_generate_as_called_with_one_warning(monkeypatch, caplog) -> None:
+    """Gemma2's static cache counts its sliding layers' length on the host: refused before decoding, generate() runs
+    as called (the model's own cache), nothing routed, no step of ours."""
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_gemma2()
+    calls = []
+    generate = model.generate
+
+    def spied(*args, **kwargs):
+        calls.append(kwargs)
+        return generate(*args, **kwargs)
+
+    model.generate = spied
+    with torch.no_grad():
+        reference = generate(**request)
+        graphs = decode_graphs(model)
+        with caplog.at_level(logging.INFO, logger="launchless"):
+            for _ in range(2):
+                assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+    assert calls == [request, request]  # as the caller called it: no cache, no settings of ours
+    lines = [r.getMessage() for r in caplog.records if r.name == "launchless"]
+    assert len(lines) == 1 and "StaticSlidingWindowLayer" in lines[0], lines
+    info = graphs.info()
+    assert info["prefills"] == 0 and info["static_caches"] == [] and info["graphs"] == [], info
+    with pytest.raises(CaptureError, match="StaticSlidingWindowLayer"):
+        decode_graphs(model, explicit=True).generate(model, (), dict(request))
+
+
+def test_a_class_whose_loop_parts_keeps_to_generates_own_loop_with_one_warning(monkeypatch, caplog) -> None:
+    """A loop that parts from generate()'s own loop (here: it feeds row 1 a wrong token from the fourth step) is
+    caught at the class's first call: the caller gets generate()'s tokens, one WARNING says where it parted, and the
+    class keeps to generate()'s own loop. Another class (batch 1, no row 1) is proven on its own."""
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    advance = decode_loop._advance
+
+    def parting(inputs, chosen, *, column):
+        advance(inputs, chosen, column=column)
+        if inputs["input_ids"].shape[0] > 1 and column >= 5 + 3:
+            inputs["input_ids"][1] = 0
+
+    monkeypatch.setattr(decode_loop, "_advance", parting)
+    model, request = tiny_llama()
+    request = dict(request, max_new_tokens=12)
+    reference = eager_static(model, request)
+    single = dict(request, input_ids=request["input_ids"][:1], attention_mask=request["attention_mask"][:1])
+    graphs = decode_graphs(model)
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(2):
+            assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+        for _ in range(2):
+            assert torch.equal(graphs.generate(model, (), dict(single)), eager_static(model, single))
+    lines = [r.getMessage() for r in caplog.records if "parted" in r.getMessage()]
+    assert len(lines) == 1 and "row 1 at new token 5 (of 12)" in lines[0] and "batch 2" in lines[0], lines
+    info = graphs.info()
+    assert [(c["batch"], c["proof"]) for c in info["classes"]] == [(2, "parted"), (1, "proven")], info["classes"]
+    assert "row 1 at new token 5" in info["classes"][0]["reason"]
+    assert info["proofs"] == 2 and info["loop_generations"] == 1, info  # batch 1's second call
+    assert list(info["through_generate"].values()) == [2], info  # batch 2's proof and its second call
+
+
+def test_a_loop_that_leaves_the_generator_elsewhere_is_not_proven(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    run_loop = decoding.run_loop
+
+    def drawing(*args, **kwargs):
+        result = run_loop(*args, **kwargs)
+        torch.rand(1)  # one number more than generate() draws
+        return result
+
+    monkeypatch.setattr(decoding, "run_loop", drawing)
+    model, request = tiny_llama()
+    request = dict(request, top_k=10)
+    torch.manual_seed(4)
+    reference = eager_static(model, request, do_sample=True)
+    request["do_sample"] = True
+    after = torch.get_rng_state()
+    graphs = decode_graphs(model)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="launchless"):
+        torch.manual_seed(4)
+        assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+    assert torch.equal(torch.get_rng_state(), after)  # where generate()'s own loop left it
+    (kind,) = graphs.info()["classes"]
+    assert kind["proof"] == "parted" and "random-number generator is left elsewhere" in kind["reason"], kind
+    assert kind["choice"] == {"do_sample": True, "temperature": 1.0, "top_k": 10, "top_p": 1.0}, kind
+
+
+def test_an_error_of_launchless_own_path_falls_back_to_generate_naming_its_source_line(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a step launchless got wrong")
+
+    monkeypatch.setattr(decoding, "own_loop", broken)
+    model, request = tiny_llama()
+    reference = model.generate(**request)  # the model's own call: its default cache
+    graphs = decode_graphs(model)
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(2):
+            assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+    lines = [r.getMessage() for r in caplog.records if "raised" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "RuntimeError: a step launchless got wrong at test_decoding.py:" in lines[0], lines
+    assert 'raise RuntimeError("a step launchless got wrong")' in lines[0], lines
+    info = graphs.info()
+    (kind,) = info["classes"]
+    assert kind["proof"] == "fell back" and "RuntimeError" in kind["reason"], kind
+    assert info["prefills"] == 0 and info["generate_calls"] == 1, info  # the second call went straight to generate()
+    assert "forward" not in model.__dict__
+    streamed = decode_graphs(model)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="launchless got wrong"):  # the prompt was streamed
+        streamed.generate(model, (), dict(request, streamer=RecordingStreamer()))
+
+
+def test_an_error_of_the_models_own_generate_is_raised_as_is(monkeypatch) -> None:
+    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    model, request = tiny_llama()
+    graphs = decode_graphs(model)
+    with torch.no_grad(), pytest.raises(ValueError, match="max_new_tokens"):
+        graphs.generate(model, (), dict(request, max_new_tokens=-1))
+    assert graphs.info()["classes"] == []
