@@ -244,6 +244,11 @@ class Prepared:
         return int(self.generation_config.max_length) - self.input_ids.shape[1]
 
 
+# what generate() hands its own decoding methods besides the model's arguments (transformers 5 keeps them from a
+# callable one; the caller of ``decoding_method`` holds the streamer)
+DECODING_ARGUMENTS = ("streamer", "synced_gpus", "assistant_model", "tokenizer", "assistant_tokenizer")
+
+
 def decoding_method(decode: Callable[[Prepared], torch.Tensor]) -> Callable[..., torch.Tensor]:
     """A decoding method for ``generate(custom_generate=...)``: ``decode`` gets the prepared call. Its parameters are
     ``_sample``'s (``generate()`` reads them: any other name it would take out of the call's arguments)."""
@@ -256,6 +261,8 @@ def decoding_method(decode: Callable[[Prepared], torch.Tensor]) -> Callable[...,
         generation_config: Any = None,
         **model_kwargs: Any,
     ) -> torch.Tensor:
+        for own in DECODING_ARGUMENTS:  # a transformers that hands them on: the caller keeps its own, not the model
+            model_kwargs.pop(own, None)
         return decode(Prepared(input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs))
 
     return method

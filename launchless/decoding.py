@@ -17,16 +17,25 @@ on the same memory, so one graph replays them all. ``wrap(model).generate(...)``
    must give different logits), then replayed. The cache's tensors are read and written in place, never copied;
    before each replay the cache must still hold the tensors the graph was captured on;
 4. decodes greedy and sampling calls in a loop of its own that keeps the host ahead of the GPU
-   (``launchless.decode_loop``: ``generate()`` itself waits for the GPU at every token), choosing each token as
-   ``generate()`` does; the calls that loop cannot decode exactly (logits processors or stopping criteria passed in,
-   other generation settings, a cache passed in) go through ``generate()``, which keeps its logits processors,
-   choice or sampling (the same random numbers as eager: the graph draws none), stopping criteria and streamers.
+   (``launchless.decode_loop``: ``generate()`` itself waits for the GPU at every token), run inside ``generate()``
+   as its decoding method, on the inputs ``generate()`` prepared; the calls that loop cannot decode exactly (logits
+   processors or stopping criteria passed in, other generation settings, a cache passed in) go through
+   ``generate()``'s own loop, which keeps its logits processors, choice or sampling (the same random numbers as
+   eager: the graph draws none), stopping criteria and streamers;
+5. proves the loop once per class of calls (``CallClass``: model class, dtype, batch, left padding, greedy or
+   sampling settings, end and pad tokens): the class's first call decodes both ways on the same graphs, and the
+   caller gets ``generate()``'s own loop's tokens. Tokens and random-number generator alike: later calls of the
+   class run the loop; else one WARNING says where they parted, and the class keeps to ``generate()``'s own loop.
 
-Decoding runs eager, with one WARNING naming why, for a model whose class says it cannot use a static cache, an
-encoder-decoder, beam search and assisted decoding (they reorder or crop the cache between steps), ``use_cache=False``,
-a cache passed in that is not static, and another cache implementation asked for. The tokens are those of eager
-``generate()`` on the same static cache. Against the default dynamic cache they can part after some steps: attention
-over the static cache's full, masked length rounds differently, as it does in transformers' own static-cache recipe.
+Decoding goes through ``model.generate()`` as called (the model's own cache, nothing of ours per step), with one
+WARNING naming why, for a model whose class says it cannot use a static cache, a static cache whose layers a graph
+cannot replay (sliding-window layers count their length on the host: Gemma2), an encoder-decoder, beam search and
+assisted decoding (they reorder or crop the cache between steps), ``use_cache=False``, a cache passed in that is not
+static, and another cache implementation asked for. So does a class of calls whose decoding through graphs raised
+where ``model.generate()`` does not (before any token reached the caller): one WARNING names the exception and its
+source line. The tokens are those of eager ``generate()`` on the same static cache. Against the default dynamic cache
+they can part after some steps: attention over the static cache's full, masked length rounds differently, as it does
+in transformers' own static-cache recipe.
 """
 
 from __future__ import annotations
