@@ -116,3 +116,81 @@ def test_a_junction_that_returns_another_shape_at_replay_runs_that_call_eager(gr
             assert identical(fast(boxes, scores), model(boxes, scores)), f"call {call}"
     said = [r.getMessage() for r in caplog.records if "data-dependent shape" in r.getMessage()]
     assert len(said) <= 1, said
+
+
+class _SplitBySizes(nn.Module):
+    """A deformable-attention pattern: feature-map sizes in an integer tensor split the flattened sequence. Read on
+    the host, the sizes refuse the whole graph; random sizes (a verification probe) do not add up, and eager raises
+    on them -- which must refuse a graph, never fail the caller's call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.project = nn.Sequential(*(nn.Linear(16, 16) for _ in range(6)))
+        self.out = nn.Sequential(*(nn.Linear(16, 16) for _ in range(6)))
+
+    def forward(self, sequence: torch.Tensor, shapes: torch.Tensor) -> torch.Tensor:
+        parts = self.project(sequence).split([h * w for h, w in shapes.tolist()], dim=1)
+        return self.out(torch.cat([part.cumsum(1) * (level + 1) for level, part in enumerate(parts)], dim=1))
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+def test_sizes_a_probe_cannot_draw_at_random_never_fail_the_call(grad_mode: str) -> None:
+    model = _SplitBySizes().cuda().eval()
+    fast = ll.wrap(model)
+    shapes = torch.tensor([[20, 26], [10, 13], [5, 7]], device="cuda")  # 520 + 130 + 35
+    generator = torch.Generator(device="cuda").manual_seed(4)
+    with GRAD_MODES[grad_mode]():
+        for call in range(CALLS):
+            sequence = torch.randn(2, 685, 16, device="cuda", generator=generator)
+            assert identical(fast(sequence, shapes), model(sequence, shapes)), f"call {call}"
+    split = fast.graph_info()["split"]
+    assert split is not None and split["signatures"], split
+
+
+DETR_LIKE = ["hf:rt-detr", "hf:rt-detr-v2", "hf:d-fine"]
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+@pytest.mark.parametrize("name", DETR_LIKE)
+def test_detr_like_detectors_fed_fresh_images_return_eagers_result(name: str, grad_mode: str) -> None:
+    from launchless.apps import zoo
+
+    workload = zoo.build(name, device="cuda")
+    model = workload.model
+    fast = ll.wrap(model)
+    with GRAD_MODES[grad_mode]():
+        for call in range(CALLS):
+            args, kwargs = workload.inputs()  # new values each call
+            assert identical(fast(*args, **kwargs), model(*args, **kwargs)), f"call {call}"
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+def test_deformable_detr_fed_fresh_images_returns_eagers_result(grad_mode: str) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.DeformableDetrConfig(
+        use_timm_backbone=False,
+        use_pretrained_backbone=False,
+        backbone_config=transformers.ResNetConfig(
+            embedding_size=16,
+            hidden_sizes=[16, 32, 64, 128],
+            depths=[1, 1, 1, 1],
+            out_features=["stage2", "stage3", "stage4"],
+        ),
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        num_queries=20,
+    )
+    torch.manual_seed(0)
+    model = transformers.DeformableDetrForObjectDetection(config).cuda().eval()
+    fast = ll.wrap(model)
+    generator = torch.Generator().manual_seed(5)
+    with GRAD_MODES[grad_mode]():
+        for call in range(CALLS):
+            pixels = real_looking_image(generator)[None]
+            assert identical(fast(pixel_values=pixels), model(pixel_values=pixels)), f"call {call}"

@@ -541,11 +541,52 @@ class Schedule(nn.Module):
 def test_inputs_read_as_addresses_are_probed_from_the_call_so_eager_stays_in_range() -> None:
     model = Schedule()
     flat, eager = setup(model, torch.randn(16, 3), torch.arange(16.0) % 8)
-    with pytest.raises(IndexError):  # random timesteps: the hazard itself
-        verify(FakeGraph(eager), model, flat)
+    report = verify(FakeGraph(eager), model, flat)  # random timesteps: eager raises on them (the hazard itself)
+    assert report.passed and "eager raised on them: IndexError" in report.detail, report  # proven on the call's own
     report = verify(FakeGraph(eager), model, flat, from_call=frozenset({1}))
     assert report.status == VerifyStatus.BIT_IDENTICAL and report.passed and report.probes_differ  # x is still random
     assert report.as_dict()["inputs_probed_from_the_call"] == [1]
+
+
+class SplitBySizes(nn.Module):
+    """Sizes kept in an integer tensor split a sequence (a deformable-attention detector's feature map shapes): random
+    sizes no longer add up to the sequence's length, and eager raises on them."""
+
+    def forward(self, sequence: torch.Tensor, shapes: torch.Tensor) -> torch.Tensor:
+        parts = sequence.split([int(h) * int(w) for h, w in shapes.tolist()], dim=1)
+        return torch.cat([part.cumsum(1) * (level + 1) for level, part in enumerate(parts)], dim=1)
+
+
+@torch.no_grad()
+def test_probes_eager_raises_on_are_replaced_by_the_calls_own_inputs_and_the_call_is_not_failed() -> None:
+    model = SplitBySizes()
+    shapes = torch.tensor([[4, 5], [2, 3], [1, 2]])
+    flat, eager = setup(model, torch.randn(2, 28, 3), shapes)
+    report = verify(FakeGraph(eager), model, flat)
+    assert report.passed and report.status == VerifyStatus.BIT_IDENTICAL, report
+    assert "split_with_sizes" in report.detail and "call's own inputs" in report.detail, report.detail
+    stale = verify(FakeGraph(lambda leaves: eager(flat.leaves)), model, flat)  # replays what it captured
+    assert not stale.passed and stale.status == VerifyStatus.FAILED, stale
+
+
+@torch.no_grad()
+def test_probes_eager_raises_on_everywhere_fail_verification_without_raising() -> None:
+    model = SplitBySizes()
+    flat, eager = setup(model, torch.randn(1, 28, 3), torch.tensor([[4, 7]]))
+    report = verify(FakeGraph(eager), model, flat)  # one row each: reordered, the call's inputs are the same again
+    assert not report.passed and "eager raised on random probes" in report.detail, report
+
+
+@torch.no_grad()
+def test_a_graph_that_raises_where_eager_does_not_fails_verification() -> None:
+    model = small_model()
+    flat, _ = setup(model, torch.randn(3, 8))
+
+    def broken(leaves):
+        raise ValueError("a piece's eager code refused the probe")
+
+    report = verify(FakeGraph(broken), model, flat)
+    assert not report.passed and "the graph raised on a probe where eager did not (ValueError" in report.detail
 
 
 class CountingModel(nn.Module):

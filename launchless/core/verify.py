@@ -12,6 +12,12 @@ out-of-bounds read can fault and end the process. Where eager still
 differs from itself on random probes, the protocol runs again on the call's own inputs and on them
 reordered along the first dimension, where only bit identity passes.
 
+Random values can also be values a model refuses outright: sizes kept in an integer tensor (a detector's feature
+map shapes, from which it splits a sequence) drawn at random no longer add up, and eager raises on them. Then the
+protocol runs on the call's own inputs and on them reordered; where eager raises there too, the graph is not
+proven and fails. Verification never raises what eager raised on a probe: the caller's own call is not failed.
+A graph that raises on a probe where eager did not fails as well.
+
 Where replay is not bit-identical the difference gets a name and a measured size:
 - ``eager-noise``: eager run twice (or on the capture stream) already differs -- nothing can pass
   bit-identity, so the graph is held to the rounding bound;
@@ -226,24 +232,64 @@ def _verify(
     lockstep: bool,
 ) -> VerifyReport:
     probes = make_probes(flat.leaves, keep, from_call)
-    report = _protocol(graph, fn, flat, probes, mode, tolerance_ulps, branches, lockstep)
+    try:
+        report = _protocol(graph, fn, flat, probes, mode, tolerance_ulps, branches, lockstep)
+    except _ProbeRefused as refused:  # random values the model does not accept: eager raised on them
+        return _on_the_calls_inputs(
+            graph, fn, flat, mode, tolerance_ulps, branches, keep, f"eager raised on them: {refused}"
+        ) or VerifyReport(
+            VerifyStatus.FAILED,
+            False,
+            branches=branches,
+            detail=f"eager raised on random probes ({refused}), and the call's own inputs reordered do not prove the "
+            "graph (eager raised on them too, or they give the same outputs)",
+        )
     report.from_call = tuple(sorted(from_call))
-    second = (
-        _protocol(graph, fn, flat, input_probes(flat.leaves, keep), mode, tolerance_ulps, branches, lockstep)
-        if lockstep
-        else None
-    )
+    if lockstep:  # every rank makes the same calls whatever it finds
+        second = _on_the_calls_inputs(graph, fn, flat, mode, tolerance_ulps, branches, keep, "", lockstep=True)
     if report.status != VerifyStatus.EAGER_NOISE or report.passed:
         return report
-    again = second or _protocol(graph, fn, flat, input_probes(flat.leaves, keep), mode, tolerance_ulps, branches)
-    if again.status == VerifyStatus.BIT_IDENTICAL and again.probes_differ and not again.detail:
-        again.detail = (
-            "random probes are outside the inputs' domain (on them eager differs from itself, the graph from eager"
-            f" by {report.max_abs:.3g}); bit-identical on the call's own inputs and on them reordered"
-        )
-        again.from_call = tuple(i for i, x in enumerate(flat.leaves) if isinstance(x, torch.Tensor) and i not in keep)
-        return again
-    return report
+    why = f"on them eager differs from itself, the graph from eager by {report.max_abs:.3g}"
+    again = second if lockstep else _on_the_calls_inputs(graph, fn, flat, mode, tolerance_ulps, branches, keep, why)
+    return again or report
+
+
+def _on_the_calls_inputs(
+    graph: CapturedGraph,
+    fn: Callable[..., Any],
+    flat: FlatInputs,
+    mode: str,
+    tolerance_ulps: float,
+    branches: list[str],
+    keep: frozenset[int],
+    why: str,
+    *,
+    lockstep: bool = False,
+) -> VerifyReport | None:
+    """The protocol on the call's own inputs and on them reordered (``input_probes``), for random probes outside the
+    inputs' domain (``why``). It proves the graph only bit-identical with outputs that follow the reordering; None
+    when it does not (or eager raises there too)."""
+    try:
+        again = _protocol(graph, fn, flat, input_probes(flat.leaves, keep), mode, tolerance_ulps, branches, lockstep)
+    except _ProbeRefused:
+        return None
+    if again.status != VerifyStatus.BIT_IDENTICAL or not again.probes_differ or again.detail:
+        return None
+    again.detail = (
+        f"random probes are outside the inputs' domain ({why}); bit-identical on the call's own inputs and on them "
+        "reordered"
+    )
+    again.from_call = tuple(i for i, x in enumerate(flat.leaves) if isinstance(x, torch.Tensor) and i not in keep)
+    return again
+
+
+class _ProbeRefused(Exception):
+    """Eager raised on a probe: the probe's values are not ones the model accepts (the message says what it raised)."""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 def input_probes(leaves: list, keep: frozenset[int] = frozenset()) -> tuple[list, list]:
@@ -292,11 +338,21 @@ def _protocol(
     branches: list[str],
     lockstep: bool = False,
 ) -> VerifyReport:
-    eager = [_eager(fn, flat, p) for p in probes]
+    try:
+        eager = [_eager(fn, flat, p) for p in probes]
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as exc:
+        raise _ProbeRefused(_first_line(exc)) from exc
     try:
         graphed = [graph.replay_cloned(p) for p in probes]
     except JunctionShapeChanged as exc:  # the probes' values gave an operation between two graphs other shapes
         return VerifyReport(VerifyStatus.FAILED, False, branches=branches, detail=str(exc))
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as exc:  # a joined forward's eager code, say: not what eager does on the same probe
+        detail = f"the graph raised on a probe where eager did not ({_first_line(exc)})"
+        return VerifyReport(VerifyStatus.FAILED, False, branches=branches, detail=detail)
     reruns = _Reruns(fn, flat, probes, made_now=lockstep)
     eager_differ = not identical(eager[0], eager[1])
     probes_differ = not identical(graphed[0], graphed[1])
