@@ -203,7 +203,7 @@ class CallClass:
     device: str
     attention: str
     batch: int
-    left_padded: bool
+    left_padded: bool | None  # None: not read yet (before generate() prepared the mask), or either
     choice: tuple[tuple[str, Any], ...]  # ("greedy",) or the sampling settings
     eos: tuple[int, ...]
     pad: int | None
@@ -211,10 +211,8 @@ class CallClass:
     def describe(self) -> str:
         choice = ", ".join(f"{k} {v}" for k, v in self.choice) if self.choice[0][0] != "greedy" else "greedy"
         tokens = f"end tokens {list(self.eos)}" if self.eos else "no end token"
-        return (
-            f"{self.model}, {self.dtype}, batch {self.batch}{', left-padded' if self.left_padded else ''}, {choice}, "
-            f"{tokens}, pad {self.pad}"
-        )
+        padding = {True: ", left-padded", False: ", unpadded", None: ""}[self.left_padded]
+        return f"{self.model}, {self.dtype}, batch {self.batch}{padding}, {choice}, {tokens}, pad {self.pad}"
 
     def as_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "choice": dict(self.choice)}
@@ -223,21 +221,14 @@ class CallClass:
 def call_class(
     model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any], settings: GenerationSettings | Exception
 ) -> CallClass:
-    """The call's class. Whether a prompt is padded is read on the host once, as ``generate()`` reads it."""
+    """The call's class, but for whether a prompt is left-padded: that is read from the mask ``generate()`` prepares
+    (``with_padding``), which costs no read of the device where it dropped a mask that hides nothing."""
     config = _resolved_config(model, kwargs, settings)
     parameter = next(model.parameters())
     eos = getattr(config, "eos_token_id", None)
     eos_ids = () if eos is None else tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
     pad = getattr(config, "pad_token_id", None)
     pad = None if pad is None else int(pad)
-    prompt = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs"))
-    mask = kwargs.get("attention_mask")
-    if isinstance(mask, torch.Tensor):
-        padded = not bool(mask.all())
-    elif isinstance(prompt, torch.Tensor) and pad is not None and pad not in eos_ids:
-        padded = bool((prompt == pad).any())  # generate() infers the mask from the pad token
-    else:
-        padded = False
     if getattr(config, "do_sample", False):
         choice = tuple((name, getattr(config, name, None)) for name in ("do_sample", "temperature", "top_k", "top_p"))
     else:
@@ -248,11 +239,19 @@ def call_class(
         device=parameter.device.type,
         attention=str(getattr(model.config, "_attn_implementation", None)),
         batch=(_prompt(args, kwargs) or (0, 0))[0],
-        left_padded=padded,
+        left_padded=None,
         choice=choice,
         eos=eos_ids,
         pad=pad,
     )
+
+
+def with_padding(kind: CallClass, prepared: Prepared) -> CallClass:
+    """``kind`` with whether a prompt is left-padded, from the mask ``generate()`` prepared: none where every
+    position is attended (``generate()`` drops such a mask, having read it), else read once."""
+    mask = prepared.model_kwargs.get("attention_mask")
+    padded = isinstance(mask, torch.Tensor) and mask.dim() == 2 and not bool(mask.all())
+    return dataclasses.replace(kind, left_padded=padded)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -434,6 +433,7 @@ class DecodeGraphs:
         if why:
             self._note_through_generate(why)
             return own_loop(model, prepared, streamer=streamer)
+        kind = with_padding(kind, prepared)
         record = self._classes.get(kind)
         if record is None:
             return self._prove(model, kind, cache, streamer, prepared)
