@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     doctor.add_argument("--reprofile", action="store_true", help="measure the graph variants again (ignore the cache)")
     doctor.add_argument("--clear-cache", action="store_true", help="delete the cached graph decisions and exit")
     _add_conformance_parsers(sub)
+    _add_differential_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.command == "demo":
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         return _conformance(parser, args)
     if args.command == "verify":
         return _verify(parser, args)
+    if args.command == "differential":
+        return _differential(parser, args)
     return 2
 
 
@@ -128,6 +131,64 @@ def _add_conformance_parsers(sub: argparse._SubParsersAction) -> None:
     verify.add_argument("model", metavar="MODEL")
     verify.add_argument("--iters", type=int, default=50, help="timed calls per mode")
     verify.add_argument("--json", action="store_true", help="print the row as JSON")
+
+
+def _add_differential_parser(sub: argparse._SubParsersAction) -> None:
+    from .differential.candidate import Library
+
+    differential = sub.add_parser(
+        "differential",
+        help="every model the libraries list, accelerated every way, compared with eager on fresh inputs each call",
+    )
+    actions = differential.add_subparsers(dest="action", required=True)
+    run = actions.add_parser("run", help="run one shard of a population on the GPU")
+    run.add_argument("--library", required=True, choices=[lib.value for lib in Library])
+    run.add_argument("--shard", default="1/1", help="INDEX/COUNT: every COUNT-th model from the INDEX-th")
+    run.add_argument("--models", nargs="+", help="only these models of the population")
+    run.add_argument("--out", required=True, help="folder for the shard's rows")
+    run.add_argument("--processes", type=int, default=1, help="workers side by side on the GPU")
+    run.add_argument("--timeout", type=float, default=300, help="seconds one model may take (all its rows)")
+    run.add_argument("--list", action="store_true", help="list the shard's models and exit (no GPU needed)")
+    merge = actions.add_parser("merge", help="merge shard folders into differential.json, .md and .png")
+    merge.add_argument("dirs", nargs="+", metavar="DIR")
+    merge.add_argument("--out", required=True)
+
+
+def _differential(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from .differential import report
+    from .differential.candidate import Library
+    from .differential.population import candidates, parse_shard, pick, shard
+
+    if args.action == "merge":
+        rows = report.load(args.dirs)
+        paths = report.write_all(rows, args.out)
+        print(paths["md"].read_text())
+        return 0
+    try:
+        spec = parse_shard(args.shard)
+        chosen = shard(pick(candidates(Library(args.library)), args.models), *spec)
+    except (KeyError, ValueError) as exc:
+        parser.error(str(exc))
+    if args.list:
+        print("\n".join(c.name for c in chosen))
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("launchless differential run needs a CUDA GPU; `launchless differential run --list` works without one.")
+        return 2
+    from .differential.shard import run_shard
+
+    rows = run_shard(
+        Library(args.library),
+        args.out,
+        shard_spec=spec,
+        names=args.models,
+        processes=args.processes,
+        timeout_s=args.timeout,
+    )
+    print(f"{len(rows)} rows in {args.out}")
+    return 0
 
 
 def _conformance(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

@@ -39,6 +39,7 @@ class Built:
 
     model: torch.nn.Module
     make_inputs: InputMaker
+    architecture: str = ""  # what was built, where the candidate names a group (a timm module: its smallest model)
 
 
 @dataclass(frozen=True)

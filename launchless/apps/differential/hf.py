@@ -73,7 +73,7 @@ def build_architecture(model_type: str, model_class: str, device: str = "cpu") -
         _default_builds(config_cls, model_cls)
         raise
     model.eval()
-    return Built(model, partial(make_inputs, _wanted(model), config))
+    return Built(model, partial(make_inputs, _wanted(model), config), model_class)
 
 
 def _sub(config: Any, name: str) -> Any:

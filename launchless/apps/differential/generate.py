@@ -1,0 +1,123 @@
+"""Decoding rows of a causal LM: ``wrap(model).generate`` against ``model.generate`` on the same call.
+
+Three requests, each on fresh prompts: greedy batch 1 and greedy batch 4 left-padded in bfloat16, and sampling
+under a seed in float32; under ``inference_mode`` (greedy batch 1 also under ``no_grad``). The reference is eager
+``generate()`` on a static cache of the same length with compilation off -- the cache class decode graphs use --
+so the tokens must match exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import torch
+
+from .candidate import Built, Candidate
+from .inputs import token_ids
+from .rows import Entry, GradMode, Result, Status, new_row
+from .runner import grad_mode, one_line, release
+
+GENERATE_CALLS = 3
+PROMPT = 12
+NEW_TOKENS = 16
+LEFT_PADS = (0, 3, 5, 1)  # pads per row of the batch-4 request
+SAMPLING = {"do_sample": True, "top_k": 50, "temperature": 0.9}
+REQUESTS: tuple[tuple[Entry, GradMode], ...] = (
+    (Entry.GENERATE_GREEDY_B1, GradMode.INFERENCE_MODE),
+    (Entry.GENERATE_GREEDY_B1, GradMode.NO_GRAD),
+    (Entry.GENERATE_GREEDY_B4, GradMode.INFERENCE_MODE),
+    (Entry.GENERATE_SAMPLE, GradMode.INFERENCE_MODE),
+)
+
+
+def _prompt(entry: Entry, vocab: int, generator: torch.Generator) -> dict[str, Any]:
+    batch = 4 if entry is Entry.GENERATE_GREEDY_B4 else 1
+    ids = token_ids(generator, batch, PROMPT, vocab)
+    mask = torch.ones_like(ids)
+    if entry is Entry.GENERATE_GREEDY_B4:
+        for row, pads in enumerate(LEFT_PADS):
+            ids[row, :pads], mask[row, :pads] = 0, 0
+    return {"input_ids": ids.cuda(), "attention_mask": mask.cuda(), "max_new_tokens": NEW_TOKENS, "pad_token_id": 0}
+
+
+def _reference(model: torch.nn.Module, request: dict[str, Any]) -> torch.Tensor:
+    """Eager generate() on the static cache decode graphs would use, compilation off."""
+    try:
+        from ...decoding import cache_keyword, cache_length, new_static_cache
+
+        batch, length = request["input_ids"].shape[0], cache_length(request["input_ids"].shape[1] + NEW_TOKENS)
+        cache = {cache_keyword(model): new_static_cache(model, batch=batch, length=length)}
+    except Exception:  # helpers renamed: let transformers build the static cache itself
+        cache = {"cache_implementation": "static"}
+    return model.generate(**request, **cache, disable_compile=True)
+
+
+def _decode_status(info: dict[str, Any]) -> tuple[Status, str | None]:
+    decode = info.get("decode") or {}
+    if decode.get("steps_replayed"):
+        return (Status.SPLIT if decode.get("steps_eager") else Status.GRAPH), None
+    reasons = list((decode.get("generations_eager") or {}) | (decode.get("steps_eager") or {}))
+    return Status.EAGER, "; ".join(map(str, reasons)) or "no decode step replayed"
+
+
+def generate_row(candidate: Candidate, built: Built, entry: Entry, mode: GradMode, seed: int) -> dict[str, Any]:
+    """GENERATE_CALLS generations on fresh prompts, compared token for token, then timed once each way."""
+    from ... import wrap
+
+    row = new_row(candidate.name, candidate.library.value, candidate.task, entry, mode, architecture=built.architecture)
+    dtype = torch.float32 if entry is Entry.GENERATE_SAMPLE else torch.bfloat16
+    model = copy.deepcopy(built.model).to(dtype) if dtype is not torch.float32 else built.model
+    vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else 1024
+    generator = torch.Generator().manual_seed(seed)
+    fast = wrap(model)
+    started = time.perf_counter()
+    extra = SAMPLING if entry is Entry.GENERATE_SAMPLE else {"do_sample": False}
+    same = 0
+    try:
+        with grad_mode(mode):
+            for call in range(GENERATE_CALLS):
+                request = {**_prompt(entry, vocab, generator), **extra}
+                torch.manual_seed(seed + call)
+                try:
+                    want = _reference(model, request)
+                except Exception as exc:
+                    row.update(result=Result.EAGER_FAILS.value, reason=f"eager generate(): {one_line(exc)}")
+                    return row
+                torch.manual_seed(seed + call)
+                got = fast.generate(**request)
+                row["calls"] += 1
+                same += int(got.shape == want.shape and torch.equal(got, want))
+            status, reason = _decode_status(fast.graph_info())
+            row.update(status=status.value, reason=reason, identical_calls=same)
+            row["result"] = (Result.IDENTICAL if same == row["calls"] else Result.DIFFERS).value
+            if row["result"] == Result.DIFFERS.value:
+                row["reason"] = f"tokens differ from eager generate() on {row['calls'] - same} of {row['calls']} calls"
+            _time(row, model, fast, request, seed)
+    except Exception as exc:
+        from .runner import _where
+
+        row.update(result=Result.CRASH.value, reason=one_line(exc), source=_where(exc))
+    finally:
+        row["wall_s"] = round(time.perf_counter() - started, 2)
+        release(fast)
+    return row
+
+
+def _time(row: dict[str, Any], model: torch.nn.Module, fast: Any, request: dict[str, Any], seed: int) -> None:
+    """Wall time of one generation each way (the host waits for the tokens), best of two interleaved rounds."""
+    times: dict[str, list[float]] = {"eager": [], "accelerated": []}
+    for _ in range(2):
+        for name, run in (
+            ("eager", lambda: _reference(model, request)),
+            ("accelerated", lambda: fast.generate(**request)),
+        ):
+            torch.manual_seed(seed)
+            torch.cuda.synchronize()
+            began = time.perf_counter()
+            run()
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - began) * 1e3)
+    eager, accelerated = min(times["eager"]), min(times["accelerated"])
+    row.update(eager_ms=round(eager, 3), accelerated_ms=round(accelerated, 3), speedup=round(eager / accelerated, 3))

@@ -1,0 +1,149 @@
+"""Merge shards into one report: the rows as JSON, a markdown summary judged against the targets, a chart.
+
+The targets are the promise stated as numbers: no crash where eager works, no wrong value, nothing slower than
+eager by more than 3 %, and at least 95 % of the rows of models that build accelerated with a verified result.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..workers import read_rows
+from .rows import VERIFIED, Result, Status
+
+SLOWER_LIMIT = 0.97  # a speed-up below this is slower than eager by more than 3 %
+ACCELERATED_SHARE = 0.95
+ACCELERATED = (Status.GRAPH.value, Status.SPLIT.value)
+UNBUILT = (Result.NOT_IN_LIBRARY.value, Result.HARNESS.value, Result.EAGER_FAILS.value)
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    value: str
+    met: bool
+
+
+def load(directories: list[str | Path]) -> list[dict[str, Any]]:
+    """The rows of every shard in ``directories`` (the worker files ``rows*.jsonl``), the last line per model."""
+    lines: dict[tuple[str, str], dict[str, Any]] = {}
+    for directory in directories:
+        for path in sorted(Path(directory).glob("rows*.jsonl")):
+            for line in read_rows(path):
+                rows = line.get("rows", [])
+                if rows:
+                    lines[(rows[0]["library"], line["key"])] = line
+    return [row for line in lines.values() for row in line["rows"]]
+
+
+def built_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of models that build and run eager: the ones the promise is about."""
+    return [r for r in rows if r["result"] not in UNBUILT]
+
+
+def targets(rows: list[dict[str, Any]]) -> list[Target]:
+    """The four targets, each with its measured value."""
+    built = built_rows(rows)
+    crashes = sum(r["result"] == Result.CRASH.value for r in built)
+    differs = sum(r["result"] == Result.DIFFERS.value for r in built)
+    slower = [r for r in built if r["speedup"] is not None and r["speedup"] < SLOWER_LIMIT]
+    good = sum(r["status"] in ACCELERATED and r["result"] in [v.value for v in VERIFIED] for r in built)
+    share = good / len(built) if built else 0.0
+    return [
+        Target("0 crashes where eager works", str(crashes), crashes == 0),
+        Target("0 wrong values (differs)", str(differs), differs == 0),
+        Target("none slower than eager by > 3 %", str(len(slower)), not slower),
+        Target(
+            f">= {ACCELERATED_SHARE:.0%} of rows of built models accelerated and verified",
+            f"{share:.1%} ({good}/{len(built)})",
+            share >= ACCELERATED_SHARE,
+        ),
+    ]
+
+
+def _table(header: list[str], body: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + [
+        "| " + " | ".join("" if v is None else str(v).replace("|", "/") for v in row) + " |" for row in body
+    ]
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """Counts per library and status/result, the targets, every row that is not ``identical`` with its reason."""
+    libraries = sorted({r["library"] for r in rows})
+    models = Counter(r["library"] for r in {(r["library"], r["model"]): r for r in rows}.values())
+    kinds = sorted({f"{r['status']}/{r['result']}" for r in rows})
+    counts = Counter((r["library"], f"{r['status']}/{r['result']}") for r in rows)
+    out = ["# Differential run", "", f"{len(rows)} rows of {sum(models.values())} models.", "", "## Targets", ""]
+    out += _table(
+        ["target", "measured", "met"], [[t.name, t.value, "yes" if t.met else "**no**"] for t in targets(rows)]
+    )
+    out += ["", "## Rows per library (status/result)", ""]
+    out += _table(
+        ["library", "models", *kinds], [[lib, models[lib], *(counts[(lib, k)] for k in kinds)] for lib in libraries]
+    )
+    speedups = sorted(r["speedup"] for r in built_rows(rows) if r["speedup"] is not None)
+    if speedups:
+        out += ["", f"Median speed-up over eager: {speedups[len(speedups) // 2]:.2f}x over {len(speedups)} rows."]
+    odd = [r for r in rows if r["result"] != Result.IDENTICAL.value]
+    out += ["", f"## Rows not identical ({len(odd)})", ""]
+    out += _table(
+        ["library", "model", "entry", "grad mode", "status", "result", "speed-up", "reason", "source"],
+        [
+            [r["library"], r["model"], r["entry"], r["grad_mode"], r["status"], r["result"], r["speedup"],
+             _bounded(r) if r["result"] == Result.BOUNDED.value else r["reason"], r["source"]]
+            for r in sorted(odd, key=lambda r: (str(r["result"]), r["library"], r["model"]))
+        ],
+    )  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def _bounded(row: dict[str, Any]) -> str:
+    return f"{row['bound_class']}: max diff {row['max_abs_diff']:.3g} within bound {row['bound']:.3g}"
+
+
+def chart(rows: list[dict[str, Any]], path: Path) -> None:
+    """Rows per library by result (stacked bars) and the speed-ups of the built rows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    libraries = sorted({r["library"] for r in rows})
+    results = sorted({str(r["result"]) for r in rows})
+    fig, (bars, hist) = plt.subplots(1, 2, figsize=(13, 4.5))
+    bottom = [0] * len(libraries)
+    for result in results:
+        heights = [sum(r["library"] == lib and str(r["result"]) == result for r in rows) for lib in libraries]
+        bars.bar(libraries, heights, bottom=bottom, label=result)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    bars.set_ylabel("rows")
+    bars.set_title("result per library")
+    bars.legend(fontsize=8)
+    bars.tick_params(axis="x", labelrotation=20)
+    speedups = [r["speedup"] for r in built_rows(rows) if r["speedup"]]
+    if speedups:
+        hist.hist(speedups, bins=40)
+        hist.axvline(SLOWER_LIMIT, color="red", linestyle="--", label="3 % slower than eager")
+        hist.set_xscale("log")
+        hist.legend(fontsize=8)
+    hist.set_xlabel("speed-up over eager")
+    hist.set_title("speed-ups")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_all(rows: list[dict[str, Any]], out_dir: str | Path) -> dict[str, Path]:
+    """differential.json, differential.md and differential.png in ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "differential.json", "md": out / "differential.md", "png": out / "differential.png"}
+    paths["json"].write_text(json.dumps(rows, indent=1) + "\n")
+    paths["md"].write_text(markdown(rows))
+    chart(rows, paths["png"])
+    return paths

@@ -1,0 +1,181 @@
+"""The rows of one model on the GPU: every entry point under every grad mode, each call on fresh inputs.
+
+Each call draws new inputs, runs eager and the accelerated model on the same ones and compares them bit for bit:
+a graph replaying stale addresses, a wrong guard or a missed mutation shows up as a difference on some call. A
+mismatch is ``bounded`` only when launchless's own verification named a class for it (eager noise, capture path,
+identical values) and the difference lies within that class's bound; anything else ``differs``. An exception from
+the accelerated model where eager worked is a ``crash`` (with its text and the line it came from). After the calls,
+eager and accelerated are timed in interleaved rounds (CUDA events) on the last inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from ...core.verify import difference, identical
+from ...diagnose.source import locate_exception
+from ...errors import CaptureError, VerificationError
+from ...timing import interleaved_ms
+from ..conformance.check import _classify
+from .candidate import Built, Candidate
+from .rows import Entry, GradMode, Result, Status, new_row
+
+CALLS = 8
+TIMING_ROUNDS = 11
+TIMING_PER_ROUND = 3
+COMPILE_EVERY = 4  # torch.compile runs on every 4th model (by a stable hash of its key): compiling is slow
+ULPS = 64.0  # launchless's default rounding bound, in units of the output dtype's epsilon
+NAMED_CLASSES = ("eager-noise", "capture-path", "identical values")
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:400] if text else ''}"
+
+
+def grad_mode(mode: GradMode) -> contextlib.AbstractContextManager:
+    return torch.inference_mode() if mode is GradMode.INFERENCE_MODE else torch.no_grad()
+
+
+def forward_entries(candidate: Candidate) -> list[Entry]:
+    """wrap("auto") and wrap(True) for every model; torch.compile for a stable sample of them."""
+    entries = [Entry.WRAP_AUTO, Entry.WRAP_TRUE]
+    if zlib.crc32(candidate.key.encode()) % COMPILE_EVERY == 0:
+        entries.append(Entry.COMPILE)
+    return entries
+
+
+def accelerate(model: torch.nn.Module, entry: Entry) -> Callable[..., Any]:
+    from ... import wrap
+
+    if entry is Entry.WRAP_AUTO:
+        return wrap(model, cuda_graph="auto")
+    if entry is Entry.WRAP_TRUE:
+        return wrap(model, cuda_graph=True)
+    torch._dynamo.reset()
+    return torch.compile(model, backend="launchless")
+
+
+def graph_info(accelerated: Any, entry: Entry) -> dict[str, Any] | list[Any]:
+    if entry is Entry.COMPILE:
+        from ...compiler.backend import graph_info as compiled_info
+
+        return compiled_info()
+    return accelerated.graph_info()
+
+
+def verifications(info: Any) -> Iterator[dict[str, Any]]:
+    """Every verification report in a ``graph_info()`` tree (a dict with a ``status`` and ``passed``)."""
+    if isinstance(info, dict):
+        if "passed" in info and "status" in info:
+            yield info
+        for value in info.values():
+            yield from verifications(value)
+    elif isinstance(info, list):
+        for value in info:
+            yield from verifications(value)
+
+
+def status_of(info: Any, entry: Entry) -> tuple[Status, str | None, str | None]:
+    """(status, reason, source) from ``graph_info()``."""
+    if entry is Entry.COMPILE:
+        passed = any(v["passed"] for v in verifications(info))
+        return (Status.GRAPH, None, None) if passed else (Status.EAGER, "no verified graph in graph_info()", None)
+    scratch: dict[str, Any] = {"reason": None, "source": None}
+    _classify(scratch, info)
+    return Status(scratch["status"]), scratch["reason"], scratch["source"]
+
+
+def judge_mismatch(want: Any, got: Any, info: Any) -> tuple[Result, float, float | None, str | None]:
+    """(result, max abs diff, bound, named class) of a call whose outputs are not bit-identical."""
+    try:
+        max_abs, _, bound = difference(want, got, ULPS)
+    except Exception:  # another structure (a different number of detections)
+        return Result.DIFFERS, float("inf"), None, None
+    named = [v for v in verifications(info) if v["passed"] and str(v["status"]) in NAMED_CLASSES]
+    if named and max_abs <= bound:
+        return Result.BOUNDED, max_abs, bound, str(named[0]["status"])
+    return Result.DIFFERS, max_abs, None, None
+
+
+def release(accelerated: Any) -> None:
+    with contextlib.suppress(Exception):
+        accelerated.release_graphs()
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def forward_row(candidate: Candidate, built: Built, entry: Entry, mode: GradMode, seed: int) -> dict[str, Any]:
+    """The row of ``entry`` under ``mode``: CALLS fresh-input comparisons, the status, then the speed-up."""
+    row = new_row(candidate.name, candidate.library.value, candidate.task, entry, mode, architecture=built.architecture)
+    generator = torch.Generator().manual_seed(seed)
+    model = built.model
+    started = time.perf_counter()
+    accelerated = accelerate(model, entry)
+    results: list[Result] = []
+    try:
+        with grad_mode(mode):
+            for _ in range(CALLS):
+                args, kwargs = built.make_inputs(generator, "cuda")
+                try:
+                    want = model(*args, **kwargs)
+                except Exception as exc:
+                    row.update(result=Result.EAGER_FAILS.value, reason=f"eager: {one_line(exc)}")
+                    return row
+                try:
+                    got = accelerated(*args, **kwargs)
+                except (CaptureError, VerificationError) as exc:
+                    if entry is not Entry.WRAP_TRUE:
+                        raise
+                    row.update(status=Status.REFUSED.value, reason=one_line(exc), source=_where(exc))
+                    return row
+                row["calls"] += 1
+                if identical(got, want):
+                    results.append(Result.IDENTICAL)
+                    continue
+                result, max_abs, bound, named = judge_mismatch(want, got, graph_info(accelerated, entry))
+                results.append(result)
+                if row["max_abs_diff"] is None or max_abs > row["max_abs_diff"]:
+                    row.update(max_abs_diff=max_abs, bound=bound, bound_class=named)
+            status, reason, source = status_of(graph_info(accelerated, entry), entry)
+            row.update(status=status.value, reason=reason, source=source)
+            row["identical_calls"] = results.count(Result.IDENTICAL)
+            row["result"] = max(results, key=_severity).value
+            _time(row, model, accelerated, args, kwargs)
+    except Exception as exc:  # the accelerated model raised where eager worked
+        row.update(result=Result.CRASH.value, reason=one_line(exc), source=_where(exc))
+    finally:
+        row["wall_s"] = round(time.perf_counter() - started, 2)
+        release(accelerated)
+    return row
+
+
+def _severity(result: Result) -> int:
+    return [Result.IDENTICAL, Result.BOUNDED, Result.DIFFERS, Result.CRASH].index(result)
+
+
+def _where(exc: BaseException) -> str | None:
+    location = locate_exception(exc)
+    return None if location is None else str(location)
+
+
+def _time(row: dict[str, Any], model: Any, accelerated: Any, args: tuple, kwargs: dict) -> None:
+    medians = interleaved_ms(
+        {"eager": lambda: model(*args, **kwargs), "accelerated": lambda: accelerated(*args, **kwargs)},
+        waited=False,
+        rounds=TIMING_ROUNDS,
+        per_round=TIMING_PER_ROUND,
+    )
+    row.update(
+        eager_ms=round(medians["eager"], 4),
+        accelerated_ms=round(medians["accelerated"], 4),
+        speedup=round(medians["eager"] / medians["accelerated"], 3),
+    )

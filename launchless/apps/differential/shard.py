@@ -1,0 +1,67 @@
+"""A shard of a population on the GPU: worker processes side by side, each restarted past a model that killed it.
+
+A model that ends its worker (a hard CUDA error, an abort) or runs past the per-model timeout becomes one
+``crash`` row with the reason; the shard goes on with the next model in a new worker.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..workers import run_workers
+from .candidate import Candidate, Library
+from .population import candidates, pick, shard
+from .rows import Entry, GradMode, Result, new_row
+
+WORKER = [sys.executable, "-m", "launchless.apps.differential.worker"]
+
+
+def _killed(library: Library, tasks: dict[str, str]) -> Any:
+    def row(name: str, why: str) -> dict[str, Any]:
+        crash = new_row(name, library.value, tasks.get(name, ""), Entry.WRAP_AUTO, GradMode.NO_GRAD)
+        crash.update(result=Result.CRASH.value, reason=f"{why} on this model (all its rows)")
+        return {"key": name, "rows": [crash]}
+
+    return row
+
+
+def run_shard(
+    library: Library,
+    out_dir: str,
+    *,
+    shard_spec: tuple[int, int] = (1, 1),
+    names: list[str] | None = None,
+    processes: int = 1,
+    timeout_s: float = 300,
+) -> list[dict[str, Any]]:
+    """Rows of shard ``shard_spec`` of ``library`` (or of ``names``), ``processes`` workers at once on the GPU."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    chosen: list[Candidate] = shard(pick(candidates(library), names), *shard_spec)
+    tasks = {c.name: c.task for c in chosen}
+    parts = [chosen[i::processes] for i in range(processes)]
+    results: list[list[dict[str, Any]]] = [[] for _ in parts]
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+
+    def one(i: int, part: list[Candidate]) -> None:
+        results[i] = run_workers(
+            [c.name for c in part],
+            command=lambda rest, jsonl: [*WORKER, "--library", library.value, "--out", str(jsonl), "--models", *rest],
+            out=out,
+            label=f"-{library.value}-{shard_spec[0]}of{shard_spec[1]}-p{i}-{stamp}",
+            key="key",
+            failed_row=_killed(library, tasks),
+            timeout_s=timeout_s,
+            on_row=lambda line: print(f"{line['key']}: {sorted({str(r['result']) for r in line['rows']})}", flush=True),
+        )
+
+    threads = [threading.Thread(target=one, args=(i, part)) for i, part in enumerate(parts) if part]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [row for part in results for line in part for row in line["rows"]]

@@ -1,0 +1,77 @@
+"""A worker process: the models it is given in turn, all rows of one model as one JSON line.
+
+Each model is built on the GPU afresh and dropped (graphs released, compiler caches reset) before the next, so a
+model sees no state of another; a hard CUDA error ends only this process, and the shard restarts a worker past
+the model it was on (``shard.run_shard``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+import warnings
+import zlib
+from typing import Any
+
+import torch
+
+from ..workers import append_row
+from .candidate import Candidate, Library, NotInLibraryError
+from .population import candidates, pick
+from .rows import Entry, GradMode, Result, new_row
+from .runner import forward_entries, forward_row, one_line, release
+
+
+def model_rows(candidate: Candidate) -> list[dict[str, Any]]:
+    """Every row of ``candidate``: forward entries x grad modes, and the decoding requests of a causal LM."""
+    seed = zlib.crc32(candidate.key.encode())
+    started = time.perf_counter()
+    try:
+        torch.manual_seed(seed)
+        built = candidate.build("cpu")
+        built.model.to("cuda")
+    except NotInLibraryError as exc:
+        return [_not_built(candidate, Result.NOT_IN_LIBRARY, str(exc))]
+    except Exception as exc:
+        return [_not_built(candidate, Result.HARNESS, f"does not build: {one_line(exc)}")]
+    rows = [
+        forward_row(candidate, built, entry, mode, seed) for entry in forward_entries(candidate) for mode in GradMode
+    ]
+    if candidate.library is Library.TRANSFORMERS_CAUSAL and hasattr(built.model, "generate"):
+        from .generate import REQUESTS, generate_row
+
+        rows += [generate_row(candidate, built, entry, mode, seed) for entry, mode in REQUESTS]
+    for row in rows:
+        row["model_s"] = round(time.perf_counter() - started, 1)
+    del built
+    release(None)
+    return rows
+
+
+def _not_built(candidate: Candidate, result: Result, reason: str) -> dict[str, Any]:
+    return new_row(
+        candidate.name, candidate.library.value, candidate.task, Entry.WRAP_AUTO, GradMode.NO_GRAD, result=result,
+        reason=reason,
+    )  # fmt: skip
+
+
+def run(library: Library, names: list[str], out: str) -> None:
+    population = {c.name: c for c in candidates(library)}
+    for candidate in pick(list(population.values()), names):
+        append_row(out, {"key": candidate.name, "rows": model_rows(candidate)})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--library", required=True, choices=[lib.value for lib in Library])
+    parser.add_argument("--models", nargs="+", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    logging.basicConfig(level=logging.WARNING)
+    run(Library(args.library), args.models, args.out)
+
+
+if __name__ == "__main__":
+    main()
