@@ -359,20 +359,37 @@ class DecodeGraphs:
         self._forwards = [0]  # forwards of the routed model in this decoding: the first is the prompt's
         # the model's own static cache, whether a graph can follow its layers: (its config, why not) per model class
         self._layers: dict[type, tuple[Any, str]] = {}
+        self._unusable = ""  # why reading a call raised: every call goes through generate() as called
 
     # ---- generate() ------------------------------------------------------------------------------
     def generate(self, model: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> Any:
-        args, kwargs = by_keyword(model, args, kwargs)
-        settings = settings_of(model, kwargs)
-        why = self._refusal(model, args, kwargs, settings=settings)
-        if why is not None:
+        if self._unusable:
+            self.eager_generations[self._unusable] += 1  # said once, when it raised
+            return model.generate(*args, **kwargs)
+        try:  # reading the call: an error here is launchless's (generate() raises the caller's own below)
+            called = (args, kwargs)
+            args, kwargs = by_keyword(model, args, kwargs)
+            settings = settings_of(model, kwargs)
+            why = self._refusal(model, args, kwargs, settings=settings)
+            kind = call_class(model, args, kwargs, settings) if why is None else None
+            generator = device_generator(next(model.parameters()).device)
+        except Exception as exc:
+            if self.explicit:
+                raise
+            result = model.generate(*called[0], **called[1])  # what raises here is the model's own error
+            self._unusable = f"reading a generate() call raised {_raised(exc)}"
+            self.eager_generations[self._unusable] += 1
+            log.warning(
+                f"launchless: {self.name}.generate() decodes through transformers' generate() as called, without "
+                f"graphs: {self._unusable}. From now on"
+            )
+            return result
+        if kind is None:
             return self._eager_generation(model, why, args, kwargs)
-        kind = call_class(model, args, kwargs, settings)
         record = self._classes.get(kind)
         if record is not None and record.proof is LoopProof.FELL_BACK:
             self.eager_generations[record.reason] += 1  # said once, when the class fell back
             return model.generate(*args, **kwargs)
-        generator = device_generator(next(model.parameters()).device)
         before = generator.get_state()
         streamer = _WatchedStreamer(kwargs["streamer"]) if kwargs.get("streamer") is not None else None
         try:

@@ -860,3 +860,25 @@ def test_an_error_of_the_models_own_generate_is_raised_as_is(monkeypatch) -> Non
     with torch.no_grad(), pytest.raises(ValueError, match="max_new_tokens"):
         graphs.generate(model, (), dict(request, max_new_tokens=-1))
     assert graphs.info()["classes"] == []
+
+
+def test_an_error_reading_the_call_falls_back_to_generate_for_good_with_one_warning(monkeypatch, caplog) -> None:
+    """Before any decoding (the static cache a model gets, its layers read): an error there is launchless's, and the
+    model's generate() decodes every call as called from then on."""
+
+    def unbuildable(model):
+        raise ValueError("this config makes no static cache")
+
+    monkeypatch.setattr(decoding, "_probe_cache", unbuildable)
+    model, request = tiny_llama()
+    reference = model.generate(**request)
+    graphs = decode_graphs(model)
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(2):
+            assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+    lines = [r.getMessage() for r in caplog.records if r.name == "launchless"]
+    assert len(lines) == 1 and "ValueError: this config makes no static cache at test_decoding.py:" in lines[0], lines
+    info = graphs.info()
+    assert info["generate_calls"] == 0 and list(info["generations_eager"].values()) == [2], info
+    with pytest.raises(ValueError, match="this config makes no static cache"):
+        decode_graphs(model, explicit=True).generate(model, (), dict(request))
