@@ -98,7 +98,8 @@ def test_the_loop_samples_to_end_tokens_as_generate_does_streams_alike_and_leave
 
 def test_the_loop_waits_for_the_gpu_as_often_for_110_tokens_as_for_60() -> None:
     """CUDA's synchronising calls, counted by PyTorch's sync debug mode: the loop reads the device a few times per
-    call (transformers' inputs for the prompt and the first two steps, their check), not once per token."""
+    call (generate()'s own preparation of the call, transformers' inputs for the prompt and the first two steps, their
+    check), not once per token."""
     import warnings
 
     model, request = decoder("decode:llama-tiny@b1", new_tokens=110)
