@@ -1,0 +1,57 @@
+"""The differential runner on the GPU, on a handful of models of each population: every row has the schema the
+report reads, and none is a crash or a wrong value; one library also runs through a sharded worker process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launchless.apps.differential import report
+from launchless.apps.differential.candidate import Library
+from launchless.apps.differential.population import candidates, pick
+from launchless.apps.differential.rows import ROW_KEYS, Entry, Result
+from launchless.apps.differential.worker import model_rows
+
+pytestmark = [pytest.mark.cuda, pytest.mark.zoo]
+
+HANDFUL = {
+    Library.TRANSFORMERS_CAUSAL: ["llama", "gpt2"],
+    Library.TRANSFORMERS: ["bert", "vit", "whisper"],
+    Library.TORCHVISION: ["resnet18", "fasterrcnn_mobilenet_v3_large_320_fpn", "raft_small", "r3d_18"],
+    Library.TIMM: ["resnet", "vision_transformer"],
+    Library.DIFFUSERS: ["unet2d-tiny"],
+}
+REQUIRED = {"model", "library", "entry", "grad_mode", "status", "result", "speedup", "calls", "reason"}
+
+
+def _check(rows: list[dict]) -> None:
+    assert rows
+    for row in rows:
+        assert set(ROW_KEYS) <= set(row) and set(row) >= REQUIRED, row
+        assert row["result"] not in (Result.CRASH.value, Result.DIFFERS.value), row
+        if row["result"] in (Result.IDENTICAL.value, Result.BOUNDED.value):
+            assert row["calls"] >= 3 and row["speedup"] is not None, row
+
+
+@pytest.mark.parametrize(
+    ("library", "name"), [(lib, name) for lib, names in HANDFUL.items() for name in names], ids=str
+)
+def test_rows_of_a_model_have_the_schema_and_no_crash_or_wrong_value(library: Library, name: str) -> None:
+    pytest.importorskip(library.value.split("-")[0])
+    (candidate,) = pick(candidates(library), [name])
+    rows = model_rows(candidate)
+    _check(rows)
+    if library is Library.TRANSFORMERS_CAUSAL:
+        assert {r["entry"] for r in rows} >= {Entry.GENERATE_GREEDY_B1.value, Entry.GENERATE_SAMPLE.value}
+
+
+def test_a_shard_runs_in_worker_processes_and_merges(tmp_path: Path) -> None:
+    pytest.importorskip("torchvision")
+    from launchless.apps.differential.shard import run_shard
+
+    rows = run_shard(Library.TORCHVISION, str(tmp_path), names=["resnet18", "mobilenet_v3_small"], processes=2)
+    _check(rows)
+    merged = report.load([tmp_path])
+    assert {r["model"] for r in merged} == {"resnet18", "mobilenet_v3_small"}
+    assert report.write_all(merged, tmp_path / "out")["md"].exists()
