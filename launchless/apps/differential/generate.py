@@ -54,6 +54,13 @@ def _reference(model: torch.nn.Module, request: dict[str, Any]) -> torch.Tensor:
     return model.generate(**request, **cache, disable_compile=True)
 
 
+def _vocabulary(model: torch.nn.Module) -> int:
+    """Rows of the output embedding (the ids the model can emit), else the shrunk vocabulary."""
+    head = model.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) else int(model.config.get_text_config().vocab_size)
+
+
 def _decode_status(info: dict[str, Any]) -> tuple[Status, str | None]:
     decode = info.get("decode") or {}
     if decode.get("steps_replayed"):
@@ -68,14 +75,15 @@ def generate_row(candidate: Candidate, built: Built, entry: Entry, mode: GradMod
 
     row = new_row(candidate.name, candidate.library.value, candidate.task, entry, mode, architecture=built.architecture)
     dtype = torch.float32 if entry is Entry.GENERATE_SAMPLE else torch.bfloat16
-    model = copy.deepcopy(built.model).to(dtype) if dtype is not torch.float32 else built.model
-    vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else 1024
     generator = torch.Generator().manual_seed(seed)
-    fast = wrap(model)
     started = time.perf_counter()
     extra = SAMPLING if entry is Entry.GENERATE_SAMPLE else {"do_sample": False}
     same = 0
+    fast: Any = None
     try:
+        model = copy.deepcopy(built.model).to(dtype) if dtype is not torch.float32 else built.model
+        vocab = _vocabulary(model)
+        fast = wrap(model)
         with grad_mode(mode):
             for call in range(GENERATE_CALLS):
                 request = {**_prompt(entry, vocab, generator), **extra}

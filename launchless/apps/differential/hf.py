@@ -69,6 +69,8 @@ def build_architecture(model_type: str, model_class: str, device: str = "cpu") -
         config = _config(config_cls, model_cls)
         with torch.device(device):
             model = model_cls(config)
+    except ImportError as exc:  # the architecture needs a package that is not installed
+        raise NotInLibraryError(f"needs a package that is not installed: {_one_line(exc)}") from exc
     except Exception:
         _default_builds(config_cls, model_cls)
         raise

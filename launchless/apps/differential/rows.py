@@ -77,7 +77,8 @@ ROW_KEYS = (
 def new_row(model: str, library: str, task: str, entry: str, grad_mode: str, **values: Any) -> dict[str, Any]:
     """A row with every key present (None where not measured)."""
     row: dict[str, Any] = dict.fromkeys(ROW_KEYS)
-    row.update(model=model, library=library, task=task, entry=entry, grad_mode=grad_mode, calls=0)
+    row.update(model=model, library=library, task=task, entry=Entry(entry).value, grad_mode=GradMode(grad_mode).value)
+    row["calls"] = 0
     row.update(status=Status.NOT_RUN.value, result=None)
     row.update({k: (v.value if isinstance(v, Enum) else v) for k, v in values.items()})
     return row

@@ -119,9 +119,10 @@ def forward_row(candidate: Candidate, built: Built, entry: Entry, mode: GradMode
     generator = torch.Generator().manual_seed(seed)
     model = built.model
     started = time.perf_counter()
-    accelerated = accelerate(model, entry)
+    accelerated: Any = None
     results: list[Result] = []
     try:
+        accelerated = accelerate(model, entry)
         with grad_mode(mode):
             for _ in range(CALLS):
                 args, kwargs = built.make_inputs(generator, "cuda")

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..workers import append_row
-from .candidate import Candidate, Library, NotInLibraryError
+from .candidate import Built, Candidate, Library, NotInLibraryError
 from .population import candidates, pick
 from .rows import Entry, GradMode, Result, new_row
 from .runner import forward_entries, forward_row, one_line, release
@@ -29,8 +29,7 @@ def model_rows(candidate: Candidate) -> list[dict[str, Any]]:
     started = time.perf_counter()
     try:
         torch.manual_seed(seed)
-        built = candidate.build("cpu")
-        built.model.to("cuda")
+        built = _build_on_gpu(candidate)
     except NotInLibraryError as exc:
         return [_not_built(candidate, Result.NOT_IN_LIBRARY, str(exc))]
     except Exception as exc:
@@ -47,6 +46,18 @@ def model_rows(candidate: Candidate) -> list[dict[str, Any]]:
     del built
     release(None)
     return rows
+
+
+def _build_on_gpu(candidate: Candidate) -> Built:
+    """Built on the GPU directly (fast for large models); on the CPU and moved where an init needs host tensors."""
+    try:
+        return candidate.build("cuda")
+    except NotInLibraryError:
+        raise
+    except Exception:
+        built = candidate.build("cpu")
+        built.model.to("cuda")
+        return built
 
 
 def _not_built(candidate: Candidate, result: Result, reason: str) -> dict[str, Any]:
