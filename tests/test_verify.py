@@ -7,6 +7,8 @@ without a GPU.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -623,3 +625,18 @@ def test_lockstep_verification_makes_the_same_calls_whatever_it_finds(replay_is:
     # the double's replays call the model too: 2 * (2 + 2 * 3) + 4 calls
     assert counts[0] == (20, 4), counts
     assert counts[1][0] < 16, "without lockstep only the runs a finding calls for are made"
+
+
+def test_equal_outputs_holding_a_container_never_seen_before_are_identical() -> None:
+    """An output class launchless has not looked into yet (a cache on a model's first call) is looked into: two
+    equal ones compare by their tensors, not as two distinct objects."""
+
+    @dataclasses.dataclass(eq=False)
+    class FirstSeen:
+        keys: torch.Tensor
+        length: int
+
+    a = {"logits": torch.ones(2), "cache": FirstSeen(torch.arange(3.0), 3)}
+    b = {"logits": torch.ones(2), "cache": FirstSeen(torch.arange(3.0), 3)}
+    assert identical(a, b) and difference(a, b, 64.0)[0] == 0.0
+    assert not identical(a, {"logits": torch.ones(2), "cache": FirstSeen(torch.arange(3.0) + 1, 3)})

@@ -41,6 +41,7 @@ from torch.utils import _pytree as pytree
 from .capture import CapturedGraph, CaptureFailed
 from .capture_path import pretend_capturing
 from .junctions import JunctionShapeChanged
+from .output_tree import see_into
 from .signature import FlatInputs
 from .snapshot import Snapshot
 from .status import Stage, VerifyStatus
@@ -131,7 +132,10 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def identical(a: Any, b: Any) -> bool:
-    """Bit-for-bit equality of two output trees (NaN equals NaN, -0.0 differs from 0.0)."""
+    """Bit-for-bit equality of two output trees (NaN equals NaN, -0.0 differs from 0.0). Caches and dataclasses in
+    them are looked into first (``see_into``): unregistered, two equal caches would compare as two distinct objects."""
+    see_into(a)
+    see_into(b)
     la, lb = pytree.tree_leaves(a), pytree.tree_leaves(b)
     if pytree.tree_structure(a) != pytree.tree_structure(b):
         return False
@@ -161,6 +165,8 @@ def difference(reference: Any, other: Any, ulps: float) -> tuple[float, float, f
     """(max abs diff, max rel diff, bound): the bound is ``ulps`` eps at each output's largest magnitude.
 
     A pair whose exceedance of its own bound is largest sets all three numbers."""
+    see_into(reference)
+    see_into(other)
     worst = (0.0, 0.0, 0.0)
     worst_excess = float("-inf")
     for r, o in zip(_tensors(reference), _tensors(other), strict=True):
