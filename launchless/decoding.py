@@ -307,7 +307,11 @@ def unfollowed_layers(model: torch.nn.Module, cache: Any) -> str:
     except ImportError:
         return ""
     kinds = sorted(
-        {type(layer).__name__ for layer in getattr(cache, "layers", ()) if type(layer).update is not StaticLayer.update}
+        {
+            type(layer).__name__
+            for layer in getattr(cache, "layers", ())
+            if getattr(type(layer), "update", None) is not StaticLayer.update  # a linear-attention layer has none
+        }
     )
     if not kinds:
         return ""

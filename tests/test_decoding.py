@@ -882,3 +882,19 @@ def test_an_error_reading_the_call_falls_back_to_generate_for_good_with_one_warn
     assert info["generate_calls"] == 0 and list(info["generations_eager"].values()) == [2], info
     with pytest.raises(ValueError, match="this config makes no static cache"):
         decode_graphs(model, explicit=True).generate(model, (), dict(request))
+
+
+def test_a_cache_layer_without_an_update_is_named_not_raised() -> None:
+    """Hybrid decoders (linear attention beside attention) keep layers with no ``update`` of their own: a graph
+    cannot follow them, and reading the cache must say so instead of raising."""
+    from transformers.cache_utils import StaticLayer
+
+    class LinearAttentionLayer:  # keeps a recurrent state, no key/value update
+        pass
+
+    class Cache:
+        layers = [StaticLayer(max_cache_len=8), LinearAttentionLayer()]
+
+    model = torch.nn.Linear(2, 2)
+    reason = decoding.unfollowed_layers(model, Cache())
+    assert "LinearAttentionLayer" in reason and "StaticLayer" not in reason, reason
