@@ -1,6 +1,10 @@
 """The rows of one model on the GPU: every entry point under every grad mode, each call on fresh inputs.
 
-Each call draws new inputs, runs eager and the accelerated model on the same ones and compares them bit for bit:
+Each call draws new inputs, runs the reference and the accelerated model on the same ones, from the same state of
+the random-number generators (a model that draws random numbers -- a masked autoencoder's mask -- is compared on the
+same draws), and compares them bit for bit. The reference is eager for ``wrap``; for ``torch.compile`` it is the
+same program compiled by Inductor without graphs (``torch.compile(model)``): its fused kernels round differently from
+eager, and what launchless promises there is that its graphs replay those kernels exactly.
 a graph replaying stale addresses, a wrong guard or a missed mutation shows up as a difference on some call. A
 mismatch is ``bounded`` only when launchless's own verification named a class for it (eager noise, capture path,
 identical values) and the difference lies within that class's bound; anything else ``differs``. An exception from
@@ -105,6 +109,17 @@ def judge_mismatch(want: Any, got: Any, info: Any) -> tuple[Result, float, float
     return Result.DIFFERS, max_abs, None, None
 
 
+def reference_of(model: torch.nn.Module, entry: Entry) -> Callable[..., Any]:
+    """What the accelerated model must equal: eager, or Inductor's kernels without graphs for ``compile``."""
+    return torch.compile(model) if entry is Entry.COMPILE else model
+
+
+def seeded(call: Callable[..., Any], seed: int, *args: Any, **kwargs: Any) -> Any:
+    """``call`` from a fixed state of the CPU and CUDA generators (the same draws for reference and accelerated)."""
+    torch.manual_seed(seed)
+    return call(*args, **kwargs)
+
+
 def release(accelerated: Any) -> None:
     with contextlib.suppress(Exception):
         accelerated.release_graphs()
@@ -123,16 +138,18 @@ def forward_row(candidate: Candidate, built: Built, entry: Entry, mode: GradMode
     results: list[Result] = []
     try:
         accelerated = accelerate(model, entry)
+        reference = reference_of(model, entry)
         with grad_mode(mode):
-            for _ in range(CALLS):
+            for call in range(CALLS):
                 args, kwargs = built.make_inputs(generator, "cuda")
                 try:
-                    want = model(*args, **kwargs)
+                    want = seeded(reference, seed + call, *args, **kwargs)
                 except Exception as exc:
-                    row.update(result=Result.EAGER_FAILS.value, reason=f"eager: {one_line(exc)}")
+                    what = "torch.compile without graphs" if entry is Entry.COMPILE else "eager"
+                    row.update(result=Result.EAGER_FAILS.value, reason=f"{what}: {one_line(exc)}")
                     return row
                 try:
-                    got = accelerated(*args, **kwargs)
+                    got = seeded(accelerated, seed + call, *args, **kwargs)
                 except (CaptureError, VerificationError) as exc:
                     if entry is not Entry.WRAP_TRUE:
                         raise

@@ -32,6 +32,8 @@ def model_rows(candidate: Candidate) -> list[dict[str, Any]]:
         built = _build_on_gpu(candidate)
     except NotInLibraryError as exc:
         return [_not_built(candidate, Result.NOT_IN_LIBRARY, str(exc))]
+    except ImportError as exc:  # the library itself (diffusers) or a package the model needs is not installed
+        return [_not_built(candidate, Result.NOT_IN_LIBRARY, f"needs a package that is not installed: {one_line(exc)}")]
     except Exception as exc:
         return [_not_built(candidate, Result.HARNESS, f"does not build: {one_line(exc)}")]
     rows = [
