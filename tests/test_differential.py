@@ -256,3 +256,18 @@ def test_few_models_fail_to_build_in_their_own_library() -> None:
             continue
     causal = sum(c.library is Library.TRANSFORMERS_CAUSAL for c in POPULATION)
     assert all(failing.values()) and len(failing) <= NOT_IN_LIBRARY_SHARE * max(causal, 1), failing
+
+
+def test_a_model_that_ends_its_worker_is_a_crash_row_the_merge_reads(tmp_path) -> None:
+    """A killed or timed-out worker leaves no row of its own: the shard writes the crash row into its folder."""
+    from launchless.apps.differential import report
+    from launchless.apps.differential.candidate import Library
+    from launchless.apps.differential.shard import _killed
+
+    killed = _killed(
+        Library.TORCHVISION, {"ssdlite320_mobilenet_v3_large": "detection"}, tmp_path / "rows-x-killed.jsonl"
+    )
+    killed("ssdlite320_mobilenet_v3_large", "timed out after 150 s")
+    (row,) = report.load([tmp_path])
+    assert (row["model"], row["result"]) == ("ssdlite320_mobilenet_v3_large", "crash")
+    assert "timed out after 150 s" in row["reason"]

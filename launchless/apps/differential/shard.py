@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..workers import run_workers
+from ..workers import append_row, run_workers
 from .candidate import Candidate, Library
 from .population import candidates, pick, shard
 from .rows import Entry, GradMode, Result, new_row
@@ -20,11 +20,16 @@ from .rows import Entry, GradMode, Result, new_row
 WORKER = [sys.executable, "-m", "launchless.apps.differential.worker"]
 
 
-def _killed(library: Library, tasks: dict[str, str]) -> Any:
+def _killed(library: Library, tasks: dict[str, str], record: Path) -> Any:
+    """The row standing for a model that ended its worker or timed out, also written to ``record`` (a ``rows*.jsonl``
+    file of the shard's folder): the merge reads only the folder, and a crash must not vanish from the report."""
+
     def row(name: str, why: str) -> dict[str, Any]:
         crash = new_row(name, library.value, tasks.get(name, ""), Entry.WRAP_AUTO, GradMode.NO_GRAD)
         crash.update(result=Result.CRASH.value, reason=f"{why} on this model (all its rows)")
-        return {"key": name, "rows": [crash]}
+        line = {"key": name, "rows": [crash]}
+        append_row(record, line)
+        return line
 
     return row
 
@@ -48,13 +53,14 @@ def run_shard(
     stamp = time.strftime("%Y%m%dT%H%M%S")
 
     def one(i: int, part: list[Candidate]) -> None:
+        label = f"-{library.value}-{shard_spec[0]}of{shard_spec[1]}-p{i}-{stamp}"
         results[i] = run_workers(
             [c.name for c in part],
             command=lambda rest, jsonl: [*WORKER, "--library", library.value, "--out", str(jsonl), "--models", *rest],
             out=out,
-            label=f"-{library.value}-{shard_spec[0]}of{shard_spec[1]}-p{i}-{stamp}",
+            label=label,
             key="key",
-            failed_row=_killed(library, tasks),
+            failed_row=_killed(library, tasks, out / f"rows{label}-killed.jsonl"),
             timeout_s=timeout_s,
             on_row=lambda line: print(f"{line['key']}: {sorted({str(r['result']) for r in line['rows']})}", flush=True),
         )
