@@ -58,7 +58,7 @@ def test_a_junction_writes_its_new_result_into_the_buffer_the_next_graph_reads()
 def test_a_junction_whose_result_changes_shape_raises_instead_of_replaying() -> None:
     x = torch.ones(4)
     junction = Junction(aten.clone.default, (x,), {}, torch.empty(3), CPU, None)
-    with pytest.raises(JunctionShapeChanged, match=r"returned \(4,\) torch.float32 on replay, \(3,\) torch.float32 when"):
+    with pytest.raises(JunctionShapeChanged, match=r"returned \(4,\) torch.float32 on replay, \(3,\) torch.float32"):
         junction.run()
 
 

@@ -129,7 +129,8 @@ class Junction:
             if new.shape != static.shape or new.dtype != static.dtype:  # excluded by the proof; checked cheaply
                 raise JunctionShapeChanged(
                     f"launchless: {self.name} returned {tuple(new.shape)} {new.dtype} on replay, "
-                    f"{tuple(static.shape)} {static.dtype} when captured: its output's shape depends on the values it reads"
+                    f"{tuple(static.shape)} {static.dtype} when captured: its output's shape depends on the values "
+                    "it reads"
                 )
             static.copy_(new)
 
