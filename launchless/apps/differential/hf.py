@@ -9,6 +9,7 @@ config is tried on ``meta``: if that fails too, the library itself cannot build 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -21,10 +22,30 @@ from .shrink import shrink_config
 BATCH = 2
 SEQUENCE = 16
 DECODER_SEQUENCE = 8
-AUDIO_SAMPLES = 8000
+AUDIO_SAMPLES = 7680  # half a second at 16 kHz, a multiple of every codec hop (256, 320, 480, 512, 960, 1920)
 AUDIO_FRAMES = 64
 KNOWN_INPUTS = ("input_ids", "attention_mask", "pixel_values", "input_values", "input_features", "decoder_input_ids")
 MAIN_INPUTS = {"input_ids", "pixel_values", "input_values", "input_features"}
+# Config attributes that name the width of one log-mel frame (processors call it feature_size or num_mel_bins).
+_MEL_NAMES = ("num_mel_bins", "feature_size", "n_mels", "num_mels", "mel_bins", "feat_in", "input_feat_per_channel")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the harness lays out a modality whose layout the config does not name; the first that eager accepts on
+    the freshly built model is kept (``_fit_layout``), as a processor would have produced one of them.
+
+    ``channels_first``: a codec's waveform is (batch, channels, samples) -- what the codec processors return --
+    where a speech encoder takes (batch, samples). ``time_major``: log-mel frames as (batch, frames, mels), the
+    conformer processors' layout, where Whisper-like encoders take (batch, mels, frames). ``mels``: the frame width
+    among the config's candidates. ``codebook_rows``: a decoder over several audio codebooks (MusicGen) takes one
+    row of ids per codebook, (batch x codebooks, sequence).
+    """
+
+    channels_first: bool = False
+    time_major: bool = False
+    mels: int | None = None
+    codebook_rows: bool = False
 
 
 def _one_line(exc: BaseException) -> str:
@@ -75,7 +96,69 @@ def build_architecture(model_type: str, model_class: str, device: str = "cpu") -
         _default_builds(config_cls, model_cls)
         raise
     model.eval()
-    return Built(model, partial(make_inputs, _wanted(model), config), model_class)
+    _fit_rope_sections(model)
+    _select_defaults(model, config)
+    wanted = _wanted(model)
+    layout = _fit_layout(model, config, wanted)
+    return Built(model, partial(make_inputs, wanted, config, layout=layout), model_class)
+
+
+def _fit_rope_sections(model: torch.nn.Module) -> None:
+    """Multimodal rope sections a model takes from its code's default (not its config) fitted to the shrunk head.
+
+    Qwen-VL-like rotary embeddings read ``rope_parameters.get("mrope_section", <default for the full head>)``: a
+    config without the key leaves sections summing to the original head's half, which no longer splits the shrunk
+    frequencies. Each section is rescaled to the built ``inv_freq``, keeping its share (time, height, width)."""
+    for module in model.modules():
+        section, inv_freq = getattr(module, "mrope_section", None), getattr(module, "inv_freq", None)
+        if not isinstance(section, list) or not isinstance(inv_freq, torch.Tensor) or not section:
+            continue
+        total = inv_freq.shape[-1]
+        if sum(section) == total or total < len(section):
+            continue
+        scaled = [max(1, s * total // sum(section)) for s in section]
+        scaled[0] += total - sum(scaled)
+        module.mrope_section = scaled
+
+
+def _select_defaults(model: torch.nn.Module, config: Any) -> None:
+    """State a model's API asks its user to set before a forward, set to the config's first choice.
+
+    X-MOD's adapters are picked by a language the user sets (``set_default_language``) from ``config.languages``."""
+    languages = getattr(config, "languages", None)
+    if hasattr(model, "set_default_language") and languages:
+        model.set_default_language(languages[0])
+
+
+def _layouts(config: Any, wanted: tuple[str, ...]) -> list[Layout]:
+    """The layouts worth trying, the conventional one first."""
+    wanted = _names(wanted)
+    if "input_features" in wanted:
+        mels = list(dict.fromkeys(v for v in (_int(config, name, default=0) for name in _MEL_NAMES) if v > 0))
+        mels = mels or [80, 128]
+        return [Layout(time_major=t, mels=m) for t in (False, True) for m in mels]
+    if "input_values" in wanted:
+        return [Layout(), Layout(channels_first=True)]
+    if isinstance(getattr(config, "num_codebooks", None), int):
+        return [Layout(), Layout(codebook_rows=True)]
+    return [Layout()]
+
+
+def _fit_layout(model: torch.nn.Module, config: Any, wanted: tuple[str, ...]) -> Layout:
+    """The first layout one eager forward accepts (on ``meta`` nothing runs: the conventional one)."""
+    layouts = _layouts(config, wanted)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    if len(layouts) == 1 or device.type == "meta":
+        return layouts[0]
+    for layout in layouts:
+        args, kwargs = make_inputs(wanted, config, torch.Generator().manual_seed(0), device, layout=layout)
+        try:
+            with torch.inference_mode():
+                model(*args, **kwargs)
+        except Exception:
+            continue
+        return layout
+    return layouts[0]
 
 
 def _sub(config: Any, name: str) -> Any:
@@ -94,9 +177,17 @@ def _int(config: Any, *names: str, default: int) -> int:
 
 
 def _wanted(model: torch.nn.Module) -> tuple[str, ...]:
-    """The inputs this forward takes that the harness knows how to make."""
-    names = inspect.signature(model.forward).parameters
-    return tuple(name for name in KNOWN_INPUTS if name in names)
+    """The inputs this forward takes that the harness knows how to make (required ones marked ``!``)."""
+    parameters = inspect.signature(model.forward).parameters
+    return tuple(
+        name + ("!" if parameters[name].default is inspect.Parameter.empty else "")
+        for name in KNOWN_INPUTS
+        if name in parameters
+    )
+
+
+def _names(wanted: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(name.rstrip("!") for name in wanted)
 
 
 def _text_only(config: Any, wanted: tuple[str, ...]) -> bool:
@@ -108,49 +199,92 @@ def _text_only(config: Any, wanted: tuple[str, ...]) -> bool:
     return places_images or not dual
 
 
-def make_inputs(wanted: tuple[str, ...], config: Any, generator: torch.Generator, device: Any) -> Inputs:
-    """Fresh inputs for a transformers forward, moved to ``device``."""
+def make_inputs(
+    wanted: tuple[str, ...], config: Any, generator: torch.Generator, device: Any, *, layout: Layout = Layout()
+) -> Inputs:
+    """Fresh inputs for a transformers forward, moved to ``device``; an input the forward requires is always made."""
     kw: dict[str, Any] = {}
+    required = {name.rstrip("!") for name in wanted if name.endswith("!")}
+    wanted = _names(wanted)
     vocab = _int(config, "vocab_size", default=1024)
-    text_only = _text_only(config, wanted)
-    if "input_ids" in wanted and (text_only or "pixel_values" in wanted or not _audio(wanted)):
-        kw["input_ids"] = inputs.token_ids(generator, BATCH, SEQUENCE, vocab)
+    text_only = _text_only(config, wanted) and not required & {"pixel_values", "input_values", "input_features"}
+    if "input_ids" in wanted and (
+        text_only or "pixel_values" in wanted or not _audio(wanted) or "input_ids" in required
+    ):
+        kw["input_ids"] = _token_ids(config, generator, vocab, layout)
         if "attention_mask" in wanted:
-            kw["attention_mask"] = torch.ones(BATCH, SEQUENCE, dtype=torch.long)
-    if "pixel_values" in wanted and not text_only:
-        size = _int(config, "image_size", "img_size", default=224)
-        channels = _int(config, "num_channels", "in_channels", default=3)
-        kw["pixel_values"] = inputs.normalized_images(generator, BATCH, channels, size, size)
-    if "input_features" in wanted and "input_ids" not in kw:
-        kw["input_features"] = _audio_features(config, generator)
-    elif "input_values" in wanted and "input_ids" not in kw:
-        kw["input_values"] = _audio_values(config, generator)
+            kw["attention_mask"] = torch.ones(kw["input_ids"].shape, dtype=torch.long)
+    if "pixel_values" in wanted and (not text_only or "pixel_values" in required):
+        kw["pixel_values"] = _pixels(config, generator)
+    if "input_features" in wanted and ("input_ids" not in kw or "input_features" in required):
+        kw["input_features"] = _audio_features(config, generator, layout)
+    elif "input_values" in wanted and ("input_ids" not in kw or "input_values" in required):
+        kw["input_values"] = _audio_values(config, generator, layout)
     if "decoder_input_ids" in wanted and getattr(config, "is_encoder_decoder", False):
         kw["decoder_input_ids"] = inputs.token_ids(generator, BATCH, DECODER_SEQUENCE, vocab)
     return (), {k: v.to(device) for k, v in kw.items()}
+
+
+def _token_ids(config: Any, generator: torch.Generator, vocab: int, layout: Layout) -> torch.Tensor:
+    """(batch, sequence) ids; a decoder over several audio codebooks (MusicGen) takes one row per codebook."""
+    codebooks = getattr(config, "num_codebooks", None)
+    rows = BATCH * codebooks if layout.codebook_rows and isinstance(codebooks, int) else BATCH
+    return inputs.token_ids(generator, rows, SEQUENCE, vocab)
+
+
+def _image_size(config: Any) -> tuple[int, int]:
+    """(height, width) the vision tower is configured for: an int, or a (height, width) pair (text recognisers)."""
+    for source in (config, _sub(config, "vision_config")):
+        for name in ("image_size", "img_size"):
+            value = getattr(source, name, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value, value
+            if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+                return value[0], value[1]
+    return 224, 224
+
+
+def _pixels(config: Any, generator: torch.Generator) -> torch.Tensor:
+    """Images of the configured size; a video model (its config counts frames) gets (batch, frames, C, H, W)."""
+    height, width = _image_size(config)
+    channels = _int(config, "num_channels", "in_channels", default=3)
+    frames = _int(config, "num_frames", default=0)
+    if frames > 1:
+        clip = inputs.video_clip(generator, BATCH, frames, height)[..., :width]
+        return clip.transpose(1, 2).contiguous()
+    return inputs.normalized_images(generator, BATCH, channels, height, width)
 
 
 def _audio(wanted: tuple[str, ...]) -> bool:
     return "input_features" in wanted or "input_values" in wanted
 
 
-def _audio_features(config: Any, generator: torch.Generator) -> torch.Tensor:
+def _audio_features(config: Any, generator: torch.Generator, layout: Layout = Layout()) -> torch.Tensor:
     """Log-mel frames: Whisper-like encoders want exactly two frames per source position."""
-    mels = _int(config, "num_mel_bins", "feature_size", default=80)
+    mels = layout.mels or _int(config, "num_mel_bins", "feature_size", default=80)
     source = getattr(config, "max_source_positions", None)
     if (source and getattr(config, "model_type", "") in ("whisper",)) or (hasattr(config, "num_mel_bins") and source):
-        return inputs.features(generator, BATCH, mels, 2 * source)
+        frames = 2 * source
+    else:
+        frames = AUDIO_FRAMES
     per_channel = getattr(config, "input_feat_per_channel", None)
-    if per_channel:
+    if per_channel and not layout.mels:
         return inputs.features(generator, BATCH, AUDIO_FRAMES, per_channel * getattr(config, "input_channels", 1))
-    return inputs.features(generator, BATCH, AUDIO_FRAMES, mels)
+    if layout.time_major:
+        return inputs.features(generator, BATCH, frames, mels)
+    return inputs.features(generator, BATCH, mels, frames)
 
 
-def _audio_values(config: Any, generator: torch.Generator) -> torch.Tensor:
-    """A waveform, or a spectrogram of the configured length for spectrogram transformers (AST)."""
+def _audio_values(config: Any, generator: torch.Generator, layout: Layout = Layout()) -> torch.Tensor:
+    """A waveform -- (batch, channels, samples) for a codec -- or a spectrogram of the configured length for
+    spectrogram transformers (AST)."""
     if hasattr(config, "max_length") and hasattr(config, "num_mel_bins"):
         return inputs.features(generator, BATCH, config.max_length, config.num_mel_bins)
-    return inputs.waveform(generator, BATCH, AUDIO_SAMPLES)
+    wave = inputs.waveform(generator, BATCH, AUDIO_SAMPLES)
+    if layout.channels_first:
+        channels = _int(config, "audio_channels", "channels", default=1)
+        return wave[:, None].expand(BATCH, channels, AUDIO_SAMPLES).contiguous()
+    return wave
 
 
 def causal_candidates() -> list[Candidate]:
