@@ -134,14 +134,23 @@ def _layouts(config: Any, wanted: tuple[str, ...]) -> list[Layout]:
     """The layouts worth trying, the conventional one first."""
     wanted = _names(wanted)
     if "input_features" in wanted:
-        mels = list(dict.fromkeys(v for v in (_int(config, name, default=0) for name in _MEL_NAMES) if v > 0))
-        mels = mels or [80, 128]
+        mels = list(dict.fromkeys(_named_ints(config.to_dict(), _MEL_NAMES))) or [80, 128]
         return [Layout(time_major=t, mels=m) for t in (False, True) for m in mels]
     if "input_values" in wanted:
         return [Layout(), Layout(channels_first=True)]
     if isinstance(getattr(config, "num_codebooks", None), int):
         return [Layout(), Layout(codebook_rows=True)]
     return [Layout()]
+
+
+def _named_ints(tree: Any, names: tuple[str, ...]) -> list[int]:
+    """Every positive int under one of ``names`` in a config dict, sub-configs included (outer ones first)."""
+    if not isinstance(tree, dict):
+        return []
+    found = [v for k, v in tree.items() if k in names and isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    for value in tree.values():
+        found += _named_ints(value, names)
+    return found
 
 
 def _fit_layout(model: torch.nn.Module, config: Any, wanted: tuple[str, ...]) -> Layout:
@@ -218,7 +227,7 @@ def make_inputs(
         kw["pixel_values"] = _pixels(config, generator)
     if "input_features" in wanted and ("input_ids" not in kw or "input_features" in required):
         kw["input_features"] = _audio_features(config, generator, layout)
-    elif "input_values" in wanted and ("input_ids" not in kw or "input_values" in required):
+    if "input_values" in wanted and (not {"input_ids", "input_features"} & set(kw) or "input_values" in required):
         kw["input_values"] = _audio_values(config, generator, layout)
     if "decoder_input_ids" in wanted and getattr(config, "is_encoder_decoder", False):
         kw["decoder_input_ids"] = inputs.token_ids(generator, BATCH, DECODER_SEQUENCE, vocab)

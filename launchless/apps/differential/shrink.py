@@ -27,7 +27,7 @@ STATE = 16  # state sizes / ranks of state-space and low-rank layers
 _WIDTH = re.compile(
     r"^(hidden_size|d_model|n_embd|n_embed|embed_dim|model_dim|dim|d_embed|word_embed_proj_dim|hidden_dim|"
     r"out_hidden_size|text_hidden_size|vision_hidden_size|projector_hidden_size|projection_dim|proj_dim|"
-    r"encoder_hidden_size|decoder_hidden_size|embedding_dim|n_embd_text|attention_hidden_size)$"
+    r"encoder_hidden_size|decoder_hidden_size|embedding_dim|n_embd_text|attention_hidden_size|projection_size)$"
 )
 _HEADS = re.compile(
     r"^(num_attention_heads|n_head|n_heads|num_heads|encoder_attention_heads|decoder_attention_heads|"
@@ -52,7 +52,9 @@ _EXPERTS = re.compile(
     r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts|num_routed_experts|n_experts|num_moe_experts)$"
 )
 _EXPERTS_PER_TOKEN = re.compile(r"^(num_experts_per_tok|moe_topk|top_k|num_experts_per_token|moe_k|experts_per_token)$")
-_ONE = re.compile(r"^(n_group|topk_group|n_shared_experts|num_shared_experts|first_k_dense_replace|moe_layer_start)$")
+_ONE = re.compile(
+    r"^(n_group|num_expert_group|topk_group|n_shared_experts|num_shared_experts|first_k_dense_replace|moe_layer_start)$"
+)
 _VOCAB = re.compile(r"^(vocab_size|n_vocab|text_vocab_size)$")
 _TOKEN_ID = re.compile(r".*(_token_id|_token_index|_token_ids|_id)$")
 _STATE = re.compile(r"^(mamba_dt_rank|time_step_rank|mamba_d_state|state_size|d_state|kv_lora_rank|q_lora_rank)$")
@@ -90,13 +92,49 @@ def layer_selection(types: list[Any], count: int) -> list[int]:
     return sorted(chosen)
 
 
+def _chosen_layers(lists: list[list[Any]], count: int) -> list[int]:
+    """``count`` layers covering every kind of every per-layer list, topped up with the first others."""
+    chosen = layer_cover(lists)[:count]
+    chosen += [i for i in range(len(lists[0]) if lists else count) if i not in chosen][: count - len(chosen)]
+    return sorted(chosen)
+
+
 def _layer_count(config: dict[str, Any]) -> tuple[int | None, int]:
     """(original layer count, shrunk count): enough layers to keep one of every kind a per-layer list names."""
     old = next((v for k, v in config.items() if _LAYERS.match(str(k)) and isinstance(v, int) and v > 0), None)
     if old is None:
         return None, 0
-    kinds = max((len(set(map(str, v))) for v in _per_layer_lists(config, old)), default=1)
-    return old, min(old, max(2, min(kinds, 4)))
+    kinds = len(layer_cover(_per_layer_lists(config, old)))
+    pattern = max((len(v) for v in _layer_patterns(config, old)), default=0)
+    return old, min(old, max(2, min(max(kinds, pattern), 4)))
+
+
+def layer_cover(lists: list[list[Any]]) -> list[int]:
+    """The first layers that between them show every kind of every per-layer list (attention kind and MLP kind
+    are separate lists in hybrid MoE decoders: a cut keeping the kinds of one list only can drop all attention)."""
+    chosen: list[int] = []
+    seen: list[set[str]] = [set() for _ in lists]
+    for i in range(min((len(v) for v in lists), default=0)):
+        if any(str(v[i]) not in kinds for v, kinds in zip(lists, seen, strict=True)):
+            chosen.append(i)
+            for v, kinds in zip(lists, seen, strict=True):
+                kinds.add(str(v[i]))
+    return chosen
+
+
+def _layer_patterns(config: dict[str, Any], layers: int | None) -> list[list[Any]]:
+    """Block-kind patterns shorter than the stack, repeated over it (RecurrentGemma's recurrent, recurrent,
+    attention): the cut keeps one full period so that every kind is built."""
+    return [
+        v
+        for k, v in config.items()
+        if isinstance(v, list)
+        and layers
+        and 1 < len(v) < layers
+        and "type" in str(k)
+        and all(isinstance(x, str) for x in v)
+        and len(set(v)) > 1
+    ]
 
 
 def _per_layer_lists(config: dict[str, Any], layers: int | None) -> list[list[Any]]:
@@ -188,9 +226,7 @@ def shrink_config(config: dict[str, Any], ids: _TokenIds | None = None) -> dict[
     # a backbone whose outputs name stages, or hierarchical stages: its depth plan stays as configured
     keeps_depth = staged or bool(config.get("out_features") or config.get("out_indices"))
     old_layers, layers = (None, 0) if keeps_depth else _layer_count(config)
-    kinds = _per_layer_lists(config, old_layers)
-    most = max(kinds, key=lambda v: len(set(map(str, v))), default=None)
-    chosen = layer_selection(most, layers) if most else list(range(layers))
+    chosen = _chosen_layers(_per_layer_lists(config, old_layers), layers)
     old_heads = next((v for k, v in config.items() if _HEADS.match(str(k)) and isinstance(v, int)), HEADS)
     for key, value in config.items():
         if not isinstance(key, str) or key in ("id2label", "label2id"):
