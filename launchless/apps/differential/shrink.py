@@ -256,6 +256,8 @@ def shrink_config(config: dict[str, Any], ids: _TokenIds | None = None) -> dict[
         heads = None if staged else _heads(key, value, old_heads)
         out[key] = heads if heads is not None else _shrink_int(key, value, staged=staged, layers=layers, ids=ids)
     _state_space(config, out)
+    if "num_experts_per_tok" in out and out["num_experts_per_tok"] is None and _routes(config):
+        out["num_experts_per_tok"] = EXPERTS_PER_TOKEN  # a default config routing to None experts per token
     if "qk_rope_head_dim" in out and "head_dim" in out:
         out["head_dim"] = out["qk_rope_head_dim"]  # multi-head latent attention: rope runs on the rope part
     if isinstance(config.get("mrope_section"), list):
@@ -266,6 +268,11 @@ def shrink_config(config: dict[str, Any], ids: _TokenIds | None = None) -> dict[
     if "qk_head_dim" in config and "qk_rope_head_dim" in out and "qk_nope_head_dim" in out:
         out["qk_head_dim"] = out["qk_rope_head_dim"] + out["qk_nope_head_dim"]
     return out
+
+
+def _routes(config: dict[str, Any]) -> bool:
+    """The config routes tokens among several experts."""
+    return any(_EXPERTS.match(str(k)) and isinstance(v, int) and v > 1 for k, v in config.items())
 
 
 def _shrink_int(key: str, value: int, *, staged: bool, layers: int, ids: _TokenIds) -> int:
