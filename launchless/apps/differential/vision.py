@@ -42,8 +42,15 @@ def _tv_task(name: str) -> str:
 
 
 def _video_shape(name: str) -> tuple[int, int]:
-    """(frames, side) a torchvision video model is built for: the multiscale ViTs and Swin3D want 16 x 224."""
-    return (16, 224) if name.startswith(("mvit", "swin3d")) else (16, 112)
+    """(frames, side) a torchvision video model is built for: the side its weights' own transforms crop to
+    (112 for the ResNet-3D family, 224 for the multiscale ViTs, Swin3D and S3D, whose last pooling needs it)."""
+    import torchvision.models as tvm
+
+    try:
+        crop = next(iter(tvm.get_model_weights(name))).transforms().crop_size
+        return 16, int(crop[0])
+    except Exception:  # a builder with no weights enum: the Kinetics clips' common side
+        return 16, 112
 
 
 def _tv_inputs(name: str, task: str, generator: torch.Generator, device: Any) -> Inputs:
