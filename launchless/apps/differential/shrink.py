@@ -235,7 +235,11 @@ def shrink_config(config: dict[str, Any], ids: _TokenIds | None = None) -> dict[
             if "rope" in key:
                 continue
             if value and all(str(k).isdigit() for k in value):  # settings keyed by layer index
-                out[key] = {type(k)(chosen.index(int(k))): v for k, v in value.items() if int(k) in chosen}
+                out[key] = {
+                    _layer_key(k, chosen.index(int(k))): shrink_config(v, ids) if isinstance(v, dict) else v
+                    for k, v in value.items()
+                    if int(k) in chosen
+                }
             else:
                 out[key] = shrink_config(value, ids)
             continue
@@ -268,6 +272,11 @@ def shrink_config(config: dict[str, Any], ids: _TokenIds | None = None) -> dict[
     if "qk_head_dim" in config and "qk_rope_head_dim" in out and "qk_nope_head_dim" in out:
         out["qk_head_dim"] = out["qk_rope_head_dim"] + out["qk_nope_head_dim"]
     return out
+
+
+def _layer_key(old: Any, index: int) -> Any:
+    """A layer-index key renumbered in the original's type and width ("02" stays two digits)."""
+    return str(index).zfill(len(old)) if isinstance(old, str) else type(old)(index)
 
 
 def _routes(config: dict[str, Any]) -> bool:
