@@ -94,7 +94,8 @@ def layer_selection(types: list[Any], count: int) -> list[int]:
 
 def _chosen_layers(lists: list[list[Any]], count: int) -> list[int]:
     """``count`` layers covering every kind of every per-layer list, topped up with the first others."""
-    chosen = layer_cover(lists)[:count]
+    named = [v for v in lists if all(isinstance(x, str) for x in v)]  # kinds, not indices of other layers
+    chosen = layer_cover(named)[:count]
     chosen += [i for i in range(len(lists[0]) if lists else count) if i not in chosen][: count - len(chosen)]
     return sorted(chosen)
 
@@ -104,7 +105,7 @@ def _layer_count(config: dict[str, Any]) -> tuple[int | None, int]:
     old = next((v for k, v in config.items() if _LAYERS.match(str(k)) and isinstance(v, int) and v > 0), None)
     if old is None:
         return None, 0
-    kinds = len(layer_cover(_per_layer_lists(config, old)))
+    kinds = len(layer_cover([v for v in _per_layer_lists(config, old) if all(isinstance(x, str) for x in v)]))
     pattern = max((len(v) for v in _layer_patterns(config, old)), default=0)
     return old, min(old, max(2, min(max(kinds, pattern), 4)))
 
