@@ -6,6 +6,7 @@ CUDA graph that recomputes the captured function on its static inputs (the libra
 from __future__ import annotations
 
 import logging
+import types
 
 import pytest
 import torch
@@ -892,9 +893,7 @@ def test_a_cache_layer_without_an_update_is_named_not_raised() -> None:
     class LinearAttentionLayer:  # keeps a recurrent state, no key/value update
         pass
 
-    class Cache:
-        layers = [StaticLayer(max_cache_len=8), LinearAttentionLayer()]
-
+    cache = types.SimpleNamespace(layers=[StaticLayer(max_cache_len=8), LinearAttentionLayer()])
     model = torch.nn.Linear(2, 2)
-    reason = decoding.unfollowed_layers(model, Cache())
+    reason = decoding.unfollowed_layers(model, cache)
     assert "LinearAttentionLayer" in reason and "StaticLayer" not in reason, reason
