@@ -13,7 +13,7 @@ import torch
 
 from launchless.apps import cli, zoo
 from launchless.apps.conformance import report
-from launchless.apps.conformance.check import _classify, dry_check, empty_row
+from launchless.apps.conformance.check import classify_info, dry_check, empty_row
 from launchless.apps.conformance.user_model import ModelSpecError, load
 
 
@@ -24,7 +24,7 @@ def _info(**overrides) -> dict:
 
 def _classified(info: dict) -> dict:
     row = empty_row("m", "task")
-    _classify(row, info)
+    classify_info(row, info)
     return row
 
 

@@ -57,7 +57,7 @@ def empty_row(model: str, task: str) -> dict[str, Any]:
     return row
 
 
-def _classify(row: dict[str, Any], info: dict[str, Any]) -> None:
+def classify_info(row: dict[str, Any], info: dict[str, Any]) -> None:
     """status, verified, the verification class, and the reason a forward runs eager, from ``graph_info()``."""
     graphs = [g for g in info["graphs"] if g["replays"]]
     split = info.get("split")
@@ -131,7 +131,7 @@ def check(
             except Exception:  # outputs of other structure (a different number of detections)
                 row["max_abs_diff"] = float("inf")
         del got, want
-        _classify(row, wrapped.graph_info())
+        classify_info(row, wrapped.graph_info())
         eager = cuda_time(lambda: model(*args, **kwargs), warmup=3, iters=iters)
         graphed = cuda_time(lambda: wrapped(*args, **kwargs), warmup=3, iters=iters)
         eager_waited = cuda_latency(lambda: model(*args, **kwargs), warmup=2, iters=max(10, iters // 3))

@@ -27,7 +27,7 @@ from ...core.verify import difference, identical
 from ...diagnose.source import locate_exception
 from ...errors import CaptureError, VerificationError
 from ...timing import interleaved_ms
-from ..conformance.check import _classify
+from ..conformance.check import classify_info
 from .candidate import Built, Candidate
 from .rows import Entry, GradMode, Result, Status, new_row
 
@@ -93,7 +93,7 @@ def status_of(info: Any, entry: Entry) -> tuple[Status, str | None, str | None]:
         passed = any(v["passed"] for v in verifications(info))
         return (Status.GRAPH, None, None) if passed else (Status.EAGER, "no verified graph in graph_info()", None)
     scratch: dict[str, Any] = {"reason": None, "source": None}
-    _classify(scratch, info)
+    classify_info(scratch, info)
     return Status(scratch["status"]), scratch["reason"], scratch["source"]
 
 
