@@ -253,7 +253,7 @@ def shrink_config(config: dict[str, Any], ids: _TokenIds | None = None) -> dict[
                 out[key] = [ids.remap(v) for v in value]
             elif (selected := _select_layers(value, old_layers, chosen)) is not None:
                 out[key] = selected
-            elif "layer" in key and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            elif "layer" in key and chosen and _index_list(value, old_layers):
                 out[key] = [chosen.index(v) for v in value if v in chosen] or [0]
             continue
         if not isinstance(value, int) or isinstance(value, bool):
@@ -273,6 +273,12 @@ def shrink_config(config: dict[str, Any], ids: _TokenIds | None = None) -> dict[
     if "qk_head_dim" in config and "qk_rope_head_dim" in out and "qk_nope_head_dim" in out:
         out["qk_head_dim"] = out["qk_rope_head_dim"] + out["qk_nope_head_dim"]
     return out
+
+
+def _index_list(value: list[Any], layers: int | None) -> bool:
+    """A list of distinct layer indices (full-attention layers), not a per-stage setting (layers per stage)."""
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    return bool(value) and ints and layers is not None and len(set(value)) == len(value) and max(value) < layers
 
 
 def _layer_key(old: Any, index: int) -> Any:
