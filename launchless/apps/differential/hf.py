@@ -24,10 +24,28 @@ SEQUENCE = 16
 DECODER_SEQUENCE = 8
 AUDIO_SAMPLES = 7680  # half a second at 16 kHz, a multiple of every codec hop (256, 320, 480, 512, 960, 1920)
 AUDIO_FRAMES = 64
-KNOWN_INPUTS = ("input_ids", "attention_mask", "pixel_values", "input_values", "input_features", "decoder_input_ids")
+KNOWN_INPUTS = (
+    "input_ids",
+    "attention_mask",
+    "bbox",
+    "pixel_values",
+    "input_values",
+    "input_features",
+    "decoder_input_ids",
+)
+LAYOUT_SCALE = 1000  # layout tokenizers normalise word boxes to [0, 1000]
 MAIN_INPUTS = {"input_ids", "pixel_values", "input_values", "input_features"}
 # Config attributes that name the width of one log-mel frame (processors call it feature_size or num_mel_bins).
-_MEL_NAMES = ("num_mel_bins", "feature_size", "n_mels", "num_mels", "mel_bins", "feat_in", "input_feat_per_channel")
+_MEL_NAMES = (
+    "num_mel_bins",
+    "feature_size",
+    "n_mels",
+    "num_mels",
+    "mel_bins",
+    "feat_in",
+    "input_feat_per_channel",
+    "feature_projection_input_dim",
+)
 
 
 @dataclass(frozen=True)
@@ -39,13 +57,16 @@ class Layout:
     where a speech encoder takes (batch, samples). ``time_major``: log-mel frames as (batch, frames, mels), the
     conformer processors' layout, where Whisper-like encoders take (batch, mels, frames). ``mels``: the frame width
     among the config's candidates. ``codebook_rows``: a decoder over several audio codebooks (MusicGen) takes one
-    row of ids per codebook, (batch x codebooks, sequence).
+    row of ids per codebook, (batch x codebooks, sequence). ``box_fractions``: word boxes as fractions of the page
+    rather than the layout tokenizers' integers in [0, 1000] (the first tried where the model keeps no table of 2-D
+    positions, ``max_2d_position_embeddings``).
     """
 
     channels_first: bool = False
     time_major: bool = False
     mels: int | None = None
     codebook_rows: bool = False
+    box_fractions: bool = False
 
 
 def _one_line(exc: BaseException) -> str:
@@ -133,6 +154,9 @@ def _select_defaults(model: torch.nn.Module, config: Any) -> None:
 def _layouts(config: Any, wanted: tuple[str, ...]) -> list[Layout]:
     """The layouts worth trying, the conventional one first."""
     wanted = _names(wanted)
+    if "bbox" in wanted:
+        table = isinstance(getattr(config, "max_2d_position_embeddings", None), int)
+        return [Layout(box_fractions=fractions) for fractions in ((False, True) if table else (True, False))]
     if "input_features" in wanted:
         mels = list(dict.fromkeys(_named_ints(config.to_dict(), _MEL_NAMES))) or [80, 128]
         return [Layout(time_major=t, mels=m) for t in (False, True) for m in mels]
@@ -223,6 +247,8 @@ def make_inputs(
         kw["input_ids"] = _token_ids(config, generator, vocab, layout)
         if "attention_mask" in wanted:
             kw["attention_mask"] = torch.ones(kw["input_ids"].shape, dtype=torch.long)
+        if "bbox" in wanted:
+            kw["bbox"] = _boxes(config, generator, kw["input_ids"].shape, layout)
     if "pixel_values" in wanted and (not text_only or "pixel_values" in required):
         kw["pixel_values"] = _pixels(config, generator)
     if "input_features" in wanted and ("input_ids" not in kw or "input_features" in required):
@@ -241,9 +267,21 @@ def _token_ids(config: Any, generator: torch.Generator, vocab: int, layout: Layo
     return inputs.token_ids(generator, rows, SEQUENCE, vocab)
 
 
+def _boxes(config: Any, generator: torch.Generator, shape: torch.Size, layout: Layout) -> torch.Tensor:
+    """One word box per token, (x0, y0, x1, y1) with x0 <= x1 and y0 <= y1: integers in [0, 1000], the layout
+    tokenizers' scale, or fractions of the page (``Layout.box_fractions``)."""
+    boxes = inputs.boxes(generator, *shape)
+    if layout.box_fractions:
+        return boxes
+    scale = min(LAYOUT_SCALE, getattr(config, "max_2d_position_embeddings", LAYOUT_SCALE + 1) - 1)
+    return (boxes * scale).round().long()
+
+
 def _image_size(config: Any) -> tuple[int, int]:
-    """(height, width) the vision tower is configured for: an int, or a (height, width) pair (text recognisers)."""
-    for source in (config, _sub(config, "vision_config")):
+    """(height, width) the vision tower -- or its backbone -- is configured for: an int, or a (height, width) pair
+    (text recognisers)."""
+    vision = getattr(config, "vision_config", None)
+    for source in (config, vision, getattr(vision, "backbone_config", None)):
         for name in ("image_size", "img_size"):
             value = getattr(source, name, None)
             if isinstance(value, int) and not isinstance(value, bool):

@@ -72,6 +72,13 @@ def token_ids(generator: torch.Generator, batch: int, length: int, vocab: int) -
     return torch.randint(low, high, (batch, length), generator=generator)
 
 
+def boxes(generator: torch.Generator, batch: int, length: int) -> torch.Tensor:
+    """(batch, length, 4) word boxes (x0, y0, x1, y1) on a unit page, corners ordered (x0 <= x1, y0 <= y1)."""
+    corners = _uniform(generator, batch, length, 2, 2)  # two corners, each (x, y)
+    low, high = corners.min(dim=2).values, corners.max(dim=2).values
+    return torch.cat([low, high], dim=-1)
+
+
 def waveform(generator: torch.Generator, batch: int, samples: int) -> torch.Tensor:
     """Speech-like audio: a few tones with a slowly changing loudness, plus a little noise."""
     time = torch.arange(samples).float() / 16000

@@ -16,6 +16,10 @@ from typing import Any
 HIDDEN = 128  # width of every shrunk transformer (the brief allows at most 256)
 HEADS = 4
 HEAD_DIM = HIDDEN // HEADS
+# Document-layout encoders concatenate six 2-D position embeddings (x0, y0, x1, y1, height, width) into the width,
+# each a sixth of it: their width must divide by six (and by the heads), which 128 does not.
+LAYOUT_HIDDEN = 192
+LAYOUT_PARTS = 6
 FEED_FORWARD = 256
 EXPERT_FEED_FORWARD = 64
 VOCAB = 1024
@@ -61,6 +65,12 @@ _STATE = re.compile(r"^(mamba_dt_rank|time_step_rank|mamba_d_state|state_size|d_
 _ROPE_DIMS = re.compile(r"^(qk_rope_head_dim|qk_nope_head_dim|v_head_dim)$")
 _PERIOD = re.compile(r".*_period$")
 _WINDOW = re.compile(r"^(sliding_window|window_size_local|local_window_size)$")
+# sizes that may be a width another config ties to, and names that are never a width
+_TIED = re.compile(r".*(hidden|_dim|_size|channels|projection).*")
+_NOT_TIED = re.compile(
+    r".*(position|vocab|image|patch|window|kernel|max_|chunk|batch|length|sampl|rate|codebook_size|num_|layers).*"
+)
+_FEATS = re.compile(r".*_feats$")
 _STAGES = ("depths", "hidden_sizes", "stage_depths", "block_depths", "embed_dims")
 
 
@@ -221,9 +231,73 @@ def _select_layers(value: list[Any], old_layers: int | None, chosen: list[int]) 
 
 def shrink_config(config: dict[str, Any], ids: _TokenIds | None = None) -> dict[str, Any]:
     """``config`` (a config's ``to_dict()``) with every size small and every dependent size consistent."""
-    ids = ids or _TokenIds()
+    if ids is None:
+        shrunk = _shrink(config, _TokenIds())
+        _tie_widths(config, shrunk, _width_map(config, shrunk))
+        return shrunk
+    return _shrink(config, ids)
+
+
+def _width_map(old: Any, new: Any, found: dict[int, int | None] | None = None) -> dict[int, int | None]:
+    """Every width of the tree, original -> shrunk (None where one original width went two ways)."""
+    found = {} if found is None else found
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key, value in old.items():
+            if _WIDTH.match(str(key)) and isinstance(value, int) and isinstance(new.get(key), int):
+                found[value] = new[key] if found.get(value, new[key]) == new[key] else None
+            _width_map(value, new.get(key), found)
+    return found
+
+
+def _tie_widths(old: Any, new: Any, widths: dict[int, int | None]) -> None:
+    """Sizes tied to a width, left as they were, follow it: one equal to a width of the tree (a head's
+    ``audio_hidden_size``, a flow head's ``condition_dim``, a quantizer's ``codebook_dim``); positional features
+    half a width (sine and cosine halves); one equal to its own config's head size (a box projection added to the
+    heads); a sixth of a layout encoder's width (its 2-D position embeddings)."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return
+    shares = _shares(old, new)
+    # a size equal to an entry of a list the shrinker keeps (a decoder's input channels) stays with that list
+    listed = {x for v in new.values() if isinstance(v, list) for x in v if isinstance(x, int)}
+    for key, value in old.items():
+        if isinstance(value, dict):
+            _tie_widths(value, new.get(key), widths)
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or new.get(key) != value or value in listed:
+            continue
+        if _FEATS.match(str(key)) and widths.get(2 * value) not in (None, 2 * value):
+            new[key] = widths[2 * value] // 2
+        elif not _TIED.match(str(key)) or _NOT_TIED.match(str(key)):
+            continue
+        elif widths.get(value) not in (None, value):
+            new[key] = widths[value]
+        elif value in shares:
+            new[key] = shares[value]
+
+
+def _shares(old: dict[str, Any], new: dict[str, Any]) -> dict[int, int]:
+    """Original -> shrunk sizes of one config's parts of its width: the head size; a layout encoder's sixths."""
+    old_width, new_width = _width_of(old), _width_of(new)
+    old_heads, new_heads = _heads_of(old), _heads_of(new)
+    shares: dict[int, int] = {}
+    if old_width and new_width and old_heads and old_heads > 1 and new_heads and old_width % old_heads == 0:
+        shares[old_width // old_heads] = new_width // new_heads
+    if old_width and new_width and "max_2d_position_embeddings" in old and old_width % LAYOUT_PARTS == 0:
+        shares[old_width // LAYOUT_PARTS] = new_width // LAYOUT_PARTS
+    return {k: v for k, v in shares.items() if k != v}
+
+
+def _width_of(config: dict[str, Any]) -> int | None:
+    return next((v for k, v in config.items() if _WIDTH.match(str(k)) and isinstance(v, int) and v > 0), None)
+
+
+def _heads_of(config: dict[str, Any]) -> int | None:
+    return next((v for k, v in config.items() if _HEADS.match(str(k)) and isinstance(v, int) and v > 0), None)
+
+
+def _shrink(config: dict[str, Any], ids: _TokenIds) -> dict[str, Any]:
     out = dict(config)
-    staged = any(isinstance(config.get(k), list) for k in _STAGES)  # hierarchical widths: keep their stage plan
+    staged = _staged(config)  # hierarchical widths: keep their stage plan
     # a backbone whose outputs name stages, or hierarchical stages: its depth plan stays as configured
     keeps_depth = staged or bool(config.get("out_features") or config.get("out_indices"))
     old_layers, layers = (None, 0) if keeps_depth else _layer_count(config)
@@ -253,13 +327,16 @@ def shrink_config(config: dict[str, Any], ids: _TokenIds | None = None) -> dict[
                 out[key] = [ids.remap(v) for v in value]
             elif (selected := _select_layers(value, old_layers, chosen)) is not None:
                 out[key] = selected
-            elif "layer" in key and chosen and _index_list(value, old_layers):
+            elif "layer" in key and not staged and _index_list(value):
                 out[key] = [chosen.index(v) for v in value if v in chosen] or [0]
             continue
         if not isinstance(value, int) or isinstance(value, bool):
             continue
         heads = None if staged else _heads(key, value, old_heads)
-        out[key] = heads if heads is not None else _shrink_int(key, value, staged=staged, layers=layers, ids=ids)
+        width = LAYOUT_HIDDEN if "max_2d_position_embeddings" in config else HIDDEN
+        out[key] = (
+            heads if heads is not None else _shrink_int(key, value, staged=staged, layers=layers, ids=ids, width=width)
+        )
     _state_space(config, out)
     if "num_experts_per_tok" in out and out["num_experts_per_tok"] is None and _routes(config):
         out["num_experts_per_tok"] = EXPERTS_PER_TOKEN  # a default config routing to None experts per token
@@ -275,10 +352,15 @@ def shrink_config(config: dict[str, Any], ids: _TokenIds | None = None) -> dict[
     return out
 
 
-def _index_list(value: list[Any], layers: int | None) -> bool:
+def _staged(config: dict[str, Any]) -> bool:
+    """Widths follow stages: a list of per-stage depths or widths (``depths``, ``stage_in_channels``, ...)."""
+    return any(isinstance(v, list) and (k in _STAGES or str(k).startswith("stage_")) for k, v in config.items())
+
+
+def _index_list(value: list[Any]) -> bool:
     """A list of distinct layer indices (full-attention layers), not a per-stage setting (layers per stage)."""
     ints = all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-    return bool(value) and ints and layers is not None and len(set(value)) == len(value) and max(value) < layers
+    return bool(value) and ints and len(set(value)) == len(value)
 
 
 def _layer_key(old: Any, index: int) -> Any:
@@ -291,11 +373,11 @@ def _routes(config: dict[str, Any]) -> bool:
     return any(_EXPERTS.match(str(k)) and isinstance(v, int) and v > 1 for k, v in config.items())
 
 
-def _shrink_int(key: str, value: int, *, staged: bool, layers: int, ids: _TokenIds) -> int:
+def _shrink_int(key: str, value: int, *, staged: bool, layers: int, ids: _TokenIds, width: int = HIDDEN) -> int:
     """The shrunk value of one integer attribute, by what its name says it is."""
     rules: list[tuple[bool, int]] = [
         (_LAYERS.match(key) is not None, min(value, layers) if layers else value),
-        (not staged and _WIDTH.match(key) is not None, min(value, HIDDEN)),
+        (not staged and _WIDTH.match(key) is not None, min(value, width)),
         (_FEED_FORWARD.match(key) is not None, min(value, FEED_FORWARD)),
         (_EXPERT_FEED_FORWARD.match(key) is not None, min(value, EXPERT_FEED_FORWARD)),
         (_EXPERTS.match(key) is not None, min(value, EXPERTS)),
