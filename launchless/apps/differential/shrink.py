@@ -354,7 +354,12 @@ def _shrink(config: dict[str, Any], ids: _TokenIds) -> dict[str, Any]:
 
 def _staged(config: dict[str, Any]) -> bool:
     """Widths follow stages: a list of per-stage depths or widths (``depths``, ``stage_in_channels``, ...)."""
-    return any(isinstance(v, list) and (k in _STAGES or str(k).startswith("stage_")) for k, v in config.items())
+    return any(
+        isinstance(v, list)
+        and (k in _STAGES or str(k).startswith("stage_"))
+        and not all(isinstance(x, str) for x in v)  # stage names are not a stage plan
+        for k, v in config.items()
+    )
 
 
 def _index_list(value: list[Any]) -> bool:
