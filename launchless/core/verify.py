@@ -31,6 +31,7 @@ largest magnitude. ``mode="strict"`` demands bit identity.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -251,13 +252,12 @@ def _verify(
             "graph (eager raised on them too, or they give the same outputs)",
         )
     report.from_call = tuple(sorted(from_call))
-    if lockstep:  # every rank makes the same calls whatever it finds
-        second = _on_the_calls_inputs(graph, fn, flat, mode, tolerance_ulps, branches, keep, "", lockstep=True)
+    why = f"on them eager differs from itself, the graph from eager by {report.max_abs:.3g}"
+    own = functools.partial(_on_the_calls_inputs, graph, fn, flat, mode, tolerance_ulps, branches, keep, why)
+    again = own(lockstep=True) if lockstep else None  # every rank makes the same calls whatever it finds
     if report.status != VerifyStatus.EAGER_NOISE or report.passed:
         return report
-    why = f"on them eager differs from itself, the graph from eager by {report.max_abs:.3g}"
-    again = second if lockstep else _on_the_calls_inputs(graph, fn, flat, mode, tolerance_ulps, branches, keep, why)
-    return again or report
+    return (again if lockstep else own()) or report
 
 
 def _on_the_calls_inputs(
