@@ -148,6 +148,9 @@ def _add_differential_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--out", required=True, help="folder for the shard's rows")
     run.add_argument("--processes", type=int, default=1, help="workers side by side on the GPU")
     run.add_argument("--timeout", type=float, default=300, help="seconds one model may take (all its rows)")
+    run.add_argument(
+        "--resume", action="store_true", help="leave out models that already have rows in --out (a shard cut short)"
+    )
     run.add_argument("--list", action="store_true", help="list the shard's models and exit (no GPU needed)")
     merge = actions.add_parser("merge", help="merge shard folders into differential.json, .md and .png")
     merge.add_argument("dirs", nargs="+", metavar="DIR")
@@ -186,6 +189,7 @@ def _differential(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         names=args.models,
         processes=args.processes,
         timeout_s=args.timeout,
+        resume=args.resume,
     )
     print(f"{len(rows)} rows in {args.out}")
     return 0

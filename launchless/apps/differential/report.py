@@ -40,6 +40,11 @@ def load(directories: list[str | Path]) -> list[dict[str, Any]]:
     return [row for line in lines.values() for row in line["rows"]]
 
 
+def done_models(directories: list[str | Path]) -> set[tuple[str, str]]:
+    """``(library, model)`` of every model with rows in ``directories``."""
+    return {(row["library"], row["model"]) for row in load(directories)}
+
+
 def built_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows of models that build and run eager: the ones the promise is about."""
     return [r for r in rows if r["result"] not in UNBUILT]

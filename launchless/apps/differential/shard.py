@@ -6,6 +6,7 @@ A model that ends its worker (a hard CUDA error, an abort) or runs past the per-
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -15,9 +16,13 @@ from typing import Any
 from ..workers import append_row, run_workers
 from .candidate import Candidate, Library
 from .population import candidates, pick, shard
+from .report import done_models
 from .rows import Entry, GradMode, Result, new_row
 
 WORKER = [sys.executable, "-m", "launchless.apps.differential.worker"]
+# Workers side by side share the host's cores: each one's CPU work (drawing inputs, Inductor's compiles) on one
+# thread, or a dozen workers' thread pools fight over the cores and every call waits on them.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
 
 def _killed(library: Library, tasks: dict[str, str], record: Path) -> Any:
@@ -42,11 +47,18 @@ def run_shard(
     names: list[str] | None = None,
     processes: int = 1,
     timeout_s: float = 300,
+    resume: bool = False,
 ) -> list[dict[str, Any]]:
-    """Rows of shard ``shard_spec`` of ``library`` (or of ``names``), ``processes`` workers at once on the GPU."""
+    """Rows of shard ``shard_spec`` of ``library`` (or of ``names``), ``processes`` workers at once on the GPU.
+
+    With ``resume``, models that already have rows in ``out_dir`` are left out: a shard cut short by a time limit
+    goes on where it stopped (a model cut off mid-way wrote nothing and runs again)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     chosen: list[Candidate] = shard(pick(candidates(library), names), *shard_spec)
+    if resume:
+        done = done_models([out])
+        chosen = [c for c in chosen if (library.value, c.name) not in done]
     tasks = {c.name: c.task for c in chosen}
     parts = [chosen[i::processes] for i in range(processes)]
     results: list[list[dict[str, Any]]] = [[] for _ in parts]
@@ -62,6 +74,7 @@ def run_shard(
             key="key",
             failed_row=_killed(library, tasks, out / f"rows{label}-killed.jsonl"),
             timeout_s=timeout_s,
+            env={**os.environ, **ONE_THREAD} if processes > 1 else None,
             on_row=lambda line: print(f"{line['key']}: {sorted({str(r['result']) for r in line['rows']})}", flush=True),
         )
 
