@@ -331,16 +331,64 @@ def test_few_models_fail_to_build_in_their_own_library() -> None:
     assert all(failing.values()) and len(failing) <= NOT_IN_LIBRARY_SHARE * max(causal, 1), failing
 
 
-def test_a_model_that_ends_its_worker_is_a_crash_row_the_merge_reads(tmp_path) -> None:
-    """A killed or timed-out worker leaves no row of its own: the shard writes the crash row into its folder."""
+def test_a_model_that_ends_its_worker_is_a_crash_row_naming_the_row_it_was_on(tmp_path) -> None:
+    """A killed or timed-out worker leaves no row of its own: the shard writes the crash row into its folder, with
+    the entry and grad mode the worker announced last and the error its log shows after that."""
     from launchless.apps.differential import report
     from launchless.apps.differential.candidate import Library
     from launchless.apps.differential.shard import _killed
+    from launchless.apps.differential.worker import RUNNING
 
-    killed = _killed(
-        Library.TORCHVISION, {"ssdlite320_mobilenet_v3_large": "detection"}, tmp_path / "rows-x-killed.jsonl"
+    log = tmp_path / "worker-x.log"
+    log.write_text(
+        f"{RUNNING} other wrap-auto no_grad\n{RUNNING} ssdlite generate-greedy-b4 inference_mode\n"
+        "IndexKernel.cu:193: Assertion `idx >= 0 && idx < self_dim_size` failed.\n"
+        "torch.AcceleratorError: CUDA error: device-side assert triggered\n"
     )
-    killed("ssdlite320_mobilenet_v3_large", "timed out after 150 s")
+    killed = _killed(Library.TORCHVISION, {"ssdlite": "detection"}, tmp_path / "rows-x-killed.jsonl", log)
+    killed("ssdlite", "the worker exited with code 1")
     (row,) = report.load([tmp_path])
-    assert (row["model"], row["result"]) == ("ssdlite320_mobilenet_v3_large", "crash")
-    assert "timed out after 150 s" in row["reason"]
+    assert (row["model"], row["result"]) == ("ssdlite", "crash")
+    assert row["reason"] == (
+        "the worker exited with code 1 on this model during generate-greedy-b4 / inference_mode: "
+        "torch.AcceleratorError: CUDA error: device-side assert triggered"
+    )
+
+
+def test_a_model_run_again_replaces_its_earlier_line_whatever_the_file_names(tmp_path) -> None:
+    """The merge keeps, per model, the line finished last: a killed model run again alone in the same folder (a
+    worker file that sorts first) must not lose to the crash row its first worker left."""
+    crash = {"key": "m", "rows": [_row("m", Status.NOT_RUN, Result.CRASH, None)], "finished_at": 100.0}
+    again = {"key": "m", "rows": [_row("m", Status.GRAPH, Result.IDENTICAL, 2.0)], "finished_at": 200.0}
+    (tmp_path / "rows-timm-1of1-p3-1-killed.jsonl").write_text(json.dumps(crash) + "\n")
+    (tmp_path / "rows-timm-1of1-p0-2-0.jsonl").write_text(json.dumps(again) + "\n")
+    assert [r["result"] for r in report.load([tmp_path])] == ["identical"]
+    assert report.done_models([tmp_path]) == {("timm", "m")}
+
+
+def test_mismatches_that_are_equal_numbers_are_named_and_bounded_by_zero() -> None:
+    from launchless.apps.differential.runner import Mismatch, judge_mismatch, mismatch
+
+    want = torch.tensor([1.0, 0.0, float("nan")])
+    signed = torch.tensor([1.0, -0.0, float("nan")])
+    payload = want.clone()
+    payload.view(torch.int32)[2] ^= 1
+    assert mismatch(want, signed) is Mismatch.SIGNED_ZEROS
+    assert mismatch(want, payload) is Mismatch.NAN_PAYLOADS
+    assert judge_mismatch(want, payload, {}) == (Result.BOUNDED, 0.0, 0.0, "NaN payloads")
+    moved = torch.tensor([1.0, 1e-7, float("nan")])
+    assert mismatch(want, moved) is Mismatch.VALUES
+    assert judge_mismatch(want, moved, {})[0] is Result.DIFFERS
+    assert mismatch((want,), (want, want)) is Mismatch.STRUCTURE
+    assert mismatch({"n": 1, "t": want}, {"n": 2, "t": want}) is Mismatch.OTHER_LEAVES
+
+
+def test_a_reference_that_differs_from_itself_has_its_spread_measured() -> None:
+    from launchless.apps.differential.runner import reference_noise
+
+    draws = iter([0.0, 3e-6, -2e-6, 1e-6])
+    want = torch.ones(4)
+    assert reference_noise(lambda x: x.clone(), want, 0, (want,), {}) == 0.0
+    noisy = reference_noise(lambda x: x + next(draws), want, 0, (want,), {})
+    assert noisy == pytest.approx(3e-6, rel=0.05)  # float32 rounding of 1 + 3e-6
+    assert reference_noise(lambda x: x[:2], want, 0, (want,), {}) == float("inf")

@@ -4,8 +4,11 @@ Three requests, each on fresh prompts: greedy batch 1 and greedy batch 4 left-pa
 under a seed in float32; under ``inference_mode`` (greedy batch 1 also under ``no_grad``). The tokens must match
 exactly one of two references: eager ``generate()`` on a static cache of the same length with compilation off (the
 cache class decode graphs use), or ``model.generate()`` as called, with the model's own cache (where launchless hands
-the call to it: a cache no graph can follow). The speed is against ``model.generate()`` as called: what the user
-would run instead.
+the call to it: a cache no graph can follow). The static-cache reference is made only for a call launchless would
+decode through a static cache (``static_cache_refusal`` names none): a model whose class refuses one (MPT, the
+state-space models) may overflow it or ignore it. One that raises is dropped, its error kept in the row's reason;
+the row is ``eager-fails`` only where ``model.generate()`` as called raises. The speed is against
+``model.generate()`` as called: what the user would run instead.
 """
 
 from __future__ import annotations
@@ -61,6 +64,26 @@ def _as_called(model: torch.nn.Module, request: dict[str, Any]) -> torch.Tensor:
     return model.generate(**request)
 
 
+def _static_refusal(model: torch.nn.Module, request: dict[str, Any]) -> str | None:
+    """Why launchless would not decode this call through a static cache; None when it would."""
+    from ...decoding import static_cache_refusal
+
+    return static_cache_refusal(model, request)
+
+
+def _references(model: torch.nn.Module, request: dict[str, Any], seed: int) -> tuple[list[torch.Tensor], str | None]:
+    """The tokens the accelerated call may match, under ``seed`` each, and the error of the static-cache reference
+    where it raised (it is then left out). What ``model.generate()`` as called raises is raised."""
+    wants, dropped = [], None
+    if _static_refusal(model, request) is None:
+        try:
+            wants.append(_seeded(_reference, seed, model, request))
+        except Exception as exc:
+            dropped = one_line(exc)
+    wants.append(_seeded(_as_called, seed, model, request))
+    return wants, dropped
+
+
 def _seeded(run: Any, seed: int, model: torch.nn.Module, request: dict[str, Any]) -> torch.Tensor:
     torch.manual_seed(seed)
     return run(model, request)
@@ -91,6 +114,7 @@ def generate_row(candidate: Candidate, built: Built, entry: Entry, mode: GradMod
     started = time.perf_counter()
     extra = SAMPLING if entry is Entry.GENERATE_SAMPLE else {"do_sample": False}
     same = 0
+    dropped: dict[str, None] = {}  # the static-cache reference's errors, once each
     fast: Any = None
     try:
         model = copy.deepcopy(built.model).to(dtype) if dtype is not torch.float32 else built.model
@@ -100,10 +124,12 @@ def generate_row(candidate: Candidate, built: Built, entry: Entry, mode: GradMod
             for call in range(GENERATE_CALLS):
                 request = {**_prompt(entry, vocab, generator), **extra}
                 try:
-                    wants = [_seeded(run, seed + call, model, request) for run in (_reference, _as_called)]
+                    wants, error = _references(model, request, seed + call)
                 except Exception as exc:
                     row.update(result=Result.EAGER_FAILS.value, reason=f"eager generate(): {one_line(exc)}")
                     return row
+                if error is not None:
+                    dropped[error] = None
                 got = _seeded(lambda _, r: fast.generate(**r), seed + call, model, request)
                 row["calls"] += 1
                 same += int(any(got.shape == want.shape and torch.equal(got, want) for want in wants))
@@ -111,7 +137,9 @@ def generate_row(candidate: Candidate, built: Built, entry: Entry, mode: GradMod
             row.update(status=status.value, reason=reason, identical_calls=same)
             row["result"] = (Result.IDENTICAL if same == row["calls"] else Result.DIFFERS).value
             if row["result"] == Result.DIFFERS.value:
-                row["reason"] = f"tokens differ from both references on {row['calls'] - same} of {row['calls']} calls"
+                row["reason"] = f"tokens differ from the references on {row['calls'] - same} of {row['calls']} calls"
+            notes = [row["reason"], *(f"static-cache reference dropped: {error}" for error in dropped)]
+            row["reason"] = "; ".join(note for note in notes if note) or None
             _time(row, model, fast, request, seed)
     except Exception as exc:
         from .runner import _where

@@ -29,14 +29,18 @@ class Target:
 
 
 def load(directories: list[str | Path]) -> list[dict[str, Any]]:
-    """The rows of every shard in ``directories`` (the worker files ``rows*.jsonl``), the last line per model."""
+    """The rows of every shard in ``directories`` (the worker files ``rows*.jsonl``): per model, the line finished
+    last (a model run again -- alone, with a longer timeout -- replaces the row its earlier worker left)."""
     lines: dict[tuple[str, str], dict[str, Any]] = {}
     for directory in directories:
         for path in sorted(Path(directory).glob("rows*.jsonl")):
             for line in read_rows(path):
                 rows = line.get("rows", [])
-                if rows:
-                    lines[(rows[0]["library"], line["key"])] = line
+                if not rows:
+                    continue
+                key = (rows[0]["library"], line["key"])
+                if key not in lines or line.get("finished_at", 0.0) >= lines[key].get("finished_at", 0.0):
+                    lines[key] = line
     return [row for line in lines.values() for row in line["rows"]]
 
 

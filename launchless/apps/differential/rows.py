@@ -68,6 +68,8 @@ ROW_KEYS = (
     "max_abs_diff",
     "bound",
     "bound_class",
+    "first_differing_call",
+    "mismatch",
     "reason",
     "source",
     "wall_s",

@@ -18,6 +18,7 @@ from .candidate import Candidate, Library
 from .population import candidates, pick, shard
 from .report import done_models
 from .rows import Entry, GradMode, Result, new_row
+from .worker import RUNNING
 
 WORKER = [sys.executable, "-m", "launchless.apps.differential.worker"]
 # Workers side by side share the host's cores: each one's CPU work (drawing inputs, Inductor's compiles) on one
@@ -25,14 +26,31 @@ WORKER = [sys.executable, "-m", "launchless.apps.differential.worker"]
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
 
-def _killed(library: Library, tasks: dict[str, str], record: Path) -> Any:
+def killed_reason(log: Path, name: str) -> str:
+    """The row and the error a worker's log shows for ``name`` when the process ended: its last announced row
+    (``worker.announce``) and the last error line after it (a device-side assert prints its own line)."""
+    if not log.exists():
+        return ""
+    lines = log.read_text(errors="replace").splitlines()
+    marks = [i for i, line in enumerate(lines) if line.startswith(f"{RUNNING} {name} ")]
+    if not marks:
+        return ""
+    _, entry, mode = lines[marks[-1]].rsplit(" ", 2)
+    errors = [line.strip() for line in lines[marks[-1] + 1 :] if any(w in line for w in _ERROR_WORDS)]
+    return f" during {entry} / {mode}" + (f": {errors[-1][:300]}" if errors else "")
+
+
+_ERROR_WORDS = ("Error", "error:", "Assertion", "Aborted", "Segmentation")
+
+
+def _killed(library: Library, tasks: dict[str, str], record: Path, log: Path) -> Any:
     """The row standing for a model that ended its worker or timed out, also written to ``record`` (a ``rows*.jsonl``
     file of the shard's folder): the merge reads only the folder, and a crash must not vanish from the report."""
 
     def row(name: str, why: str) -> dict[str, Any]:
         crash = new_row(name, library.value, tasks.get(name, ""), Entry.WRAP_AUTO, GradMode.NO_GRAD)
-        crash.update(result=Result.CRASH.value, reason=f"{why} on this model (all its rows)")
-        line = {"key": name, "rows": [crash]}
+        crash.update(result=Result.CRASH.value, reason=f"{why} on this model{killed_reason(log, name)}")
+        line = {"key": name, "rows": [crash], "finished_at": time.time()}
         append_row(record, line)
         return line
 
@@ -72,7 +90,7 @@ def run_shard(
             out=out,
             label=label,
             key="key",
-            failed_row=_killed(library, tasks, out / f"rows{label}-killed.jsonl"),
+            failed_row=_killed(library, tasks, out / f"rows{label}-killed.jsonl", out / f"worker{label}.log"),
             timeout_s=timeout_s,
             env={**os.environ, **ONE_THREAD} if processes > 1 else None,
             on_row=lambda line: print(f"{line['key']}: {sorted({str(r['result']) for r in line['rows']})}", flush=True),

@@ -22,6 +22,8 @@ from .population import candidates, pick
 from .rows import Entry, GradMode, Result, new_row
 from .runner import forward_entries, forward_row, one_line, release
 
+RUNNING = "launchless-differential: running"
+
 
 def model_rows(candidate: Candidate) -> list[dict[str, Any]]:
     """Every row of ``candidate``: forward entries x grad modes, and the decoding requests of a causal LM."""
@@ -36,18 +38,28 @@ def model_rows(candidate: Candidate) -> list[dict[str, Any]]:
         return [_not_built(candidate, Result.NOT_IN_LIBRARY, f"needs a package that is not installed: {one_line(exc)}")]
     except Exception as exc:
         return [_not_built(candidate, Result.HARNESS, f"does not build: {one_line(exc)}")]
-    rows = [
-        forward_row(candidate, built, entry, mode, seed) for entry in forward_entries(candidate) for mode in GradMode
-    ]
+    rows = []
+    for entry in forward_entries(candidate):
+        for mode in GradMode:
+            announce(candidate, entry, mode)
+            rows.append(forward_row(candidate, built, entry, mode, seed))
     if candidate.library is Library.TRANSFORMERS_CAUSAL and hasattr(built.model, "generate"):
         from .generate import REQUESTS, generate_row
 
-        rows += [generate_row(candidate, built, entry, mode, seed) for entry, mode in REQUESTS]
+        for entry, mode in REQUESTS:
+            announce(candidate, entry, mode)
+            rows.append(generate_row(candidate, built, entry, mode, seed))
     for row in rows:
         row["model_s"] = round(time.perf_counter() - started, 1)
     del built
     release(None)
     return rows
+
+
+def announce(candidate: Candidate, entry: Entry, mode: GradMode) -> None:
+    """One line in the worker's log before each row: a model that kills the process (a device-side assert) is
+    charged to the row it was on (``shard.killed_reason`` reads it back)."""
+    print(f"{RUNNING} {candidate.name} {entry.value} {mode.value}", flush=True)
 
 
 def _build_on_gpu(candidate: Candidate) -> Built:
@@ -72,7 +84,7 @@ def _not_built(candidate: Candidate, result: Result, reason: str) -> dict[str, A
 def run(library: Library, names: list[str], out: str) -> None:
     population = {c.name: c for c in candidates(library)}
     for candidate in pick(list(population.values()), names):
-        append_row(out, {"key": candidate.name, "rows": model_rows(candidate)})
+        append_row(out, {"key": candidate.name, "rows": model_rows(candidate), "finished_at": time.time()})
 
 
 def main() -> None:
