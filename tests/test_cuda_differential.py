@@ -55,3 +55,21 @@ def test_a_shard_runs_in_worker_processes_and_merges(tmp_path: Path) -> None:
     merged = report.load([tmp_path])
     assert {r["model"] for r in merged} == {"resnet18", "mobilenet_v3_small"}
     assert report.write_all(merged, tmp_path / "out")["md"].exists()
+
+
+def test_the_timing_pass_times_auto_in_both_grad_modes_and_the_merge_lays_it_over_the_rows(tmp_path: Path) -> None:
+    pytest.importorskip("torchvision")
+    from launchless.apps.differential.shard import run_shard
+
+    run_shard(Library.TORCHVISION, str(tmp_path), names=["resnet18"])
+    run_shard(Library.TORCHVISION, str(tmp_path), names=["resnet18"], timing=True)
+    (line,) = report.load_timings([tmp_path]).values()
+    assert {(t["entry"], t["grad_mode"]) for t in line["timings"]} == {
+        ("wrap-auto", "no_grad"),
+        ("wrap-auto", "inference_mode"),
+    }
+    assert all(t["speedup"] > 0 and t["measured"] in ("waited", "back_to_back") for t in line["timings"]), line
+    rows = report.apply_timings(report.load([tmp_path]), report.load_timings([tmp_path]))
+    auto = [r for r in rows if r["entry"] == "wrap-auto"]
+    assert auto and all(r["timed_alone"] for r in auto)
+    assert not any(r["timed_alone"] for r in rows if r["entry"] == "wrap-true")

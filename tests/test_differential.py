@@ -146,14 +146,14 @@ def _row(model: str, status: Status, result: Result | None, speedup: float | Non
 
 
 def test_report_counts_rows_and_judges_every_target() -> None:
-    good = [_row(f"ok{i}", Status.GRAPH, Result.IDENTICAL, 2.0) for i in range(40)]
+    good = [_row(f"ok{i}", Status.GRAPH, Result.IDENTICAL, 2.0, timed_alone=True) for i in range(40)]
     rows = [*good, _row("nolib", Status.NOT_RUN, Result.NOT_IN_LIBRARY, None, reason="needs scipy")]
     met = {t.name: t.met for t in report.targets(rows)}
     assert all(met.values()), met
     rows += [
         _row("bad", Status.GRAPH, Result.DIFFERS, 2.0, reason="max diff 1"),
         _row("boom", Status.GRAPH, Result.CRASH, None, reason="RuntimeError: x"),
-        _row("slow", Status.SPLIT, Result.IDENTICAL, 0.9),
+        _row("slow", Status.SPLIT, Result.IDENTICAL, 0.9, timed_alone=True),
     ]
     judged = {t.name: t for t in report.targets(rows)}
     assert [t.met for t in judged.values()] == [False, False, False, True]
@@ -162,6 +162,22 @@ def test_report_counts_rows_and_judges_every_target() -> None:
     for name in ("bad", "boom", "nolib", "needs scipy", "RuntimeError: x"):
         assert name in text
     assert "ok1 " not in text  # identical rows are counted, not listed
+
+
+def test_only_speed_ups_timed_alone_judge_the_speed_target() -> None:
+    """A speed-up taken beside other workers is not a timing: the target reads the timing pass, and an accelerated
+    auto row it did not time leaves the target unmet."""
+    speed = "none slower than eager by > 3 % (timed alone)"
+    rows = [_row("a", Status.GRAPH, Result.IDENTICAL, 0.5), _row("b", Status.GRAPH, Result.IDENTICAL, 3.0)]
+    judged = {t.name: t for t in report.targets(rows)}[speed]
+    assert not judged.met and judged.value == "0 of 0 rows timed alone; 2 accelerated auto rows not timed"
+    line = {"key": "a", "library": "timm", "timings": [{"entry": "wrap-auto", "grad_mode": "no_grad",
+            "eager_ms": 2.0, "accelerated_ms": 1.0, "speedup": 2.0}]}  # fmt: skip
+    timed = report.apply_timings(rows, {("timm", "a"): line})
+    assert [(r["speedup"], r["timed_alone"]) for r in timed] == [(2.0, True), (3.0, False)]
+    assert {t.name: t for t in report.targets(timed)}[speed].value.startswith("0 of 1 rows timed alone; 1 ")
+    line["timings"].append({"entry": "wrap-auto", "grad_mode": "inference_mode", "error": "RuntimeError: x"})
+    assert report.apply_timings(rows[:1], {("timm", "a"): line})[0]["timed_alone"]
 
 
 def test_bounded_rows_name_their_class_and_bound() -> None:
@@ -392,3 +408,22 @@ def test_a_reference_that_differs_from_itself_has_its_spread_measured() -> None:
     noisy = reference_noise(lambda x: x + next(draws), want, 0, (want,), {})
     assert noisy == pytest.approx(3e-6, rel=0.05)  # float32 rounding of 1 + 3e-6
     assert reference_noise(lambda x: x[:2], want, 0, (want,), {}) == float("inf")
+
+
+def test_a_model_killed_in_the_timing_pass_leaves_its_correctness_rows_alone(tmp_path) -> None:
+    from launchless.apps.differential.shard import _killed
+
+    ok = {"key": "m", "rows": [_row("m", Status.GRAPH, Result.IDENTICAL, 2.0)], "finished_at": 1.0}
+    (tmp_path / "rows-timm-1of1-p0-1-0.jsonl").write_text(json.dumps(ok) + "\n")
+    killed = _killed(Library.TIMM, {}, tmp_path / "rows-timm-timing-killed.jsonl", tmp_path / "none.log", timing=True)
+    killed("m", "timed out after 300 s")
+    assert [r["result"] for r in report.load([tmp_path])] == ["identical"]
+    (line,) = report.load_timings([tmp_path]).values()
+    assert line["timings"] == [] and line["error"] == "timed out after 300 s on this model"
+    assert report.timed_models([tmp_path]) == {("timm", "m")}
+
+
+def test_the_timing_pass_runs_one_process() -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["differential", "run", "--library", "timm", "--timing", "--processes", "4", "--out", "x"])
+    assert exit_.value.code == 2

@@ -151,6 +151,11 @@ def _add_differential_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--resume", action="store_true", help="leave out models that already have rows in --out (a shard cut short)"
     )
+    run.add_argument(
+        "--timing",
+        action="store_true",
+        help="the timing pass: each model alone on the GPU (one process), speed-ups the merge lays over the rows",
+    )
     run.add_argument("--list", action="store_true", help="list the shard's models and exit (no GPU needed)")
     merge = actions.add_parser("merge", help="merge shard folders into differential.json, .md and .png")
     merge.add_argument("dirs", nargs="+", metavar="DIR")
@@ -163,7 +168,7 @@ def _differential(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     from .differential.population import candidates, parse_shard, pick, shard
 
     if args.action == "merge":
-        rows = report.load(args.dirs)
+        rows = report.apply_timings(report.load(args.dirs), report.load_timings(args.dirs))
         paths = report.write_all(rows, args.out)
         print(paths["md"].read_text())
         return 0
@@ -172,6 +177,8 @@ def _differential(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         chosen = shard(pick(candidates(Library(args.library)), args.models), *spec)
     except (KeyError, ValueError) as exc:
         parser.error(str(exc))
+    if args.timing and args.processes != 1:
+        parser.error(f"--timing times each model with the GPU to itself: one process, not --processes {args.processes}")
     if args.list:
         print("\n".join(c.name for c in chosen))
         return 0
@@ -190,6 +197,7 @@ def _differential(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         processes=args.processes,
         timeout_s=args.timeout,
         resume=args.resume,
+        timing=args.timing,
     )
     print(f"{len(rows)} rows in {args.out}")
     return 0

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from ..workers import read_rows
-from .rows import VERIFIED, Result, Status
+from .rows import VERIFIED, Entry, Result, Status
 
 SLOWER_LIMIT = 0.97  # a speed-up below this is slower than eager by more than 3 %
 ACCELERATED_SHARE = 0.95
 ACCELERATED = (Status.GRAPH.value, Status.SPLIT.value)
+TIMED_ENTRIES = (Entry.WRAP_AUTO.value, Entry.GENERATE_GREEDY_B1.value)  # the rows the timing pass times
 UNBUILT = (Result.NOT_IN_LIBRARY.value, Result.HARNESS.value, Result.EAGER_FAILS.value)
 
 
@@ -44,6 +45,44 @@ def load(directories: list[str | Path]) -> list[dict[str, Any]]:
     return [row for line in lines.values() for row in line["rows"]]
 
 
+def load_timings(directories: list[str | Path]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The timing pass's lines (``timing.timing_line``) in ``directories``, the last finished per model."""
+    lines: dict[tuple[str, str], dict[str, Any]] = {}
+    for directory in directories:
+        for path in sorted(Path(directory).glob("rows*.jsonl")):
+            for line in read_rows(path):
+                if "timings" not in line:
+                    continue
+                key = (line["library"], line["key"])
+                if key not in lines or line.get("finished_at", 0.0) >= lines[key].get("finished_at", 0.0):
+                    lines[key] = line
+    return lines
+
+
+def timed_models(directories: list[str | Path]) -> set[tuple[str, str]]:
+    """``(library, model)`` of every model the timing pass has a line for."""
+    return set(load_timings(directories))
+
+
+def apply_timings(rows: list[dict[str, Any]], timings: dict[tuple[str, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with the speed figures of the timing pass laid over theirs (``timed_alone`` True); a row the pass
+    did not time keeps the figures of its correctness run, taken beside other workers (``timed_alone`` False)."""
+    by_row = {
+        (library, model, t["entry"], t["grad_mode"]): t
+        for (library, model), line in timings.items()
+        for t in line["timings"]
+        if t.get("speedup") is not None
+    }
+    out = []
+    for row in rows:
+        timed = by_row.get((row["library"], row["model"], row["entry"], row["grad_mode"]))
+        row = {**row, "timed_alone": timed is not None}
+        if timed is not None:
+            row.update({k: timed[k] for k in ("eager_ms", "accelerated_ms", "speedup")})
+        out.append(row)
+    return out
+
+
 def done_models(directories: list[str | Path]) -> set[tuple[str, str]]:
     """``(library, model)`` of every model with rows in ``directories``."""
     return {(row["library"], row["model"]) for row in load(directories)}
@@ -59,13 +98,19 @@ def targets(rows: list[dict[str, Any]]) -> list[Target]:
     built = built_rows(rows)
     crashes = sum(r["result"] == Result.CRASH.value for r in built)
     differs = sum(r["result"] == Result.DIFFERS.value for r in built)
-    slower = [r for r in built if r["speedup"] is not None and r["speedup"] < SLOWER_LIMIT]
+    timed = [r for r in built if r.get("timed_alone") and r["speedup"] is not None]
+    slower = [r for r in timed if r["speedup"] < SLOWER_LIMIT]
+    untimed = [r for r in built if r["entry"] in TIMED_ENTRIES and r["status"] in ACCELERATED and r not in timed]
     good = sum(r["status"] in ACCELERATED and r["result"] in [v.value for v in VERIFIED] for r in built)
     share = good / len(built) if built else 0.0
     return [
         Target("0 crashes where eager works", str(crashes), crashes == 0),
         Target("0 wrong values (differs)", str(differs), differs == 0),
-        Target("none slower than eager by > 3 %", str(len(slower)), not slower),
+        Target(
+            "none slower than eager by > 3 % (timed alone)",
+            f"{len(slower)} of {len(timed)} rows timed alone; {len(untimed)} accelerated auto rows not timed",
+            not slower and not untimed,
+        ),
         Target(
             f">= {ACCELERATED_SHARE:.0%} of rows of built models accelerated and verified",
             f"{share:.1%} ({good}/{len(built)})",
@@ -95,9 +140,13 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     out += _table(
         ["library", "models", *kinds], [[lib, models[lib], *(counts[(lib, k)] for k in kinds)] for lib in libraries]
     )
-    speedups = sorted(r["speedup"] for r in built_rows(rows) if r["speedup"] is not None)
+    speedups = sorted(r["speedup"] for r in built_rows(rows) if r.get("timed_alone") and r["speedup"] is not None)
     if speedups:
-        out += ["", f"Median speed-up over eager: {speedups[len(speedups) // 2]:.2f}x over {len(speedups)} rows."]
+        out += [
+            "",
+            f"Median speed-up over eager: {speedups[len(speedups) // 2]:.2f}x over {len(speedups)} rows timed alone "
+            "(the other rows' figures were taken beside other workers on the same GPU and are not timings).",
+        ]
     odd = [r for r in rows if r["result"] != Result.IDENTICAL.value]
     out += ["", f"## Rows not identical ({len(odd)})", ""]
     out += _table(
@@ -134,7 +183,7 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     bars.set_title("result per library")
     bars.legend(fontsize=8)
     bars.tick_params(axis="x", labelrotation=20)
-    speedups = [r["speedup"] for r in built_rows(rows) if r["speedup"]]
+    speedups = [r["speedup"] for r in built_rows(rows) if r.get("timed_alone") and r["speedup"]]
     if speedups:
         hist.hist(speedups, bins=40)
         hist.axvline(SLOWER_LIMIT, color="red", linestyle="--", label="3 % slower than eager")

@@ -61,6 +61,7 @@ ROW_KEYS = (
     "status",
     "result",
     "speedup",
+    "timed_alone",
     "eager_ms",
     "accelerated_ms",
     "calls",

@@ -208,8 +208,11 @@ def release(accelerated: Any) -> None:
     torch.cuda.empty_cache()
 
 
-def forward_row(candidate: Candidate, built: Built, entry: Entry, mode: GradMode, seed: int) -> dict[str, Any]:
-    """The row of ``entry`` under ``mode``: CALLS fresh-input comparisons, the status, then the speed-up."""
+def forward_row(
+    candidate: Candidate, built: Built, entry: Entry, mode: GradMode, seed: int, *, timed: bool = True
+) -> dict[str, Any]:
+    """The row of ``entry`` under ``mode``: CALLS fresh-input comparisons, the status, then the speed-up (unless
+    ``timed`` is False: beside other workers on the GPU a timing is not one; the timing pass measures it)."""
     row = new_row(candidate.name, candidate.library.value, candidate.task, entry, mode, architecture=built.architecture)
     generator = torch.Generator().manual_seed(seed)
     model = built.model
@@ -253,7 +256,8 @@ def forward_row(candidate: Candidate, built: Built, entry: Entry, mode: GradMode
             row.update(status=status.value, reason=reason, source=source)
             row["identical_calls"] = results.count(Result.IDENTICAL)
             row["result"] = max(results, key=_severity).value
-            _time(row, model, accelerated, args, kwargs)
+            if timed:
+                _time(row, model, accelerated, args, kwargs)
     except Exception as exc:  # the accelerated model raised where eager worked
         row.update(result=Result.CRASH.value, reason=one_line(exc), source=_where(exc))
     finally:
@@ -279,6 +283,7 @@ def _time(row: dict[str, Any], model: Any, accelerated: Any, args: tuple, kwargs
         per_round=TIMING_PER_ROUND,
     )
     row.update(
+        timed_alone=True,
         eager_ms=round(medians["eager"], 4),
         accelerated_ms=round(medians["accelerated"], 4),
         speedup=round(medians["eager"] / medians["accelerated"], 3),

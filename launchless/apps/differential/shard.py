@@ -16,7 +16,7 @@ from typing import Any
 from ..workers import append_row, run_workers
 from .candidate import Candidate, Library
 from .population import candidates, pick, shard
-from .report import done_models
+from .report import done_models, timed_models
 from .rows import Entry, GradMode, Result, new_row
 from .worker import RUNNING
 
@@ -43,14 +43,20 @@ def killed_reason(log: Path, name: str) -> str:
 _ERROR_WORDS = ("Error", "error:", "Assertion", "Aborted", "Segmentation")
 
 
-def _killed(library: Library, tasks: dict[str, str], record: Path, log: Path) -> Any:
+def _killed(library: Library, tasks: dict[str, str], record: Path, log: Path, *, timing: bool = False) -> Any:
     """The row standing for a model that ended its worker or timed out, also written to ``record`` (a ``rows*.jsonl``
-    file of the shard's folder): the merge reads only the folder, and a crash must not vanish from the report."""
+    file of the shard's folder): the merge reads only the folder, and a crash must not vanish from the report. In
+    the timing pass it is a timing line with the error, which leaves the model's correctness rows as they are."""
 
     def row(name: str, why: str) -> dict[str, Any]:
-        crash = new_row(name, library.value, tasks.get(name, ""), Entry.WRAP_AUTO, GradMode.NO_GRAD)
-        crash.update(result=Result.CRASH.value, reason=f"{why} on this model{killed_reason(log, name)}")
-        line = {"key": name, "rows": [crash], "finished_at": time.time()}
+        reason = f"{why} on this model{killed_reason(log, name)}"
+        if timing:
+            line: dict[str, Any] = {"key": name, "library": library.value, "timings": [], "error": reason}
+        else:
+            crash = new_row(name, library.value, tasks.get(name, ""), Entry.WRAP_AUTO, GradMode.NO_GRAD)
+            crash.update(result=Result.CRASH.value, reason=reason)
+            line = {"key": name, "rows": [crash]}
+        line["finished_at"] = time.time()
         append_row(record, line)
         return line
 
@@ -66,34 +72,42 @@ def run_shard(
     processes: int = 1,
     timeout_s: float = 300,
     resume: bool = False,
+    timing: bool = False,
 ) -> list[dict[str, Any]]:
     """Rows of shard ``shard_spec`` of ``library`` (or of ``names``), ``processes`` workers at once on the GPU.
 
     With ``resume``, models that already have rows in ``out_dir`` are left out: a shard cut short by a time limit
-    goes on where it stopped (a model cut off mid-way wrote nothing and runs again)."""
+    goes on where it stopped (a model cut off mid-way wrote nothing and runs again). With ``timing``, the timing pass
+    instead (``timing.py``): one worker, one model at a time, timing lines in the same folder."""
+    if timing and processes != 1:
+        raise ValueError(f"the timing pass runs one worker (the GPU to itself), not {processes}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     chosen: list[Candidate] = shard(pick(candidates(library), names), *shard_spec)
     if resume:
-        done = done_models([out])
+        done = timed_models([out]) if timing else done_models([out])
         chosen = [c for c in chosen if (library.value, c.name) not in done]
     tasks = {c.name: c.task for c in chosen}
     parts = [chosen[i::processes] for i in range(processes)]
+    flag = "--timing" if timing else "--side-by-side" if processes > 1 else None
+    command = [*WORKER, "--library", library.value, *([flag] if flag else [])]
     results: list[list[dict[str, Any]]] = [[] for _ in parts]
     stamp = time.strftime("%Y%m%dT%H%M%S")
 
     def one(i: int, part: list[Candidate]) -> None:
-        label = f"-{library.value}-{shard_spec[0]}of{shard_spec[1]}-p{i}-{stamp}"
+        label = f"-{library.value}{'-timing' if timing else ''}-{shard_spec[0]}of{shard_spec[1]}-p{i}-{stamp}"
         results[i] = run_workers(
             [c.name for c in part],
-            command=lambda rest, jsonl: [*WORKER, "--library", library.value, "--out", str(jsonl), "--models", *rest],
+            command=lambda rest, jsonl: [*command, "--out", str(jsonl), "--models", *rest],
             out=out,
             label=label,
             key="key",
-            failed_row=_killed(library, tasks, out / f"rows{label}-killed.jsonl", out / f"worker{label}.log"),
+            failed_row=_killed(
+                library, tasks, out / f"rows{label}-killed.jsonl", out / f"worker{label}.log", timing=timing
+            ),
             timeout_s=timeout_s,
             env={**os.environ, **ONE_THREAD} if processes > 1 else None,
-            on_row=lambda line: print(f"{line['key']}: {sorted({str(r['result']) for r in line['rows']})}", flush=True),
+            on_row=lambda line: print(f"{line['key']}: {_summary(line)}", flush=True),
         )
 
     threads = [threading.Thread(target=one, args=(i, part)) for i, part in enumerate(parts) if part]
@@ -101,4 +115,10 @@ def run_shard(
         thread.start()
     for thread in threads:
         thread.join()
-    return [row for part in results for line in part for row in line["rows"]]
+    return [row for part in results for line in part for row in line.get("rows", line.get("timings", []))]
+
+
+def _summary(line: dict[str, Any]) -> str:
+    if "timings" in line:
+        return ", ".join(f"{t['entry']}/{t['grad_mode']} {t.get('speedup', t.get('error'))}" for t in line["timings"])
+    return str(sorted({str(r["result"]) for r in line["rows"]}))

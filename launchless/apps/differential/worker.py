@@ -25,8 +25,9 @@ from .runner import forward_entries, forward_row, one_line, release
 RUNNING = "launchless-differential: running"
 
 
-def model_rows(candidate: Candidate) -> list[dict[str, Any]]:
-    """Every row of ``candidate``: forward entries x grad modes, and the decoding requests of a causal LM."""
+def model_rows(candidate: Candidate, *, timed: bool = True) -> list[dict[str, Any]]:
+    """Every row of ``candidate``: forward entries x grad modes, and the decoding requests of a causal LM; speed-ups
+    only when ``timed`` (a worker alone on the GPU)."""
     seed = zlib.crc32(candidate.key.encode())
     started = time.perf_counter()
     try:
@@ -42,7 +43,7 @@ def model_rows(candidate: Candidate) -> list[dict[str, Any]]:
     for entry in forward_entries(candidate):
         for mode in GradMode:
             announce(candidate, entry, mode)
-            rows.append(forward_row(candidate, built, entry, mode, seed))
+            rows.append(forward_row(candidate, built, entry, mode, seed, timed=timed))
     if candidate.library is Library.TRANSFORMERS_CAUSAL and hasattr(built.model, "generate"):
         from .generate import REQUESTS, generate_row
 
@@ -81,10 +82,31 @@ def _not_built(candidate: Candidate, result: Result, reason: str) -> dict[str, A
     )  # fmt: skip
 
 
-def run(library: Library, names: list[str], out: str) -> None:
+def timing_of(candidate: Candidate) -> dict[str, Any]:
+    """The timing pass's line for ``candidate`` (``timing.timing_line``); a model that does not build has none."""
+    from .timing import timing_line
+
+    seed = zlib.crc32(candidate.key.encode())
+    try:
+        torch.manual_seed(seed)
+        built = _build_on_gpu(candidate)
+    except Exception as exc:
+        return {"key": candidate.name, "library": candidate.library.value, "timings": [], "error": one_line(exc)}
+    try:
+        return timing_line(candidate, built, seed)
+    finally:
+        del built
+        release(None)
+
+
+def run(library: Library, names: list[str], out: str, *, timing: bool = False, side_by_side: bool = False) -> None:
     population = {c.name: c for c in candidates(library)}
     for candidate in pick(list(population.values()), names):
-        append_row(out, {"key": candidate.name, "rows": model_rows(candidate), "finished_at": time.time()})
+        if timing:
+            append_row(out, timing_of(candidate))
+        else:
+            rows = model_rows(candidate, timed=not side_by_side)
+            append_row(out, {"key": candidate.name, "rows": rows, "finished_at": time.time()})
 
 
 def main() -> None:
@@ -92,10 +114,12 @@ def main() -> None:
     parser.add_argument("--library", required=True, choices=[lib.value for lib in Library])
     parser.add_argument("--models", nargs="+", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--timing", action="store_true", help="time the models (the timing pass) instead")
+    parser.add_argument("--side-by-side", action="store_true", help="other workers share the GPU: no speed-ups")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.WARNING)
-    run(Library(args.library), args.models, args.out)
+    run(Library(args.library), args.models, args.out, timing=args.timing, side_by_side=args.side_by_side)
 
 
 if __name__ == "__main__":

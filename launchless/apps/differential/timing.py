@@ -1,0 +1,106 @@
+"""The timing pass: speed-ups of a model measured with the GPU to itself.
+
+Correctness runs put a dozen workers side by side on one GPU, and there every call waits on the others: a speed-up
+measured there says nothing about eager against launchless. The timing pass runs one model at a time in one
+process: per grad mode, ``wrap(model)`` ("auto", what a user gets) on a few fresh calls -- capture, verification
+and its own speed judgement included -- then eager and accelerated in interleaved rounds on fresh inputs, both the
+GPU time of calls issued back to back and the latency of calls waited for; the row's speed-up is the smaller of the
+two. A causal LM adds greedy batch-1 decoding against ``model.generate()`` as called. The merge lays these figures
+over the correctness rows (``report.apply_timings``); the speed target reads only rows timed alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import torch
+
+from ...timing import interleaved_ms
+from .candidate import Candidate, Library
+from .rows import Entry, GradMode
+from .runner import accelerate, grad_mode, one_line, release
+
+TIMED: tuple[tuple[Entry, GradMode], ...] = (
+    (Entry.WRAP_AUTO, GradMode.NO_GRAD),
+    (Entry.WRAP_AUTO, GradMode.INFERENCE_MODE),
+)
+DECODE_TIMED = (Entry.GENERATE_GREEDY_B1, GradMode.INFERENCE_MODE)
+WARM_CALLS = 3
+ROUNDS = 9
+PER_ROUND = 3
+
+
+def model_timings(candidate: Candidate, built: Any, seed: int) -> list[dict[str, Any]]:
+    """One timing per entry and grad mode of ``TIMED`` (and ``DECODE_TIMED`` for a causal LM)."""
+    timings = [_forward_timing(built, entry, mode, seed) for entry, mode in TIMED]
+    if candidate.library is Library.TRANSFORMERS_CAUSAL and hasattr(built.model, "generate"):
+        timings.append(_decode_timing(candidate, built, seed))
+    return timings
+
+
+def _timing(entry: Entry, mode: GradMode, **values: Any) -> dict[str, Any]:
+    return {"entry": entry.value, "grad_mode": mode.value, **values}
+
+
+def _forward_timing(built: Any, entry: Entry, mode: GradMode, seed: int) -> dict[str, Any]:
+    generator = torch.Generator().manual_seed(seed)
+    accelerated: Any = None
+    try:
+        accelerated = accelerate(built.model, entry)
+        with grad_mode(mode):
+            for _ in range(WARM_CALLS):
+                args, kwargs = built.make_inputs(generator, "cuda")
+                accelerated(*args, **kwargs)
+            args, kwargs = built.make_inputs(generator, "cuda")
+            calls = {"eager": lambda: built.model(*args, **kwargs), "accelerated": lambda: accelerated(*args, **kwargs)}
+            back_to_back = interleaved_ms(calls, waited=False, rounds=ROUNDS, per_round=PER_ROUND)
+            waited = interleaved_ms(calls, waited=True, rounds=ROUNDS, per_round=1)
+        speedups = {
+            "back_to_back": back_to_back["eager"] / back_to_back["accelerated"],
+            "waited": waited["eager"] / waited["accelerated"],
+        }
+        slower = min(speedups, key=speedups.__getitem__)
+        timings = back_to_back if slower == "back_to_back" else waited
+        return _timing(
+            entry, mode, eager_ms=round(timings["eager"], 4), accelerated_ms=round(timings["accelerated"], 4),
+            speedup=round(speedups[slower], 3), measured=slower,
+        )  # fmt: skip
+    except Exception as exc:
+        return _timing(entry, mode, error=one_line(exc))
+    finally:
+        release(accelerated)
+
+
+def _decode_timing(candidate: Candidate, built: Any, seed: int) -> dict[str, Any]:
+    """Greedy batch-1 decoding in bfloat16 after one warm generation (the first of its class proves itself)."""
+    from ... import wrap
+    from . import generate
+
+    entry, mode = DECODE_TIMED
+    fast: Any = None
+    try:
+        model = copy.deepcopy(built.model).to(torch.bfloat16)
+        fast = wrap(model)
+        prompt = generate._prompt(entry, generate._vocabulary(model), torch.Generator().manual_seed(seed))
+        request = {**prompt, "do_sample": False}
+        with grad_mode(mode):
+            fast.generate(**request)
+            measured: dict[str, Any] = {}
+            generate._time(measured, model, fast, request, seed)
+        return _timing(entry, mode, **measured, measured="waited")
+    except Exception as exc:
+        return _timing(entry, mode, error=one_line(exc))
+    finally:
+        release(fast)
+
+
+def timing_line(candidate: Candidate, built: Any, seed: int) -> dict[str, Any]:
+    """The line a timing worker writes for ``candidate``."""
+    return {
+        "key": candidate.name,
+        "library": candidate.library.value,
+        "timings": model_timings(candidate, built, seed),
+        "finished_at": time.time(),
+    }
