@@ -427,3 +427,14 @@ def test_the_timing_pass_runs_one_process() -> None:
     with pytest.raises(SystemExit) as exit_:
         cli.main(["differential", "run", "--library", "timm", "--timing", "--processes", "4", "--out", "x"])
     assert exit_.value.code == 2
+
+
+def test_the_report_says_how_much_of_each_population_it_covers(tmp_path) -> None:
+    from launchless.apps.differential.shard import write_population
+
+    population = [Candidate(Library.TIMM, name, "classification", lambda device: None) for name in ("a", "b", "c")]
+    write_population(tmp_path, Library.TIMM, population)
+    populations = report.load_populations([tmp_path])
+    assert populations["timm"]["models"] == ["a", "b", "c"] and populations["timm"]["torch"] == torch.__version__
+    text = report.markdown([_row("a", Status.GRAPH, Result.IDENTICAL, 2.0)], populations)
+    assert "| timm | " in text and "| 1 of 3 |" in text

@@ -169,7 +169,7 @@ def _differential(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
     if args.action == "merge":
         rows = report.apply_timings(report.load(args.dirs), report.load_timings(args.dirs))
-        paths = report.write_all(rows, args.out)
+        paths = report.write_all(rows, args.out, report.load_populations(args.dirs))
         print(paths["md"].read_text())
         return 0
     try:

@@ -126,13 +126,28 @@ def _table(header: list[str], body: list[list[Any]]) -> list[str]:
     ]
 
 
-def markdown(rows: list[dict[str, Any]]) -> str:
-    """Counts per library and status/result, the targets, every row that is not ``identical`` with its reason."""
-    libraries = sorted({r["library"] for r in rows})
+def load_populations(directories: list[str | Path]) -> dict[str, dict[str, Any]]:
+    """The ``population-<library>.json`` records the runs wrote (``shard.write_population``), one per library."""
+    found: dict[str, dict[str, Any]] = {}
+    for directory in directories:
+        for path in sorted(Path(directory).glob("population-*.json")):
+            record = json.loads(path.read_text())
+            found[record["library"]] = record
+    return found
+
+
+def markdown(rows: list[dict[str, Any]], populations: dict[str, dict[str, Any]] | None = None) -> str:
+    """Counts per library and status/result, the targets, every row that is not ``identical`` with its reason; with
+    ``populations``, how much of each library's list the rows cover and what it was run on."""
+    populations = populations or {}
+    libraries = sorted({r["library"] for r in rows} | set(populations))
     models = Counter(r["library"] for r in {(r["library"], r["model"]): r for r in rows}.values())
     kinds = sorted({f"{r['status']}/{r['result']}" for r in rows})
     counts = Counter((r["library"], f"{r['status']}/{r['result']}") for r in rows)
-    out = ["# Differential run", "", f"{len(rows)} rows of {sum(models.values())} models.", "", "## Targets", ""]
+    out = ["# Differential run", "", f"{len(rows)} rows of {sum(models.values())} models.", ""]
+    if populations:
+        out += _coverage(rows, populations)
+    out += ["## Targets", ""]
     out += _table(
         ["target", "measured", "met"], [[t.name, t.value, "yes" if t.met else "**no**"] for t in targets(rows)]
     )
@@ -158,6 +173,19 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         ],
     )  # fmt: skip
     return "\n".join(out) + "\n"
+
+
+def _coverage(rows: list[dict[str, Any]], populations: dict[str, dict[str, Any]]) -> list[str]:
+    """The share of each library's list the rows cover, and the environment each list was enumerated in."""
+    run = {(r["library"], r["model"]) for r in rows}
+    body = []
+    for library, record in sorted(populations.items()):
+        listed = record["models"]
+        done = sum((library, name) in run for name in listed)
+        body.append(
+            [library, record.get("version"), f"{done} of {len(listed)}", record.get("gpu"), record.get("torch")]
+        )
+    return [*_table(["library", "version", "models run", "GPU", "torch"], body), ""]
 
 
 def _bounded(row: dict[str, Any]) -> str:
@@ -196,12 +224,14 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def write_all(rows: list[dict[str, Any]], out_dir: str | Path) -> dict[str, Path]:
+def write_all(
+    rows: list[dict[str, Any]], out_dir: str | Path, populations: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Path]:
     """differential.json, differential.md and differential.png in ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "differential.json", "md": out / "differential.md", "png": out / "differential.png"}
     paths["json"].write_text(json.dumps(rows, indent=1) + "\n")
-    paths["md"].write_text(markdown(rows))
+    paths["md"].write_text(markdown(rows, populations))
     chart(rows, paths["png"])
     return paths

@@ -6,6 +6,7 @@ A model that ends its worker (a hard CUDA error, an abort) or runs past the per-
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -63,6 +64,22 @@ def _killed(library: Library, tasks: dict[str, str], record: Path, log: Path, *,
     return row
 
 
+def write_population(out: Path, library: Library, population: list[Candidate]) -> None:
+    """``population-<library>.json`` in ``out``: every model of the library's list as enumerated here, and the
+    versions it was enumerated with, so the merge can say how much of the population a report covers."""
+    from importlib import metadata
+
+    from ..environment import describe
+
+    package = library.value.split("-")[0]
+    try:
+        version = metadata.version(package)
+    except metadata.PackageNotFoundError:
+        version = None
+    record = {"library": library.value, "version": version, "models": [c.name for c in population], **describe()}
+    (out / f"population-{library.value}.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
 def run_shard(
     library: Library,
     out_dir: str,
@@ -83,7 +100,9 @@ def run_shard(
         raise ValueError(f"the timing pass runs one worker (the GPU to itself), not {processes}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    chosen: list[Candidate] = shard(pick(candidates(library), names), *shard_spec)
+    population = candidates(library)
+    write_population(out, library, population)
+    chosen: list[Candidate] = shard(pick(population, names), *shard_spec)
     if resume:
         done = timed_models([out]) if timing else done_models([out])
         chosen = [c for c in chosen if (library.value, c.name) not in done]
