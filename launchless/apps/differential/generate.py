@@ -37,14 +37,42 @@ REQUESTS: tuple[tuple[Entry, GradMode], ...] = (
 )
 
 
-def _prompt(entry: Entry, vocab: int, generator: torch.Generator) -> dict[str, Any]:
+def _prompt(entry: Entry, vocab: int, generator: torch.Generator, codebooks: int = 1) -> dict[str, Any]:
+    """Fresh prompts, left-padded with id 0 for batch 4; a decoder over several audio codebooks takes one row of ids
+    per codebook, (batch x codebooks, length), under one mask row per sequence."""
     batch = 4 if entry is Entry.GENERATE_GREEDY_B4 else 1
-    ids = token_ids(generator, batch, PROMPT, vocab)
-    mask = torch.ones_like(ids)
+    ids = token_ids(generator, batch * codebooks, PROMPT, vocab).view(batch, codebooks, PROMPT)
+    mask = torch.ones(batch, PROMPT, dtype=ids.dtype)
     if entry is Entry.GENERATE_GREEDY_B4:
         for row, pads in enumerate(LEFT_PADS):
-            ids[row, :pads], mask[row, :pads] = 0, 0
+            ids[row, :, :pads], mask[row, :pads] = 0, 0
+    ids = ids.reshape(batch * codebooks, PROMPT)
     return {"input_ids": ids.cuda(), "attention_mask": mask.cuda(), "max_new_tokens": NEW_TOKENS, "pad_token_id": 0}
+
+
+def _codebooks(model: torch.nn.Module, built: Built) -> int:
+    """Rows of ids per sequence: the config's ``num_codebooks`` where the forward took one row of ids per audio
+    codebook (the layout the harness fitted on the built model, MusicGen's decoders), else 1."""
+    layout = (getattr(built.make_inputs, "keywords", None) or {}).get("layout")
+    codebooks = getattr(model.config, "num_codebooks", None)
+    return codebooks if getattr(layout, "codebook_rows", False) and isinstance(codebooks, int) else 1
+
+
+def _codebook_ids(model: torch.nn.Module, vocab: int) -> dict[str, int]:
+    """The pad (and start) id of a decoder over several codebooks: its generate() offsets each codebook by a step
+    more than the last (a delay pattern) filled with the start id, then drops every pad id from what it returns,
+    so the two must be one id the heads never emit. The embeddings hold it as a row past the heads' ``vocab``
+    outputs (MusicGen's ``vocab_size + 1`` rows; the checkpoints' pad and start id is ``vocab_size``) -- the shrunk
+    config's own pad id, moved inside the vocabulary, is one the heads emit. The start id is passed where the
+    model's generation config names none (checkpoints carry it in theirs)."""
+    embeddings = model.get_input_embeddings()
+    rows = max((m.num_embeddings for m in embeddings.modules() if isinstance(m, torch.nn.Embedding)), default=0)
+    if rows <= vocab:
+        return {}
+    ids = {"pad_token_id": rows - 1}
+    if getattr(model.generation_config, "decoder_start_token_id", None) is None:
+        ids["decoder_start_token_id"] = rows - 1
+    return ids
 
 
 def _reference(model: torch.nn.Module, request: dict[str, Any]) -> torch.Tensor:
@@ -52,7 +80,7 @@ def _reference(model: torch.nn.Module, request: dict[str, Any]) -> torch.Tensor:
     try:
         from ...decoding import cache_keyword, cache_length, new_static_cache
 
-        batch, length = request["input_ids"].shape[0], cache_length(request["input_ids"].shape[1] + NEW_TOKENS)
+        batch, length = request["attention_mask"].shape[0], cache_length(request["input_ids"].shape[1] + NEW_TOKENS)
         cache = {cache_keyword(model): new_static_cache(model, batch=batch, length=length)}
     except Exception:  # helpers renamed: let transformers build the static cache itself
         cache = {"cache_implementation": "static"}
@@ -118,11 +146,12 @@ def generate_row(candidate: Candidate, built: Built, entry: Entry, mode: GradMod
     fast: Any = None
     try:
         model = copy.deepcopy(built.model).to(dtype) if dtype is not torch.float32 else built.model
-        vocab = _vocabulary(model)
+        vocab, codebooks = _vocabulary(model), _codebooks(model, built)
+        special = _codebook_ids(model, vocab) if codebooks > 1 else {}
         fast = wrap(model)
         with grad_mode(mode):
             for call in range(GENERATE_CALLS):
-                request = {**_prompt(entry, vocab, generator), **extra}
+                request = {**_prompt(entry, vocab, generator, codebooks), **special, **extra}
                 try:
                     wants, error = _references(model, request, seed + call)
                 except Exception as exc:
