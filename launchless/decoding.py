@@ -29,13 +29,13 @@ on the same memory, so one graph replays them all. ``wrap(model).generate(...)``
 
 Decoding goes through ``model.generate()`` as called (the model's own cache, nothing of ours per step), with one
 WARNING naming why, for a model whose class says it cannot use a static cache, a static cache whose layers a graph
-cannot replay (sliding-window layers count their length on the host: Gemma2), an encoder-decoder, beam search and
-assisted decoding (they reorder or crop the cache between steps), ``use_cache=False``, a cache passed in that is not
-static, and another cache implementation asked for. So does a class of calls whose decoding through graphs raised
-where ``model.generate()`` does not (before any token reached the caller): one WARNING names the exception and its
-source line. The tokens are those of eager ``generate()`` on the same static cache. Against the default dynamic cache
-they can part after some steps: attention over the static cache's full, masked length rounds differently, as it does
-in transformers' own static-cache recipe.
+cannot replay (linear attention; a sliding window that fills within the generation: ``cache_layers``), an
+encoder-decoder, beam search and assisted decoding (they reorder or crop the cache between steps),
+``use_cache=False``, a cache passed in that is not static, and another cache implementation asked for. So does a
+class of calls whose decoding through graphs raised where ``model.generate()`` does not (before any token reached
+the caller): one WARNING names the exception and its source line. The tokens are those of eager ``generate()`` on
+the same static cache. Against the default dynamic cache they can part after some steps: attention over the static
+cache's full, masked length rounds differently, as it does in transformers' own static-cache recipe.
 """
 
 from __future__ import annotations
@@ -58,13 +58,13 @@ from typing import Any
 
 import torch
 
+from .cache_layers import CacheState, HostCounters, LayerPlan, unfollowed_layers
 from .core.cache import GraphCache, Refusal
 from .core.capture import CapturedGraph, CaptureFailed, capture, out_of_memory
 from .core.relocation import RelocationWatch
 from .core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
-from .core.snapshot import Snapshot
 from .core.status import Admission, Stage, VerifyStatus
-from .core.verify import VerifyReport, verify_step
+from .core.verify import VerifyReport, identical, verify_step
 from .decode_loop import (
     GenerationSettings,
     Prepared,
@@ -298,29 +298,6 @@ def _raised(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-def unfollowed_layers(model: torch.nn.Module, cache: Any) -> str:
-    """Why a decode graph cannot follow the layers of a static cache; empty where it can. A layer whose update is
-    not the plain static layer's keeps state a graph does not replay -- a sliding-window layer counts its length in
-    Python, on the host. transformers without cache layers keeps plain tensors: nothing to say."""
-    try:
-        from transformers.cache_utils import StaticLayer
-    except ImportError:
-        return ""
-    kinds = sorted(
-        {
-            type(layer).__name__
-            for layer in getattr(cache, "layers", ())
-            if getattr(type(layer), "update", None) is not StaticLayer.update  # a linear-attention layer has none
-        }
-    )
-    if not kinds:
-        return ""
-    return (
-        f"{type(model).__name__}'s static cache has {', '.join(kinds)} layers, whose update a decode graph cannot "
-        "replay (a sliding-window layer counts its length on the host)"
-    )
-
-
 class DecodeGraphs:
     """The decode graphs of one wrapped model (see the module docstring)."""
 
@@ -348,8 +325,9 @@ class DecodeGraphs:
         self._caches: collections.OrderedDict[tuple[int, int, bool, torch.dtype, torch.device], Any] = (
             collections.OrderedDict()
         )
-        # per decode graph: the cache it was captured on, where that cache held which tensor, how its output is rebuilt
-        self._state: dict[Signature, tuple[Any, list[tuple[Any, str, torch.Tensor]], _Output]] = {}
+        # per decode graph: the cache it was captured on, where that cache held which tensor, how its output is rebuilt,
+        # the lengths that cache counts on the host (advanced after each replay)
+        self._state: dict[Signature, tuple[Any, list[tuple[Any, str, torch.Tensor]], _Output, HostCounters]] = {}
         self._serials: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # cache -> key number
         self._next_serial = itertools.count()
         self._lock = threading.RLock()  # one generate() at a time: the model's forward is routed while it runs
@@ -361,8 +339,9 @@ class DecodeGraphs:
         self.proofs = 0  # first calls of a class, decoded both ways
         self._classes: dict[CallClass, ClassRecord] = {}  # where each class of calls stands with the loop
         self._forwards = [0]  # forwards of the routed model in this decoding: the first is the prompt's
-        # the model's own static cache, whether a graph can follow its layers: (its config, why not) per model class
-        self._layers: dict[type, tuple[Any, str]] = {}
+        # what a graph makes of the layers of the static cache the model gets: (its config, the plan) per model class
+        # and cache length (the length bounds a sliding-window layer's window: the smaller of the two)
+        self._layers: dict[tuple[type, int], tuple[Any, LayerPlan]] = {}
         self._unusable = ""  # why reading a call raised: every call goes through generate() as called
 
     # ---- generate() ------------------------------------------------------------------------------
@@ -619,15 +598,39 @@ class DecodeGraphs:
         if why is not None:
             return why
         given = given_cache(kwargs)
-        return (unfollowed_layers(model, given) if given is not None else self._layers_refusal(model)) or None
+        needed = self._needed(model, args, kwargs, settings=settings)[1]
+        if given is not None:
+            return unfollowed_layers(model, given, needed=needed) or None
+        return self._layers_refusal(model, needed) or None
 
-    def _layers_refusal(self, model: torch.nn.Module) -> str:
-        """``unfollowed_layers`` for the static cache this model gets, read once per model class and config (a cache
-        made for it allocates nothing before its first step; older transformers allocate one small one)."""
-        held = self._layers.get(type(model))
+    def _layers_refusal(self, model: torch.nn.Module, needed: int) -> str:
+        """``unfollowed_layers`` for the static cache this model gets for ``needed`` tokens, its layers read once per
+        model class, config and cache length (a cache made for it allocates nothing before its first step; older
+        transformers allocate one small one)."""
+        length = cache_length(needed)
+        held = self._layers.get((type(model), length))
         if held is None or held[0] is not model.config:
-            held = self._layers[type(model)] = (model.config, unfollowed_layers(model, _probe_cache(model)))
-        return held[1]
+            plan = LayerPlan.of(new_static_cache(model, batch=1, length=length))
+            held = self._layers[(type(model), length)] = (model.config, plan)
+        return held[1].refusal(type(model).__name__, needed=needed)
+
+    def _needed(
+        self,
+        model: torch.nn.Module,
+        args: tuple,
+        kwargs: Mapping[str, Any],
+        *,
+        settings: GenerationSettings | Exception,
+    ) -> tuple[int, int]:
+        """(sequences, tokens each) a call's generation needs: the batch times the sequences returned per prompt, and
+        the prompt with its new tokens."""
+        batch, prompt = _prompt(args, kwargs)
+        config = _resolved_config(model, kwargs, settings)
+        batch *= getattr(config, "num_return_sequences", 1) or 1
+        if getattr(config, "max_length", None) is None and getattr(config, "max_new_tokens", None) is None:
+            config = copy.copy(config)  # the call's settings, shared with the loop, stay as resolved
+            config.max_length = DEFAULT_MAX_LENGTH  # a transformers that fills its defaults in later
+        return batch, generated_length(model, config, kwargs, prompt=prompt)
 
     def _eager_generation(self, model: torch.nn.Module, why: str, args: tuple, kwargs: dict[str, Any]) -> Any:
         if self.explicit:
@@ -655,13 +658,7 @@ class DecodeGraphs:
         """This call's static cache: one per (batch, length, inference mode, the model's dtype and device), emptied in
         place. Inference tensors cannot be written outside inference mode (nor the other way round): each mode gets
         its own; a model converted (``.half()``) or moved since writes keys of another dtype or device."""
-        batch, prompt = _prompt(args, kwargs)
-        config = _resolved_config(model, kwargs, settings)
-        batch *= getattr(config, "num_return_sequences", 1) or 1
-        if getattr(config, "max_length", None) is None and getattr(config, "max_new_tokens", None) is None:
-            config = copy.copy(config)  # the call's settings, shared with the loop, stay as resolved
-            config.max_length = DEFAULT_MAX_LENGTH  # a transformers that fills its defaults in later
-        needed = generated_length(model, config, kwargs, prompt=prompt)
+        batch, needed = self._needed(model, args, kwargs, settings=settings)
         parameter = next(model.parameters())  # a model converted or moved since needs a cache like it
         key = (batch, cache_length(needed), torch.is_inference_mode_enabled(), parameter.dtype, parameter.device)
         cache = self._caches.get(key)
@@ -677,7 +674,7 @@ class DecodeGraphs:
 
     def _forget(self, cache: Any) -> None:
         """A cache dropped: the graphs captured on it go too."""
-        for key, (held, _, _) in list(self._state.items()):
+        for key, (held, _, _, _) in list(self._state.items()):
             if held is cache:
                 self.graphs.forget(key)
                 del self._state[key]
@@ -703,10 +700,14 @@ class DecodeGraphs:
         graphs.validate(())
         graph = graphs.get(key)
         if graph is not None:
-            held_cache, slots, output = self._state[key]
+            held_cache, slots, output, counters = self._state[key]
             if held_cache is cache and all(vars(h).get(name) is t for h, name, t in slots):  # no sort per step
+                if counters and not counters.fits(1):  # a window fills: refused before decoding, kept as a guard
+                    return self._eager_step("a sliding window fills at this step", forward, args, kwargs)
                 self.replayed += 1
-                return _rebuilt(output, graph.replay_cloned(flat.leaves), cache)
+                result = _rebuilt(output, graph.replay_cloned(flat.leaves), cache)
+                counters.advance(1)
+                return result
             graphs.forget(key)  # captured again below, on the tensors the cache holds now
             del self._state[key]
             graphs.log_once(
@@ -757,7 +758,10 @@ class DecodeGraphs:
             return _without_cache(forward(**tensors, **{keyword: cache}), cache, output)
 
         held = cache_tensors(cache)
-        state = Snapshot(held)
+        counters = HostCounters.of(cache)
+        if counters and not counters.fits(self.warmup + 2):  # the warm-up steps and the capture's own stay unfull
+            return self._eager_step("too near a sliding window's end to capture", forward, (), kwargs)
+        state = CacheState(held, counters)
         host = _host_state(cache)
         device = held[0].device
         try:
@@ -773,6 +777,10 @@ class DecodeGraphs:
                         "cannot replay: this model's cache cannot be made static",
                     )
                 report = self._verify(graph, decode_step, flat, state)
+                if report.passed and counters:
+                    counted = self._count_free(decode_step, flat, state)
+                    if counted:
+                        raise CaptureFailed(Stage.UNSUPPORTED, None, counted)
         except CaptureFailed as fail:
             state.restore()
             self.graphs.discard()
@@ -783,13 +791,36 @@ class DecodeGraphs:
             why = f"the decode graph differs from eager ({report.status}: {report.detail})"
             return self._refuse(key, Stage.VERIFICATION, why, forward, kwargs)
         self.graphs.keep(key, graph, report, flat.leaves)
-        self._state[key] = (cache, _cache_slots(cache), output)
+        self._state[key] = (cache, _cache_slots(cache), output, counters)
         for gone in [k for k in self._state if k not in self.graphs.graphs]:  # evicted: their caches let go
             del self._state[gone]
         self.replayed += 1
-        return _rebuilt(output, graph.replay_cloned(flat.leaves), cache)
+        result = _rebuilt(output, graph.replay_cloned(flat.leaves), cache)
+        counters.advance(1)
+        return result
 
-    def _verify(self, graph: CapturedGraph, fn: Callable[..., Any], flat: FlatInputs, state: Snapshot) -> VerifyReport:
+    @staticmethod
+    def _count_free(fn: Callable[..., Any], flat: FlatInputs, state: CacheState) -> str:
+        """Why the step reads its cache's host-side lengths for more than the branch and mask sizes a graph keeps
+        (``cache_layers``); empty when the step run eager with every count one off leaves the same outputs and cache
+        -- then advancing the counts after each replay is all a graph misses."""
+        args, kwargs = flat.rebuild(list(flat.leaves))
+        runs = []
+        for counts in (state.counts, state.counters.shifted()):
+            state.restore()
+            state.counters.write(counts)
+            runs.append((fn(*args, **kwargs), state.current()))
+        state.restore()
+        if identical(runs[0][0], runs[1][0]) and identical(runs[0][1], runs[1][1]):
+            return ""
+        return (
+            "a decode step reads the length its cache counts on the host (run with that count one off, it leaves "
+            "other outputs or cache): a graph would replay the count it was captured at"
+        )
+
+    def _verify(
+        self, graph: CapturedGraph, fn: Callable[..., Any], flat: FlatInputs, state: CacheState
+    ) -> VerifyReport:
         """The call's own step and the same step on other tokens (each id moved by one), from the same state."""
         if self.verify == "off":
             return VerifyReport(VerifyStatus.SKIPPED, True)
@@ -920,11 +951,6 @@ def new_static_cache(model: torch.nn.Module, *, batch: int, length: int) -> Any:
     return static_cache(
         config=model.config, max_cache_len=length, **{k: v for k, v in offered.items() if k in accepted}
     )
-
-
-def _probe_cache(model: torch.nn.Module) -> Any:
-    """A static cache as the model gets one, to read its layers' kinds."""
-    return new_static_cache(model, batch=1, length=MIN_CACHE_LENGTH)
 
 
 def _without_cache(output: Any, cache: Any, into: _Output) -> Any:

@@ -14,6 +14,7 @@ from torch.utils import _pytree as pytree
 
 transformers = pytest.importorskip("transformers")
 
+import launchless.cache_layers as cache_layers  # noqa: E402
 import launchless.decoding as decoding  # noqa: E402
 from launchless import CaptureError  # noqa: E402
 from launchless.core.capture import CapturedGraph, _static_like  # noqa: E402
@@ -89,7 +90,7 @@ def eager_static(model: torch.nn.Module, request: dict, **extra) -> torch.Tensor
     length = cache_length(request["input_ids"].shape[1] + request["max_new_tokens"])
     cache = new_static_cache(model, batch=request["input_ids"].shape[0], length=length)
     extra = {decoding.cache_keyword(model): cache, "do_sample": False} | extra
-    return model.generate(**request, disable_compile=True, **extra)
+    return model.generate(**(request | extra), disable_compile=True)
 
 
 @pytest.mark.parametrize(("needed", "length"), [(1, 64), (5, 64), (64, 64), (65, 128), (191, 256), (1000, 1024)])
@@ -724,7 +725,8 @@ def test_left_padded_bf16_prompts_are_proven_in_the_loop_on_generates_position_i
     assert graphs.info()["loop_generations"] == 1
 
 
-def tiny_gemma2() -> tuple[torch.nn.Module, dict]:
+def tiny_gemma2(*, sliding_window: int = 4096) -> tuple[torch.nn.Module, dict]:
+    """A Gemma2 of four layers (sliding-window and full attention in turn); 6 + 20 tokens a generation."""
     config = transformers.Gemma2Config(
         vocab_size=256,
         hidden_size=32,
@@ -734,6 +736,7 @@ def tiny_gemma2() -> tuple[torch.nn.Module, dict]:
         num_key_value_heads=2,
         head_dim=8,
         max_position_embeddings=128,
+        sliding_window=sliding_window,
     )
     torch.manual_seed(0)
     model = transformers.Gemma2ForCausalLM(config).eval().to(torch.bfloat16)
@@ -741,11 +744,12 @@ def tiny_gemma2() -> tuple[torch.nn.Module, dict]:
     return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": 20, "do_sample": False}
 
 
-def test_a_sliding_window_cache_goes_through_generate_as_called_with_one_warning(monkeypatch, caplog) -> None:
-    """Gemma2's static cache counts its sliding layers' length on the host: refused before decoding, generate() runs
-    as called (the model's own cache), nothing routed, no step of ours."""
+def test_a_sliding_window_that_fills_goes_through_generate_as_called_with_one_warning(monkeypatch, caplog) -> None:
+    """A sliding window of 16 tokens fills within a generation of 26: once full, each step rolls the window by a
+    length counted on the host, which no graph replays. Refused before decoding: generate() runs as called (the
+    model's own cache), nothing routed, no step of ours."""
     monkeypatch.setattr(decoding, "capture", recorded_capture([]))
-    model, request = tiny_gemma2()
+    model, request = tiny_gemma2(sliding_window=16)
     calls = []
     generate = model.generate
 
@@ -762,11 +766,96 @@ def test_a_sliding_window_cache_goes_through_generate_as_called_with_one_warning
                 assert torch.equal(graphs.generate(model, (), dict(request)), reference)
     assert calls == [request, request]  # as the caller called it: no cache, no settings of ours
     lines = [r.getMessage() for r in caplog.records if r.name == "launchless"]
-    assert len(lines) == 1 and "StaticSlidingWindowLayer" in lines[0], lines
+    assert len(lines) == 1 and "sliding window (16 tokens) fills within this generation (26 tokens)" in lines[0], lines
     info = graphs.info()
     assert info["prefills"] == 0 and info["static_caches"] == [] and info["graphs"] == [], info
-    with pytest.raises(CaptureError, match="StaticSlidingWindowLayer"):
+    with pytest.raises(CaptureError, match="sliding window"):
         decode_graphs(model, explicit=True).generate(model, (), dict(request))
+
+
+def host_frozen_capture(captures: list, monkeypatch):
+    """``recorded_capture`` whose replays leave the lengths cache layers count in Python as they were: a CUDA graph
+    runs kernels, not the Python that advanced them (the stand-in recomputes in Python, which would)."""
+    from transformers.cache_utils import StaticSlidingWindowLayer
+
+    layers: list = []
+    init = StaticSlidingWindowLayer.__init__
+
+    def registered(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        layers.append(self)
+
+    monkeypatch.setattr(StaticSlidingWindowLayer, "__init__", registered)
+    record = recorded_capture(captures)
+
+    def capture(fn, flat, **options):
+        captured = record(fn, flat, **options)
+        replay = captured.graph.replay
+
+        def frozen() -> None:
+            counts = [layer.cumulative_length_int for layer in layers]
+            replay()
+            for layer, count in zip(layers, counts, strict=True):
+                layer.cumulative_length_int = count
+
+        captured.graph.replay = frozen
+        return captured
+
+    return capture
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])
+def test_a_sliding_window_that_does_not_fill_decodes_through_graphs_with_eager_static_tokens(
+    monkeypatch, grad_mode
+) -> None:
+    """Gemma2's sliding-window layers count their length on the host; within the window every step takes the same
+    branch and mask sizes, and launchless advances the count after each replay. Tokens are eager's on the static
+    cache, the steps replay, and the cache's counts end where eager's do."""
+    captures: list = []
+    monkeypatch.setattr(decoding, "capture", host_frozen_capture(captures, monkeypatch))
+    model, request = tiny_gemma2(sliding_window=64)
+    with grad_mode():
+        reference = eager_static(model, request)
+        graphs = decode_graphs(model)
+        for _ in range(2):
+            assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+    info = graphs.info()
+    assert captures and info["steps_replayed"] > 0 and info["generations_eager"] == {}, info
+    assert info["steps_eager"].keys() <= {"captured once seen 2 times"}, info["steps_eager"]
+    (cache,) = graphs._caches.values()
+    sliding = [layer for layer in cache.layers if hasattr(layer, "cumulative_length_int")]
+    assert sliding and {layer.cumulative_length_int for layer in sliding} == {6 + 20 - 1}  # the last token unwritten
+
+
+def test_a_step_that_reads_the_host_count_is_refused_at_capture(monkeypatch, caplog) -> None:
+    """A step whose outputs depend on the count a sliding-window layer keeps in Python would replay the count it
+    was captured at: run with the count one off, it differs; the graph is refused with one line and steps run
+    eager, with the tokens of eager generate() on the static cache."""
+    from transformers.cache_utils import StaticSlidingWindowLayer
+
+    monkeypatch.setattr(decoding, "capture", host_frozen_capture([], monkeypatch))
+    made: list = []
+    init = StaticSlidingWindowLayer.__init__  # host_frozen_capture's registering one
+
+    def remembered(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(StaticSlidingWindowLayer, "__init__", remembered)
+    model, request = tiny_gemma2(sliding_window=64)
+    # the logits lean on the newest cache's count: what a model reading ``get_seq_length()`` of a sliding layer does
+    model.lm_head.register_forward_hook(lambda module, inputs, out: out + made[-1].cumulative_length_int * 0.05)
+    with torch.no_grad():
+        reference = eager_static(model, request)
+        graphs = decode_graphs(model)
+        with caplog.at_level(logging.WARNING, logger="launchless"):
+            for _ in range(2):
+                assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+    info = graphs.info()
+    assert info["steps_replayed"] == 0 and info["graphs"] == [], info
+    said = "reads the length its cache counts on the host"
+    lines = [r.getMessage() for r in caplog.records if said in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in caplog.records]
 
 
 def test_a_class_whose_loop_parts_keeps_to_generates_own_loop_with_one_warning(monkeypatch, caplog) -> None:
@@ -867,10 +956,10 @@ def test_an_error_reading_the_call_falls_back_to_generate_for_good_with_one_warn
     """Before any decoding (the static cache a model gets, its layers read): an error there is launchless's, and the
     model's generate() decodes every call as called from then on."""
 
-    def unbuildable(model):
+    def unbuildable(model, **_):
         raise ValueError("this config makes no static cache")
 
-    monkeypatch.setattr(decoding, "_probe_cache", unbuildable)
+    monkeypatch.setattr(decoding, "new_static_cache", unbuildable)
     model, request = tiny_llama()
     reference = model.generate(**request)
     graphs = decode_graphs(model)
@@ -895,5 +984,5 @@ def test_a_cache_layer_without_an_update_is_named_not_raised() -> None:
 
     cache = types.SimpleNamespace(layers=[StaticLayer(max_cache_len=8), LinearAttentionLayer()])
     model = torch.nn.Linear(2, 2)
-    reason = decoding.unfollowed_layers(model, cache)
+    reason = cache_layers.unfollowed_layers(model, cache)
     assert "LinearAttentionLayer" in reason and "StaticLayer" not in reason, reason

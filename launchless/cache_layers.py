@@ -1,0 +1,151 @@
+"""The layers of a transformers static cache, as a decode graph sees them.
+
+A decode graph replays a step's kernels: what a cache layer does on the device (writing the step's keys and values
+at the position its length tensor holds) replays; what it does in Python does not. transformers' plain
+``StaticLayer`` keeps all of it on the device. Its ``StaticSlidingWindowLayer`` also counts its length in Python
+(``cumulative_length_int``) and decides by that count between writing at the position (the window not yet full) and
+rolling the window (full), and gives the attention mask's sizes from it. While the window does not fill -- the
+generation is no longer than the window -- every step takes the same branch and the same mask sizes, and the count
+only grows by the step's tokens: a graph replays the step exactly when the count is advanced on the host for it
+(``HostCounters``). That the step reads the count for nothing else is proven at capture, not assumed: the step run
+eager with the count one off must leave the same outputs and cache (``DecodeGraphs._count_free``). A generation that
+would fill a window goes through ``generate()`` as called. Other layers (linear attention: a recurrent state) are
+not followed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from .core.snapshot import Snapshot
+
+COUNT = "cumulative_length_int"  # where transformers' sliding-window layer counts its length on the host
+
+
+def _layer_classes() -> tuple[type | None, type | None]:
+    """transformers' ``StaticLayer`` and ``StaticSlidingWindowLayer``, where the installed release has them."""
+    try:
+        from transformers import cache_utils
+    except ImportError:
+        return None, None
+    return getattr(cache_utils, "StaticLayer", None), getattr(cache_utils, "StaticSlidingWindowLayer", None)
+
+
+def counts_on_host(layer: Any) -> bool:
+    """Whether ``layer`` is transformers' own sliding-window layer, update and mask sizes as it defines them (a
+    subclass that changes either is not followed: its use of the count is unknown)."""
+    _, sliding = _layer_classes()
+    if sliding is None:
+        return False
+    kind = type(layer)
+    return (
+        getattr(kind, "update", None) is sliding.update
+        and getattr(kind, "get_mask_sizes", None) is sliding.get_mask_sizes
+        and isinstance(getattr(layer, COUNT, None), int)
+        and isinstance(getattr(layer, "max_cache_len", None), int)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerPlan:
+    """What a decode graph makes of a static cache's layers: the kinds it cannot follow, and the smallest sliding
+    window among those it follows by counting on the host (None: none counts)."""
+
+    unfollowed: tuple[str, ...]
+    window: int | None
+
+    @classmethod
+    def of(cls, cache: Any) -> LayerPlan:
+        static, _ = _layer_classes()
+        if static is None:  # transformers without cache layers keeps plain tensors: nothing to follow
+            return cls((), None)
+        layers = list(getattr(cache, "layers", ()))
+        kinds = {
+            type(layer).__name__
+            for layer in layers
+            # a linear-attention layer has no update at all
+            if getattr(type(layer), "update", None) is not static.update and not counts_on_host(layer)
+        }
+        windows = [layer.max_cache_len for layer in layers if counts_on_host(layer)]
+        return cls(tuple(sorted(kinds)), min(windows) if windows else None)
+
+    def refusal(self, model: str, *, needed: int | None = None) -> str:
+        """Why a decode graph of ``model`` cannot follow these layers through a generation of ``needed`` tokens
+        (prompt and new ones); empty where it can."""
+        if self.unfollowed:
+            return (
+                f"{model}'s static cache has {', '.join(self.unfollowed)} layers, whose update a decode graph cannot "
+                "replay"
+            )
+        if self.window is not None and needed is not None and needed > self.window:
+            return (
+                f"{model}'s sliding window ({self.window} tokens) fills within this generation ({needed} tokens): a "
+                "full window rolls by a length counted on the host, which a graph cannot replay"
+            )
+        return ""
+
+
+def unfollowed_layers(model: torch.nn.Module, cache: Any, *, needed: int | None = None) -> str:
+    """Why a decode graph cannot follow the layers of ``cache`` through a generation of ``needed`` tokens; empty
+    where it can."""
+    return LayerPlan.of(cache).refusal(type(model).__name__, needed=needed)
+
+
+@dataclasses.dataclass
+class HostCounters:
+    """The lengths the layers of one static cache count in Python (``counts_on_host``): saved and put back around
+    a capture and its verification, and advanced after each replayed step as the step itself would have."""
+
+    layers: list[Any]
+
+    @classmethod
+    def of(cls, cache: Any) -> HostCounters:
+        return cls([layer for layer in getattr(cache, "layers", ()) if counts_on_host(layer)])
+
+    def __bool__(self) -> bool:
+        return bool(self.layers)
+
+    def names(self, cache: Any) -> set[str]:
+        """The counts as ``DecodeGraphs``'s host-state check names them (``layers[3].cumulative_length_int``)."""
+        where = {id(layer): i for i, layer in enumerate(getattr(cache, "layers", ()))}
+        return {f"layers[{where[id(layer)]}].{COUNT}" for layer in self.layers}
+
+    def read(self) -> list[int]:
+        return [getattr(layer, COUNT) for layer in self.layers]
+
+    def write(self, values: list[int]) -> None:
+        for layer, value in zip(self.layers, values, strict=True):
+            setattr(layer, COUNT, value)
+
+    def fits(self, tokens: int) -> bool:
+        """Whether a step of ``tokens`` per sequence, from here, leaves every window not full (the branch and mask
+        sizes a graph captured in that state replays)."""
+        return all(getattr(layer, COUNT) + tokens <= layer.max_cache_len for layer in self.layers)
+
+    def advance(self, tokens: int) -> None:
+        for layer in self.layers:
+            setattr(layer, COUNT, getattr(layer, COUNT) + tokens)
+
+    def shifted(self) -> list[int]:
+        """The counts one off: one more where a step still fits after it, else one less (a decode step follows a
+        prompt, so each count is at least one)."""
+        up = all(getattr(layer, COUNT) + 2 <= layer.max_cache_len for layer in self.layers)
+        return [value + 1 if up else value - 1 for value in self.read()]
+
+
+class CacheState(Snapshot):
+    """A static cache's state before a step, restorable in place: its tensors (``Snapshot``) and the lengths its
+    layers count on the host (``HostCounters``) -- a capture's warm-up steps and verification's eager runs advance
+    both."""
+
+    def __init__(self, tensors: list[torch.Tensor], counters: HostCounters) -> None:
+        super().__init__(tensors)
+        self.counters = counters
+        self.counts = counters.read()
+
+    def restore(self) -> None:
+        super().restore()
+        self.counters.write(self.counts)
