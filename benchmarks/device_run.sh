@@ -27,6 +27,11 @@
 #   evidence-coverage  benchmarks/compiler_evidence.py: capture coverage of the blocked models, split over GPUs
 #                      (COVER="name ..." instead of the blocked models and fasterrcnn_mobilenet)
 #   diagnose           benchmarks/diagnose_compiled.py for each model in DIAG="name ..." (recompiles logged)
+#   differential       launchless differential run over LIBS="library:workers ..." side by side (default: all five
+#                      populations, 14 workers) until DEADLINE seconds (540), resumable: rows go to RUNS/<library>
+#                      (benchmarks/results/differential-runs), models with rows there already are left out, and
+#                      the folder comes back in the archive; MODEL_TIMEOUT seconds a model (240)
+#   differential-timing the timing pass over TIMING_LIBS="library ..." in turn, one process, until DEADLINE; resumable
 # GPUS="0 1" (default: every visible GPU) spreads the bench and coverage steps over those GPUs; PER_GPU=2 runs two
 # coverage processes on each (compiles are CPU-bound; coverage is a count, not a timing).
 # ONLY="name ..." keeps only those workloads in the compiler steps (a suite split over device calls; --merge joins).
@@ -72,6 +77,31 @@ coverage() {  # the blocked models dealt over the GPUs, PER_GPU evidence process
     done
   done
   wait
+}
+
+differential() {  # the population side by side until DEADLINE, resumable; the rows folder comes back in the archive
+  local runs=${RUNS:-benchmarks/results/differential-runs} spec lib
+  for spec in ${LIBS:-transformers-causal:5 transformers:5 torchvision:2 timm:1 diffusers:1}; do
+    lib=${spec%:*}
+    mkdir -p "$runs/$lib"
+    timeout "${DEADLINE:-540}" python3 -m launchless.apps.cli differential run --library "$lib" \
+      --processes "${spec#*:}" --timeout "${MODEL_TIMEOUT:-240}" --resume --out "$runs/$lib" \
+      >"$out/differential-$lib.log" 2>&1 &
+  done
+  wait
+  cp -r "$runs" "$out/differential-runs"
+}
+
+differential_timing() {  # the timing pass, one library after the other, until DEADLINE
+  local runs=${RUNS:-benchmarks/results/differential-runs} lib left end=$((SECONDS + ${DEADLINE:-540}))
+  for lib in ${TIMING_LIBS:-transformers-causal transformers torchvision timm diffusers}; do
+    left=$((end - SECONDS))
+    ((left > 10)) || break
+    mkdir -p "$runs/$lib"
+    timeout "$left" python3 -m launchless.apps.cli differential run --library "$lib" --timing --resume \
+      --timeout "${MODEL_TIMEOUT:-240}" --out "$runs/$lib" >>"$out/differential-timing.log" 2>&1
+  done
+  cp -r "$runs" "$out/differential-runs"
 }
 
 for step in "$@"; do
@@ -136,6 +166,8 @@ print(*[w.name for w in suite(STANDARD) if w.kind != "training"])')"
       run "diagnose-${model//[:\/]/_}" env TORCH_LOGS=recompiles python3 benchmarks/diagnose_compiled.py "$model" \
         --calls 200 --out "$out/diagnose"
     done ;;
+  differential) run differential differential ;;
+  differential-timing) run differential-timing differential_timing ;;
   *) echo "unknown step $step" | tee -a "$out/steps.txt" ;;
   esac
 done
