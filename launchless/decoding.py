@@ -763,7 +763,10 @@ class DecodeGraphs:
             return self._eager_step("too near a sliding window's end to capture", forward, (), kwargs)
         state = CacheState(held, counters)
         host = _host_state(cache)
-        device = held[0].device
+        # a layer no step writes (Mllama's cross-attention, text only) keeps the CPU tensors it was made with
+        device = next((t.device for t in [*held, *flat.leaves] if isinstance(t, torch.Tensor) and t.is_cuda), None)
+        if device is None:
+            return self._eager_step("the step has no CUDA tensor", forward, (), kwargs)
         try:
             with self.graphs.capturing(key) as pool:
                 graph = capture(decode_step, flat, device=device, pool=pool, warmup=self.warmup)

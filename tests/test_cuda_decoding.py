@@ -399,3 +399,30 @@ def test_left_padded_bf16_prompts_decode_in_the_loop_with_generates_tokens(grad_
     (kind,) = decode["classes"]
     assert kind["left_padded"] and kind["proof"] == "proven", kind
     assert decode["loop_generations"] == 2 and decode["steps_replayed"] > 0, decode
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+def test_a_cache_layer_no_step_writes_keeps_its_cpu_tensors_and_the_steps_still_replay(grad_mode: str) -> None:
+    """Mllama decoding text alone never writes its cross-attention layers' cache: they keep the CPU tensors they
+    were made with. The capture once took its device from the cache's first tensor (the CPU) and raised; the
+    generation fell back to generate(). The step's device is its GPU tensors': the steps replay with eager's
+    static-cache tokens."""
+    model = random_decoder(
+        "MllamaTextConfig",
+        "MllamaForCausalLM",
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        cross_attention_layers=[0],
+        pad_token_id=0,
+    )
+    request = {**prompt_of(1, 12), "max_new_tokens": 16, "do_sample": False}
+    wrapped = ll.wrap(model)
+    with GRAD_MODES[grad_mode]():
+        reference = eager_static(model, request)
+        for _ in range(3):
+            assert torch.equal(wrapped.generate(**request), reference)
+    decode = wrapped.graph_info()["decode"]
+    assert decode["steps_replayed"] > 0 and decode["generations_eager"] == {}, decode
