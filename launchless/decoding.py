@@ -764,9 +764,8 @@ class DecodeGraphs:
         state = CacheState(held, counters)
         host = _host_state(cache)
         # a layer no step writes (Mllama's cross-attention, text only) keeps the CPU tensors it was made with
-        device = next((t.device for t in [*held, *flat.leaves] if isinstance(t, torch.Tensor) and t.is_cuda), None)
-        if device is None:
-            return self._eager_step("the step has no CUDA tensor", forward, (), kwargs)
+        tensors = [*held, *(x for x in flat.leaves if isinstance(x, torch.Tensor))]
+        device = next((t.device for t in tensors if t.is_cuda), tensors[0].device)
         try:
             with self.graphs.capturing(key) as pool:
                 graph = capture(decode_step, flat, device=device, pool=pool, warmup=self.warmup)
