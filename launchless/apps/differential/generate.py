@@ -93,10 +93,14 @@ def _as_called(model: torch.nn.Module, request: dict[str, Any]) -> torch.Tensor:
 
 
 def _static_refusal(model: torch.nn.Module, request: dict[str, Any]) -> str | None:
-    """Why launchless would not decode this call through a static cache; None when it would."""
+    """Why launchless would not decode this call through a static cache; None when it would. Where reading the call
+    raises, launchless hands it to ``generate()`` as called, as for a refusal."""
     from ...decoding import static_cache_refusal
 
-    return static_cache_refusal(model, request)
+    try:
+        return static_cache_refusal(model, request)
+    except Exception as exc:
+        return f"reading the call raised {one_line(exc)}"
 
 
 def _references(model: torch.nn.Module, request: dict[str, Any], seed: int) -> tuple[list[torch.Tensor], str | None]:
