@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 
+def one_line(exc: BaseException, *, limit: int = 400) -> str:
+    """``Type: first line of the message`` (the type alone where there is none), at most ``limit`` characters: an
+    exception as one log line, report cell or reason."""
+    lines = str(exc).strip().splitlines()
+    return (f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__)[:limit]
+
+
 class LaunchlessError(Exception):
     """Base class of every error launchless raises on purpose."""
 

@@ -25,7 +25,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from ..core import relocation
-from ..errors import ConfigError
+from ..errors import ConfigError, one_line
 from ..options import VerifyMode, check_bool, check_int, check_known, check_verify
 from .cgct import try_rewrite
 from .compiled_graphs import CompiledGraphs, Compiler
@@ -90,7 +90,7 @@ def _compile_or_rescue(
     try:
         return inner(gm, example_inputs)
     except Exception as exc:
-        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        error = one_line(exc)
     if cgct:
         result = try_rewrite(gm, example_inputs, static_input_indices(gm, example_inputs), inner)
         if result.compiled is not None:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..errors import one_line
 from . import backend as _backend
 from .compiled_graphs import CompiledGraphs
 from .diagnose import diagnose
@@ -91,7 +92,7 @@ def _aten_blockers(gm: fx.GraphModule, example_inputs: list) -> list[str]:
     try:
         aten = traced(gm, example_inputs, "fake")
     except Exception as exc:  # diagnosis is best effort; the capture itself still decides
-        return [f"(not diagnosed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"]
+        return [f"(not diagnosed: {one_line(exc)})"]
     return [b.describe() for b in diagnose(aten)]
 
 

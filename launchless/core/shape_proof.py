@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from ..errors import one_line
+
 DATA_DEPENDENT_SHAPE = "its output's shape depends on the values it reads"
 HOST_VALUE = "it hands a value it read to the host"
 
@@ -60,8 +62,7 @@ def data_dependence(func: Any, args: tuple, kwargs: dict) -> str:
     except Exception as exc:  # a shape function that refuses these inputs proves nothing
         if getattr(func, "namespace", None) == "aten" and not is_composite(func):
             return ""  # its tags, checked before, say its shape follows from shapes
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return f"its output's shape could not be derived from its inputs' shapes ({type(exc).__name__}: {first})"
+        return f"its output's shape could not be derived from its inputs' shapes ({one_line(exc)})"
     finally:
         fake_log.setLevel(level)
     return ""

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from ..errors import one_line
 from .capture import CapturedGraph, CaptureFailed
 from .capture_path import pretend_capturing
 from .junctions import JunctionShapeChanged
@@ -293,11 +294,6 @@ class _ProbeRefused(Exception):
     """Eager raised on a probe: the probe's values are not ones the model accepts (the message says what it raised)."""
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
-
-
 def input_probes(leaves: list, keep: frozenset[int] = frozenset()) -> tuple[list, list]:
     """Two probes from the call's own inputs: copies of them, and copies rolled by one along the first dimension
     (rows of boxes, tokens of a batch: reordered, every value still one the model was given)."""
@@ -349,7 +345,7 @@ def _protocol(
     except torch.cuda.OutOfMemoryError:
         raise
     except Exception as exc:
-        raise _ProbeRefused(_first_line(exc)) from exc
+        raise _ProbeRefused(one_line(exc)) from exc
     try:
         graphed = [graph.replay_cloned(p) for p in probes]
     except JunctionShapeChanged as exc:  # the probes' values gave an operation between two graphs other shapes
@@ -357,7 +353,7 @@ def _protocol(
     except torch.cuda.OutOfMemoryError:
         raise
     except Exception as exc:  # a joined forward's eager code, say: not what eager does on the same probe
-        detail = f"the graph raised on a probe where eager did not ({_first_line(exc)})"
+        detail = f"the graph raised on a probe where eager did not ({one_line(exc)})"
         return VerifyReport(VerifyStatus.FAILED, False, branches=branches, detail=detail)
     reruns = _Reruns(fn, flat, probes, made_now=lockstep)
     eager_differ = not identical(eager[0], eager[1])

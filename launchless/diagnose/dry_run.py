@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from ..core.capture_path import pretend_capturing
+from ..errors import one_line
 from .blockers import COPY, Blocker, classify_message, classify_op, op_name
 from .source import locate, locate_exception
 
@@ -90,7 +91,7 @@ def dry_run(model: torch.nn.Module, args: tuple, kwargs: dict) -> Blocker | None
         if watch.blocker is None:
             return Blocker(
                 classify_message(str(exc)),
-                f"{type(exc).__name__}: {str(exc).splitlines()[0]}",
+                one_line(exc),
                 locate_exception(exc),
             )
     return watch.blocker

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from ...errors import one_line
 from ..workers import append_row
 from . import workloads
 from .measure import measure
@@ -35,12 +36,6 @@ def empty_row(name: str, mode: str, status: str, reason: str | None) -> dict:
     row.update(dict.fromkeys(ROW_KEYS))
     row["correctness"] = {"status": "n/a", "max_abs_diff": None}
     return row
-
-
-def one_line(exc: BaseException) -> str:
-    """``Type: first line of the message`` (at most 300 characters): an error as a report cell."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
 def run(mode: str, names: list[str], iters: int, out: str) -> None:

@@ -34,7 +34,7 @@ import torch.utils._pytree as pytree
 from ...core.output_tree import see_into
 from ...core.verify import difference, identical
 from ...diagnose.source import locate_exception
-from ...errors import CaptureError, VerificationError
+from ...errors import CaptureError, VerificationError, one_line
 from ...timing import interleaved_ms
 from ..conformance.check import classify_info
 from .candidate import Built, Candidate
@@ -64,11 +64,6 @@ class Mismatch(str, Enum):
 
 
 SAME_NUMBERS = (Mismatch.NAN_PAYLOADS, Mismatch.SIGNED_ZEROS)
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:400] if text else ''}"
 
 
 def grad_mode(mode: GradMode) -> contextlib.AbstractContextManager:

@@ -17,10 +17,11 @@ from typing import Any
 
 import torch
 
+from ...errors import one_line
 from ...timing import interleaved_ms
 from .candidate import Candidate, Library
 from .rows import Entry, GradMode
-from .runner import accelerate, grad_mode, one_line, release
+from .runner import accelerate, grad_mode, release
 
 TIMED: tuple[tuple[Entry, GradMode], ...] = (
     (Entry.WRAP_AUTO, GradMode.NO_GRAD),

@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 
+from ...errors import one_line
 from ..workers import append_row
 from .candidate import Built, Candidate, Library, NotInLibraryError
 from .population import candidates, pick
 from .rows import Entry, GradMode, Result, new_row
-from .runner import forward_entries, forward_row, one_line, release
+from .runner import forward_entries, forward_row, release
 
 RUNNING = "launchless-differential: running"
 
