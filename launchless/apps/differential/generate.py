@@ -136,8 +136,11 @@ def _decode_status(info: dict[str, Any]) -> tuple[Status, str | None]:
     return Status.EAGER, "; ".join(map(str, reasons)) or "no decode step replayed"
 
 
-def generate_row(candidate: Candidate, built: Built, entry: Entry, mode: GradMode, seed: int) -> dict[str, Any]:
-    """GENERATE_CALLS generations on fresh prompts, compared token for token, then timed once each way."""
+def generate_row(
+    candidate: Candidate, built: Built, entry: Entry, mode: GradMode, seed: int, *, timed: bool = True
+) -> dict[str, Any]:
+    """GENERATE_CALLS generations on fresh prompts, compared token for token, then timed once each way (unless
+    ``timed`` is False: beside other workers a timing is not one)."""
     from ... import wrap
 
     row = new_row(candidate.name, candidate.library.value, candidate.task, entry, mode, architecture=built.architecture)
@@ -173,7 +176,8 @@ def generate_row(candidate: Candidate, built: Built, entry: Entry, mode: GradMod
                 row["reason"] = f"tokens differ from the references on {row['calls'] - same} of {row['calls']} calls"
             notes = [row["reason"], *(f"static-cache reference dropped: {error}" for error in dropped)]
             row["reason"] = "; ".join(note for note in notes if note) or None
-            _time(row, model, fast, request, seed)
+            if timed:
+                _time(row, model, fast, request, seed)
     except Exception as exc:
         from .runner import _where
 
@@ -199,4 +203,31 @@ def _time(row: dict[str, Any], model: torch.nn.Module, fast: Any, request: dict[
             torch.cuda.synchronize()
             times[name].append((time.perf_counter() - began) * 1e3)
     eager, accelerated = min(times["eager"]), min(times["accelerated"])
-    row.update(eager_ms=round(eager, 3), accelerated_ms=round(accelerated, 3), speedup=round(eager / accelerated, 3))
+    row.update(
+        timed_alone=True,
+        eager_ms=round(eager, 3),
+        accelerated_ms=round(accelerated, 3),
+        speedup=round(eager / accelerated, 3),
+    )
+
+
+def decode_speed(built: Built, entry: Entry, seed: int) -> dict[str, Any]:
+    """``eager_ms``, ``accelerated_ms`` and ``speedup`` of ``entry``'s request (the timing pass, under the caller's
+    grad mode): one warm generation first -- the first call of its class decodes both ways -- then ``_time``."""
+    from ... import wrap
+
+    fast: Any = None
+    try:
+        dtype = torch.float32 if entry is Entry.GENERATE_SAMPLE else torch.bfloat16
+        model = copy.deepcopy(built.model).to(dtype) if dtype is not torch.float32 else built.model
+        vocab, codebooks = _vocabulary(model), _codebooks(model, built)
+        special = _codebook_ids(model, vocab) if codebooks > 1 else {}
+        extra = SAMPLING if entry is Entry.GENERATE_SAMPLE else {"do_sample": False}
+        request = {**_prompt(entry, vocab, torch.Generator().manual_seed(seed), codebooks), **special, **extra}
+        fast = wrap(model)
+        _seeded(lambda _, r: fast.generate(**r), seed, model, request)
+        measured: dict[str, Any] = {}
+        _time(measured, model, fast, request, seed)
+        return {k: measured[k] for k in ("eager_ms", "accelerated_ms", "speedup")}
+    finally:
+        release(fast)

@@ -11,7 +11,6 @@ over the correctness rows (``report.apply_timings``); the speed target reads onl
 
 from __future__ import annotations
 
-import copy
 import time
 from typing import Any
 
@@ -75,26 +74,14 @@ def _forward_timing(built: Any, entry: Entry, mode: GradMode, seed: int) -> dict
 
 
 def _decode_timing(candidate: Candidate, built: Any, seed: int) -> dict[str, Any]:
-    """Greedy batch-1 decoding in bfloat16 after one warm generation (the first of its class proves itself)."""
-    from ... import wrap
-    from . import generate
+    from .generate import decode_speed
 
     entry, mode = DECODE_TIMED
-    fast: Any = None
     try:
-        model = copy.deepcopy(built.model).to(torch.bfloat16)
-        fast = wrap(model)
-        prompt = generate._prompt(entry, generate._vocabulary(model), torch.Generator().manual_seed(seed))
-        request = {**prompt, "do_sample": False}
         with grad_mode(mode):
-            fast.generate(**request)
-            measured: dict[str, Any] = {}
-            generate._time(measured, model, fast, request, seed)
-        return _timing(entry, mode, **measured, measured="waited")
+            return _timing(entry, mode, **decode_speed(built, entry, seed), measured="waited")
     except Exception as exc:
         return _timing(entry, mode, error=one_line(exc))
-    finally:
-        release(fast)
 
 
 def timing_line(candidate: Candidate, built: Any, seed: int) -> dict[str, Any]:

@@ -50,7 +50,7 @@ def model_rows(candidate: Candidate, *, timed: bool = True) -> list[dict[str, An
 
         for entry, mode in REQUESTS:
             announce(candidate, entry, mode)
-            rows.append(generate_row(candidate, built, entry, mode, seed))
+            rows.append(generate_row(candidate, built, entry, mode, seed, timed=timed))
     for row in rows:
         row["model_s"] = round(time.perf_counter() - started, 1)
     del built
