@@ -73,3 +73,15 @@ def test_demo_reports_a_missing_model_library(
     out = " ".join(capsys.readouterr().out.split())
     assert "timm:resnet18 needs its model library" in out
     assert "pip install 'launchless[zoo]'" in out
+
+
+def test_version_names_launchless_and_torch(capsys) -> None:
+    import torch
+
+    import launchless
+    from launchless.apps import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"launchless {launchless.__version__} (torch {torch.__version__})"

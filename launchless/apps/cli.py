@@ -6,6 +6,9 @@ import argparse
 import logging
 import sys
 
+import torch
+
+from .. import __version__
 from .bench.multigpu_report import SUITE as MULTIGPU
 from .bench.serving_report import SUITE as SERVING
 from .bench.serving_workloads import TRACE_CALLS
@@ -16,6 +19,7 @@ BENCH_ITERS = 100  # timed calls per (workload, mode) unless --iters says otherw
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="launchless", description="Safe, automatic CUDA graphs for PyTorch.")
+    parser.add_argument("--version", action="version", version=f"launchless {__version__} (torch {torch.__version__})")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="wrap a real model (random weights), verify it and time eager vs graph")
     demo.add_argument("--model", default="timm:resnet18", help="a launchless.apps.zoo workload name")
