@@ -85,3 +85,24 @@ def test_version_names_launchless_and_torch(capsys) -> None:
         cli.main(["--version"])
     assert exit_.value.code == 0
     assert capsys.readouterr().out.strip() == f"launchless {launchless.__version__} (torch {torch.__version__})"
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("{not json", "not JSON (Expecting property name enclosed in double quotes at line 1)"),
+        ('{"rows": []}', "not a bench.json (no suite, environment)"),
+        (None, "cannot be read (No such file or directory)"),
+    ],
+)
+def test_bench_merge_of_a_file_that_is_not_a_bench_json_exits_2_naming_it(tmp_path, capsys, text, says) -> None:
+    from launchless.apps import cli
+
+    path = tmp_path / "bench.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", "--merge", str(path), "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--merge {path}: {says}" in err and "pass the bench.json files" in err, err

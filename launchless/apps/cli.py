@@ -473,7 +473,10 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.merge:
         from .bench.runner import merge
 
-        return merge(args.merge, args.out)
+        try:
+            return merge(args.merge, args.out)
+        except ValueError as exc:  # a file that is not a bench.json, or runs that do not belong together
+            parser.error(str(exc))
     if args.iters is None:
         args.iters = TRACE_CALLS if args.suite == SERVING else BENCH_ITERS
     if args.suite == MULTIGPU:

@@ -237,6 +237,21 @@ def run_suite(
     return 0
 
 
+def _bench_run(path: str) -> dict:
+    """A ``bench.json`` as ``launchless bench`` wrote it; a file that is not one raises ValueError naming it."""
+    fix = "pass the bench.json files that launchless bench wrote into its --out folder"
+    try:
+        run = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ValueError(f"--merge {path}: cannot be read ({exc.strerror or exc}); {fix}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--merge {path}: not JSON ({exc.msg} at line {exc.lineno}); {fix}") from None
+    missing = [k for k in ("suite", "environment", "rows") if not isinstance(run, dict) or k not in run]
+    if missing:
+        raise ValueError(f"--merge {path}: not a bench.json (no {', '.join(missing)}); {fix}")
+    return run
+
+
 def merge(paths: list[str], out_dir: str) -> int:
     """One report from several partial runs (a suite split over device calls by --workloads or --modes).
 
@@ -247,7 +262,7 @@ def merge(paths: list[str], out_dir: str) -> int:
     from . import multigpu_report, serving_report
 
     own_reports = {serving_report.SUITE: serving_report.write_all, multigpu_report.SUITE: multigpu_report.write_all}
-    runs = [json.loads(Path(p).read_text()) for p in paths]
+    runs = [_bench_run(p) for p in paths]
     gpus = {run["environment"].get("gpu") for run in runs}
     if len(gpus) > 1:
         raise ValueError(f"refusing to merge runs from different GPUs: {sorted(map(str, gpus))}")
