@@ -15,11 +15,14 @@ from launchless.apps.differential.worker import model_rows
 
 pytestmark = [pytest.mark.cuda, pytest.mark.zoo]
 
+# the population's first run on the H200 found: gpt_neo's compiled rows differing from torch.compile on one call of
+# eight; MPT's worker killed by the harness's own static-cache reference; Mllama's decode capture on a CPU tensor;
+# Gemma2's decode rows eager (a sliding window); lowformer's eager forward differing from itself
 HANDFUL = {
-    Library.TRANSFORMERS_CAUSAL: ["llama", "gpt2"],
+    Library.TRANSFORMERS_CAUSAL: ["llama", "gpt2", "gpt_neo", "mpt", "mllama", "gemma2"],
     Library.TRANSFORMERS: ["bert", "vit", "whisper"],
     Library.TORCHVISION: ["resnet18", "fasterrcnn_mobilenet_v3_large_320_fpn", "raft_small", "r3d_18"],
-    Library.TIMM: ["resnet", "vision_transformer"],
+    Library.TIMM: ["resnet", "vision_transformer", "lowformer"],
     Library.DIFFUSERS: ["unet2d-tiny"],
 }
 REQUIRED = {"model", "library", "entry", "grad_mode", "status", "result", "speedup", "calls", "reason"}
@@ -31,7 +34,8 @@ def _check(rows: list[dict]) -> None:
         assert set(ROW_KEYS) <= set(row) and set(row) >= REQUIRED, row
         assert row["result"] not in (Result.CRASH.value, Result.DIFFERS.value), row
         if row["result"] in (Result.IDENTICAL.value, Result.BOUNDED.value):
-            assert row["calls"] >= 3 and row["speedup"] is not None, row
+            assert row["calls"] >= 3, row
+            assert (row["speedup"] is not None) == bool(row["timed_alone"]), row  # side by side: no timing
 
 
 @pytest.mark.parametrize(
@@ -44,6 +48,9 @@ def test_rows_of_a_model_have_the_schema_and_no_crash_or_wrong_value(library: Li
     _check(rows)
     if library is Library.TRANSFORMERS_CAUSAL:
         assert {r["entry"] for r in rows} >= {Entry.GENERATE_GREEDY_B1.value, Entry.GENERATE_SAMPLE.value}
+    if name == "gemma2":  # a sliding window the generation fits: the decode steps replay
+        decoding = [r for r in rows if r["entry"].startswith("generate")]
+        assert all(r["status"] in ("graph", "split") for r in decoding), decoding
 
 
 def test_a_shard_runs_in_worker_processes_and_merges(tmp_path: Path) -> None:
