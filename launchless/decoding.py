@@ -185,6 +185,18 @@ class _Output:
     cache_fields: tuple[str, ...] = ()
 
 
+@dataclasses.dataclass(frozen=True)
+class _Held:
+    """What replaying a decode graph needs besides the graph: the cache it was captured on, where that cache held
+    which tensor (a cache re-allocated since is captured again), how the step's output is rebuilt around the
+    replayed tensors, and the lengths the cache counts on the host (advanced after each replay)."""
+
+    cache: Any
+    slots: list[tuple[Any, str, torch.Tensor]]
+    output: _Output
+    counters: HostCounters
+
+
 class LoopProof(enum.Enum):
     """Where a class of calls stands with the host-ahead loop (``DecodeGraphs._prove``)."""
 
@@ -325,9 +337,7 @@ class DecodeGraphs:
         self._caches: collections.OrderedDict[tuple[int, int, bool, torch.dtype, torch.device], Any] = (
             collections.OrderedDict()
         )
-        # per decode graph: the cache it was captured on, where that cache held which tensor, how its output is rebuilt,
-        # the lengths that cache counts on the host (advanced after each replay)
-        self._state: dict[Signature, tuple[Any, list[tuple[Any, str, torch.Tensor]], _Output, HostCounters]] = {}
+        self._state: dict[Signature, _Held] = {}  # per decode graph, what its replays need besides the graph
         self._serials: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # cache -> key number
         self._next_serial = itertools.count()
         self._lock = threading.RLock()  # one generate() at a time: the model's forward is routed while it runs
@@ -674,8 +684,8 @@ class DecodeGraphs:
 
     def _forget(self, cache: Any) -> None:
         """A cache dropped: the graphs captured on it go too."""
-        for key, (held, _, _, _) in list(self._state.items()):
-            if held is cache:
+        for key, held in list(self._state.items()):
+            if held.cache is cache:
                 self.graphs.forget(key)
                 del self._state[key]
 
@@ -700,13 +710,13 @@ class DecodeGraphs:
         graphs.validate(())
         graph = graphs.get(key)
         if graph is not None:
-            held_cache, slots, output, counters = self._state[key]
-            if held_cache is cache and all(vars(h).get(name) is t for h, name, t in slots):  # no sort per step
-                if counters and not counters.fits(1):  # a window fills: refused before decoding, kept as a guard
+            held = self._state[key]
+            if held.cache is cache and all(vars(h).get(name) is t for h, name, t in held.slots):  # no sort per step
+                if held.counters and not held.counters.fits(1):  # refused before decoding; kept as a guard
                     return self._eager_step("a sliding window fills at this step", forward, args, kwargs)
                 self.replayed += 1
-                result = _rebuilt(output, graph.replay_cloned(flat.leaves), cache)
-                counters.advance(1)
+                result = _rebuilt(held.output, graph.replay_cloned(flat.leaves), cache)
+                held.counters.advance(1)
                 return result
             graphs.forget(key)  # captured again below, on the tensors the cache holds now
             del self._state[key]
@@ -793,7 +803,7 @@ class DecodeGraphs:
             why = f"the decode graph differs from eager ({report.status}: {report.detail})"
             return self._refuse(key, Stage.VERIFICATION, why, forward, kwargs)
         self.graphs.keep(key, graph, report, flat.leaves)
-        self._state[key] = (cache, _cache_slots(cache), output, counters)
+        self._state[key] = _Held(cache, _cache_slots(cache), output, counters)
         for gone in [k for k in self._state if k not in self.graphs.graphs]:  # evicted: their caches let go
             del self._state[gone]
         self.replayed += 1
