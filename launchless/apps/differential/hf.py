@@ -8,7 +8,9 @@ config is tried on ``meta``: if that fails too, the library itself cannot build 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import re
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -35,6 +37,8 @@ KNOWN_INPUTS = (
 )
 LAYOUT_SCALE = 1000  # layout tokenizers normalise word boxes to [0, 1000]
 MAIN_INPUTS = {"input_ids", "pixel_values", "input_values", "input_features"}
+# Derived sizes the shrinker's value is kept for: a vocabulary or token id derived again would be full size.
+_KEEPS_SHRUNK = re.compile(r".*(vocab.*|_id|_ids|_index)$")
 # Config attributes that name the width of one log-mel frame (processors call it feature_size or num_mel_bins).
 _MEL_NAMES = (
     "num_mel_bins",
@@ -87,12 +91,90 @@ def _classes(model_type: str, model_class: str) -> tuple[type, type]:
         raise NotInLibraryError(f"not importable: {_one_line(exc)}") from exc
 
 
-def _config(config_cls: type, model_cls: type) -> Any:
-    """The default config of the class with every size shrunk."""
-    shrunk = shrink_config(config_cls().to_dict())
+def _config(config_cls: type, model_cls: type, per_kind: int = 1) -> Any:
+    """The default config of the class with every size shrunk (``per_kind`` layers of every kind); sizes it
+    derives from others left for it to derive again from the shrunk ones."""
+    default = config_cls()
+    shrunk = shrink_config(default.to_dict(), per_kind=per_kind)
+    dropped = _drop_derived(default, shrunk)
     for key in ("transformers_version", "model_type", "architectures", "_name_or_path"):
         shrunk.pop(key, None)
-    return config_cls(**shrunk)  # the library picks the attention (SDPA where the model and its parts have it)
+    config = config_cls(**shrunk)  # the library picks the attention (SDPA where the model and its parts have it)
+    # a size that comes back at its full default, or not at all, was not derived from the shrunk sizes; one that
+    # comes back zero was divided by a count the shrinker left: each keeps the shrinker's value
+    built = config.to_dict()
+    restored = [(path, value) for path, value, before in dropped if _at(built, path) in (before, None, 0)]
+    for path, value in restored:
+        _at(shrunk, path[:-1])[path[-1]] = value
+    return config_cls(**shrunk) if restored else config
+
+
+def _drop_derived(config: Any, shrunk: dict[str, Any], path: tuple[str, ...] = ()) -> list[tuple[tuple, int, int]]:
+    """Leave out of ``shrunk`` the integer sizes ``config`` derived from its other attributes on construction;
+    returns each one left out as (path, shrunk value, default value).
+
+    A default config holds, besides what its class declares, sizes its ``__post_init__`` computed: attributes the
+    class leaves ``None`` (a per-stack layer count that turns the layer count into the number of attention calls,
+    an attention width twice the model width) or does not declare at all. Shrunk one by one by their names, they
+    no longer match the sizes they were computed from; left out, the config computes them again from the shrunk
+    sizes. Vocabularies and token ids keep the shrinker's values (a default derived again would be full size)."""
+    try:
+        declared = {f.name: f for f in dataclasses.fields(config)}
+    except TypeError:  # not a dataclass config: nothing is known to be derived
+        return []
+    aliases = getattr(config, "attribute_map", None) or {}
+    for alias, name in aliases.items():  # a declared attribute that its config writes out under another name
+        if alias in declared:
+            declared.setdefault(name, declared[alias])
+        elif name in declared:
+            declared.setdefault(alias, declared[name])
+    original, dropped = config.to_dict(), []
+    for key, value in list(shrunk.items()):
+        before = original.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            sub = _attribute(config, key)
+            if hasattr(sub, "to_dict"):
+                dropped += _drop_derived(sub, value, (*path, key))
+        elif isinstance(before, int) and not isinstance(before, bool) and not _KEEPS_SHRUNK.match(str(key)):
+            field = declared.get(key)
+            if field is None and (key in {*aliases, *aliases.values()} or key not in vars(config)):
+                continue  # another name of a property, or a value only its ``to_dict`` writes: not derived
+            if field is None or field.default is None:
+                dropped.append(((*path, key), shrunk.pop(key), before))
+    return dropped
+
+
+def _at(tree: Any, path: tuple) -> Any:
+    """The value at ``path`` of nested dicts (None where there is none)."""
+    for key in path:
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree
+
+
+def _attribute(config: Any, name: str) -> Any:
+    """``config.name``, or None where the config refuses the read (a per-layer attribute read globally)."""
+    try:
+        return getattr(config, name, None)
+    except Exception:
+        return None
+
+
+def _build(config_cls: type, model_cls: type, device: str) -> tuple[Any, torch.nn.Module]:
+    """(config, model) shrunk to one layer of every kind, or else two: a model whose layers of a kind share one
+    block of weights ties the later layers' to the first, and with one layer of the kind there is none to tie."""
+    try:
+        config = _config(config_cls, model_cls)
+        with torch.device(device):
+            return config, model_cls(config)
+    except ImportError:
+        raise
+    except Exception as exc:
+        try:
+            config = _config(config_cls, model_cls, per_kind=2)
+            with torch.device(device):
+                return config, model_cls(config)
+        except Exception:
+            raise exc from None
 
 
 def _default_builds(config_cls: type, model_cls: type) -> None:
@@ -104,13 +186,12 @@ def _default_builds(config_cls: type, model_cls: type) -> None:
         raise NotInLibraryError(f"its default config does not build: {_one_line(exc)}") from exc
 
 
-def build_architecture(model_type: str, model_class: str, device: str = "cpu") -> Built:
-    """The shrunk ``model_class`` on ``device`` in eval mode, with the inputs its forward takes."""
+def build_architecture(model_type: str, model_class: str, device: str = "cpu", *, causal: bool = False) -> Built:
+    """The shrunk ``model_class`` on ``device`` in eval mode, with the inputs its forward takes (``causal``: a
+    causal LM, whose ids and mask the library itself must run)."""
     config_cls, model_cls = _classes(model_type, model_class)
     try:
-        config = _config(config_cls, model_cls)
-        with torch.device(device):
-            model = model_cls(config)
+        config, model = _build(config_cls, model_cls, device)
     except ImportError as exc:  # the architecture needs a package that is not installed
         raise NotInLibraryError(f"needs a package that is not installed: {_one_line(exc)}") from exc
     except Exception:
@@ -121,7 +202,36 @@ def build_architecture(model_type: str, model_class: str, device: str = "cpu") -
     _select_defaults(model, config)
     wanted = _wanted(model)
     layout = _fit_layout(model, config, wanted)
-    return Built(model, partial(make_inputs, wanted, config, layout=layout), model_class)
+    make = partial(make_inputs, wanted, config, layout=layout)
+    if causal:
+        _default_runs(model, config_cls, model_cls, make)
+    return Built(model, make, model_class)
+
+
+def _default_runs(model: torch.nn.Module, config_cls: type, model_cls: type, make: Any) -> None:
+    """Raise ``NotInLibraryError`` when a causal LM fails on ids and a mask -- the inputs every causal LM takes,
+    ``generate`` feeds nothing else -- and the unshrunk default config fails the same way on them (on ``meta``):
+    the library cannot run the architecture as a causal LM (a cache its forward cannot build, states it needs
+    from another model)."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    if device.type == "meta":
+        return
+    args, kwargs = make(torch.Generator().manual_seed(0), device)
+    try:
+        with torch.inference_mode():
+            model(*args, **kwargs)
+        return
+    except Exception as exc:
+        error = _one_line(exc)
+    args, kwargs = make(torch.Generator().manual_seed(0), "meta")
+    try:
+        with torch.device("meta"):
+            default = model_cls(config_cls()).eval()
+        with torch.inference_mode():
+            default(*args, **kwargs)
+    except Exception as exc:
+        if _one_line(exc) == error:
+            raise NotInLibraryError(f"its default config fails the same way on ids and a mask: {error}") from exc
 
 
 def _fit_rope_sections(model: torch.nn.Module) -> None:
@@ -339,7 +449,7 @@ def causal_candidates() -> list[Candidate]:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return [
-        Candidate(Library.TRANSFORMERS_CAUSAL, name, "decoder", partial(build_architecture, name, cls))
+        Candidate(Library.TRANSFORMERS_CAUSAL, name, "decoder", partial(build_architecture, name, cls, causal=True))
         for name, cls in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()
     ]
 

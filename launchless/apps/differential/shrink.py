@@ -9,6 +9,7 @@ other (heads divide the width; a per-layer list keeps one layer of every kind; t
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,15 +71,21 @@ _TIED = re.compile(r".*(hidden|_dim|_size|channels|projection).*")
 _NOT_TIED = re.compile(
     r".*(position|vocab|image|patch|window|kernel|max_|chunk|batch|length|sampl|rate|codebook_size|num_|layers).*"
 )
+# indices of a hybrid decoder's attention layers, and the names its per-layer kinds give a recurrent layer
+_ATTENTION_INDICES = re.compile(r"^(attn|attention)_layer_(indices|ids)$")
+_RECURRENT = {"linear_attention", "mamba"}
+_PART = re.compile(r"^(n|num)_\w+_layers$")  # layers of one part of the stack
 _FEATS = re.compile(r".*_feats$")
 _STAGES = ("depths", "hidden_sizes", "stage_depths", "block_depths", "embed_dims")
 
 
 @dataclass
 class _TokenIds:
-    """Token ids past the shrunk vocabulary, each moved to its own id at the top of it (equal ids stay equal)."""
+    """What the walk of one config shares: token ids past the shrunk vocabulary, each moved to its own id at the
+    top of it (equal ids stay equal), and how many layers of every kind the layer cut keeps."""
 
     moved: dict[int, int] = field(default_factory=dict)
+    per_kind: int = 1
 
     def remap(self, value: int) -> int:
         if value < VOCAB:
@@ -102,34 +109,37 @@ def layer_selection(types: list[Any], count: int) -> list[int]:
     return sorted(chosen)
 
 
-def _chosen_layers(lists: list[list[Any]], count: int) -> list[int]:
+def _chosen_layers(lists: list[list[Any]], count: int, per_kind: int = 1) -> list[int]:
     """``count`` layers covering every kind of every per-layer list, topped up with the first others."""
     named = [v for v in lists if all(isinstance(x, str) for x in v)]  # kinds, not indices of other layers
-    chosen = layer_cover(named)[:count]
+    chosen = layer_cover(named, per_kind)[:count]
     chosen += [i for i in range(len(lists[0]) if lists else count) if i not in chosen][: count - len(chosen)]
     return sorted(chosen)
 
 
-def _layer_count(config: dict[str, Any]) -> tuple[int | None, int]:
-    """(original layer count, shrunk count): enough layers to keep one of every kind a per-layer list names."""
+def _layer_count(config: dict[str, Any], per_kind: int = 1) -> tuple[int | None, int]:
+    """(original layer count, shrunk count): enough layers to keep ``per_kind`` of every kind a per-layer list
+    names."""
     old = next((v for k, v in config.items() if _LAYERS.match(str(k)) and isinstance(v, int) and v > 0), None)
     if old is None:
         return None, 0
-    kinds = len(layer_cover([v for v in _per_layer_lists(config, old) if all(isinstance(x, str) for x in v)]))
+    named = [v for v in _per_layer_lists(config, old) if all(isinstance(x, str) for x in v)]
+    kinds = len(layer_cover(named, per_kind))
     pattern = max((len(v) for v in _layer_patterns(config, old)), default=0)
-    return old, min(old, max(2, min(max(kinds, pattern), 4)))
+    return old, min(old, max(2, min(max(kinds, pattern), 4 * per_kind)))
 
 
-def layer_cover(lists: list[list[Any]]) -> list[int]:
-    """The first layers that between them show every kind of every per-layer list (attention kind and MLP kind
-    are separate lists in hybrid MoE decoders: a cut keeping the kinds of one list only can drop all attention)."""
+def layer_cover(lists: list[list[Any]], per_kind: int = 1) -> list[int]:
+    """The first layers that between them show every kind of every per-layer list ``per_kind`` times (attention
+    kind and MLP kind are separate lists in hybrid MoE decoders: a cut keeping the kinds of one list only can drop
+    all attention)."""
     chosen: list[int] = []
-    seen: list[set[str]] = [set() for _ in lists]
+    seen: list[dict[str, int]] = [{} for _ in lists]
     for i in range(min((len(v) for v in lists), default=0)):
-        if any(str(v[i]) not in kinds for v, kinds in zip(lists, seen, strict=True)):
+        if any(kinds.get(str(v[i]), 0) < per_kind for v, kinds in zip(lists, seen, strict=True)):
             chosen.append(i)
             for v, kinds in zip(lists, seen, strict=True):
-                kinds.add(str(v[i]))
+                kinds[str(v[i])] = kinds.get(str(v[i]), 0) + 1
     return chosen
 
 
@@ -188,6 +198,41 @@ def _state_space(config: dict[str, Any], out: dict[str, Any]) -> None:
             out[key] = 1
 
 
+def _layer_parts(config: dict[str, Any], out: dict[str, Any], old: int | None, new: int) -> None:
+    """Counts of the parts of the stack (input, recurrent and output layers) that add up to the layer count keep
+    adding up to the shrunk count: one share each, the rest to the largest part. A share is the original parts'
+    common step where the shrunk count allows it (counts written out doubled, one per sub-layer, stay even)."""
+    parts = {k: v for k, v in config.items() if _PART.match(str(k)) and not _LAYERS.match(str(k)) and _count(v)}
+    if not old or not new or len(parts) < 2 or sum(parts.values()) != old:
+        return
+    common = math.gcd(math.gcd(*parts.values()), new)
+    step = max((d for d in range(1, common + 1) if common % d == 0 and new // d >= len(parts)), default=None)
+    if step is None:
+        return
+    largest = max(parts, key=parts.__getitem__)
+    for key in parts:
+        out[key] = step
+    out[largest] += new - step * len(parts)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _keep_attention(config: dict[str, Any], out: dict[str, Any], layers: int) -> None:
+    """A hybrid decoder whose default config has no attention layer (every layer recurrent, or its attention
+    layers' indices unset) keeps its last layer as attention: the library's hybrid cache counts the sequence on
+    an attention layer and fails without one, and the differential run covers both kinds."""
+    if not layers or not any(_HEADS.match(str(k)) and isinstance(v, int) and v > 0 for k, v in config.items()):
+        return
+    for key, value in config.items():
+        if _ATTENTION_INDICES.match(str(key)) and value is None:
+            out[key] = [layers - 1]
+        kinds = out.get(key)
+        if "type" in str(key) and isinstance(kinds, list) and len(kinds) == layers and set(kinds) <= _RECURRENT:
+            out[key] = [*kinds[:-1], "attention" if "mamba" in kinds else "full_attention"]
+
+
 def _rotary_width(config: dict[str, Any]) -> int | None:
     """The width rope turns: the rope part of a latent-attention head, else the head size."""
     for key in ("qk_rope_head_dim", "head_dim"):
@@ -229,10 +274,13 @@ def _select_layers(value: list[Any], old_layers: int | None, chosen: list[int]) 
     return None
 
 
-def shrink_config(config: dict[str, Any], ids: _TokenIds | None = None) -> dict[str, Any]:
-    """``config`` (a config's ``to_dict()``) with every size small and every dependent size consistent."""
+def shrink_config(config: dict[str, Any], ids: _TokenIds | None = None, *, per_kind: int = 1) -> dict[str, Any]:
+    """``config`` (a config's ``to_dict()``) with every size small and every dependent size consistent.
+
+    ``per_kind``: layers kept of every kind a per-layer list names -- two where the layers of a kind share weights
+    with the first of them (a shared attention block tied across hybrid layers needs a second layer to tie)."""
     if ids is None:
-        shrunk = _shrink(config, _TokenIds())
+        shrunk = _shrink(config, _TokenIds(per_kind=per_kind))
         _tie_widths(config, shrunk, _width_map(config, shrunk))
         return shrunk
     return _shrink(config, ids)
@@ -300,8 +348,8 @@ def _shrink(config: dict[str, Any], ids: _TokenIds) -> dict[str, Any]:
     staged = _staged(config)  # hierarchical widths: keep their stage plan
     # a backbone whose outputs name stages, or hierarchical stages: its depth plan stays as configured
     keeps_depth = staged or bool(config.get("out_features") or config.get("out_indices"))
-    old_layers, layers = (None, 0) if keeps_depth else _layer_count(config)
-    chosen = _chosen_layers(_per_layer_lists(config, old_layers), layers)
+    old_layers, layers = (None, 0) if keeps_depth else _layer_count(config, ids.per_kind)
+    chosen = _chosen_layers(_per_layer_lists(config, old_layers), layers, ids.per_kind)
     old_heads = next((v for k, v in config.items() if _HEADS.match(str(k)) and isinstance(v, int)), HEADS)
     for key, value in config.items():
         if not isinstance(key, str) or key in ("id2label", "label2id"):
@@ -311,7 +359,7 @@ def _shrink(config: dict[str, Any], ids: _TokenIds) -> dict[str, Any]:
                 continue
             if value and all(str(k).isdigit() for k in value):  # settings keyed by layer index
                 out[key] = {
-                    _layer_key(k, chosen.index(int(k))): shrink_config(v, ids) if isinstance(v, dict) else v
+                    _layer_key(k, chosen.index(int(k))): _shrink_override(config, v, ids) if isinstance(v, dict) else v
                     for k, v in value.items()
                     if int(k) in chosen
                 }
@@ -338,10 +386,18 @@ def _shrink(config: dict[str, Any], ids: _TokenIds) -> dict[str, Any]:
             heads if heads is not None else _shrink_int(key, value, staged=staged, layers=layers, ids=ids, width=width)
         )
     _state_space(config, out)
+    _keep_attention(config, out, layers)
+    _layer_parts(config, out, old_layers, layers)
     if "num_experts_per_tok" in out and out["num_experts_per_tok"] is None and _routes(config):
         out["num_experts_per_tok"] = EXPERTS_PER_TOKEN  # a default config routing to None experts per token
     if "qk_rope_head_dim" in out and "head_dim" in out:
-        out["head_dim"] = out["qk_rope_head_dim"]  # multi-head latent attention: rope runs on the rope part
+        # multi-head latent attention: rope runs on the rope part; a head that was the rope and the other part
+        # together stays their sum
+        whole = isinstance(config.get("qk_nope_head_dim"), int) and isinstance(config["qk_rope_head_dim"], int)
+        if whole and config["head_dim"] == config["qk_nope_head_dim"] + config["qk_rope_head_dim"]:
+            out["head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]
+        else:
+            out["head_dim"] = out["qk_rope_head_dim"]
     if isinstance(config.get("mrope_section"), list):
         out["mrope_section"] = _sections(config["mrope_section"], _rotary_width(config), _rotary_width(out))
     for key, value in config.items():  # rope settings read the final head sizes
@@ -350,6 +406,15 @@ def _shrink(config: dict[str, Any], ids: _TokenIds) -> dict[str, Any]:
     if "qk_head_dim" in config and "qk_rope_head_dim" in out and "qk_nope_head_dim" in out:
         out["qk_head_dim"] = out["qk_rope_head_dim"] + out["qk_nope_head_dim"]
     return out
+
+
+def _shrink_override(config: dict[str, Any], override: dict[str, Any], ids: _TokenIds) -> dict[str, Any]:
+    """A layer's settings that override its config's, shrunk together with what they override: sizes related
+    across the two (a head size the config sets that is the sum of an overridden part and one the config sets)
+    stay related. Keeps the overridden keys and those whose shrunk value differs from the config's."""
+    base = {k: v for k, v in config.items() if not isinstance(v, (dict, list))}
+    shrunk_base, merged = _shrink(base, ids), _shrink({**base, **override}, ids)
+    return {k: v for k, v in merged.items() if k in override or v != shrunk_base.get(k)}
 
 
 def _staged(config: dict[str, Any]) -> bool:
