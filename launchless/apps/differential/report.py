@@ -155,6 +155,7 @@ def markdown(rows: list[dict[str, Any]], populations: dict[str, dict[str, Any]] 
     out += _table(
         ["library", "models", *kinds], [[lib, models[lib], *(counts[(lib, k)] for k in kinds)] for lib in libraries]
     )
+    out += _not_accelerated(rows)
     speedups = sorted(r["speedup"] for r in built_rows(rows) if r.get("timed_alone") and r["speedup"] is not None)
     if speedups:
         out += [
@@ -186,6 +187,22 @@ def _coverage(rows: list[dict[str, Any]], populations: dict[str, dict[str, Any]]
             [library, record.get("version"), f"{done} of {len(listed)}", record.get("gpu"), record.get("torch")]
         )
     return [*_table(["library", "version", "models run", "GPU", "torch"], body), ""]
+
+
+def _not_accelerated(rows: list[dict[str, Any]]) -> list[str]:
+    """The rows of built models that are not accelerated with a verified result, counted by entry and status: where
+    the share target loses its rows (``refused`` is ``cuda_graph=True`` raising where no whole graph can be)."""
+    lost = Counter(
+        (r["entry"], r["status"], str(r["result"]))
+        for r in built_rows(rows)
+        if not (r["status"] in ACCELERATED and r["result"] in [v.value for v in VERIFIED])
+    )
+    if not lost:
+        return []
+    body = [[entry, status, result, n] for (entry, status, result), n in sorted(lost.items(), key=lambda kv: -kv[1])]
+    return ["", "## Rows not accelerated with a verified result, by entry and status", "", *_table(
+        ["entry", "status", "result", "rows"], body
+    )]  # fmt: skip
 
 
 def _bounded(row: dict[str, Any]) -> str:
