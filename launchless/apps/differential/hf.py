@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -33,12 +34,20 @@ KNOWN_INPUTS = (
     "pixel_values",
     "input_values",
     "input_features",
+    "input_features_mask",
     "decoder_input_ids",
+    "pixel_attention_mask",
+    "spatial_shapes",
 )
+# Made where the forward takes them, but not enough to feed a forward that requires them: the audio encoders that
+# require a frame mask also want their frames stacked or cut to windows of their own.
+ONLY_WHERE_OPTIONAL = {"input_features_mask"}
 LAYOUT_SCALE = 1000  # layout tokenizers normalise word boxes to [0, 1000]
 MAIN_INPUTS = {"input_ids", "pixel_values", "input_values", "input_features"}
 # Derived sizes the shrinker's value is kept for: a vocabulary or token id derived again would be full size.
 _KEEPS_SHRUNK = re.compile(r".*(vocab.*|_id|_ids|_index)$")
+# Config attributes of models that match two images (keypoint detectors and matchers)
+_MATCHING = re.compile(r".*(matching|keypoint).*")
 # Config attributes that name the width of one log-mel frame (processors call it feature_size or num_mel_bins).
 _MEL_NAMES = (
     "num_mel_bins",
@@ -63,7 +72,12 @@ class Layout:
     among the config's candidates. ``codebook_rows``: a decoder over several audio codebooks (MusicGen) takes one
     row of ids per codebook, (batch x codebooks, sequence). ``box_fractions``: word boxes as fractions of the page
     rather than the layout tokenizers' integers in [0, 1000] (the first tried where the model keeps no table of 2-D
-    positions, ``max_2d_position_embeddings``).
+    positions, ``max_2d_position_embeddings``). ``image_pairs``: two views of one scene per sample, (batch, 2,
+    channels, height, width), what the processors of matchers produce (tried where the config has matching or
+    keypoint settings). ``feature_channel``: log-mel frames with a channel axis, (batch, 1, frames, mels), what
+    audio-text dual encoders' feature extractors return (CLAP). ``every_modality``: every main input the forward
+    takes, where it fails on the ones the harness picks (text alone, where a dual encoder or a visual question
+    answerer needs the image or the audio as well).
     """
 
     channels_first: bool = False
@@ -71,6 +85,9 @@ class Layout:
     mels: int | None = None
     codebook_rows: bool = False
     box_fractions: bool = False
+    image_pairs: bool = False
+    feature_channel: bool = False
+    every_modality: bool = False
 
 
 def _one_line(exc: BaseException) -> str:
@@ -262,18 +279,29 @@ def _select_defaults(model: torch.nn.Module, config: Any) -> None:
 
 
 def _layouts(config: Any, wanted: tuple[str, ...]) -> list[Layout]:
-    """The layouts worth trying, the conventional one first."""
+    """The layouts worth trying, the conventional ones first, then each with every main input the forward takes."""
+    layouts = _modality_layouts(config, wanted)
+    if "input_ids" in _names(wanted) and len(MAIN_INPUTS & set(_names(wanted))) > 1:
+        layouts += [replace(layout, every_modality=True) for layout in layouts]
+    return layouts
+
+
+def _modality_layouts(config: Any, wanted: tuple[str, ...]) -> list[Layout]:
+    """The layouts of the inputs the config leaves open, the conventional one first."""
     wanted = _names(wanted)
     if "bbox" in wanted:
         table = isinstance(getattr(config, "max_2d_position_embeddings", None), int)
         return [Layout(box_fractions=fractions) for fractions in ((False, True) if table else (True, False))]
     if "input_features" in wanted:
         mels = list(dict.fromkeys(_named_ints(config.to_dict(), _MEL_NAMES))) or [80, 128]
-        return [Layout(time_major=t, mels=m) for t in (False, True) for m in mels]
+        plain = [Layout(time_major=t, mels=m) for t in (False, True) for m in mels]
+        return plain + [Layout(time_major=True, mels=m, feature_channel=True) for m in mels]
     if "input_values" in wanted:
         return [Layout(), Layout(channels_first=True)]
     if isinstance(getattr(config, "num_codebooks", None), int):
         return [Layout(), Layout(codebook_rows=True)]
+    if "pixel_values" in wanted and any(_MATCHING.match(str(k)) for k in config.to_dict()):
+        return [Layout(), Layout(image_pairs=True)]
     return [Layout()]
 
 
@@ -350,9 +378,11 @@ def make_inputs(
     required = {name.rstrip("!") for name in wanted if name.endswith("!")}
     wanted = _names(wanted)
     vocab = _int(config, "vocab_size", default=1024)
+    every = layout.every_modality
     text_only = _text_only(config, wanted) and not required & {"pixel_values", "input_values", "input_features"}
+    text_only = text_only and not every
     if "input_ids" in wanted and (
-        text_only or "pixel_values" in wanted or not _audio(wanted) or "input_ids" in required
+        text_only or "pixel_values" in wanted or not _audio(wanted) or "input_ids" in required or every
     ):
         kw["input_ids"] = _token_ids(config, generator, vocab, layout)
         if "attention_mask" in wanted:
@@ -360,10 +390,20 @@ def make_inputs(
         if "bbox" in wanted:
             kw["bbox"] = _boxes(config, generator, kw["input_ids"].shape, layout)
     if "pixel_values" in wanted and (not text_only or "pixel_values" in required):
-        kw["pixel_values"] = _pixels(config, generator)
-    if "input_features" in wanted and ("input_ids" not in kw or "input_features" in required):
+        if "spatial_shapes" in wanted:  # images cut into a grid of patches, the grid stated beside them
+            kw["pixel_values"], kw["spatial_shapes"] = _patched_pixels(config, generator)
+            kw["pixel_attention_mask"] = torch.ones(kw["pixel_values"].shape[:2], dtype=torch.long)
+        else:
+            kw["pixel_values"] = _pixels(config, generator, layout)
+    if "input_features" in wanted and ("input_ids" not in kw or "input_features" in required or every):
         kw["input_features"] = _audio_features(config, generator, layout)
-    if "input_values" in wanted and (not {"input_ids", "input_features"} & set(kw) or "input_values" in required):
+        if "input_features_mask" in wanted:  # every frame is audio: ones over the time axis
+            time = -1 if kw["input_features"].dim() == 3 and not layout.time_major else -2
+            shape = (BATCH, kw["input_features"].shape[time])
+            kw["input_features_mask"] = torch.ones(shape, dtype=torch.long)
+    if "input_values" in wanted and (
+        not {"input_ids", "input_features"} & set(kw) or "input_values" in required or every
+    ):
         kw["input_values"] = _audio_values(config, generator, layout)
     if "decoder_input_ids" in wanted and getattr(config, "is_encoder_decoder", False):
         kw["decoder_input_ids"] = inputs.token_ids(generator, BATCH, DECODER_SEQUENCE, vocab)
@@ -389,7 +429,12 @@ def _boxes(config: Any, generator: torch.Generator, shape: torch.Size, layout: L
 
 def _image_size(config: Any) -> tuple[int, int]:
     """(height, width) the vision tower -- or its backbone -- is configured for: an int, or a (height, width) pair
-    (text recognisers)."""
+    (text recognisers); a model that cuts patches out of the image scaled down by ratios (DepthPro) takes one
+    whose smallest scaling is still a patch."""
+    ratios, patch = getattr(config, "scaled_images_ratios", None), getattr(config, "patch_size", None)
+    if isinstance(ratios, (list, tuple)) and ratios and isinstance(patch, int) and min(ratios) > 0:
+        side = math.ceil(patch / min(ratios))
+        return side, side
     vision = getattr(config, "vision_config", None)
     for source in (config, vision, getattr(vision, "backbone_config", None)):
         for name in ("image_size", "img_size"):
@@ -401,15 +446,30 @@ def _image_size(config: Any) -> tuple[int, int]:
     return 224, 224
 
 
-def _pixels(config: Any, generator: torch.Generator) -> torch.Tensor:
-    """Images of the configured size; a video model (its config counts frames) gets (batch, frames, C, H, W)."""
+def _pixels(config: Any, generator: torch.Generator, layout: Layout = Layout()) -> torch.Tensor:
+    """Images of the configured size; a video model (its config counts frames) gets (batch, frames, C, H, W), a
+    matcher two views of one scene (``Layout.image_pairs``)."""
     height, width = _image_size(config)
     channels = _int(config, "num_channels", "in_channels", default=3)
+    if layout.image_pairs:
+        return inputs.view_pairs(generator, BATCH, channels, height, width)
     frames = _int(config, "num_frames", default=0)
     if frames > 1:
         clip = inputs.video_clip(generator, BATCH, frames, height)[..., :width]
         return clip.transpose(1, 2).contiguous()
     return inputs.normalized_images(generator, BATCH, channels, height, width)
+
+
+def _patched_pixels(config: Any, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """An image as its grid of patches, what native-resolution vision towers (NaFlex) take: (batch, patches,
+    patch x patch x channels), row by row, each patch's pixels channel-last, and the grid (rows, columns) per
+    image; a square grid of the configured number of patches."""
+    patch = _int(config, "patch_size", default=16)
+    channels = _int(config, "num_channels", default=3)
+    side = max(1, math.isqrt(_int(config, "num_patches", default=256)))
+    images = inputs.normalized_images(generator, BATCH, channels, side * patch, side * patch)
+    grid = images.reshape(BATCH, channels, side, patch, side, patch).permute(0, 2, 4, 3, 5, 1)
+    return grid.reshape(BATCH, side * side, patch * patch * channels), torch.tensor([[side, side]] * BATCH)
 
 
 def _audio(wanted: tuple[str, ...]) -> bool:
@@ -427,6 +487,8 @@ def _audio_features(config: Any, generator: torch.Generator, layout: Layout = La
     per_channel = getattr(config, "input_feat_per_channel", None)
     if per_channel and not layout.mels:
         return inputs.features(generator, BATCH, AUDIO_FRAMES, per_channel * getattr(config, "input_channels", 1))
+    if layout.feature_channel:
+        return inputs.features(generator, BATCH, 1, frames, mels)
     if layout.time_major:
         return inputs.features(generator, BATCH, frames, mels)
     return inputs.features(generator, BATCH, mels, frames)
@@ -466,7 +528,7 @@ def feedable(model_class: str) -> bool:
     required = {
         n for n, p in parameters.items() if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
     }
-    return bool(MAIN_INPUTS & set(parameters)) and required - {"self"} <= set(KNOWN_INPUTS)
+    return bool(MAIN_INPUTS & set(parameters)) and required - {"self"} <= set(KNOWN_INPUTS) - ONLY_WHERE_OPTIONAL
 
 
 def base_candidates() -> list[Candidate]:

@@ -66,6 +66,13 @@ def image_pair(generator: torch.Generator, batch: int, height: int, width: int) 
     return scene[..., :width].contiguous(), scene[..., shift : shift + width].contiguous()
 
 
+def view_pairs(generator: torch.Generator, batch: int, channels: int, height: int, width: int) -> torch.Tensor:
+    """(batch, 2, channels, height, width) in [0, 1]: two views of one scene a few pixels apart, for matchers."""
+    scene = smooth_images(generator, batch, channels, height, width + 8)
+    shift = int(torch.randint(1, 8, (1,), generator=generator))
+    return torch.stack([scene[..., :width], scene[..., shift : shift + width]], dim=1).contiguous()
+
+
 def token_ids(generator: torch.Generator, batch: int, length: int, vocab: int) -> torch.Tensor:
     """Ids away from both ends of the vocabulary, where special and remapped multimodal tokens live."""
     low, high = min(4, vocab - 1), max(5, vocab // 2)

@@ -27,6 +27,7 @@ VOCAB = 1024
 EXPERTS = 4
 EXPERTS_PER_TOKEN = 2
 SLIDING_WINDOW = 64
+TILE_PATCHES = 8  # patches a side of a tile cut out of a larger image (DepthPro)
 STATE = 16  # state sizes / ranks of state-space and low-rank layers
 
 _WIDTH = re.compile(
@@ -38,7 +39,10 @@ _HEADS = re.compile(
     r"^(num_attention_heads|n_head|n_heads|num_heads|encoder_attention_heads|decoder_attention_heads|"
     r"attention_heads|num_attention_heads_text|decoder_num_attention_heads)$"
 )
-_KV_HEADS = re.compile(r"^(num_key_value_heads|n_kv_heads|num_kv_heads|multi_query_group_num|kv_heads|n_head_kv)$")
+_KV_HEADS = re.compile(
+    r"^(num_key_value_heads|n_kv_heads|num_kv_heads|multi_query_group_num|kv_heads|n_head_kv|"
+    r"num_key_value_attention_heads)$"
+)
 _HEAD_DIM = re.compile(r"^(head_dim|attention_head_dim|d_kv|d_head|kv_channels|head_size|attention_head_size)$")
 _ROTARY_DIM = re.compile(r"^(rotary_dim|rotary_emb_base_dim|rope_dim)$")
 _LAYERS = re.compile(
@@ -67,9 +71,9 @@ _ROPE_DIMS = re.compile(r"^(qk_rope_head_dim|qk_nope_head_dim|v_head_dim)$")
 _PERIOD = re.compile(r".*_period$")
 _WINDOW = re.compile(r"^(sliding_window|window_size_local|local_window_size)$")
 # sizes that may be a width another config ties to, and names that are never a width
-_TIED = re.compile(r".*(hidden|_dim|_size|channels|projection).*")
+_TIED = re.compile(r".*(hidden|_dim|_size|channels|projection|groups).*")
 _NOT_TIED = re.compile(
-    r".*(position|vocab|image|patch|window|kernel|max_|chunk|batch|length|sampl|rate|codebook_size|num_|layers).*"
+    r".*(position|vocab|image|patch|window|kernel|max_|chunk|batch|length|(?<!up)sampl|rate|codebook_size|num_|layers).*"
 )
 # indices of a hybrid decoder's attention layers, and the names its per-layer kinds give a recurrent layer
 _ATTENTION_INDICES = re.compile(r"^(attn|attention)_layer_(indices|ids)$")
@@ -198,6 +202,42 @@ def _state_space(config: dict[str, Any], out: dict[str, Any]) -> None:
             out[key] = 1
 
 
+def _image_tiles(config: dict[str, Any], out: dict[str, Any]) -> None:
+    """A model that cuts its input, scaled down by ratios, into tiles as large as its sub-models' whole image
+    (DepthPro: ``patch_size`` 384, each tile a 384-pixel ViT image) takes inputs four times a tile: the tile
+    shrinks to ``TILE_PATCHES`` of the sub-models' own patches, and every sub-config whose image is a tile
+    follows (full-size tiles make a 1536-pixel input and 8 GB of activations on the CPU)."""
+    ratios, tile = config.get("scaled_images_ratios"), config.get("patch_size")
+    if not isinstance(ratios, list) or not isinstance(tile, int):
+        return
+    subs = [k for k, v in out.items() if isinstance(v, dict) and v.get("image_size") == tile]
+    patches = [out[k].get("patch_size") for k in subs]
+    if not subs or not all(isinstance(p, int) and p > 0 for p in patches):
+        return
+    out["patch_size"] = TILE_PATCHES * max(patches)
+    for key in subs:
+        out[key]["image_size"] = out["patch_size"]
+
+
+def _compound_scaling(config: dict[str, Any], out: dict[str, Any]) -> None:
+    """A compound-scaled convnet (EfficientNet) computes every layer's width as a base width of its code or its
+    stage lists times ``width_coefficient``, and states only the resulting widths: the coefficient is set so the
+    last stage is ``HIDDEN`` wide (the width a joint embedding is projected to), the stated widths scale with it,
+    and the depth multiplier goes to one."""
+    coefficient, stages = config.get("width_coefficient"), config.get("out_channels")
+    if not isinstance(coefficient, (int, float)) or not isinstance(stages, list) or not stages:
+        return
+    if not all(isinstance(x, int) and x > 0 for x in stages):
+        return
+    factor = HIDDEN / (stages[-1] * coefficient)
+    out["width_coefficient"] = coefficient * factor
+    for key, value in config.items():
+        if _WIDTH.match(str(key)) and isinstance(value, int) and not isinstance(value, bool):
+            out[key] = round(value * factor)
+    if isinstance(config.get("depth_coefficient"), (int, float)):
+        out["depth_coefficient"] = min(config["depth_coefficient"], 1.0)
+
+
 def _layer_parts(config: dict[str, Any], out: dict[str, Any], old: int | None, new: int) -> None:
     """Counts of the parts of the stack (input, recurrent and output layers) that add up to the layer count keep
     adding up to the shrunk count: one share each, the rest to the largest part. A share is the original parts'
@@ -299,9 +339,10 @@ def _width_map(old: Any, new: Any, found: dict[int, int | None] | None = None) -
 
 def _tie_widths(old: Any, new: Any, widths: dict[int, int | None]) -> None:
     """Sizes tied to a width, left as they were, follow it: one equal to a width of the tree (a head's
-    ``audio_hidden_size``, a flow head's ``condition_dim``, a quantizer's ``codebook_dim``); positional features
-    half a width (sine and cosine halves); one equal to its own config's head size (a box projection added to the
-    heads); a sixth of a layout encoder's width (its 2-D position embeddings)."""
+    ``audio_hidden_size``, a flow head's ``condition_dim``, a quantizer's ``codebook_dim``, a depthwise
+    upsampler's ``upsample_groups``); positional features half a width (sine and cosine halves); one equal to its
+    own config's head size (a box projection added to the heads); a sixth of a layout encoder's width (its 2-D
+    position embeddings)."""
     if not (isinstance(old, dict) and isinstance(new, dict)):
         return
     shares = _shares(old, new)
@@ -357,7 +398,7 @@ def _shrink(config: dict[str, Any], ids: _TokenIds) -> dict[str, Any]:
         if isinstance(value, dict):
             if "rope" in key:
                 continue
-            if value and all(str(k).isdigit() for k in value):  # settings keyed by layer index
+            if _layer_keyed(value, old_layers):  # settings keyed by layer index
                 out[key] = {
                     _layer_key(k, chosen.index(int(k))): _shrink_override(config, v, ids) if isinstance(v, dict) else v
                     for k, v in value.items()
@@ -377,6 +418,10 @@ def _shrink(config: dict[str, Any], ids: _TokenIds) -> dict[str, Any]:
                 out[key] = selected
             elif "layer" in key and not staged and _index_list(value):
                 out[key] = [chosen.index(v) for v in value if v in chosen] or [0]
+            per_layer = key.removesuffix("_per_layer")
+            if per_layer != key and not staged and all(isinstance(v, int) for v in out[key]):
+                # heads or key/value heads per layer shrink like the config's own
+                out[key] = [_heads(per_layer, v, old_heads) or v for v in out[key]]
             continue
         if not isinstance(value, int) or isinstance(value, bool):
             continue
@@ -388,6 +433,8 @@ def _shrink(config: dict[str, Any], ids: _TokenIds) -> dict[str, Any]:
     _state_space(config, out)
     _keep_attention(config, out, layers)
     _layer_parts(config, out, old_layers, layers)
+    _compound_scaling(config, out)
+    _image_tiles(config, out)
     if "num_experts_per_tok" in out and out["num_experts_per_tok"] is None and _routes(config):
         out["num_experts_per_tok"] = EXPERTS_PER_TOKEN  # a default config routing to None experts per token
     if "qk_rope_head_dim" in out and "head_dim" in out:
@@ -406,6 +453,12 @@ def _shrink(config: dict[str, Any], ids: _TokenIds) -> dict[str, Any]:
     if "qk_head_dim" in config and "qk_rope_head_dim" in out and "qk_nope_head_dim" in out:
         out["qk_head_dim"] = out["qk_rope_head_dim"] + out["qk_nope_head_dim"]
     return out
+
+
+def _layer_keyed(value: dict[Any, Any], layers: int | None) -> bool:
+    """Settings keyed by layer index: every key a layer of the stack (not a patch count keying a projector's
+    query count)."""
+    return bool(value and layers and all(str(k).isdigit() and int(k) < layers for k in value))
 
 
 def _shrink_override(config: dict[str, Any], override: dict[str, Any], ids: _TokenIds) -> dict[str, Any]:
