@@ -194,6 +194,19 @@ def test_dicts_keyed_by_counts_other_than_layers_are_kept() -> None:
     assert shrunk["projector_patch_to_query_dict"] == {"1225": 128, "4900": 256}
 
 
+def test_speech_encoders_are_tried_with_stacked_frames_and_dual_encoders_with_every_modality() -> None:
+    pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from launchless.apps.differential.hf import Layout, _layouts
+
+    config = SimpleNamespace(to_dict=lambda: {"num_mel_bins": 80})
+    audio = _layouts(config, ("input_features!",))
+    assert audio[0] == Layout(time_major=False, mels=80) and Layout(time_major=True, mels=320) in audio
+    both = _layouts(config, ("input_ids", "attention_mask", "input_features"))
+    assert both[: len(audio)] == audio and all(layout.every_modality for layout in both[len(audio) :])
+
+
 # --- population picks -------------------------------------------------------------------------------------------
 
 
@@ -295,8 +308,6 @@ HARNESS_GAPS = frozenset(
         "transformers:ernie4_5_vl_moe",
         "transformers:fastspeech2_conformer_with_hifigan",
         "transformers:fun_asr_nano",
-        "transformers:granite_speech5_ctc",
-        "transformers:granite_speech5_encoder",
         "transformers:idefics",
         "transformers:kosmos-2",
         "transformers:kyutai_speech_to_text",
@@ -308,8 +319,6 @@ HARNESS_GAPS = frozenset(
         "transformers:neucodec",
         "transformers:pe_audio_video_encoder",
         "transformers:pp_ocrv6_small_det",
-        "transformers:qwen2_5_omni_thinker",
-        "transformers:qwen3_omni_moe_thinker",
         "transformers:rf_detr",
         "transformers:speecht5",
         "transformers:step3p7",

@@ -27,6 +27,7 @@ SEQUENCE = 16
 DECODER_SEQUENCE = 8
 AUDIO_SAMPLES = 7680  # half a second at 16 kHz, a multiple of every codec hop (256, 320, 480, 512, 960, 1920)
 AUDIO_FRAMES = 64
+STACKED_FRAMES = (2, 4)  # log-mel frames a speech processor stacks into one (wav2vec2-bert: 2; with deltas: 4)
 KNOWN_INPUTS = (
     "input_ids",
     "attention_mask",
@@ -46,6 +47,8 @@ LAYOUT_SCALE = 1000  # layout tokenizers normalise word boxes to [0, 1000]
 MAIN_INPUTS = {"input_ids", "pixel_values", "input_values", "input_features"}
 # Derived sizes the shrinker's value is kept for: a vocabulary or token id derived again would be full size.
 _KEEPS_SHRUNK = re.compile(r".*(vocab.*|_id|_ids|_index)$")
+# A forward reading an attribute its own config class does not have: the library's failure whatever the inputs
+_CONFIG_LACKS = re.compile(r"AttributeError: '\w+Config' object has no attribute")
 # Config attributes of models that match two images (keypoint detectors and matchers)
 _MATCHING = re.compile(r".*(matching|keypoint).*")
 # Config attributes that name the width of one log-mel frame (processors call it feature_size or num_mel_bins).
@@ -69,10 +72,11 @@ class Layout:
     ``channels_first``: a codec's waveform is (batch, channels, samples) -- what the codec processors return --
     where a speech encoder takes (batch, samples). ``time_major``: log-mel frames as (batch, frames, mels), the
     conformer processors' layout, where Whisper-like encoders take (batch, mels, frames). ``mels``: the frame width
-    among the config's candidates. ``codebook_rows``: a decoder over several audio codebooks (MusicGen) takes one
-    row of ids per codebook, (batch x codebooks, sequence). ``box_fractions``: word boxes as fractions of the page
-    rather than the layout tokenizers' integers in [0, 1000] (the first tried where the model keeps no table of 2-D
-    positions, ``max_2d_position_embeddings``). ``image_pairs``: two views of one scene per sample, (batch, 2,
+    among the config's candidates, or a multiple of one where the processor stacks frames (``STACKED_FRAMES``).
+    ``codebook_rows``: a decoder over several audio codebooks (MusicGen) takes one row of ids per codebook, (batch
+    x codebooks, sequence). ``box_fractions``: word boxes as fractions of the page rather than the layout
+    tokenizers' integers in [0, 1000] (the first tried where the model keeps no table of 2-D positions,
+    ``max_2d_position_embeddings``). ``image_pairs``: two views of one scene per sample, (batch, 2,
     channels, height, width), what the processors of matchers produce (tried where the config has matching or
     keypoint settings). ``feature_channel``: log-mel frames with a channel axis, (batch, 1, frames, mels), what
     audio-text dual encoders' feature extractors return (CLAP). ``every_modality``: every main input the forward
@@ -220,16 +224,17 @@ def build_architecture(model_type: str, model_class: str, device: str = "cpu", *
     wanted = _wanted(model)
     layout = _fit_layout(model, config, wanted)
     make = partial(make_inputs, wanted, config, layout=layout)
-    if causal:
-        _default_runs(model, config_cls, model_cls, make)
+    _default_runs(model, config_cls, model_cls, make, causal=causal)
     return Built(model, make, model_class)
 
 
-def _default_runs(model: torch.nn.Module, config_cls: type, model_cls: type, make: Any) -> None:
-    """Raise ``NotInLibraryError`` when a causal LM fails on ids and a mask -- the inputs every causal LM takes,
-    ``generate`` feeds nothing else -- and the unshrunk default config fails the same way on them (on ``meta``):
-    the library cannot run the architecture as a causal LM (a cache its forward cannot build, states it needs
-    from another model)."""
+def _default_runs(model: torch.nn.Module, config_cls: type, model_cls: type, make: Any, *, causal: bool) -> None:
+    """Raise ``NotInLibraryError`` when the model fails on the harness's inputs and the unshrunk default config
+    fails the same way on them (on ``meta``), where that failure is the library's own: a causal LM failing on ids
+    and a mask -- the inputs every causal LM takes, ``generate`` feeds nothing else -- (a cache its forward cannot
+    build, states it needs from another model), or any forward reading an attribute its own config class lacks.
+    Other failures on the default config too may be inputs the harness does not make yet: they stay the harness's.
+    """
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     if device.type == "meta":
         return
@@ -240,6 +245,8 @@ def _default_runs(model: torch.nn.Module, config_cls: type, model_cls: type, mak
         return
     except Exception as exc:
         error = _one_line(exc)
+    if not causal and not _CONFIG_LACKS.match(error):
+        return
     args, kwargs = make(torch.Generator().manual_seed(0), "meta")
     try:
         with torch.device("meta"):
@@ -248,7 +255,7 @@ def _default_runs(model: torch.nn.Module, config_cls: type, model_cls: type, mak
             default(*args, **kwargs)
     except Exception as exc:
         if _one_line(exc) == error:
-            raise NotInLibraryError(f"its default config fails the same way on ids and a mask: {error}") from exc
+            raise NotInLibraryError(f"its default config fails the same way on the harness's inputs: {error}") from exc
 
 
 def _fit_rope_sections(model: torch.nn.Module) -> None:
@@ -295,7 +302,9 @@ def _modality_layouts(config: Any, wanted: tuple[str, ...]) -> list[Layout]:
     if "input_features" in wanted:
         mels = list(dict.fromkeys(_named_ints(config.to_dict(), _MEL_NAMES))) or [80, 128]
         plain = [Layout(time_major=t, mels=m) for t in (False, True) for m in mels]
-        return plain + [Layout(time_major=True, mels=m, feature_channel=True) for m in mels]
+        # frames stacked by the processor (pairs, or delta-expanded pairs): a multiple of the mel count wide
+        stacked = [Layout(time_major=True, mels=k * m) for k in STACKED_FRAMES for m in mels]
+        return plain + stacked + [Layout(time_major=True, mels=m, feature_channel=True) for m in mels]
     if "input_values" in wanted:
         return [Layout(), Layout(channels_first=True)]
     if isinstance(getattr(config, "num_codebooks", None), int):

@@ -73,7 +73,8 @@ _WINDOW = re.compile(r"^(sliding_window|window_size_local|local_window_size)$")
 # sizes that may be a width another config ties to, and names that are never a width
 _TIED = re.compile(r".*(hidden|_dim|_size|channels|projection|groups).*")
 _NOT_TIED = re.compile(
-    r".*(position|vocab|image|patch|window|kernel|max_|chunk|batch|length|(?<!up)sampl|rate|codebook_size|num_|layers).*"
+    r".*(position|vocab|image|patch|window|kernel|max_|chunk|batch|length|(?<!up)sampl|rate|codebook_size|num_|"
+    r"layers).*"
 )
 # indices of a hybrid decoder's attention layers, and the names its per-layer kinds give a recurrent layer
 _ATTENTION_INDICES = re.compile(r"^(attn|attention)_layer_(indices|ids)$")
