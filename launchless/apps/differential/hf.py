@@ -76,7 +76,9 @@ class Layout:
     ``codebook_rows``: a decoder over several audio codebooks (MusicGen) takes one row of ids per codebook, (batch
     x codebooks, sequence). ``box_fractions``: word boxes as fractions of the page rather than the layout
     tokenizers' integers in [0, 1000] (the first tried where the model keeps no table of 2-D positions,
-    ``max_2d_position_embeddings``). ``image_pairs``: two views of one scene per sample, (batch, 2,
+    ``max_2d_position_embeddings``). ``streams``: ids of parallel streams per position, (batch, sequence,
+    streams), a text stream beside one per audio codebook or the codebooks alone (Kyutai speech-to-text).
+    ``image_pairs``: two views of one scene per sample, (batch, 2,
     channels, height, width), what the processors of matchers produce (tried where the config has matching or
     keypoint settings). ``feature_channel``: log-mel frames with a channel axis, (batch, 1, frames, mels), what
     audio-text dual encoders' feature extractors return (CLAP). ``every_modality``: every main input the forward
@@ -91,6 +93,7 @@ class Layout:
     box_fractions: bool = False
     image_pairs: bool = False
     feature_channel: bool = False
+    streams: int | None = None
     every_modality: bool = False
 
 
@@ -112,11 +115,11 @@ def _classes(model_type: str, model_class: str) -> tuple[type, type]:
         raise NotInLibraryError(f"not importable: {_one_line(exc)}") from exc
 
 
-def _config(config_cls: type, model_cls: type, per_kind: int = 1) -> Any:
-    """The default config of the class with every size shrunk (``per_kind`` layers of every kind); sizes it
-    derives from others left for it to derive again from the shrunk ones."""
+def _config(config_cls: type, model_cls: type, **shrinking: Any) -> Any:
+    """The default config of the class with every size shrunk (``shrinking``: ``shrink_config``'s options); sizes
+    it derives from others left for it to derive again from the shrunk ones."""
     default = config_cls()
-    shrunk = shrink_config(default.to_dict(), per_kind=per_kind)
+    shrunk = shrink_config(default.to_dict(), **shrinking)
     dropped = _drop_derived(default, shrunk)
     for key in ("transformers_version", "model_type", "architectures", "_name_or_path"):
         shrunk.pop(key, None)
@@ -181,21 +184,21 @@ def _attribute(config: Any, name: str) -> Any:
 
 
 def _build(config_cls: type, model_cls: type, device: str) -> tuple[Any, torch.nn.Module]:
-    """(config, model) shrunk to one layer of every kind, or else two: a model whose layers of a kind share one
-    block of weights ties the later layers' to the first, and with one layer of the kind there is none to tie."""
-    try:
-        config = _config(config_cls, model_cls)
-        with torch.device(device):
-            return config, model_cls(config)
-    except ImportError:
-        raise
-    except Exception as exc:
+    """(config, model) shrunk to one layer of every kind; else two (a model whose layers of a kind share one block
+    of weights ties the later layers' to the first, and with one layer of the kind there is none to tie); else with
+    multimodal rope sections of the shrunk head (a model whose code falls back to sections of the full head)."""
+    first: Exception | None = None
+    for variant in ({}, {"per_kind": 2}, {"rope_sections": True}):
         try:
-            config = _config(config_cls, model_cls, per_kind=2)
+            config = _config(config_cls, model_cls, **variant)
             with torch.device(device):
                 return config, model_cls(config)
-        except Exception:
-            raise exc from None
+        except ImportError:
+            raise
+        except Exception as exc:
+            first = first or exc
+    assert first is not None
+    raise first
 
 
 def _default_builds(config_cls: type, model_cls: type) -> None:
@@ -307,8 +310,9 @@ def _modality_layouts(config: Any, wanted: tuple[str, ...]) -> list[Layout]:
         return plain + stacked + [Layout(time_major=True, mels=m, feature_channel=True) for m in mels]
     if "input_values" in wanted:
         return [Layout(), Layout(channels_first=True)]
-    if isinstance(getattr(config, "num_codebooks", None), int):
-        return [Layout(), Layout(codebook_rows=True)]
+    codebooks = getattr(config, "num_codebooks", None)
+    if isinstance(codebooks, int):
+        return [Layout(), Layout(codebook_rows=True), Layout(streams=codebooks + 1), Layout(streams=codebooks)]
     if "pixel_values" in wanted and any(_MATCHING.match(str(k)) for k in config.to_dict()):
         return [Layout(), Layout(image_pairs=True)]
     return [Layout()]
@@ -356,6 +360,13 @@ def _int(config: Any, *names: str, default: int) -> int:
     return default
 
 
+def _least_vocab(tree: Any) -> int | None:
+    """The smallest vocabulary of any sub-config (an encoder of bytes or phonemes beside a decoder of codes): ids
+    below it are ids of every part."""
+    found = _named_ints(tree, ("vocab_size",))
+    return min(found) if found else None
+
+
 def _wanted(model: torch.nn.Module) -> tuple[str, ...]:
     """The inputs this forward takes that the harness knows how to make (required ones marked ``!``)."""
     parameters = inspect.signature(model.forward).parameters
@@ -386,7 +397,7 @@ def make_inputs(
     kw: dict[str, Any] = {}
     required = {name.rstrip("!") for name in wanted if name.endswith("!")}
     wanted = _names(wanted)
-    vocab = _int(config, "vocab_size", default=1024)
+    vocab = _int(config, "vocab_size", default=0) or _least_vocab(config.to_dict()) or 1024
     every = layout.every_modality
     text_only = _text_only(config, wanted) and not required & {"pixel_values", "input_values", "input_features"}
     text_only = text_only and not every
@@ -395,7 +406,7 @@ def make_inputs(
     ):
         kw["input_ids"] = _token_ids(config, generator, vocab, layout)
         if "attention_mask" in wanted:
-            kw["attention_mask"] = torch.ones(kw["input_ids"].shape, dtype=torch.long)
+            kw["attention_mask"] = torch.ones(kw["input_ids"].shape[:2], dtype=torch.long)
         if "bbox" in wanted:
             kw["bbox"] = _boxes(config, generator, kw["input_ids"].shape, layout)
     if "pixel_values" in wanted and (not text_only or "pixel_values" in required):
@@ -420,7 +431,10 @@ def make_inputs(
 
 
 def _token_ids(config: Any, generator: torch.Generator, vocab: int, layout: Layout) -> torch.Tensor:
-    """(batch, sequence) ids; a decoder over several audio codebooks (MusicGen) takes one row per codebook."""
+    """(batch, sequence) ids; a decoder over several audio codebooks (MusicGen) takes one row per codebook, a
+    model of parallel streams (``Layout.streams``) one column per stream."""
+    if layout.streams:
+        return inputs.token_ids(generator, BATCH, SEQUENCE * layout.streams, vocab).view(BATCH, SEQUENCE, -1)
     codebooks = getattr(config, "num_codebooks", None)
     rows = BATCH * codebooks if layout.codebook_rows and isinstance(codebooks, int) else BATCH
     return inputs.token_ids(generator, rows, SEQUENCE, vocab)

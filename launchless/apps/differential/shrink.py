@@ -27,6 +27,7 @@ VOCAB = 1024
 EXPERTS = 4
 EXPERTS_PER_TOKEN = 2
 SLIDING_WINDOW = 64
+ROPE_AXES = ("time", "height", "width")  # the axes multimodal rope sections split a head's frequencies among
 TILE_PATCHES = 8  # patches a side of a tile cut out of a larger image (DepthPro)
 STATE = 16  # state sizes / ranks of state-space and low-rank layers
 
@@ -80,6 +81,7 @@ _NOT_TIED = re.compile(
 _ATTENTION_INDICES = re.compile(r"^(attn|attention)_layer_(indices|ids)$")
 _RECURRENT = {"linear_attention", "mamba"}
 _PART = re.compile(r"^(n|num)_\w+_layers$")  # layers of one part of the stack
+_OUTPUT = re.compile(r".*(out_|output|projection).*")  # widths a staged encoder hands to another model
 _FEATS = re.compile(r".*_feats$")
 _STAGES = ("depths", "hidden_sizes", "stage_depths", "block_depths", "embed_dims")
 
@@ -87,10 +89,12 @@ _STAGES = ("depths", "hidden_sizes", "stage_depths", "block_depths", "embed_dims
 @dataclass
 class _TokenIds:
     """What the walk of one config shares: token ids past the shrunk vocabulary, each moved to its own id at the
-    top of it (equal ids stay equal), and how many layers of every kind the layer cut keeps."""
+    top of it (equal ids stay equal), how many layers of every kind the layer cut keeps, and whether rope settings
+    without multimodal sections get sections of the shrunk head."""
 
     moved: dict[int, int] = field(default_factory=dict)
     per_kind: int = 1
+    rope_sections: bool = False
 
     def remap(self, value: int) -> int:
         if value < VOCAB:
@@ -315,24 +319,31 @@ def _select_layers(value: list[Any], old_layers: int | None, chosen: list[int]) 
     return None
 
 
-def shrink_config(config: dict[str, Any], ids: _TokenIds | None = None, *, per_kind: int = 1) -> dict[str, Any]:
+def shrink_config(
+    config: dict[str, Any], ids: _TokenIds | None = None, *, per_kind: int = 1, rope_sections: bool = False
+) -> dict[str, Any]:
     """``config`` (a config's ``to_dict()``) with every size small and every dependent size consistent.
 
     ``per_kind``: layers kept of every kind a per-layer list names -- two where the layers of a kind share weights
-    with the first of them (a shared attention block tied across hybrid layers needs a second layer to tie)."""
+    with the first of them (a shared attention block tied across hybrid layers needs a second layer to tie).
+    ``rope_sections``: rope settings that name no multimodal sections get (time, height, width) sections of the
+    shrunk head -- for a model whose code falls back to sections of the full-size head (Ernie 4.5 VL)."""
     if ids is None:
-        shrunk = _shrink(config, _TokenIds(per_kind=per_kind))
+        shrunk = _shrink(config, _TokenIds(per_kind=per_kind, rope_sections=rope_sections))
         _tie_widths(config, shrunk, _width_map(config, shrunk))
         return shrunk
     return _shrink(config, ids)
 
 
 def _width_map(old: Any, new: Any, found: dict[int, int | None] | None = None) -> dict[int, int | None]:
-    """Every width of the tree, original -> shrunk (None where one original width went two ways)."""
+    """Every width of the tree that was shrunk, original -> shrunk (None where one original width went two ways).
+    A width left as it was (a staged encoder keeps its widths) does not vote: an output width it shares with the
+    text decoder follows the decoder."""
     found = {} if found is None else found
     if isinstance(old, dict) and isinstance(new, dict):
         for key, value in old.items():
-            if _WIDTH.match(str(key)) and isinstance(value, int) and isinstance(new.get(key), int):
+            shrunk = new.get(key)
+            if _WIDTH.match(str(key)) and isinstance(value, int) and isinstance(shrunk, int) and shrunk != value:
                 found[value] = new[key] if found.get(value, new[key]) == new[key] else None
             _width_map(value, new.get(key), found)
     return found
@@ -343,9 +354,11 @@ def _tie_widths(old: Any, new: Any, widths: dict[int, int | None]) -> None:
     ``audio_hidden_size``, a flow head's ``condition_dim``, a quantizer's ``codebook_dim``, a depthwise
     upsampler's ``upsample_groups``); positional features half a width (sine and cosine halves); one equal to its
     own config's head size (a box projection added to the heads); a sixth of a layout encoder's width (its 2-D
-    position embeddings)."""
+    position embeddings). A staged encoder keeps its own widths (its hidden size is its last stage's): only its
+    output widths follow (an audio tower's ``out_hidden_size`` scattered onto the text embeddings)."""
     if not (isinstance(old, dict) and isinstance(new, dict)):
         return
+    staged = _staged(old)
     shares = _shares(old, new)
     # a size equal to an entry of a list the shrinker keeps (a decoder's input channels) stays with that list
     listed = {x for v in new.values() if isinstance(v, list) for x in v if isinstance(x, int)}
@@ -354,6 +367,8 @@ def _tie_widths(old: Any, new: Any, widths: dict[int, int | None]) -> None:
             _tie_widths(value, new.get(key), widths)
             continue
         if not isinstance(value, int) or isinstance(value, bool) or new.get(key) != value or value in listed:
+            continue
+        if staged and not _OUTPUT.match(str(key)):
             continue
         if _FEATS.match(str(key)) and widths.get(2 * value) not in (None, 2 * value):
             new[key] = widths[2 * value] // 2
@@ -451,6 +466,10 @@ def _shrink(config: dict[str, Any], ids: _TokenIds) -> dict[str, Any]:
     for key, value in config.items():  # rope settings read the final head sizes
         if isinstance(value, dict) and "rope" in str(key):
             out[key] = _rope(value, _rotary_width(config), _rotary_width(out))
+            half = (_rotary_width(out) or 0) // 2
+            if ids.rope_sections and "mrope_section" not in value and half >= len(ROPE_AXES):
+                share = half // len(ROPE_AXES)  # equal shares, the rest on the last (two spatial ones stay equal)
+                out[key]["mrope_section"] = [share] * (len(ROPE_AXES) - 1) + [half - share * (len(ROPE_AXES) - 1)]
     if "qk_head_dim" in config and "qk_rope_head_dim" in out and "qk_nope_head_dim" in out:
         out["qk_head_dim"] = out["qk_rope_head_dim"] + out["qk_nope_head_dim"]
     return out
