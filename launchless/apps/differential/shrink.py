@@ -81,6 +81,7 @@ _NOT_TIED = re.compile(
 _ATTENTION_INDICES = re.compile(r"^(attn|attention)_layer_(indices|ids)$")
 _RECURRENT = {"linear_attention", "mamba"}
 _PART = re.compile(r"^(n|num)_\w+_layers$")  # layers of one part of the stack
+_SIZES = re.compile(r".*(channels|size|_dim|hidden|width).*")  # a list of sizes per layer is not layer indices
 _OUTPUT = re.compile(r".*(out_|output|projection).*")  # widths a staged encoder hands to another model
 _FEATS = re.compile(r".*_feats$")
 _STAGES = ("depths", "hidden_sizes", "stage_depths", "block_depths", "embed_dims")
@@ -432,7 +433,7 @@ def _shrink(config: dict[str, Any], ids: _TokenIds) -> dict[str, Any]:
                 out[key] = [ids.remap(v) for v in value]
             elif (selected := _select_layers(value, old_layers, chosen)) is not None:
                 out[key] = selected
-            elif "layer" in key and not staged and _index_list(value):
+            elif "layer" in key and not staged and not _SIZES.match(key) and _index_list(value):
                 out[key] = [chosen.index(v) for v in value if v in chosen] or [0]
             per_layer = key.removesuffix("_per_layer")
             if per_layer != key and not staged and all(isinstance(v, int) for v in out[key]):
