@@ -521,3 +521,34 @@ def test_the_report_says_how_much_of_each_population_it_covers(tmp_path) -> None
     assert populations["timm"]["models"] == ["a", "b", "c"] and populations["timm"]["torch"] == torch.__version__
     text = report.markdown([_row("a", Status.GRAPH, Result.IDENTICAL, 2.0)], populations)
     assert "| timm | " in text and "| 1 of 3 |" in text
+
+
+def test_a_timm_model_whose_init_refuses_meta_is_sized_on_the_cpu(monkeypatch) -> None:
+    """Some timm releases read values back in an init (a drop-path schedule's ``.tolist()``), which ``meta`` cannot
+    do: the module's smallest architecture is still found, on the CPU, instead of "no architecture builds"."""
+    timm = pytest.importorskip("timm")
+    from launchless.apps.differential import vision
+
+    create = timm.create_model
+
+    def meta_refuses(*args, **kwargs):
+        if torch.empty(0).device.type == "meta":
+            raise RuntimeError("Cannot copy out of meta tensor; no data!")
+        return create(*args, **kwargs)
+
+    expected = vision.smallest_timm("regnet")
+    monkeypatch.setattr(timm, "create_model", meta_refuses)
+    assert vision.smallest_timm("regnet") == expected
+
+
+def test_the_report_counts_the_rows_not_accelerated_by_entry_and_status() -> None:
+    rows = [
+        _row("a", Status.GRAPH, Result.IDENTICAL, 2.0),
+        new_row("b", "timm", "classification", Entry.WRAP_TRUE, GradMode.NO_GRAD, status=Status.REFUSED),
+        new_row("c", "timm", "classification", Entry.WRAP_TRUE, GradMode.NO_GRAD, status=Status.REFUSED),
+        _row("d", Status.EAGER, Result.IDENTICAL, 1.0),
+    ]
+    text = report.markdown(rows)
+    assert "## Rows not accelerated with a verified result, by entry and status" in text
+    assert "| wrap-true | refused | None | 2 |" in text and "| wrap-auto | eager | identical | 1 |" in text
+    assert "| wrap-auto | graph |" not in text

@@ -121,15 +121,22 @@ def _timm_input(arch: str, generator: torch.Generator, device: Any) -> Inputs:
 
 
 def smallest_timm(module: str) -> str:
-    """The architecture of ``module`` with the fewest parameters among the first small-named ones that build."""
+    """The architecture of ``module`` with the fewest parameters among the first small-named ones that build --
+    counted on ``meta``, or on the CPU where an init reads values back (``.tolist()`` of a drop-path schedule, as
+    some timm releases do), which ``meta`` cannot."""
     import timm
 
     sizes: dict[str, int] = {}
     for arch in sorted(timm.list_models(module=module), key=_smallness):
-        try:
-            with torch.device("meta"):
-                model = timm.create_model(arch, pretrained=False)
-        except Exception:
+        model = None
+        for device in ("meta", "cpu"):
+            try:
+                with torch.device(device):
+                    model = timm.create_model(arch, pretrained=False)
+                break
+            except Exception:
+                continue
+        if model is None:
             continue
         sizes[arch] = sum(p.numel() for p in model.parameters())
         if len(sizes) >= TIMM_TRIES:
