@@ -19,7 +19,7 @@ import functools
 import logging
 import weakref
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 
@@ -30,7 +30,7 @@ from .core.buckets import check_buckets
 from .core.cache import GraphCache, Refusal
 from .core.capture_path import record_capture_branches
 from .core.collectives import agree
-from .core.junctions import JunctionShapeChanged
+from .core.junctions import JunctionShapeChanged, SegmentedGraph
 from .core.pool import SHARED, new_pool
 from .core.relocation import RelocationWatch
 from .core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
@@ -38,7 +38,7 @@ from .core.status import Admission, SplitStatus, Stage, VerifyStatus
 from .core.verify import VerifyReport, verify
 from .decoding import DecodeGraphs
 from .diagnose.messages import capture_error, out_of_memory_error, verification_error
-from .errors import CaptureError, ConfigError, NoCudaError
+from .errors import CaptureError, ConfigError, LaunchlessError, NoCudaError
 from .options import VerifyMode, check_choice, check_int, check_number, check_verify
 from .split import SPLITTABLE, EagerPart, SplitForward, copies
 from .timing import SpeedVerdict, judge_speed
@@ -60,7 +60,7 @@ _RUNTIME_STATE = frozenset({"_cache", "_watch", "_eager_reasons", "_split", "_co
 
 def _check_mode(cuda_graph: Any) -> Mode:
     if cuda_graph is True or cuda_graph is False or (isinstance(cuda_graph, str) and cuda_graph == "auto"):
-        return cuda_graph
+        return cast(Mode, cuda_graph)
     raise ConfigError(
         f"cuda_graph={cuda_graph!r} is not accepted; use False (eager), True (capture at the first call of each "
         "input signature) or 'auto' (capture once it repeats)"
@@ -153,7 +153,7 @@ class GraphedModule(torch.nn.Module):
     @property
     def __launchless_model__(self) -> torch.nn.Module:
         """The wrapped model (what ``dry_run`` and ``explain`` look into)."""
-        return self._modules["model"]
+        return cast(torch.nn.Module, self._modules["model"])
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
         """Straight to the model, so missing/unexpected keys are reported with the model's own names."""
@@ -175,7 +175,7 @@ class GraphedModule(torch.nn.Module):
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """The wrapped transformers model's ``generate()``, its decode steps replayed as CUDA graphs on a static KV
         cache (see ``launchless.decoding``); plain ``generate()`` under ``cuda_graph=False`` or off the GPU."""
-        model = self._modules["model"]
+        model: Any = self._modules["model"]  # a transformers model: its generate() is not nn.Module's
         self._cache.validate(())  # a model moved since (to the GPU, say): the watch looks again at where it is
         if self.cuda_graph is False or self._watch.cuda_device is None:
             if self.cuda_graph is not False:
@@ -200,7 +200,7 @@ class GraphedModule(torch.nn.Module):
 
     # ---- the call -----------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        model = self._modules["model"]  # not self.model: nn.Module.__getattr__ is slow on the replay path
+        model: Any = self._modules["model"]  # not self.model: nn.Module.__getattr__ is slow on the replay path
         if self.cuda_graph is False:
             return model(*args, **kwargs)
         if model.training:
@@ -244,7 +244,7 @@ class GraphedModule(torch.nn.Module):
             return self._capture_and_run(sig, flat, explicit=False)
         if admission is Admission.REFUSED:
             if self.cuda_graph is True:
-                raise cache.refusal(sig).error
+                raise _explicit_error(cache.refusal(sig))
             if self._split is not None and sig in self._split.outcomes:
                 return self._run_split(sig, flat)
         return self._run_eager(args, kwargs)
@@ -257,7 +257,7 @@ class GraphedModule(torch.nn.Module):
 
         The buffers' other rows keep rows of earlier calls (or of the padded call captured): real inputs, which the
         proof showed cannot reach the call's rows."""
-        cache, bucketing = self._cache, self._bucketing
+        cache, bucketing = self._cache, cast(BatchBucketing, self._bucketing)  # called only with buckets set
         graph = cache.get(plan.signature)
         if graph is not None and not (graph.host_sources is not None and graph.host_sources.changed()):
             if not bucketing.proven(plan, self._target()):
@@ -276,7 +276,7 @@ class GraphedModule(torch.nn.Module):
             bucketing.count(plan)
             return plan.take_rows(self._capture_and_run(plan.signature, plan.padded_flat(), explicit=False))
         if admission is Admission.REFUSED and self.cuda_graph is True:
-            raise cache.refusal(plan.signature).error
+            raise _explicit_error(cache.refusal(plan.signature))
         return self._run_eager(args, kwargs)
 
     def _admit_now(self, sig: Signature) -> Admission:
@@ -304,7 +304,7 @@ class GraphedModule(torch.nn.Module):
             (x.device for x in flat.leaves if isinstance(x, torch.Tensor) and x.is_cuda), None
         )
         if device is None:
-            error = NoCudaError(
+            error: LaunchlessError = NoCudaError(
                 f"launchless: {self._name()} has no parameters, buffers or inputs on a CUDA device, so there "
                 "is nothing to capture; move the model to the GPU (model.cuda()) or use cuda_graph=False"
             )
@@ -449,7 +449,7 @@ class GraphedModule(torch.nn.Module):
     ) -> Any:
         """A chain that differs from eager or is not faster: refused as the forward was (a split by submodule may
         still take it), the refusal saying what was tried."""
-        fail, ops = graph.split_from, _op_names(graph.junctions)
+        fail, ops = cast(_capture.CaptureFailed, graph.split_from), _op_names(graph.junctions)  # a chain's failure
         why = f"they differ from eager ({report.status}: {report.detail})" if not report.passed else graph.speed.detail
         del graph
         self._cache.discard()
@@ -465,12 +465,12 @@ class GraphedModule(torch.nn.Module):
         site = graph.split_from.site if graph.split_from else None
         what = site.name if site else "a capture error"
         where = f" at {site.source}" if site and site.source else ""
-        ops = _op_names(graph.junctions)
+        ops, graphs = _op_names(graph.junctions), len(cast(SegmentedGraph, graph.graph).graphs)
         self._cache.log_once(
             f"chain:{ops}",
             logging.INFO,
             f"launchless: {self._name()} {sig.describe()} cannot be captured as one graph ({what}{where}); it "
-            f"replays {len(graph.graph.graphs)} graphs with {len(graph.junctions)} call(s) of {ops} run eager "
+            f"replays {graphs} graphs with {len(graph.junctions)} call(s) of {ops} run eager "
             f"between them, verified against eager, {graph.speed.speedup:.2f}x over eager. graph_info()['graphs'] "
             "has the details",
         )
@@ -502,7 +502,7 @@ class GraphedModule(torch.nn.Module):
         if self.cuda_graph is True or explicit:
             if splittable:
                 _add_note(refusal.error, self._split_note(sig, flat, refusal))
-            raise refusal.error
+            raise _explicit_error(refusal)
         if splittable:
             return self._run_split(sig, flat, refusal)
         retry = self._cache.retry_in(sig)
@@ -599,8 +599,9 @@ class GraphedModule(torch.nn.Module):
             return ""
         if report is None or not report.passed:
             return ""
+        graphs = len(cast(SegmentedGraph, graph.graph).graphs)  # a report is made for a chain only
         return (
-            f" cuda_graph='auto' replays it as {len(graph.graph.graphs)} graphs with {_op_names(graph.junctions)} "
+            f" cuda_graph='auto' replays it as {graphs} graphs with {_op_names(graph.junctions)} "
             "run eager between them, verified against eager (if faster than eager); wrap with cuda_graph='auto' to "
             "allow it."
         )
@@ -691,7 +692,7 @@ class GraphedModule(torch.nn.Module):
         if graph.junctions:  # a region split: graphs with operations run eager between them
             fail, speed = graph.split_from, graph.speed
             row["region_split"] = {
-                "graphs": len(graph.graph.graphs),
+                "graphs": len(cast(SegmentedGraph, graph.graph).graphs),
                 "eager_ops": [j.row() for j in graph.junctions],
                 "reason": fail.site.name if fail and fail.site else None,
                 "source": fail.site.source if fail and fail.site else None,
@@ -719,6 +720,12 @@ class GraphedModule(torch.nn.Module):
             "batch_buckets": None if self._bucketing is None else self._bucketing.info(),
             "decode": None if self._decode is None else self._decode.info(),  # generate()'s decode steps
         }
+
+
+def _explicit_error(refusal: Refusal | None) -> Exception:
+    """The error a refused signature raises where a graph was asked for explicitly: every refusal recorded for a
+    signature carries one (the casts tell the type checker so; nothing is checked at run time)."""
+    return cast(Exception, cast(Refusal, refusal).error)
 
 
 def _op_names(junctions: tuple) -> str:

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from .core.cache import GraphCache
 from .core.signature import FlatInputs
 from .core.status import SplitStatus, Stage, VerifyStatus
 from .core.verify import VerifyReport, verify
@@ -49,6 +50,8 @@ _ABSENT = object()
 class Piece(Protocol):
     """One submodule's graph cache, as the runtime builds it (a ``GraphedModule`` that calls the submodule's
     own forward, so the shadow that routes to it is not called again)."""
+
+    _cache: GraphCache[Any]  # the runtime sets its capture_after
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -267,7 +270,7 @@ class SplitForward:
         for piece in self.pieces.values():
             piece.release_graphs()
 
-    def info(self, describe: Callable[[Hashable], str]) -> dict[str, Any]:
+    def info(self, describe: Callable[[Any], str]) -> dict[str, Any]:
         """The pieces (graphs, replays, verification), what runs eager and why, and the decision per signature."""
         pieces = []
         for path, piece in self.pieces.items():

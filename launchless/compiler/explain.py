@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import fx
@@ -120,7 +120,7 @@ def kernels_in_graphs(entries: Iterable[Any]) -> int | None:
     counts = [_kernel_nodes(e) for e in replayed]
     if any(c is None for c in counts):
         return None
-    return max(counts, default=0)
+    return max(cast(list[int], counts), default=0)  # none is None past the check above
 
 
 def _kernels_per_call(call: Callable[[], Any]) -> int | None:

@@ -360,7 +360,7 @@ class GraphCache(Generic[G]):
             return SignatureState.REFUSED
         return SignatureState.SEEN if key in self._seen else None
 
-    def rows(self, describe: Callable[[Hashable, G], dict[str, Any]]) -> list[dict[str, Any]]:
+    def rows(self, describe: Callable[[Any, G], dict[str, Any]]) -> list[dict[str, Any]]:
         """One ``graph_info()`` row per held graph: the signature, its state, and what the policy adds."""
         rows = []
         for key, graph in self.graphs.items():
@@ -369,7 +369,7 @@ class GraphCache(Generic[G]):
             rows.append(row)
         return rows
 
-    def fallbacks(self, describe_key: Callable[[Hashable], str]) -> list[dict[str, Any]]:
+    def fallbacks(self, describe_key: Callable[[Any], str]) -> list[dict[str, Any]]:
         return [refusal.row(describe_key(key)) for key, refusal in self._refused.items()]
 
     def summary(self) -> dict[str, Any]:

@@ -121,7 +121,7 @@ class CapturedGraph:
 
     def __init__(
         self,
-        graph: torch.cuda.CUDAGraph,
+        graph: torch.cuda.CUDAGraph | SegmentedGraph,  # a chain of graphs for a region split
         static_leaves: list,
         tensor_slots: list[int],
         outputs: Any,

@@ -40,7 +40,7 @@ import logging
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
@@ -63,6 +63,8 @@ from .validity import TrainingState
 
 log = logging.getLogger("launchless")
 
+
+_DDP = torch.nn.parallel.DistributedDataParallel
 
 WHOLE_STEP = "whole-step graph"
 FORWARD_BACKWARD = "forward+backward graph, eager optimizer"
@@ -228,7 +230,7 @@ class GraphedStep:
 
     def _whole_run_reason(self) -> str | None:
         ddp = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
-        reason = self._ddp_reason(self.model) if ddp else None
+        reason = self._ddp_reason(cast(_DDP, self.model)) if ddp else None
         if reason:
             return reason
         devices = {p.device for p in self.model.parameters()}
@@ -340,14 +342,14 @@ class GraphedStep:
         if entry.reads and not self._grads_are(entry.grads_in, entry):
             with torch.no_grad():
                 for i in entry.reads:  # the graph accumulates into the tensors it was captured with
-                    p, g = self._params[i], entry.grads_in[i]
+                    p, g = self._params[i], cast(torch.Tensor, entry.grads_in[i])  # read: captured with a .grad
                     if p.grad is not g:
                         g.zero_() if p.grad is None else g.copy_(p.grad)
                         p.grad = g
         out = entry.graph.replay_cloned(flat.leaves)
         if not self._grads_are(entry.grads_out, entry):
-            for p, g in zip(self._params, entry.grads_out, strict=True):
-                p.grad = g
+            for p, grad in zip(self._params, entry.grads_out, strict=True):
+                p.grad = grad
             self._grads_owner = entry
         for call in entry.before_optimizer:
             call()
@@ -407,7 +409,7 @@ class GraphedStep:
         grads = [p.grad for p in self._params if p.grad is not None]
         if not grads:
             return
-        group = self.model.process_group
+        group = cast(_DDP, self.model).process_group  # called for a DDP model only
         flat = torch._utils._flatten_dense_tensors(grads)
         flat.div_(torch.distributed.get_world_size(group))
         torch.distributed.all_reduce(flat, group=group)
@@ -479,7 +481,7 @@ class GraphedStep:
                 else:
                     patches.enter_context(hooks.deferred_optimizer(self.optimizer, deferred))
                 if level == LOCAL_BACKWARD:  # the gradients stay local in the graph; averaged eager after it
-                    patches.enter_context(self.model.no_sync())
+                    patches.enter_context(cast(_DDP, self.model).no_sync())
                 with writes:
                     graph = _capture.capture(
                         self.fn, flat, device=device, pool=pool.handle(), warmup=0, stream=self._stream
@@ -490,7 +492,7 @@ class GraphedStep:
             for scaler in scalers:
                 hooks.reset_scaler(scaler)
             before.restore()
-            failed = {
+            failed: dict[str, Any] = {
                 "reason": describe_failure(fail.cause, str(fail)),
                 "transient": _capture.out_of_memory(fail.cause),
             }
