@@ -34,6 +34,7 @@ from .core.junctions import JunctionShapeChanged, SegmentedGraph
 from .core.pool import SHARED, new_pool
 from .core.relocation import RelocationWatch
 from .core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
+from .core.snapshot import RngState
 from .core.status import Admission, SplitStatus, Stage, VerifyStatus
 from .core.verify import VerifyReport, verify
 from .decoding import DecodeGraphs
@@ -315,6 +316,7 @@ class GraphedModule(torch.nn.Module):
         branches: list[str] = []
         around_junctions = self.cuda_graph == "auto" and self._splits and not explicit
         groups: list[Any] = []  # the process groups of the forward's collectives, once the warm-up found them
+        rng = RngState()  # warm-ups, verification and timing draw too: the call's result draws from where it began
         try:
             with cache.capturing(sig) as pool:
                 with record_capture_branches(branches):
@@ -348,7 +350,9 @@ class GraphedModule(torch.nn.Module):
                     graph.speed = self._time_chain(graph, flat)
         except _capture.CaptureFailed as fail:
             fail.collective_groups = fail.collective_groups or groups  # out of memory while verifying: still agreed
+            rng.rewind()
             return self._capture_failed(sig, flat, fail, device, explicit)
+        rng.rewind()
         if graph.junctions and (not report.passed or not graph.speed.faster):
             return self._drop_chain(sig, flat, graph, report, device)
         if not report.passed:
@@ -527,8 +531,10 @@ class GraphedModule(torch.nn.Module):
             outcome = split.outcomes.get(sig)
             if outcome is None:
                 _pieces_capture_after(split, 1)  # a search captures what it meets at once
+                rng = RngState()  # the search and the decision run the forward: the call draws from where it began
                 split.search(flat)
                 outcome = split.decide(sig, flat, verify_mode=self.verify, tolerance_ulps=self.tolerance_ulps)
+                rng.rewind()
                 self._log_split(sig, split, outcome)
                 # then a piece's new shapes (a detector head's box count per image) must repeat to be captured
                 _pieces_capture_after(split, max(2, self.capture_after))

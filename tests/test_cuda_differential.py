@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.cuda, pytest.mark.zoo]
 # Gemma2's decode rows eager (a sliding window); lowformer's eager forward differing from itself
 HANDFUL = {
     Library.TRANSFORMERS_CAUSAL: ["llama", "gpt2", "gpt_neo", "mpt", "mllama", "gemma2"],
-    Library.TRANSFORMERS: ["bert", "vit", "whisper"],
+    Library.TRANSFORMERS: ["t5", "vit", "wav2vec2"],  # an encoder-decoder, vision, audio (not causal LMs)
     Library.TORCHVISION: ["resnet18", "fasterrcnn_mobilenet_v3_large_320_fpn", "raft_small", "r3d_18"],
     Library.TIMM: ["resnet", "vision_transformer", "lowformer"],
     Library.DIFFUSERS: ["unet2d-tiny"],

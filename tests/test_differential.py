@@ -430,28 +430,63 @@ def test_few_models_fail_to_build_in_their_own_library() -> None:
     assert all(failing.values()) and len(failing) <= NOT_IN_LIBRARY_SHARE * max(causal, 1), failing
 
 
-def test_a_model_that_ends_its_worker_is_a_crash_row_naming_the_row_it_was_on(tmp_path) -> None:
-    """A killed or timed-out worker leaves no row of its own: the shard writes the crash row into its folder, with
-    the entry and grad mode the worker announced last and the error its log shows after that."""
-    from launchless.apps.differential import report
+@pytest.mark.parametrize("eager_ends_too", [False, True])
+def test_a_model_that_ends_its_worker_is_a_crash_row_naming_the_row_it_was_on(
+    tmp_path, monkeypatch, eager_ends_too: bool
+) -> None:
+    """A killed or timed-out worker leaves no row of its own: the shard writes the row into its folder, with the
+    entry and grad mode the worker announced last and the error its log shows after that. That row's references
+    alone, nothing accelerated, run in a fresh process: where that process ends too, eager itself ended it
+    (``eager-fails``), else the crash stands."""
+    from launchless.apps.differential import report, shard
     from launchless.apps.differential.candidate import Library
     from launchless.apps.differential.shard import _killed
     from launchless.apps.differential.worker import RUNNING
 
+    asked = []
+
+    def eager_alone(library, name, entry, mode, out, *, timeout_s):
+        asked.append((library, name, entry, mode, out, timeout_s))
+        return "torch.AcceleratorError: CUDA error: misaligned address" if eager_ends_too else None
+
+    monkeypatch.setattr(shard, "eager_alone", eager_alone)
     log = tmp_path / "worker-x.log"
     log.write_text(
         f"{RUNNING} other wrap-auto no_grad\n{RUNNING} ssdlite generate-greedy-b4 inference_mode\n"
         "IndexKernel.cu:193: Assertion `idx >= 0 && idx < self_dim_size` failed.\n"
         "torch.AcceleratorError: CUDA error: device-side assert triggered\n"
     )
-    killed = _killed(Library.TORCHVISION, {"ssdlite": "detection"}, tmp_path / "rows-x-killed.jsonl", log)
+    record = tmp_path / "rows-x-killed.jsonl"
+    killed = _killed(Library.TORCHVISION, {"ssdlite": "detection"}, record, log, timeout_s=77)
     killed("ssdlite", "the worker exited with code 1")
     (row,) = report.load([tmp_path])
-    assert (row["model"], row["result"]) == ("ssdlite", "crash")
-    assert row["reason"] == (
-        "the worker exited with code 1 on this model during generate-greedy-b4 / inference_mode: "
-        "torch.AcceleratorError: CUDA error: device-side assert triggered"
-    )
+    assert asked == [(Library.TORCHVISION, "ssdlite", "generate-greedy-b4", "inference_mode", tmp_path, 77)]
+    assert (row["model"], row["entry"], row["grad_mode"]) == ("ssdlite", "generate-greedy-b4", "inference_mode")
+    if eager_ends_too:
+        assert row["result"] == "eager-fails"
+        assert row["reason"] == (
+            "eager alone (generate-greedy-b4 / inference_mode, nothing accelerated) ends its process too: "
+            "torch.AcceleratorError: CUDA error: misaligned address"
+        )
+    else:
+        assert row["result"] == "crash"
+        assert row["reason"] == (
+            "the worker exited with code 1 on this model during generate-greedy-b4 / inference_mode: "
+            "torch.AcceleratorError: CUDA error: device-side assert triggered; eager alone on the same inputs "
+            "runs through"
+        )
+
+
+def test_a_model_that_times_out_is_a_crash_row_without_an_eager_alone_run(tmp_path, monkeypatch) -> None:
+    """A worker cut off by the per-model timeout was slow, not killed: nothing to tell apart, the crash row stands."""
+    from launchless.apps.differential import report, shard
+    from launchless.apps.differential.candidate import Library
+
+    monkeypatch.setattr(shard, "eager_alone", lambda *a, **k: pytest.fail("eager alone run for a timeout"))
+    killed = shard._killed(Library.TIMM, {}, tmp_path / "rows-t-killed.jsonl", tmp_path / "none.log")
+    killed("m", "timed out after 300 s")
+    (row,) = report.load([tmp_path])
+    assert (row["result"], row["reason"]) == ("crash", "timed out after 300 s on this model")
 
 
 def test_a_model_run_again_replaces_its_earlier_line_whatever_the_file_names(tmp_path) -> None:

@@ -45,7 +45,7 @@ from .capture_path import pretend_capturing
 from .junctions import JunctionShapeChanged
 from .output_tree import see_into
 from .signature import FlatInputs
-from .snapshot import Snapshot
+from .snapshot import RngState, Snapshot
 from .status import Stage, VerifyStatus
 
 PROBE_SEED = 0x1A0C
@@ -304,8 +304,10 @@ class _Reruns:
     """The eager reruns a mismatch calls for -- on another stream, again, on the capture path -- made when asked,
     or all of them at once (``made_now``: every rank of a collective forward makes the same calls)."""
 
-    def __init__(self, fn: Callable[..., Any], flat: FlatInputs, probes: tuple[list, list], *, made_now: bool) -> None:
-        self.fn, self.flat, self.probes = fn, flat, probes
+    def __init__(
+        self, fn: Callable[..., Any], flat: FlatInputs, probes: tuple[list, list], rng: RngState, *, made_now: bool
+    ) -> None:
+        self.fn, self.flat, self.probes, self.rng = fn, flat, probes, rng
         self.made: dict[tuple[str, int], Any] = {}
         if made_now:
             for i in range(len(probes)):
@@ -313,6 +315,7 @@ class _Reruns:
 
     def _run(self, kind: str, i: int, run: Callable[[], Any]) -> Any:
         if (kind, i) not in self.made:
+            self.rng.rewind()
             self.made[(kind, i)] = run()
         return self.made[(kind, i)]
 
@@ -340,14 +343,42 @@ def _protocol(
     branches: list[str],
     lockstep: bool = False,
 ) -> VerifyReport:
+    """The two probes run eager and as replays, each run from the generators' state on entry (a forward that draws
+    random numbers draws the same ones in both), and the generators are left in that state."""
+    rng = RngState()
     try:
-        eager = [_eager(fn, flat, p) for p in probes]
+        return _compare_runs(graph, fn, flat, probes, mode, tolerance_ulps, branches, lockstep, rng)
+    finally:
+        rng.rewind()
+
+
+def _compare_runs(
+    graph: CapturedGraph,
+    fn: Callable[..., Any],
+    flat: FlatInputs,
+    probes: tuple[list, list],
+    mode: str,
+    tolerance_ulps: float,
+    branches: list[str],
+    lockstep: bool,
+    rng: RngState,
+) -> VerifyReport:
+    def eager_run(probe: list) -> Any:
+        rng.rewind()
+        return _eager(fn, flat, probe)
+
+    def replay(probe: list) -> Any:
+        rng.rewind()
+        return graph.replay_cloned(probe)
+
+    try:
+        eager = [eager_run(p) for p in probes]
     except torch.cuda.OutOfMemoryError:
         raise
     except Exception as exc:
         raise _ProbeRefused(one_line(exc)) from exc
     try:
-        graphed = [graph.replay_cloned(p) for p in probes]
+        graphed = [replay(p) for p in probes]
     except JunctionShapeChanged as exc:  # the probes' values gave an operation between two graphs other shapes
         return VerifyReport(VerifyStatus.FAILED, False, branches=branches, detail=str(exc))
     except torch.cuda.OutOfMemoryError:
@@ -355,7 +386,7 @@ def _protocol(
     except Exception as exc:  # a joined forward's eager code, say: not what eager does on the same probe
         detail = f"the graph raised on a probe where eager did not ({one_line(exc)})"
         return VerifyReport(VerifyStatus.FAILED, False, branches=branches, detail=detail)
-    reruns = _Reruns(fn, flat, probes, made_now=lockstep)
+    reruns = _Reruns(fn, flat, probes, rng, made_now=lockstep)
     eager_differ = not identical(eager[0], eager[1])
     probes_differ = not identical(graphed[0], graphed[1])
     if eager_differ and not probes_differ:

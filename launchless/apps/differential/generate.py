@@ -144,21 +144,17 @@ def generate_row(
     from ... import wrap
 
     row = new_row(candidate.name, candidate.library.value, candidate.task, entry, mode, architecture=built.architecture)
-    dtype = torch.float32 if entry is Entry.GENERATE_SAMPLE else torch.bfloat16
     generator = torch.Generator().manual_seed(seed)
     started = time.perf_counter()
-    extra = SAMPLING if entry is Entry.GENERATE_SAMPLE else {"do_sample": False}
     same = 0
     dropped: dict[str, None] = {}  # the static-cache reference's errors, once each
     fast: Any = None
     try:
-        model = copy.deepcopy(built.model).to(dtype) if dtype is not torch.float32 else built.model
-        vocab, codebooks = _vocabulary(model), _codebooks(model, built)
-        special = _codebook_ids(model, vocab) if codebooks > 1 else {}
+        model, requests = _requests(built, entry)
         fast = wrap(model)
         with grad_mode(mode):
             for call in range(GENERATE_CALLS):
-                request = {**_prompt(entry, vocab, generator, codebooks), **special, **extra}
+                request = requests(generator)
                 try:
                     wants, error = _references(model, request, seed + call)
                 except Exception as exc:
@@ -186,6 +182,32 @@ def generate_row(
         row["wall_s"] = round(time.perf_counter() - started, 2)
         release(fast)
     return row
+
+
+def _requests(built: Built, entry: Entry) -> tuple[torch.nn.Module, Any]:
+    """The model in ``entry``'s dtype (a copy in bfloat16 for the greedy requests) and a function from a generator
+    to a fresh request of ``entry`` for it."""
+    dtype = torch.float32 if entry is Entry.GENERATE_SAMPLE else torch.bfloat16
+    model = copy.deepcopy(built.model).to(dtype) if dtype is not torch.float32 else built.model
+    vocab, codebooks = _vocabulary(model), _codebooks(model, built)
+    special = _codebook_ids(model, vocab) if codebooks > 1 else {}
+    extra = SAMPLING if entry is Entry.GENERATE_SAMPLE else {"do_sample": False}
+
+    def request(generator: torch.Generator) -> dict[str, Any]:
+        return {**_prompt(entry, vocab, generator, codebooks), **special, **extra}
+
+    return model, request
+
+
+def references_alone(built: Built, entry: Entry, mode: GradMode, seed: int) -> None:
+    """The references of ``entry``'s row alone, on the same prompts and draws (no ``wrap``): whether eager
+    ``generate()`` itself ends the process (``shard``'s check of a model that killed its worker)."""
+    model, requests = _requests(built, entry)
+    generator = torch.Generator().manual_seed(seed)
+    with grad_mode(mode):
+        for call in range(GENERATE_CALLS):
+            _references(model, requests(generator), seed + call)
+    torch.cuda.synchronize()
 
 
 def _time(row: dict[str, Any], model: torch.nn.Module, fast: Any, request: dict[str, Any], seed: int) -> None:
@@ -218,12 +240,8 @@ def decode_speed(built: Built, entry: Entry, seed: int) -> dict[str, Any]:
 
     fast: Any = None
     try:
-        dtype = torch.float32 if entry is Entry.GENERATE_SAMPLE else torch.bfloat16
-        model = copy.deepcopy(built.model).to(dtype) if dtype is not torch.float32 else built.model
-        vocab, codebooks = _vocabulary(model), _codebooks(model, built)
-        special = _codebook_ids(model, vocab) if codebooks > 1 else {}
-        extra = SAMPLING if entry is Entry.GENERATE_SAMPLE else {"do_sample": False}
-        request = {**_prompt(entry, vocab, torch.Generator().manual_seed(seed), codebooks), **special, **extra}
+        model, requests = _requests(built, entry)
+        request = requests(torch.Generator().manual_seed(seed))
         fast = wrap(model)
         _seeded(lambda _, r: fast.generate(**r), seed, model, request)
         measured: dict[str, Any] = {}

@@ -195,6 +195,18 @@ def seeded(call: Callable[..., Any], seed: int, *args: Any, **kwargs: Any) -> An
     return call(*args, **kwargs)
 
 
+def references_alone(built: Built, entry: Entry, mode: GradMode, seed: int) -> None:
+    """The references of ``entry``'s row alone, on the same inputs and draws (nothing accelerated): whether eager
+    itself ends the process (``shard``'s check of a model that killed its worker)."""
+    generator = torch.Generator().manual_seed(seed)
+    reference = reference_of(built.model, entry)
+    with grad_mode(mode):
+        for call in range(CALLS):
+            args, kwargs = built.make_inputs(generator, "cuda")
+            seeded(reference, seed + call, *args, **kwargs)
+    torch.cuda.synchronize()
+
+
 def release(accelerated: Any) -> None:
     with contextlib.suppress(Exception):
         accelerated.release_graphs()

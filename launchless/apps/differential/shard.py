@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -27,35 +29,86 @@ WORKER = [sys.executable, "-m", "launchless.apps.differential.worker"]
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
 
-def killed_reason(log: Path, name: str) -> str:
-    """The row and the error a worker's log shows for ``name`` when the process ended: its last announced row
-    (``worker.announce``) and the last error line after it (a device-side assert prints its own line)."""
+def killed_at(log: Path, name: str) -> tuple[str, str, str] | None:
+    """(entry, grad mode, error) of the row a worker's log shows for ``name`` when the process ended: its last
+    announced row (``worker.announce``) and the last error line after it (a device-side assert prints its own
+    line; "" when none); None when the log announced no row of ``name``."""
     if not log.exists():
-        return ""
+        return None
     lines = log.read_text(errors="replace").splitlines()
     marks = [i for i, line in enumerate(lines) if line.startswith(f"{RUNNING} {name} ")]
     if not marks:
-        return ""
+        return None
     _, entry, mode = lines[marks[-1]].rsplit(" ", 2)
-    errors = [line.strip() for line in lines[marks[-1] + 1 :] if any(w in line for w in _ERROR_WORDS)]
-    return f" during {entry} / {mode}" + (f": {errors[-1][:300]}" if errors else "")
+    return entry, mode, _last_error(lines[marks[-1] + 1 :])
+
+
+def killed_reason(log: Path, name: str) -> str:
+    """ " during ENTRY / MODE: error" for a model that ended its worker (``killed_at``), "" when unknown."""
+    at = killed_at(log, name)
+    if at is None:
+        return ""
+    entry, mode, error = at
+    return f" during {entry} / {mode}" + (f": {error}" if error else "")
 
 
 _ERROR_WORDS = ("Error", "error:", "Assertion", "Aborted", "Segmentation")
+EXITED = "the worker exited"  # how ``workers.run_workers`` names a worker that ended (not one that timed out)
 
 
-def _killed(library: Library, tasks: dict[str, str], record: Path, log: Path, *, timing: bool = False) -> Any:
+def _last_error(lines: list[str]) -> str:
+    errors = [line.strip() for line in lines if any(w in line for w in _ERROR_WORDS)]
+    return errors[-1][:300] if errors else ""
+
+
+def eager_alone(library: Library, name: str, entry: str, mode: str, out: Path, *, timeout_s: float) -> str | None:
+    """Run only the references of the row ``name`` died on, nothing accelerated, in a fresh process: None when it
+    runs through, else what ended it. A hard CUDA error ends the process, so the process that made it cannot tell
+    whether eager or launchless caused it; eager alone on the same inputs and draws can. Its log stays in ``out``
+    (``eager-alone-<name>.log``)."""
+    log = out / f"eager-alone-{name}.log"
+    with tempfile.TemporaryDirectory() as scratch, log.open("w") as sink:
+        mark = Path(scratch) / "survived.jsonl"
+        command = [*WORKER, "--library", library.value, "--models", name, "--eager-alone", f"{entry}/{mode}"]
+        try:
+            code = subprocess.run(
+                [*command, "--out", str(mark)], stdout=sink, stderr=subprocess.STDOUT, timeout=timeout_s, check=False
+            ).returncode
+        except subprocess.TimeoutExpired:
+            return None  # slow, not killed: the crash stands
+        if code == 0 and mark.exists():
+            return None
+    return _last_error(log.read_text(errors="replace").splitlines()) or f"exit code {code}"
+
+
+def _killed(
+    library: Library, tasks: dict[str, str], record: Path, log: Path, *, timing: bool = False, timeout_s: float = 300
+) -> Any:
     """The row standing for a model that ended its worker or timed out, also written to ``record`` (a ``rows*.jsonl``
-    file of the shard's folder): the merge reads only the folder, and a crash must not vanish from the report. In
-    the timing pass it is a timing line with the error, which leaves the model's correctness rows as they are."""
+    file of the shard's folder): the merge reads only the folder, and a crash must not vanish from the report. A
+    worker that ended is charged to the row it was on; where eager alone on that row's inputs ends its process too
+    (``eager_alone``), the row is ``eager-fails``, not a crash. In the timing pass it is a timing line with the
+    error, which leaves the model's correctness rows as they are."""
 
     def row(name: str, why: str) -> dict[str, Any]:
         reason = f"{why} on this model{killed_reason(log, name)}"
         if timing:
             line: dict[str, Any] = {"key": name, "library": library.value, "timings": [], "error": reason}
         else:
-            crash = new_row(name, library.value, tasks.get(name, ""), Entry.WRAP_AUTO, GradMode.NO_GRAD)
+            at = killed_at(log, name) if why.startswith(EXITED) else None
+            entry, mode = (Entry(at[0]), GradMode(at[1])) if at else (Entry.WRAP_AUTO, GradMode.NO_GRAD)
+            crash = new_row(name, library.value, tasks.get(name, ""), entry, mode)
             crash.update(result=Result.CRASH.value, reason=reason)
+            if at is not None:
+                ended = eager_alone(library, name, entry.value, mode.value, record.parent, timeout_s=timeout_s)
+                if ended is None:
+                    crash["reason"] = f"{reason}; eager alone on the same inputs runs through"
+                else:
+                    crash.update(
+                        result=Result.EAGER_FAILS.value,
+                        reason=f"eager alone ({entry.value} / {mode.value}, nothing accelerated) ends its process "
+                        f"too: {ended}",
+                    )
             line = {"key": name, "rows": [crash]}
         line["finished_at"] = time.time()
         append_row(record, line)
@@ -122,7 +175,12 @@ def run_shard(
             label=label,
             key="key",
             failed_row=_killed(
-                library, tasks, out / f"rows{label}-killed.jsonl", out / f"worker{label}.log", timing=timing
+                library,
+                tasks,
+                out / f"rows{label}-killed.jsonl",
+                out / f"worker{label}.log",
+                timing=timing,
+                timeout_s=timeout_s,
             ),
             timeout_s=timeout_s,
             env={**os.environ, **ONE_THREAD} if processes > 1 else None,

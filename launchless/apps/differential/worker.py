@@ -100,6 +100,19 @@ def timing_of(candidate: Candidate) -> dict[str, Any]:
         release(None)
 
 
+def eager_alone(candidate: Candidate, entry: Entry, mode: GradMode) -> None:
+    """Only the references of one row of ``candidate`` -- the row a killed worker was on -- on the same inputs and
+    draws, in a process of their own: if this process ends too, eager itself ends it (``shard._killed``)."""
+    seed = zlib.crc32(candidate.key.encode())
+    torch.manual_seed(seed)
+    built = _build_on_gpu(candidate)
+    if entry.value.startswith("generate"):
+        from .generate import references_alone
+    else:
+        from .runner import references_alone
+    references_alone(built, entry, mode, seed)
+
+
 def run(library: Library, names: list[str], out: str, *, timing: bool = False, side_by_side: bool = False) -> None:
     population = {c.name: c for c in candidates(library)}
     for candidate in pick(list(population.values()), names):
@@ -117,9 +130,18 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--timing", action="store_true", help="time the models (the timing pass) instead")
     parser.add_argument("--side-by-side", action="store_true", help="other workers share the GPU: no speed-ups")
+    parser.add_argument(
+        "--eager-alone", metavar="ENTRY/MODE", help="only the references of that row of the one model named"
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.WARNING)
+    if args.eager_alone:
+        entry, _, mode = args.eager_alone.partition("/")
+        (candidate,) = pick(candidates(Library(args.library)), args.models)
+        eager_alone(candidate, Entry(entry), GradMode(mode))
+        append_row(args.out, {"key": candidate.name, "eager_alone": args.eager_alone, "survived": True})
+        return
     run(Library(args.library), args.models, args.out, timing=args.timing, side_by_side=args.side_by_side)
 
 
