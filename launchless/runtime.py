@@ -350,8 +350,7 @@ class GraphedModule(torch.nn.Module):
                     graph.speed = self._time_chain(graph, flat)
         except _capture.CaptureFailed as fail:
             fail.collective_groups = fail.collective_groups or groups  # out of memory while verifying: still agreed
-            rng.rewind()
-            return self._capture_failed(sig, flat, fail, device, explicit)
+            return self._capture_failed(sig, flat, fail, device, explicit, rng=rng)
         rng.rewind()
         if graph.junctions and (not report.passed or not graph.speed.faster):
             return self._drop_chain(sig, flat, graph, report, device)
@@ -397,10 +396,18 @@ class GraphedModule(torch.nn.Module):
         return self._run_eager(args, kwargs)
 
     def _capture_failed(
-        self, sig: Signature, flat: FlatInputs, fail: _capture.CaptureFailed, device: Any, explicit: bool
+        self,
+        sig: Signature,
+        flat: FlatInputs,
+        fail: _capture.CaptureFailed,
+        device: Any,
+        explicit: bool,
+        *,
+        rng: RngState,
     ) -> Any:
         """This rank's capture failed: refused (transiently when out of memory); the other ranks of a forward with
-        collectives are told, so that they refuse too."""
+        collectives are told, so that they refuse too. Finding the blocking operation runs the forward again: the
+        generators go back to ``rng`` (the call's start) before the call's own result is made."""
         cache = self._cache
         transient = _capture.out_of_memory(fail.cause)
         if fail.stage == Stage.WARM_UP and fail.cause is not None and not transient:
@@ -419,6 +426,7 @@ class GraphedModule(torch.nn.Module):
         if fail.collective_groups:
             self._collective = True
             agree(fail.collective_groups, ok=False, reason=refusal.reason, what="capture", transient=transient)
+        rng.rewind()
         return self._refuse(sig, flat, refusal, explicit, level=logging.WARNING if transient else logging.INFO)
 
     def _ranks_refused(

@@ -16,10 +16,11 @@ from launchless.apps.differential.worker import model_rows
 pytestmark = [pytest.mark.cuda, pytest.mark.zoo]
 
 # the population's first run on the H200 found: gpt_neo's compiled rows differing from torch.compile on one call of
-# eight; MPT's worker killed by the harness's own static-cache reference; Mllama's decode capture on a CPU tensor;
-# Gemma2's decode rows eager (a sliding window); lowformer's eager forward differing from itself
+# eight; MPT's worker killed by the harness's own static-cache reference; Gemma2's decode rows eager (a sliding
+# window); lowformer's eager forward differing from itself. (Mllama is not here: eager generate() itself ends the
+# process on the left-padded batch-4 request, a misaligned address; its CPU cache tensors have a decoding test.)
 HANDFUL = {
-    Library.TRANSFORMERS_CAUSAL: ["llama", "gpt2", "gpt_neo", "mpt", "mllama", "gemma2"],
+    Library.TRANSFORMERS_CAUSAL: ["llama", "gpt2", "gpt_neo", "mpt", "gemma2"],
     Library.TRANSFORMERS: ["t5", "vit", "wav2vec2"],  # an encoder-decoder, vision, audio (not causal LMs)
     Library.TORCHVISION: ["resnet18", "fasterrcnn_mobilenet_v3_large_320_fpn", "raft_small", "r3d_18"],
     Library.TIMM: ["resnet", "vision_transformer", "lowformer"],

@@ -16,18 +16,20 @@ import torch
 
 
 class RngState:
-    """The seeds and offsets of the CUDA generators, put back by ``rewind``.
+    """The states of the host's and the CUDA generators, put back by ``rewind``.
 
     A forward that draws random numbers (a vocoder's noise, a duration predictor's) draws the same numbers in a
     graph as in eager only from the same generator state. Runs that are compared (an eager run and a replay) all
     start from one state, and the runs that capture, verify and time a graph leave the generators where the call
     found them, so the call's own result draws what eager would have drawn and the next call continues from there.
-    Only host-side numbers are saved and set: nothing waits for the GPU."""
+    Only host-side state is saved and set: nothing waits for the GPU."""
 
     def __init__(self) -> None:
+        self.host = torch.get_rng_state()  # a forward may draw on the host and copy the draws over (VITS's noise)
         self.states = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
 
     def rewind(self) -> None:
+        torch.set_rng_state(self.host)
         if self.states:
             torch.cuda.set_rng_state_all(self.states)
 

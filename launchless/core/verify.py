@@ -111,6 +111,8 @@ def make_probes(
             if not isinstance(x, torch.Tensor) or i in keep
             else _from_call(x, roll=k == 1)
             if i in from_call
+            else _reordered_ids(x, roll=k == 1)
+            if _integral(x)
             else _probe(x, k, gen)
             for i, x in enumerate(leaves)
         ]
@@ -118,9 +120,25 @@ def make_probes(
     )
 
 
+def _integral(x: torch.Tensor) -> bool:
+    """Integer tensors are ids, indices, boxes, lengths: probed from the call, never drawn. A random id can index
+    out of bounds, and a random box can have its corners crossed (LayoutLM's height embedding then reads a negative
+    row): a device-side assert, which ends the CUDA context -- no probe may cost the process."""
+    return not (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool)
+
+
 def _from_call(x: torch.Tensor, roll: bool) -> torch.Tensor:
     """A copy of ``x`` in its own layout (as ``_probe`` keeps it), rolled by one row with ``roll``."""
     y = x.roll(1, 0) if roll and x.dim() and x.shape[0] > 1 else x
+    return torch.empty_like(x).copy_(y)
+
+
+def _reordered_ids(x: torch.Tensor, roll: bool) -> torch.Tensor:
+    """An integer input as the call gave it, or (``roll``) reordered whole: rolled by one along its first dimension
+    of more than one entry other than the last (images of a batch, boxes of an image: each box's corners stay in
+    order), else along the tokens of a single sequence ((1, T) ids)."""
+    dims = [d for d in range(x.dim() - 1) if x.shape[d] > 1] or ([x.dim() - 1] if 0 < x.dim() <= 2 else [])
+    y = x.roll(1, dims[0]) if roll and dims else x
     return torch.empty_like(x).copy_(y)
 
 
