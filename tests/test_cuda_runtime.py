@@ -376,11 +376,20 @@ def test_random_ops_advance_on_every_replay() -> None:
     assert not identical(a, b) and not identical(b, c)  # graph-safe RNG: not frozen at capture
 
 
-def test_random_ops_are_not_trusted_under_verification() -> None:
-    m = ll.wrap(Noisy().cuda().eval(), cuda_graph=True)
-    with torch.no_grad(), pytest.raises(ll.VerificationError) as info:
-        m(torch.zeros(1024, device="cuda"))
-    assert info.value.report["status"] == VerifyStatus.EAGER_NOISE
+def test_random_ops_verify_bit_identically_from_one_generator_state() -> None:
+    """Eager and the replay draw the same numbers from the same generator state: verification runs both from one
+    state, and the call that captured returns eager's draws and leaves the generator where eager leaves it."""
+    model = Noisy().cuda().eval()
+    m = ll.wrap(model, cuda_graph=True)
+    x = torch.zeros(1024, device="cuda")
+    with torch.no_grad():
+        torch.manual_seed(5)
+        want = model(x)
+        after = torch.cuda.get_rng_state()
+        torch.manual_seed(5)
+        got = m(x)
+    assert identical(got, want) and torch.equal(torch.cuda.get_rng_state(), after)
+    assert m.graph_info()["graphs"][0]["verification"]["status"] == VerifyStatus.BIT_IDENTICAL
 
 
 class CaptureAware(nn.Module):
