@@ -87,3 +87,21 @@ def test_a_random_length_forward_runs_split_with_eagers_draws(grad_mode: str) ->
     assert sig["verification"]["status"] == "bit-identical", sig  # not "eager-noise": the draws were the same
     encoder = next(row for row in split["pieces"] if row["module"] == "encoder")
     assert encoder["replays"] >= 1, split
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+def test_a_compiled_forward_that_draws_noise_replays_with_its_programs_draws(grad_mode: str) -> None:
+    """The compiler backend: its graphs against the same backend's programs with no graph captured, call by call
+    from the same seed; the capture call returns its draws from where it began."""
+    from launchless.compiler import backend as ll_backend
+
+    torch._dynamo.reset()
+    ll_backend._registry.clear()
+    torch.manual_seed(0)
+    model = NoisyBlock().cuda().eval()
+    fast = torch.compile(model, backend=ll_backend.make_backend(selective=False))
+    reference = torch.compile(model, backend=ll_backend.make_backend(capture_after=2**62))
+    _calls(reference, fast, grad_mode)
+    verified = [row for g in ll_backend._registry for row in g.graph_info()["graphs"]]
+    assert verified and all(row["verification"]["status"] == "bit-identical" for row in verified), verified
+    assert max(row["replays"] for row in verified) >= CALLS - 3, verified

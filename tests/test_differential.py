@@ -587,3 +587,19 @@ def test_the_report_counts_the_rows_not_accelerated_by_entry_and_status() -> Non
     assert "## Rows not accelerated with a verified result, by entry and status" in text
     assert "| wrap-true | refused | None | 2 |" in text and "| wrap-auto | eager | identical | 1 |" in text
     assert "| wrap-auto | graph |" not in text
+
+
+def test_the_compile_reference_is_the_same_backend_with_no_graph_captured(monkeypatch) -> None:
+    """A compiled row is held to the launchless backend's own programs without graphs: the graphs must change
+    nothing, while Inductor's kernels, and the backend's own rewrites and partitions, round as they do."""
+    from launchless.apps.differential import runner
+    from launchless.apps.differential.rows import Entry
+    from launchless.compiler.backend import BackendOptions
+
+    compiled = []
+    monkeypatch.setattr(runner.torch, "compile", lambda model, **kw: compiled.append(kw) or model)
+    model = torch.nn.Linear(2, 2)
+    assert runner.reference_of(model, Entry.WRAP_AUTO) is model and compiled == []
+    runner.reference_of(model, Entry.COMPILE)
+    assert compiled == [{"backend": "launchless", "options": {"capture_after": runner.NEVER_CAPTURE}}]
+    assert BackendOptions().updated(compiled[0]["options"]).capture_after == runner.NEVER_CAPTURE

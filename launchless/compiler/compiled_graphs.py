@@ -23,6 +23,7 @@ from ..core.cache import GraphCache, Refusal
 from ..core.collectives import Agreement, agree
 from ..core.relocation import InputAddresses, picker
 from ..core.signature import FlatInputs, Signature, UnhashableInput, positional_rebuilder, signature_of_leaves
+from ..core.snapshot import RngState
 from ..core.status import Admission, Stage
 from ..core.verify import verify
 from ..diagnose.blockers import COPY, classify_message, describe_failure
@@ -161,7 +162,7 @@ class CompiledGraphs:
             sig = self._key(args)  # an attribute became an input: it is part of the signature now
         admission = graphs.admit(sig)
         if admission is Admission.CAPTURE:
-            return self._capture(sig, flat, args)
+            return self._capture(sig, flat, args, RngState())
         return self.compiled(*args)  # refused, over capacity, or the first call (it compiles and autotunes)
 
     def _demote(self, moved: list[int]) -> bool:
@@ -191,15 +192,18 @@ class CompiledGraphs:
         names = [self.input_names[i] if i < len(self.input_names) else f"input {i}" for i in sorted(indices)]
         return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
-    def _capture(self, sig: Signature, flat: Any, args: Sequence[Any]) -> Any:
+    def _capture(self, sig: Signature, flat: Any, args: Sequence[Any], start: RngState) -> Any:
+        """Capture, verify and time ``sig``'s graph, then the call's result: warm-ups, probes and timings draw random
+        numbers too, so the generators go back to ``start`` (the call's own state) before the result is made."""
         device = capture_device([x for i, x in enumerate(flat.leaves) if i not in self._unread])
         if device is None:
             why = "its inputs are not all on one CUDA device (nothing to capture)"
             if self._host_inputs_are_static(flat.leaves):  # module attributes on the host: CGCT's case
                 if self.source is not None and self._apply_cgct():
-                    return self._capture(sig, flat, args)
+                    return self._capture(sig, flat, args, start)
                 if self.cgct is not None and self.cgct.compiled is None:
                     why = f"a static input (a module attribute) is on the host; CGCT: {self.cgct.why_not}"
+            start.rewind()
             return self._refuse(sig, args, Stage.NO_DEVICE, why)
         graphs = self._graphs
         try:
@@ -219,6 +223,7 @@ class CompiledGraphs:
                     if not agreement.all_agree:
                         del graph
                         graphs.discard()
+                        start.rewind()
                         return self._refuse_with_ranks(sig, args, Stage.CAPTURE, agreement, transient=False)
                 report = verify(
                     graph,
@@ -234,22 +239,26 @@ class CompiledGraphs:
                     if report.passed and not agreement.all_agree:
                         del graph
                         graphs.discard()
+                        start.rewind()
                         return self._refuse_with_ranks(sig, args, Stage.VERIFICATION, agreement, transient=False)
         except _capture.CaptureFailed as fail:
             why = describe_failure(fail.cause, str(fail))
             transient = _capture.out_of_memory(fail.cause)
             if fail.collective_groups:  # the other ranks learn that this one refused; no CGCT retry alone
                 agree(fail.collective_groups, ok=False, reason=why, what="capture", transient=transient)
+                start.rewind()
                 return self._refuse(sig, args, fail.stage, why, transient=transient)
             if classify_message(str(fail.cause or fail)) == COPY:
                 if self.source is not None and self._apply_cgct():
-                    return self._capture(sig, flat, args)  # once more, with the rewritten graph
+                    return self._capture(sig, flat, args, start)  # once more, with the rewritten graph
                 if self.cgct is not None and self.cgct.compiled is None:
                     why += f"; CGCT: {self.cgct.why_not}"
+            start.rewind()
             return self._refuse(sig, args, fail.stage, why, transient=_capture.out_of_memory(fail.cause))
         if not report.passed:
             del graph
             graphs.discard()
+            start.rewind()
             return self._refuse(
                 sig, args, Stage.VERIFICATION, f"verification failed ({report.status}: {report.detail})"
             )
@@ -265,6 +274,7 @@ class CompiledGraphs:
         if entry.indirect is not None and entry.decision.variant != "graph+pi":
             entry.indirect.reset()
         graphs.keep(sig, entry, report, args)
+        start.rewind()
         return self.compiled(*args) if entry.decision.variant == "no-graph" else entry.replay(flat.leaves)
 
     def _host_inputs_are_static(self, leaves: Sequence[Any]) -> bool:
