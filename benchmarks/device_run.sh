@@ -12,7 +12,8 @@
 #   tests-core         the parts of it one device call holds: the runtime, coverage, splits, hazard catalogue,
 #   tests-serving      README, bench, compiler and training tests (core); decoding, buckets, budget and the serving
 #   tests-multigpu     bench (serving); tensor parallelism and DDP, world 1, and world 2 on two GPUs (multigpu)
-#   tests-differential detectors and DETR-like models fed a fresh input each call, and the differential runner
+#   tests-differential detectors and DETR-like models fed a fresh input each call, forwards that draw random
+#                      numbers, and the differential runner
 #   multigpu-bench     launchless bench --suite multigpu over GPUS (world size W on the first W)
 #   serving-bench      launchless bench --suite serving (SERVING="workload ..." instead of the suite's workloads,
 #                      SERVING_MODES="mode ..." only those modes: a part of it; launchless bench --merge joins parts)
@@ -118,7 +119,7 @@ for step in "$@"; do
       tests/test_cuda_buckets.py tests/test_cuda_budget.py tests/test_cuda_bench_serving.py ;;
   tests-differential)
     run tests-differential python3 -m pytest -m cuda -q -rA -p no:cacheprovider tests/test_cuda_fresh_inputs.py \
-      tests/test_cuda_differential.py ;;
+      tests/test_cuda_random_forwards.py tests/test_cuda_differential.py ;;
   tests-multigpu)
     run tests-multigpu python3 -m pytest -m cuda -q -rA -p no:cacheprovider tests/test_cuda_multigpu.py \
       tests/test_cuda_trainer_ddp.py tests/test_cuda_zoo_tensor_parallel.py tests/test_cuda_bench_multigpu.py ;;
