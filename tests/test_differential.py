@@ -5,6 +5,7 @@ library release that breaks a builder or the diagnosis is caught here before the
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -447,7 +448,9 @@ def test_a_model_that_ends_its_worker_is_a_crash_row_naming_the_row_it_was_on(
 
     def eager_alone(library, name, entry, mode, out, *, timeout_s):
         asked.append((library, name, entry, mode, out, timeout_s))
-        return "torch.AcceleratorError: CUDA error: misaligned address" if eager_ends_too else None
+        if eager_ends_too:
+            return shard.Alone.ENDED, "torch.AcceleratorError: CUDA error: misaligned address"
+        return shard.Alone.RAN_THROUGH, ""
 
     monkeypatch.setattr(shard, "eager_alone", eager_alone)
     log = tmp_path / "worker-x.log"
@@ -475,6 +478,27 @@ def test_a_model_that_ends_its_worker_is_a_crash_row_naming_the_row_it_was_on(
             "torch.AcceleratorError: CUDA error: device-side assert triggered; eager alone on the same inputs "
             "runs through"
         )
+
+
+def test_eager_alone_that_cannot_build_the_model_leaves_the_crash_unexplained(tmp_path, monkeypatch) -> None:
+    """Eager alone that ends before the model is built (out of memory beside other workers, say) proves nothing
+    about eager: the crash stands, and its reason says why eager alone could not tell."""
+    from launchless.apps.differential import report, shard
+    from launchless.apps.differential.candidate import Library
+    from launchless.apps.differential.worker import RUNNING
+
+    def run(command, *, stdout, stderr, timeout, check):
+        stdout.write("torch.OutOfMemoryError: CUDA out of memory\n")
+        return subprocess.CompletedProcess(command, 1)
+
+    monkeypatch.setattr(shard.subprocess, "run", run)
+    log = tmp_path / "worker-y.log"
+    log.write_text(f"{RUNNING} m wrap-auto no_grad\ntorch.AcceleratorError: CUDA error: an illegal memory access\n")
+    shard._killed(Library.TIMM, {}, tmp_path / "rows-y-killed.jsonl", log)("m", "the worker exited with code 1")
+    (row,) = report.load([tmp_path])
+    assert row["result"] == "crash" and row["reason"].endswith(
+        "; eager alone could not build it (torch.OutOfMemoryError: CUDA out of memory)"
+    ), row["reason"]
 
 
 def test_a_model_that_times_out_is_a_crash_row_without_an_eager_alone_run(tmp_path, monkeypatch) -> None:

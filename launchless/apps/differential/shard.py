@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -61,24 +62,38 @@ def _last_error(lines: list[str]) -> str:
     return errors[-1][:300] if errors else ""
 
 
-def eager_alone(library: Library, name: str, entry: str, mode: str, out: Path, *, timeout_s: float) -> str | None:
-    """Run only the references of the row ``name`` died on, nothing accelerated, in a fresh process: None when it
-    runs through, else what ended it. A hard CUDA error ends the process, so the process that made it cannot tell
+class Alone(str, Enum):
+    """What running a killed row's references alone showed (``eager_alone``)."""
+
+    RAN_THROUGH = "ran-through"  # eager alone survives: the crash was launchless's
+    ENDED = "ended"  # eager alone ends its process too: eager-fails
+    UNDECIDED = "undecided"  # it could not be built or ran past the timeout: the crash stands, unexplained
+
+
+def eager_alone(
+    library: Library, name: str, entry: str, mode: str, out: Path, *, timeout_s: float
+) -> tuple[Alone, str]:
+    """Run only the references of the row ``name`` died on, nothing accelerated, in a fresh process, and say what it
+    showed, with the error that ended it. A hard CUDA error ends the process that made it, so that process cannot tell
     whether eager or launchless caused it; eager alone on the same inputs and draws can. Its log stays in ``out``
     (``eager-alone-<name>.log``)."""
     log = out / f"eager-alone-{name}.log"
     with tempfile.TemporaryDirectory() as scratch, log.open("w") as sink:
-        mark = Path(scratch) / "survived.jsonl"
+        marks = Path(scratch) / "marks.jsonl"
         command = [*WORKER, "--library", library.value, "--models", name, "--eager-alone", f"{entry}/{mode}"]
         try:
             code = subprocess.run(
-                [*command, "--out", str(mark)], stdout=sink, stderr=subprocess.STDOUT, timeout=timeout_s, check=False
+                [*command, "--out", str(marks)], stdout=sink, stderr=subprocess.STDOUT, timeout=timeout_s, check=False
             ).returncode
         except subprocess.TimeoutExpired:
-            return None  # slow, not killed: the crash stands
-        if code == 0 and mark.exists():
-            return None
-    return _last_error(log.read_text(errors="replace").splitlines()) or f"exit code {code}"
+            return Alone.UNDECIDED, f"eager alone ran past {timeout_s:.0f} s"
+        seen = marks.read_text() if marks.exists() else ""
+    error = _last_error(log.read_text(errors="replace").splitlines()) or f"exit code {code}"
+    if code == 0 and '"survived"' in seen:
+        return Alone.RAN_THROUGH, ""
+    if '"built"' not in seen:
+        return Alone.UNDECIDED, f"eager alone could not build it ({error})"
+    return Alone.ENDED, error
 
 
 def _killed(
@@ -100,15 +115,16 @@ def _killed(
             crash = new_row(name, library.value, tasks.get(name, ""), entry, mode)
             crash.update(result=Result.CRASH.value, reason=reason)
             if at is not None:
-                ended = eager_alone(library, name, entry.value, mode.value, record.parent, timeout_s=timeout_s)
-                if ended is None:
-                    crash["reason"] = f"{reason}; eager alone on the same inputs runs through"
-                else:
+                alone, detail = eager_alone(library, name, entry.value, mode.value, record.parent, timeout_s=timeout_s)
+                if alone is Alone.ENDED:
                     crash.update(
                         result=Result.EAGER_FAILS.value,
                         reason=f"eager alone ({entry.value} / {mode.value}, nothing accelerated) ends its process "
-                        f"too: {ended}",
+                        f"too: {detail}",
                     )
+                else:
+                    ran = "eager alone on the same inputs runs through"
+                    crash["reason"] = f"{reason}; {ran if alone is Alone.RAN_THROUGH else detail}"
             line = {"key": name, "rows": [crash]}
         line["finished_at"] = time.time()
         append_row(record, line)

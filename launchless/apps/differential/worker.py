@@ -100,12 +100,15 @@ def timing_of(candidate: Candidate) -> dict[str, Any]:
         release(None)
 
 
-def eager_alone(candidate: Candidate, entry: Entry, mode: GradMode) -> None:
+def eager_alone(candidate: Candidate, entry: Entry, mode: GradMode, out: str) -> None:
     """Only the references of one row of ``candidate`` -- the row a killed worker was on -- on the same inputs and
-    draws, in a process of their own: if this process ends too, eager itself ends it (``shard._killed``)."""
+    draws, in a process of their own: if this process ends after the model is built (a ``built`` line in ``out``),
+    eager itself ends it (``shard.eager_alone``); a line ``survived`` follows when it runs through."""
     seed = zlib.crc32(candidate.key.encode())
     torch.manual_seed(seed)
     built = _build_on_gpu(candidate)
+    torch.cuda.synchronize()
+    append_row(out, {"key": candidate.name, "built": True})
     if entry.value.startswith("generate"):
         from .generate import references_alone
     else:
@@ -139,8 +142,8 @@ def main() -> None:
     if args.eager_alone:
         entry, _, mode = args.eager_alone.partition("/")
         (candidate,) = pick(candidates(Library(args.library)), args.models)
-        eager_alone(candidate, Entry(entry), GradMode(mode))
-        append_row(args.out, {"key": candidate.name, "eager_alone": args.eager_alone, "survived": True})
+        eager_alone(candidate, Entry(entry), GradMode(mode), args.out)
+        append_row(args.out, {"key": candidate.name, "survived": True})
         return
     run(Library(args.library), args.models, args.out, timing=args.timing, side_by_side=args.side_by_side)
 
