@@ -6,8 +6,8 @@ same draws), and compares them bit for bit. The reference is eager for ``wrap``;
 same backend's compiled program with no graph ever captured (``capture_after`` beyond any run): Inductor's fused
 kernels round differently from eager, and the launchless backend compiles its own programs (a CGCT rewrite, its own
 partitions), which round differently from ``torch.compile(model)``'s; what launchless promises there is that its
-graphs replay its kernels exactly.
-a graph replaying stale addresses, a wrong guard or a missed mutation shows up as a difference on some call. A
+graphs replay its kernels exactly. New inputs on every call are what users send: a graph replaying stale
+addresses, a wrong guard or a missed mutation shows up as a difference on some call. A
 mismatch is ``bounded`` only when launchless's own verification named a class for it (eager noise, capture path,
 identical values) and the difference lies within that class's bound; anything else ``differs``. An exception from
 the accelerated model where eager worked is a ``crash`` (with its text and the line it came from). After the calls,
