@@ -33,6 +33,8 @@
 #                      (benchmarks/results/differential-runs), models with rows there already are left out, and
 #                      the folder comes back in the archive; MODEL_TIMEOUT seconds a model (240)
 #   differential-timing the timing pass over TIMING_LIBS="library ..." in turn, one process, until DEADLINE; resumable
+#   differential-again the models AGAIN="library:model,model ..." names run again (after a fix), a process per
+#                      library side by side; the merge keeps each model's newest line
 # GPUS="0 1" (default: every visible GPU) spreads the bench and coverage steps over those GPUs; PER_GPU=2 runs two
 # coverage processes on each (compiles are CPU-bound; coverage is a count, not a timing).
 # ONLY="name ..." keeps only those workloads in the compiler steps (a suite split over device calls; --merge joins).
@@ -90,7 +92,20 @@ differential() {  # the population side by side until DEADLINE, resumable; the r
       >"$out/differential-$lib.log" 2>&1 &
   done
   wait
-  cp -r "$runs" "$out/differential-runs"
+  mkdir -p "$out/differential-runs" && cp -r "$runs/." "$out/differential-runs/"
+}
+
+differential_again() {  # named models run again, a process per library; their new lines replace the old in the merge
+  local runs=${RUNS:-benchmarks/results/differential-runs} spec lib models
+  for spec in ${AGAIN:?AGAIN=\"library:model,model ...\" names the models to run again}; do
+    lib=${spec%%:*} models=${spec#*:}
+    mkdir -p "$runs/$lib"
+    timeout "${DEADLINE:-540}" python3 -m launchless.apps.cli differential run --library "$lib" --processes 1 \
+      --timeout "${MODEL_TIMEOUT:-240}" --models ${models//,/ } --out "$runs/$lib" \
+      >"$out/differential-again-$lib.log" 2>&1 &
+  done
+  wait
+  mkdir -p "$out/differential-runs" && cp -r "$runs/." "$out/differential-runs/"
 }
 
 differential_timing() {  # the timing pass, one library after the other, until DEADLINE
@@ -102,7 +117,7 @@ differential_timing() {  # the timing pass, one library after the other, until D
     timeout "$left" python3 -m launchless.apps.cli differential run --library "$lib" --timing --resume \
       --timeout "${MODEL_TIMEOUT:-240}" --out "$runs/$lib" >>"$out/differential-timing.log" 2>&1
   done
-  cp -r "$runs" "$out/differential-runs"
+  mkdir -p "$out/differential-runs" && cp -r "$runs/." "$out/differential-runs/"
 }
 
 for step in "$@"; do
@@ -169,6 +184,7 @@ print(*[w.name for w in suite(STANDARD) if w.kind != "training"])')"
     done ;;
   differential) run differential differential ;;
   differential-timing) run differential-timing differential_timing ;;
+  differential-again) run differential-again differential_again ;;
   *) echo "unknown step $step" | tee -a "$out/steps.txt" ;;
   esac
 done
