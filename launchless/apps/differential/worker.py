@@ -29,11 +29,10 @@ RUNNING = "launchless-differential: running"
 def model_rows(candidate: Candidate, *, timed: bool = True) -> list[dict[str, Any]]:
     """Every row of ``candidate``: forward entries x grad modes, and the decoding requests of a causal LM; speed-ups
     only when ``timed`` (a worker alone on the GPU)."""
-    seed = zlib.crc32(candidate.key.encode())
+    seed = seed_of(candidate)
     started = time.perf_counter()
     try:
-        torch.manual_seed(seed)
-        built = _build_on_gpu(candidate)
+        built = _seeded_build(candidate, seed)
     except NotInLibraryError as exc:
         return [_not_built(candidate, Result.NOT_IN_LIBRARY, str(exc))]
     except ImportError as exc:  # the library itself (diffusers) or a package the model needs is not installed
@@ -64,6 +63,17 @@ def announce(candidate: Candidate, entry: Entry, mode: GradMode) -> None:
     print(f"{RUNNING} {candidate.name} {entry.value} {mode.value}", flush=True)
 
 
+def seed_of(candidate: Candidate) -> int:
+    """The model's own seed (a hash of its key): its weights, inputs and draws are the same in every process that
+    builds it -- a correctness row, its timing, the references a killed row reruns alone."""
+    return zlib.crc32(candidate.key.encode())
+
+
+def _seeded_build(candidate: Candidate, seed: int) -> Built:
+    torch.manual_seed(seed)
+    return _build_on_gpu(candidate)
+
+
 def _build_on_gpu(candidate: Candidate) -> Built:
     """Built on the GPU directly (fast for large models); on the CPU and moved where an init needs host tensors."""
     try:
@@ -87,10 +97,9 @@ def timing_of(candidate: Candidate) -> dict[str, Any]:
     """The timing pass's line for ``candidate`` (``timing.timing_line``); a model that does not build has none."""
     from .timing import timing_line
 
-    seed = zlib.crc32(candidate.key.encode())
+    seed = seed_of(candidate)
     try:
-        torch.manual_seed(seed)
-        built = _build_on_gpu(candidate)
+        built = _seeded_build(candidate, seed)
     except Exception as exc:
         return {"key": candidate.name, "library": candidate.library.value, "timings": [], "error": one_line(exc)}
     try:
@@ -104,9 +113,8 @@ def eager_alone(candidate: Candidate, entry: Entry, mode: GradMode, out: str) ->
     """Only the references of one row of ``candidate`` -- the row a killed worker was on -- on the same inputs and
     draws, in a process of their own: if this process ends after the model is built (a ``built`` line in ``out``),
     eager itself ends it (``shard.eager_alone``); a line ``survived`` follows when it runs through."""
-    seed = zlib.crc32(candidate.key.encode())
-    torch.manual_seed(seed)
-    built = _build_on_gpu(candidate)
+    seed = seed_of(candidate)
+    built = _seeded_build(candidate, seed)
     torch.cuda.synchronize()
     append_row(out, {"key": candidate.name, "built": True})
     if entry.value.startswith("generate"):
