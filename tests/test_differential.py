@@ -299,6 +299,23 @@ def test_only_speed_ups_timed_alone_judge_the_speed_target() -> None:
     assert report.apply_timings(rows[:1], {("timm", "a"): line})[0]["timed_alone"]
 
 
+def test_a_row_slower_alone_is_listed_with_what_auto_ran_alone() -> None:
+    """The timing pass's own status (auto's speed judgements alone may differ from beside other workers) comes with
+    the row, and the report lists every row slower than eager by more than 3 % with it."""
+    rows = [_row("slow", Status.EAGER, Result.IDENTICAL, 1.0), _row("fast", Status.GRAPH, Result.IDENTICAL, 3.0)]
+    timings = {
+        ("timm", name): {"key": name, "library": "timm", "timings": [{"entry": "wrap-auto", "grad_mode": "no_grad",
+                         "eager_ms": 10.0, "accelerated_ms": ms, "speedup": round(10.0 / ms, 3), "status": status}]}
+        for name, ms, status in (("slow", 11.0, "split"), ("fast", 2.0, "graph"))
+    }  # fmt: skip
+    timed = report.apply_timings(rows, timings)
+    assert [(r["timed_status"], r["speedup"]) for r in timed] == [("split", 0.909), ("graph", 5.0)]
+    text = report.markdown(timed)
+    assert "## Rows slower than eager by more than 3 % timed alone (1)" in text
+    assert "| timm | slow | wrap-auto | no_grad | split | 0.909 | 10.0 | 11.0 |" in text
+    assert "| timm | fast |" not in text
+
+
 def test_bounded_rows_name_their_class_and_bound() -> None:
     row = _row("noisy", Status.GRAPH, Result.BOUNDED, 1.5, bound_class="eager-noise", max_abs_diff=1e-7, bound=1e-5)
     assert "eager-noise: max diff 1e-07 within bound 1e-05" in report.markdown([row])

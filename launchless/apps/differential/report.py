@@ -79,6 +79,7 @@ def apply_timings(rows: list[dict[str, Any]], timings: dict[tuple[str, str], dic
         row = {**row, "timed_alone": timed is not None}
         if timed is not None:
             row.update({k: timed[k] for k in ("eager_ms", "accelerated_ms", "speedup")})
+            row["timed_status"] = timed.get("status")  # what "auto" ran alone; its judgements there are its own
         out.append(row)
     return out
 
@@ -163,6 +164,18 @@ def markdown(rows: list[dict[str, Any]], populations: dict[str, dict[str, Any]] 
             f"Median speed-up over eager: {speedups[len(speedups) // 2]:.2f}x over {len(speedups)} rows timed alone "
             "(the other rows' figures were taken beside other workers on the same GPU and are not timings).",
         ]
+    slow = [r for r in built_rows(rows) if r.get("timed_alone") and r["speedup"] is not None]
+    slow = sorted((r for r in slow if r["speedup"] < SLOWER_LIMIT), key=lambda r: r["speedup"])
+    if slow:
+        out += ["", f"## Rows slower than eager by more than 3 % timed alone ({len(slow)})", ""]
+        out += _table(
+            ["library", "model", "entry", "grad mode", "status alone", "speed-up", "eager ms", "launchless ms"],
+            [
+                [r["library"], r["model"], r["entry"], r["grad_mode"], r.get("timed_status"), r["speedup"],
+                 r["eager_ms"], r["accelerated_ms"]]
+                for r in slow
+            ],
+        )  # fmt: skip
     odd = [r for r in rows if r["result"] != Result.IDENTICAL.value]
     out += ["", f"## Rows not identical ({len(odd)})", ""]
     out += _table(

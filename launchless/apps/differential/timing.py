@@ -5,8 +5,10 @@ measured there says nothing about eager against launchless. The timing pass runs
 process: per grad mode, ``wrap(model)`` ("auto", what a user gets) on a few fresh calls -- capture, verification
 and its own speed judgement included -- then eager and accelerated in interleaved rounds on fresh inputs, both the
 GPU time of calls issued back to back and the latency of calls waited for; the row's speed-up is the smaller of the
-two. A causal LM adds greedy batch-1 decoding against ``model.generate()`` as called. The merge lays these figures
-over the correctness rows (``report.apply_timings``); the speed target reads only rows timed alone.
+two, and its status what ``graph_info()`` says the timed calls ran (a whole graph, a split, or eager: alone, the
+speed judgements of "auto" may decide otherwise than beside other workers). A causal LM adds greedy batch-1
+decoding against ``model.generate()`` as called. The merge lays these figures over the correctness rows
+(``report.apply_timings``, the status as ``timed_status``); the speed target reads only rows timed alone.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ...errors import one_line
 from ...timing import interleaved_ms
 from .candidate import Candidate, Library
 from .rows import Entry, GradMode
-from .runner import accelerate, grad_mode, release
+from .runner import accelerate, grad_mode, graph_info, release, status_of
 
 TIMED: tuple[tuple[Entry, GradMode], ...] = (
     (Entry.WRAP_AUTO, GradMode.NO_GRAD),
@@ -63,9 +65,10 @@ def _forward_timing(built: Any, entry: Entry, mode: GradMode, seed: int) -> dict
         }
         slower = min(speedups, key=speedups.__getitem__)
         timings = back_to_back if slower == "back_to_back" else waited
+        status, reason, _ = status_of(graph_info(accelerated, entry), entry)  # what the timed calls ran
         return _timing(
             entry, mode, eager_ms=round(timings["eager"], 4), accelerated_ms=round(timings["accelerated"], 4),
-            speedup=round(speedups[slower], 3), measured=slower,
+            speedup=round(speedups[slower], 3), measured=slower, status=status.value, reason=reason,
         )  # fmt: skip
     except Exception as exc:
         return _timing(entry, mode, error=one_line(exc))
