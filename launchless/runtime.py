@@ -42,7 +42,7 @@ from .diagnose.messages import capture_error, out_of_memory_error, verification_
 from .errors import CaptureError, ConfigError, LaunchlessError, NoCudaError
 from .options import VerifyMode, check_choice, check_int, check_number, check_verify
 from .split import SPLITTABLE, EagerPart, SplitForward, copies
-from .timing import SpeedVerdict, judge_speed
+from .timing import WHOLE_GRAPH_MIN_SPEEDUP, SpeedVerdict, judge_speed
 
 Mode = bool | Literal["auto"]
 _OWN_SIGNATURE = object()  # a bucketed call that must go its own way after all
@@ -72,6 +72,7 @@ class GraphedModule(torch.nn.Module):
     """A model that replays a verified CUDA graph per input signature and keeps the model's API."""
 
     _splits = True  # a forward refused whole runs split by submodule under "auto" (not inside a piece)
+    _judged = True  # "auto" times a whole graph against eager before keeping it (a piece's split is timed whole)
     _refusal_level = logging.INFO  # a piece of a split leaves its refusals to the split's report
 
     def __init__(
@@ -315,6 +316,9 @@ class GraphedModule(torch.nn.Module):
         cache = self._cache
         branches: list[str] = []
         around_junctions = self.cuda_graph == "auto" and self._splits and not explicit
+        # "auto" never runs slower than eager: a verified graph is timed against eager before it is kept (a graph
+        # asked for -- cuda_graph=True, capture_graph() -- is the caller's choice; collectives would need agreeing)
+        judged = self.cuda_graph == "auto" and self._judged and not explicit
         groups: list[Any] = []  # the process groups of the forward's collectives, once the warm-up found them
         rng = RngState()  # warm-ups, verification and timing draw too: the call's result draws from where it began
         try:
@@ -348,6 +352,8 @@ class GraphedModule(torch.nn.Module):
                         return self._refuse(sig, flat, refused, explicit)
                 if graph.junctions and report.passed:
                     graph.speed = self._time_chain(graph, flat)
+                elif judged and report.passed and not groups:
+                    graph.speed = self._time_whole(graph, flat)
         except _capture.CaptureFailed as fail:
             fail.collective_groups = fail.collective_groups or groups  # out of memory while verifying: still agreed
             return self._capture_failed(sig, flat, fail, device, explicit, rng=rng)
@@ -361,6 +367,16 @@ class GraphedModule(torch.nn.Module):
             return self._refuse(
                 sig, flat, Refusal(Stage.VERIFICATION, "verification", str(error), error=error), explicit
             )
+        if graph.speed is not None and not graph.speed.faster:
+            detail = graph.speed.detail
+            del graph
+            cache.discard()
+            error = CaptureError(
+                f"launchless: the graph of {self._name()} {sig.describe()} is verified but {detail}: replaying it "
+                "would not save time (a forward this long is bound by its kernels, not by launching them)",
+                reason="not faster than eager",
+            )
+            return self._refuse(sig, flat, Refusal(Stage.SPEED, error.reason, str(error), error=error), explicit)
         if report.status not in (VerifyStatus.BIT_IDENTICAL, VerifyStatus.SKIPPED):
             cache.log_once(
                 f"class:{report.status}",
@@ -455,6 +471,23 @@ class GraphedModule(torch.nn.Module):
         args, kwargs = flat.rebuild(leaves)
         target = self._target()
         return judge_speed(lambda: target(*args, **kwargs), lambda: graph.replay_cloned(leaves))
+
+    def _time_whole(self, graph: _capture.CapturedGraph, flat: FlatInputs) -> SpeedVerdict:
+        """Eager against the whole graph as the caller gets it, on copies of the call's tensors; settled after three
+        rounds when the graph is clearly faster (a launch-bound forward), else measured in full."""
+        leaves = copies(flat.leaves)
+        args, kwargs = flat.rebuild(leaves)
+        target = self._target()
+        replay = graph.replay_cloned if self.outputs == "clone" else graph.replay
+        try:
+            return judge_speed(
+                lambda: target(*args, **kwargs),
+                lambda: replay(leaves),
+                min_speedup=WHOLE_GRAPH_MIN_SPEEDUP,
+                settle_early=True,
+            )
+        finally:
+            graph.replays = 0  # the judge's replays are not the caller's
 
     def _drop_chain(
         self, sig: Signature, flat: FlatInputs, graph: _capture.CapturedGraph, report: VerifyReport, device: Any
@@ -716,6 +749,8 @@ class GraphedModule(torch.nn.Module):
                 "graphs_back_to_back_ms": speed.candidate_back_to_back_ms,
                 "speedup": round(speed.speedup, 3),
             }
+        elif graph.speed is not None:  # a whole graph "auto" timed against eager before keeping it
+            row["speed"] = graph.speed.row()
         return row
 
     def graph_info(self) -> dict:
@@ -768,6 +803,7 @@ def _make_piece(module: torch.nn.Module, *, options: dict[str, Any]) -> GraphedM
     forward = _own_forward(module)
     piece.__dict__["_target"] = lambda: forward
     piece._splits = False
+    piece._judged = False
     piece._refusal_level = logging.DEBUG
     return piece
 
@@ -805,7 +841,8 @@ def wrap(
     """Wrap ``model`` so inference replays verified CUDA graphs, one per input signature.
 
     cuda_graph: False (eager), True (capture at first sight; raise if the forward cannot be captured)
-        or "auto" (capture once a signature repeats; otherwise eager with one log line).
+        or "auto" (capture once a signature repeats, and keep the graph only if it is faster than eager, timed
+        against it at capture; otherwise eager with one log line).
     capture_after=3: calls of one signature before "auto" captures it.
     max_graphs=8: graphs kept; least recently used evicted (one warning line). Under "auto", once an evicted
         signature comes back (more in use than max_graphs), nothing more is evicted and the others run eager.

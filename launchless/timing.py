@@ -107,16 +107,19 @@ def interleaved_ms(
 
 
 MIN_SPEEDUP = 1.03  # a graph that runs part of a forward eager must beat eager by this much, or it is dropped
+WHOLE_GRAPH_MIN_SPEEDUP = 1.0  # a whole graph replays eager's own kernels: it only has to be faster at all
+CLEARLY_FASTER = 1.5  # three waited-for rounds this far ahead settle it: no run-to-run spread is that wide
 
 
 @dataclass(frozen=True)
 class SpeedVerdict:
-    """Eager against a candidate that runs part of the forward eager (a split), waited-for and back to back."""
+    """Eager against a candidate (a whole graph, or a split that runs part of the forward eager), waited-for and
+    back to back."""
 
     eager_ms: float  # waited-for, per call
     candidate_ms: float
-    eager_back_to_back_ms: float
-    candidate_back_to_back_ms: float
+    eager_back_to_back_ms: float | None  # None: the waited-for rounds settled it (``CLEARLY_FASTER``)
+    candidate_back_to_back_ms: float | None
     detail: str  # why the candidate is not worth it; empty when it is faster both ways
 
     @property
@@ -127,20 +130,48 @@ class SpeedVerdict:
     def speedup(self) -> float:
         return self.eager_ms / self.candidate_ms
 
+    def row(self) -> dict[str, float | None]:
+        """The figures for ``graph_info()``."""
+        return {
+            "eager_ms": round(self.eager_ms, 4),
+            "graph_ms": round(self.candidate_ms, 4),
+            "eager_back_to_back_ms": _rounded(self.eager_back_to_back_ms),
+            "graph_back_to_back_ms": _rounded(self.candidate_back_to_back_ms),
+            "speedup": round(self.speedup, 3),
+        }
 
-def judge_speed(eager: Callable[[], object], candidate: Callable[[], object]) -> SpeedVerdict:
-    """Whether ``candidate`` beats ``eager`` by ``MIN_SPEEDUP`` both waited-for and back to back: less host time
+
+def judge_speed(
+    eager: Callable[[], object],
+    candidate: Callable[[], object],
+    *,
+    min_speedup: float = MIN_SPEEDUP,
+    settle_early: bool = False,
+) -> SpeedVerdict:
+    """Whether ``candidate`` beats ``eager`` by ``min_speedup`` both waited-for and back to back: less host time
     can come with more GPU time (copies in and out, kernels run eager between graphs), and a margin under the
-    run-to-run spread of a forward's time would keep a candidate that is as often slower as faster."""
+    run-to-run spread of a forward's time would keep a candidate that is as often slower as faster.
+
+    ``settle_early``: three waited-for rounds first, and a candidate ``CLEARLY_FASTER`` than eager there is taken
+    without more (a whole graph of a launch-bound forward: most are); a close call is measured in full. Judging
+    costs calls of both at capture, so the clear cases, the common ones, stay cheap."""
     calls = {"eager": eager, "candidate": candidate}
+    if settle_early:
+        quick = interleaved_ms(calls, waited=True, rounds=3)
+        if quick["candidate"] * CLEARLY_FASTER <= quick["eager"]:
+            return SpeedVerdict(quick["eager"], quick["candidate"], None, None, "")
     waited = interleaved_ms(calls, waited=True)
     back_to_back = interleaved_ms(calls, waited=False, rounds=5, per_round=5)
     detail = ""
-    if waited["candidate"] * MIN_SPEEDUP > waited["eager"]:
+    if waited["candidate"] * min_speedup > waited["eager"]:
         detail = f"not faster than eager ({waited['candidate']:.3f} ms against {waited['eager']:.3f} ms a call)"
-    elif back_to_back["candidate"] * MIN_SPEEDUP > back_to_back["eager"]:
+    elif back_to_back["candidate"] * min_speedup > back_to_back["eager"]:
         detail = (
             f"not faster than eager back to back ({back_to_back['candidate']:.3f} ms against "
             f"{back_to_back['eager']:.3f} ms a call), though faster waited-for"
         )
     return SpeedVerdict(waited["eager"], waited["candidate"], back_to_back["eager"], back_to_back["candidate"], detail)
+
+
+def _rounded(ms: float | None) -> float | None:
+    return None if ms is None else round(ms, 4)

@@ -584,3 +584,57 @@ def test_a_graph_collected_as_garbage_during_a_capture_cannot_break_it() -> None
         gc.set_threshold(*threshold)
     assert len(graveyard) == 1  # the capture dropped one graph into the collector's reach
     assert identical(out, model(x)) and len(m.graph_info()["graphs"]) == 1
+
+
+# ---- "auto" keeps a whole graph only when it is faster than eager ----------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_auto_keeps_a_launch_bound_graph_with_the_timing_that_settled_it(mode: str) -> None:
+    """A small MLP is launch-bound: three waited-for rounds settle it, and graph_info() shows the figures; the
+    judge's own replays are not counted as the caller's."""
+    model = Mlp().cuda().eval()
+    m = ll.wrap(model, cuda_graph="auto", capture_after=1)
+    grad = torch.no_grad if mode == "no_grad" else torch.inference_mode
+    with grad():
+        for _ in range(3):
+            x = torch.randn(4, 64, device="cuda")
+            assert identical(m(x), model(x))
+    (row,) = m.graph_info()["graphs"]
+    speed = row["speed"]
+    assert speed["speedup"] >= 1.5 and speed["graph_back_to_back_ms"] is None, speed
+    assert row["replays"] == 3, row  # every call's result (the capturing one's too), none of the judge's
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_auto_drops_a_whole_graph_that_is_not_faster_and_says_so_once(
+    mode: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A verified graph the judge finds no faster than eager is dropped: the calls run eager (eager's results),
+    graph_info() names the stage and the figures, one log line; cuda_graph=True keeps its graph (not judged)."""
+    from launchless import runtime
+    from launchless.timing import SpeedVerdict
+
+    def not_faster(eager, candidate, **options):
+        assert options == {"min_speedup": 1.0, "settle_early": True}, options
+        eager(), candidate()
+        return SpeedVerdict(2.0, 2.1, 2.0, 2.1, "not faster than eager (2.100 ms against 2.000 ms a call)")
+
+    monkeypatch.setattr(runtime, "judge_speed", not_faster)
+    model = Mlp().cuda().eval()
+    m = ll.wrap(model, cuda_graph="auto", capture_after=1)
+    grad = torch.no_grad if mode == "no_grad" else torch.inference_mode
+    with caplog.at_level(logging.INFO, logger="launchless"), grad():
+        for _ in range(5):
+            x = torch.randn(4, 64, device="cuda")
+            assert identical(m(x), model(x))
+    info = m.graph_info()
+    assert info["graphs"] == [], info
+    (refused,) = info["fallbacks"]
+    assert refused["stage"] == "speed" and refused["reason"] == "not faster than eager", refused
+    assert "not faster than eager (2.100 ms against 2.000 ms a call)" in refused["message"], refused
+    assert sum("not faster than eager" in r.getMessage() for r in caplog.records) == 1
+    explicit = ll.wrap(model, cuda_graph=True)
+    with grad():
+        explicit(torch.randn(4, 64, device="cuda"))
+    assert len(explicit.graph_info()["graphs"]) == 1

@@ -38,6 +38,7 @@ class Stage(Label):
     CAPTURE = "capture"
     OUTPUTS = "outputs"
     VERIFICATION = "verification"
+    SPEED = "speed"  # verified, but not faster than eager: "auto" never runs slower than eager
     UNSUPPORTED = "unsupported"
 
 

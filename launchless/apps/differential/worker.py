@@ -147,6 +147,8 @@ def main() -> None:
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.WARNING)
+    if args.timing:  # one model at a time: its capture, split and speed decisions in the log, once each
+        logging.getLogger("launchless").setLevel(logging.INFO)
     if args.eager_alone:
         entry, _, mode = args.eager_alone.partition("/")
         (candidate,) = pick(candidates(Library(args.library)), args.models)
