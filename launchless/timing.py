@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -91,19 +93,35 @@ def interleaved_ms(
     for call in calls.values():
         call()
     times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            began = time.perf_counter()
-            start.record()
-            for _ in range(per_round):
-                call()
-            end.record()
-            end.synchronize()
-            elapsed = (time.perf_counter() - began) * 1e3 if waited else start.elapsed_time(end)
-            times[name].append(elapsed / per_round)
+    with garbage_collection_paused():
+        for _ in range(rounds):
+            for name, call in calls.items():
+                torch.cuda.synchronize()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                began = time.perf_counter()
+                start.record()
+                for _ in range(per_round):
+                    call()
+                end.record()
+                end.synchronize()
+                elapsed = (time.perf_counter() - began) * 1e3 if waited else start.elapsed_time(end)
+                times[name].append(elapsed / per_round)
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+@contextlib.contextmanager
+def garbage_collection_paused() -> Iterator[None]:
+    """Python's collector off for the rounds (collected once before): a forward that allocates many objects (a
+    detector's post-processing) triggers a collection every few calls, and one that falls on the same side of
+    each round biases the comparison by its pause."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 MIN_SPEEDUP = 1.03  # a graph that runs part of a forward eager must beat eager by this much, or it is dropped

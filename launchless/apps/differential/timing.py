@@ -4,7 +4,8 @@ Correctness runs put a dozen workers side by side on one GPU, and there every ca
 measured there says nothing about eager against launchless. The timing pass runs one model at a time in one
 process: per grad mode, ``wrap(model)`` ("auto", what a user gets) on a few fresh calls -- capture, verification
 and its own speed judgement included -- then eager and accelerated in interleaved rounds on fresh inputs, both the
-GPU time of calls issued back to back and the latency of calls waited for; the row's speed-up is the smaller of the
+GPU time of calls issued back to back and the latency of calls waited for, eager timed twice a round (how far eager
+is from itself, ``eager_spread``, is what a speed-up near 1 is read against); the row's speed-up is the smaller of the
 two, and its status what ``graph_info()`` says the timed calls ran (a whole graph, a split, or eager: alone, the
 speed judgements of "auto" may decide otherwise than beside other workers). A causal LM adds greedy batch-1
 decoding against ``model.generate()`` as called. The merge lays these figures over the correctness rows
@@ -56,7 +57,9 @@ def _forward_timing(built: Any, entry: Entry, mode: GradMode, seed: int) -> dict
                 args, kwargs = built.make_inputs(generator, "cuda")
                 accelerated(*args, **kwargs)
             args, kwargs = built.make_inputs(generator, "cuda")
-            calls = {"eager": lambda: built.model(*args, **kwargs), "accelerated": lambda: accelerated(*args, **kwargs)}
+            eager = lambda: built.model(*args, **kwargs)  # noqa: E731
+            # eager twice per round: how far eager is from itself is the spread a speed-up is read against
+            calls = {"eager": eager, "accelerated": lambda: accelerated(*args, **kwargs), "eager_again": eager}
             back_to_back = interleaved_ms(calls, waited=False, rounds=ROUNDS, per_round=PER_ROUND)
             waited = interleaved_ms(calls, waited=True, rounds=ROUNDS, per_round=1)
         speedups = {
@@ -65,10 +68,12 @@ def _forward_timing(built: Any, entry: Entry, mode: GradMode, seed: int) -> dict
         }
         slower = min(speedups, key=speedups.__getitem__)
         timings = back_to_back if slower == "back_to_back" else waited
+        spread = max(abs(1 - t["eager"] / t["eager_again"]) for t in (back_to_back, waited))
         status, reason, _ = status_of(graph_info(accelerated, entry), entry)  # what the timed calls ran
         return _timing(
             entry, mode, eager_ms=round(timings["eager"], 4), accelerated_ms=round(timings["accelerated"], 4),
-            speedup=round(speedups[slower], 3), measured=slower, status=status.value, reason=reason,
+            speedup=round(speedups[slower], 3), measured=slower, eager_spread=round(spread, 4), status=status.value,
+            reason=reason,
         )  # fmt: skip
     except Exception as exc:
         return _timing(entry, mode, error=one_line(exc))
