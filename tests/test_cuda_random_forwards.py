@@ -24,11 +24,12 @@ CALLS = 8
 
 
 class NoisyBlock(nn.Module):
-    """Adds noise before and draws a mask after its layers, as a vocoder's upsampler or a sampling step does."""
+    """Adds noise before and draws a mask after its layers, as a vocoder's upsampler or a sampling step does (six
+    layers: launch-bound, a graph "auto" keeps)."""
 
     def __init__(self, width: int = 64) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, width))
+        self.net = nn.Sequential(*(nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(6)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.net(x + 0.5 * torch.randn_like(x))

@@ -41,9 +41,15 @@ def _zoo(name: str):
 
 
 class Mlp(nn.Module):
-    def __init__(self, width: int = 64) -> None:
+    """``depth`` layers: launch-bound, so "auto" finds its graph faster than eager and keeps it (a forward of two
+    or three kernels is not: a replay's copies in and out cost as much as the launches it saves)."""
+
+    def __init__(self, width: int = 64, depth: int = 8) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, width))
+        layers: list[nn.Module] = [nn.Linear(width, width)]
+        for _ in range(depth - 1):
+            layers += [nn.GELU(), nn.Linear(width, width)]
+        self.net = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)

@@ -177,11 +177,12 @@ def test_graph_memory_stays_bounded_under_ever_new_shapes() -> None:
 
 
 class RunsOutOfMemory(nn.Module):
-    """A Linear whose capture fails with a real out-of-memory error for as long as ``exhausted`` is set."""
+    """Eight Linears (launch-bound: a graph "auto" keeps) whose capture fails with a real out-of-memory error for as
+    long as ``exhausted`` is set."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.lin = nn.Linear(64, 64)
+        self.lin = nn.Sequential(*(nn.Linear(64, 64) for _ in range(8)))
         self.exhausted = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
