@@ -5,7 +5,7 @@ Modes: ``ll-default`` (``wrap(model).generate``, its own static cache), ``ll-192
 positions, transformers' own length for the serving suite's 64 + 128 tokens), ``eager-static`` (eager ``generate()``
 on a static cache of 256) and ``static-compile`` (transformers' static-cache compile recipe). The numbers in
 ``benchmarks/results/2026-12-01-decode-host-profile.md`` were taken with ``generate()``'s own
-loop; the host-ahead loop (``launchless.decode_loop``) now takes these calls, so the ``ll-*`` rows measure it.
+loop; the host-ahead loop (``launchless.runtime.decode_loop``) now takes these calls, so the ``ll-*`` rows measure it.
 
     PYTHONPATH=. python benchmarks/decode_host_profile.py decode:llama-850m@b1
 """
@@ -27,7 +27,7 @@ from torch.profiler import ProfilerActivity, profile
 import launchless
 from launchless.apps.bench.serving_decode import decode_step_ms, generate_once, static_compile_recipe
 from launchless.apps.bench.serving_workloads import build_decoder, decode_workload
-from launchless.decoding import cache_keyword, new_static_cache
+from launchless.runtime.decode_graphs import cache_keyword, new_static_cache
 
 NEW_TOKENS = 128
 ROUNDS = 7

@@ -163,7 +163,7 @@ def test_inputs_that_do_not_share_a_batch_are_not_padded() -> None:
 
 
 def test_automatic_buckets_are_the_powers_of_two_that_hold_the_sizes_seen() -> None:
-    from launchless.batching import BatchBucketing
+    from launchless.runtime.batch_buckets import BatchBucketing
 
     bucketing = BatchBucketing("auto", name="m", tolerance_ulps=64.0)
     buckets = []
@@ -188,7 +188,7 @@ def _through_buckets(bucketing, sizes) -> None:
 def test_traffic_far_below_its_buckets_gets_one_warning_naming_the_sizes_padded_most(caplog) -> None:
     import logging
 
-    from launchless.batching import PADDING_LOOK_EVERY, BatchBucketing
+    from launchless.runtime.batch_buckets import PADDING_LOOK_EVERY, BatchBucketing
 
     bucketing = BatchBucketing([1, 32], name="ranker", tolerance_ulps=64.0)
     with caplog.at_level(logging.WARNING, logger="launchless"):
@@ -207,7 +207,7 @@ def test_traffic_far_below_its_buckets_gets_one_warning_naming_the_sizes_padded_
 def test_traffic_that_fits_powers_of_two_is_padded_without_a_warning(caplog) -> None:
     import logging
 
-    from launchless.batching import PADDING_LOOK_EVERY, BatchBucketing
+    from launchless.runtime.batch_buckets import PADDING_LOOK_EVERY, BatchBucketing
 
     bucketing = BatchBucketing([1, 2, 4, 8, 16, 32], name="m", tolerance_ulps=64.0)
     with caplog.at_level(logging.WARNING, logger="launchless"):

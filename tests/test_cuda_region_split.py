@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 import launchless as ll
-from launchless import runtime
 from launchless.core.verify import identical
+from launchless.runtime import graphed_module as runtime
 from launchless.timing import SpeedVerdict
 
 pytestmark = pytest.mark.cuda

@@ -618,7 +618,7 @@ def test_auto_drops_a_whole_graph_that_is_not_faster_and_says_so_once(
 ) -> None:
     """A verified graph the judge finds no faster than eager is dropped: the calls run eager (eager's results),
     graph_info() names the stage and the figures, one log line; cuda_graph=True keeps its graph (not judged)."""
-    from launchless import runtime
+    from launchless.runtime import graphed_module as runtime
     from launchless.timing import SpeedVerdict
 
     def not_faster(eager, candidate, **options):

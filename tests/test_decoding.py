@@ -14,11 +14,11 @@ from torch.utils import _pytree as pytree
 
 transformers = pytest.importorskip("transformers")
 
-import launchless.cache_layers as cache_layers  # noqa: E402
-import launchless.decoding as decoding  # noqa: E402
+import launchless.runtime.cache_layers as cache_layers  # noqa: E402
+import launchless.runtime.decode_graphs as decoding  # noqa: E402
 from launchless import CaptureError  # noqa: E402
 from launchless.core.capture import CapturedGraph, _static_like  # noqa: E402
-from launchless.decoding import DecodeGraphs, cache_length, new_static_cache, static_cache_refusal  # noqa: E402
+from launchless.runtime.decode_graphs import DecodeGraphs, cache_length, new_static_cache, static_cache_refusal  # noqa: E402
 
 NEW_TOKENS = 6
 
@@ -362,10 +362,10 @@ def test_a_model_converted_between_calls_gets_a_cache_of_its_new_dtype(monkeypat
     assert [c["dtype"] for c in graphs.info()["static_caches"]] == ["float32", "float64"]
 
 
-# ---- the host-ahead loop (launchless.decode_loop) ----------------------------------------------------------------
+# ---- the host-ahead loop (launchless.runtime.decode_loop) ---------------------------------------------------------
 from streamers import RecordingStreamer  # noqa: E402
 
-from launchless import decode_loop  # noqa: E402
+from launchless.runtime import decode_loop  # noqa: E402
 
 
 def loop_info(graphs: DecodeGraphs) -> tuple[int, dict]:

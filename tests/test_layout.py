@@ -70,8 +70,8 @@ def test_the_core_imports_nothing_above_it_but_the_leaves_it_shares() -> None:
 def test_the_three_entry_points_run_their_graphs_through_the_core_cache() -> None:
     graph = import_graph()
     for policy in (
-        "launchless.runtime",
-        "launchless.decoding",
+        "launchless.runtime.graphed_module",
+        "launchless.runtime.decode_graphs",
         "launchless.train.step",
         "launchless.compiler.compiled_graphs",
     ):
@@ -80,8 +80,8 @@ def test_the_three_entry_points_run_their_graphs_through_the_core_cache() -> Non
     assert users <= {
         "launchless.core.cache",
         "launchless.core.verify",
-        "launchless.runtime",
-        "launchless.decoding",
+        "launchless.runtime.graphed_module",
+        "launchless.runtime.decode_graphs",
         "launchless.train.step",
         "launchless.train.hooks",
         "launchless.compiler.compiled_graphs",

@@ -1,4 +1,4 @@
-"""CPU tests of the split search (``launchless.split``): which submodules become pieces, how refused pieces are
+"""CPU tests of the split search (``launchless.runtime.split``): which submodules become pieces, how refused pieces are
 expanded down the module tree, and how calls are routed to pieces and back. A piece here is a test double that
 "refuses" the modules marked ``blocked`` and otherwise runs the submodule's own forward; the real piece (a
 ``GraphedModule`` over the submodule) is exercised by the ``cuda`` tests."""
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from launchless.core.signature import flatten_inputs
-from launchless.split import EagerPart, SplitForward, is_container, worth_a_graph
+from launchless.runtime.split import EagerPart, SplitForward, is_container, worth_a_graph
 
 
 class FakePiece:

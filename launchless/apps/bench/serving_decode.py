@@ -48,7 +48,7 @@ import transformers
 from transformers.generation.streamers import BaseStreamer
 
 import launchless
-from launchless.decoding import cache_keyword, cache_length, new_static_cache
+from launchless.runtime.decode_graphs import cache_keyword, cache_length, new_static_cache
 
 from .multigpu_worker import synchronize_device
 from .serving_graphs import compiled_graphs
@@ -235,7 +235,7 @@ def interleaved_step_ms(
 
 def _loop_fields(mode_decoding: Decoding) -> dict[str, Any]:
     """For launchless: how many of its generations the host-ahead loop decoded, and why any went through
-    ``generate()``'s own loop (``launchless.decode_loop``); nothing for the other modes, or where nothing decoded
+    ``generate()``'s own loop (``runtime.decode_loop``); nothing for the other modes, or where nothing decoded
     through graphs (off the GPU)."""
     if mode_decoding.wrapped is None:
         return {}

@@ -18,7 +18,7 @@ as for its own loop. The loop then:
    move by one. That rule is checked once per call, on the second decode step, against the inputs transformers
    prepares for it (every tensor bit for bit, every other value equal); where they differ, every step of the call
    takes transformers' inputs instead (exact, with its waits) and one line says so;
-2. sends every step's forward through the decode graphs (``launchless.decoding``): captured, verified and replayed
+2. sends every step's forward through the decode graphs (``decode_graphs``): captured, verified and replayed
    as ``generate()``'s steps are;
 3. chooses the next token as ``generate()`` chooses it, on the device: the last position's logits in float32,
    ``generate()``'s own prepared warpers (temperature, top-k, top-p), ``argmax`` or ``multinomial`` on the same
@@ -28,7 +28,7 @@ as for its own loop. The loop then:
    kept step, so that a sampling call leaves it as ``generate()`` would. A streamer gets the first token as soon as
    it is chosen, and the others at those reads, one ``put`` per step as ``generate()`` hands them over.
 
-``own_loop`` runs ``generate()``'s own loop (``_sample``) on the same prepared call: ``launchless.decoding`` proves
+``own_loop`` runs ``generate()``'s own loop (``_sample``) on the same prepared call: ``decode_graphs`` proves
 the host-ahead loop against it on the first call of each kind of call, and sends a kind that parts through it.
 
 The loop takes the calls it can decode exactly; the others go through ``generate()``'s own loop (their decode steps

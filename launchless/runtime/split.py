@@ -31,11 +31,11 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from .core.cache import GraphCache
-from .core.signature import FlatInputs
-from .core.status import SplitStatus, Stage, VerifyStatus
-from .core.verify import VerifyReport, verify
-from .timing import judge_speed
+from ..core.cache import GraphCache
+from ..core.signature import FlatInputs
+from ..core.status import SplitStatus, Stage, VerifyStatus
+from ..core.verify import VerifyReport, verify
+from ..timing import judge_speed
 
 SPLITTABLE = frozenset({Stage.CAPTURE, Stage.OUTPUTS, Stage.VERIFICATION})
 """Refusals of a whole forward a split can work around: the blocker is in some part of it, not in its device. A

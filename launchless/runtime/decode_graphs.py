@@ -17,7 +17,7 @@ on the same memory, so one graph replays them all. ``wrap(model).generate(...)``
    must give different logits), then replayed. The cache's tensors are read and written in place, never copied;
    before each replay the cache must still hold the tensors the graph was captured on;
 4. decodes greedy and sampling calls in a loop of its own that keeps the host ahead of the GPU
-   (``launchless.decode_loop``: ``generate()`` itself waits for the GPU at every token), run inside ``generate()``
+   (``decode_loop``: ``generate()`` itself waits for the GPU at every token), run inside ``generate()``
    as its decoding method, on the inputs ``generate()`` prepared; the calls that loop cannot decode exactly (logits
    processors or stopping criteria passed in, other generation settings, a cache passed in) go through
    ``generate()``'s own loop, which keeps its logits processors, choice or sampling (the same random numbers as
@@ -58,13 +58,14 @@ from typing import Any
 
 import torch
 
+from ..core.cache import GraphCache, Refusal
+from ..core.capture import CapturedGraph, CaptureFailed, capture, out_of_memory
+from ..core.relocation import RelocationWatch
+from ..core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
+from ..core.status import Admission, Stage, VerifyStatus
+from ..core.verify import VerifyReport, identical, verify_step
+from ..errors import CaptureError
 from .cache_layers import CacheState, HostCounters, LayerPlan, unfollowed_layers
-from .core.cache import GraphCache, Refusal
-from .core.capture import CapturedGraph, CaptureFailed, capture, out_of_memory
-from .core.relocation import RelocationWatch
-from .core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
-from .core.status import Admission, Stage, VerifyStatus
-from .core.verify import VerifyReport, identical, verify_step
 from .decode_loop import (
     GenerationSettings,
     Prepared,
@@ -77,7 +78,6 @@ from .decode_loop import (
     settings_of,
     unfollowed,
 )
-from .errors import CaptureError
 
 log = logging.getLogger("launchless")
 
@@ -405,7 +405,7 @@ class DecodeGraphs:
         kind: CallClass,
         streamer: _WatchedStreamer | None,
     ) -> Any:
-        """The call decoded through the decode graphs: in the host-ahead loop (``launchless.decode_loop``) inside
+        """The call decoded through the decode graphs: in the host-ahead loop (``decode_loop``) inside
         ``generate()`` where the loop takes it, else in ``generate()``'s own loop."""
         keyword = cache_keyword(model)
         with self._lock:
@@ -555,7 +555,7 @@ class DecodeGraphs:
         given: bool,
         settings: GenerationSettings | Exception,
     ) -> bool:
-        """Whether the host-ahead loop (``launchless.decode_loop``) may decode the call; where not, one line per
+        """Whether the host-ahead loop (``decode_loop``) may decode the call; where not, one line per
         reason says why ``generate()``'s own loop decodes it."""
         if args:
             why = "generate() was given positional arguments"

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from .core.buckets import (
+from ..core.buckets import (
     RowsVerdict,
     batch_rows,
     bucket_for,
@@ -30,7 +30,7 @@ from .core.buckets import (
     prove_rows_independent,
     slice_rows,
 )
-from .core.signature import FlatInputs, Signature, signature_of
+from ..core.signature import FlatInputs, Signature, signature_of
 
 log = logging.getLogger("launchless")
 AUTO = "auto"  # buckets chosen from the sizes seen: the powers of two that hold them

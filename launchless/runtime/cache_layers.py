@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .core.snapshot import Snapshot
+from ..core.snapshot import Snapshot
 
 COUNT = "cumulative_length_int"  # where transformers' sliding-window layer counts its length on the host
 

@@ -23,26 +23,26 @@ from typing import Any, Literal, cast
 
 import torch
 
+from ..core import capture as _capture
+from ..core.buckets import check_buckets
+from ..core.cache import GraphCache, Refusal
+from ..core.capture_path import record_capture_branches
+from ..core.collectives import agree
+from ..core.junctions import JunctionShapeChanged, SegmentedGraph
+from ..core.pool import SHARED, new_pool
+from ..core.relocation import RelocationWatch
+from ..core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
+from ..core.snapshot import RngState
+from ..core.status import Admission, SplitStatus, Stage, VerifyStatus
+from ..core.verify import VerifyReport, verify
+from ..diagnose.messages import capture_error, out_of_memory_error, verification_error
+from ..errors import CaptureError, ConfigError, LaunchlessError, NoCudaError
+from ..options import VerifyMode, check_choice, check_int, check_number, check_verify
+from ..timing import WHOLE_GRAPH_MIN_SPEEDUP, SpeedVerdict, judge_speed
 from . import state_keys
-from .batching import AUTO, BatchBucketing, BucketPlan
-from .core import capture as _capture
-from .core.buckets import check_buckets
-from .core.cache import GraphCache, Refusal
-from .core.capture_path import record_capture_branches
-from .core.collectives import agree
-from .core.junctions import JunctionShapeChanged, SegmentedGraph
-from .core.pool import SHARED, new_pool
-from .core.relocation import RelocationWatch
-from .core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
-from .core.snapshot import RngState
-from .core.status import Admission, SplitStatus, Stage, VerifyStatus
-from .core.verify import VerifyReport, verify
-from .decoding import DecodeGraphs
-from .diagnose.messages import capture_error, out_of_memory_error, verification_error
-from .errors import CaptureError, ConfigError, LaunchlessError, NoCudaError
-from .options import VerifyMode, check_choice, check_int, check_number, check_verify
+from .batch_buckets import AUTO, BatchBucketing, BucketPlan
+from .decode_graphs import DecodeGraphs
 from .split import SPLITTABLE, EagerPart, SplitForward, copies
-from .timing import WHOLE_GRAPH_MIN_SPEEDUP, SpeedVerdict, judge_speed
 
 Mode = bool | Literal["auto"]
 _OWN_SIGNATURE = object()  # a bucketed call that must go its own way after all
@@ -176,7 +176,7 @@ class GraphedModule(torch.nn.Module):
     # ---- generate() ---------------------------------------------------------------------------------
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """The wrapped transformers model's ``generate()``, its decode steps replayed as CUDA graphs on a static KV
-        cache (see ``launchless.decoding``); plain ``generate()`` under ``cuda_graph=False`` or off the GPU."""
+        cache (see ``decode_graphs``); plain ``generate()`` under ``cuda_graph=False`` or off the GPU."""
         model: Any = self._modules["model"]  # a transformers model: its generate() is not nn.Module's
         self._cache.validate(())  # a model moved since (to the GPU, say): the watch looks again at where it is
         if self.cuda_graph is False or self._watch.cuda_device is None:
@@ -853,7 +853,7 @@ def wrap(
     address_check="events" | "full": how parameter relocation is noticed (see ``launchless.core.relocation``).
     batch_buckets=[1, 2, 4, 8, ...]: pad a call's batch (the first dimension its tensor inputs share) up to the
         next of these sizes and replay that size's graph, once the model is proven to keep rows apart (see
-        ``launchless.batching``); "auto": the powers of two that hold the sizes seen; None: a graph per batch size.
+        ``batch_buckets``); "auto": the powers of two that hold the sizes seen; None: a graph per batch size.
     memory_pool="own" | "shared": the model's graphs in a memory pool of their own, or in one pool with the graphs
         of every model wrapped with "shared" (they reuse each other's intermediate memory: the pool holds about what
         the largest needs, not the sum; their replays take turns). "shared" needs outputs="clone".

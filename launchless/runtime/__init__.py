@@ -1,0 +1,20 @@
+"""The run-time policy: ``wrap(model)`` replays a verified CUDA graph per input signature of an inference forward.
+
+The policy decides the key (the input signature), the mode (``cuda_graph``) and what to capture; the core
+(``launchless.core``) captures, verifies, guards and replays. Its rooms:
+
+- ``graphed_module``: ``wrap`` and ``GraphedModule`` -- a call's way from signature to replay, capture or eager,
+  and the refusals, splits and speed judgements behind it;
+- ``split``: a forward refused whole run split by submodule, its pieces captured and the joined forward verified;
+- ``batch_buckets``: a call's batch padded up to a captured size, once padding is proven not to reach its rows;
+- ``decode_graphs``: a transformers model's ``generate()`` with its decode steps replayed on a static cache;
+- ``decode_loop``: the host-ahead loop those steps decode in, proven against ``generate()``'s own loop;
+- ``cache_layers``: the static cache's layers as a decode graph sees them;
+- ``state_keys``: the model's own ``state_dict`` keys through the wrapper.
+"""
+
+from __future__ import annotations
+
+from .graphed_module import GraphedModule, Mode, wrap
+
+__all__ = ["GraphedModule", "Mode", "wrap"]
