@@ -388,7 +388,7 @@ def test_a_wrapped_model_is_freed_without_a_garbage_collection() -> None:
     import weakref
 
     m = wrap(net().eval(), cuda_graph="auto")
-    m._split = m._new_split(None)  # a split holds the model and how to make pieces, never the wrapper
+    m._model_split.forward = m._model_split._new(None)  # the model and how to make pieces, not the wrapper
     ref = weakref.ref(m)
     enabled = gc.isenabled()
     gc.disable()

@@ -42,7 +42,7 @@ from ..timing import WHOLE_GRAPH_MIN_SPEEDUP, SpeedVerdict, judge_speed
 from . import state_keys
 from .batch_buckets import AUTO, BatchBucketing, BucketPlan
 from .decode_graphs import DecodeGraphs
-from .split import SPLITTABLE, EagerPart, SplitForward, copies
+from .split import SPLITTABLE, ModelSplit, copies
 
 Mode = bool | Literal["auto"]
 _OWN_SIGNATURE = object()  # a bucketed call that must go its own way after all
@@ -56,7 +56,9 @@ ADDRESS_CHECKS = {
     "full": "every parameter and buffer on every call",
 }
 # process state: never copied or pickled
-_RUNTIME_STATE = frozenset({"_cache", "_watch", "_eager_reasons", "_split", "_collective", "_bucketing", "_decode"})
+_RUNTIME_STATE = frozenset(
+    {"_cache", "_watch", "_eager_reasons", "_model_split", "_collective", "_bucketing", "_decode"}
+)
 
 
 def _check_mode(cuda_graph: Any) -> Mode:
@@ -128,7 +130,20 @@ class GraphedModule(torch.nn.Module):
             pool=SHARED if self.memory_pool == "shared" else None,
         )
         self._eager_reasons: dict[str, int] = {}
-        self._split: SplitForward | None = None  # the forward run as captured submodules, once refused whole
+        options = {
+            "max_graphs": self.max_graphs,
+            "warmup": self.warmup,
+            "verify": self.verify,
+            "tolerance_ulps": self.tolerance_ulps,
+            "address_check": self.address_check,
+            "memory_pool": self.memory_pool,
+        }
+        self._model_split = ModelSplit(  # the forward run as captured submodules, once refused whole
+            self.model,
+            name=self._name(),
+            make_piece=functools.partial(_make_piece, options=options),
+            log_once=self._cache.log_once,
+        )
         self._collective = False  # a capture found collectives in the forward: ranks agree, nothing is split
         self._bucketing = (  # calls padded to a few batch sizes, where the rows are proven not to interact
             None
@@ -247,7 +262,7 @@ class GraphedModule(torch.nn.Module):
         if admission is Admission.REFUSED:
             if self.cuda_graph is True:
                 raise _explicit_error(cache.refusal(sig))
-            if self._split is not None and sig in self._split.outcomes:
+            if self._model_split.has(sig):
                 return self._run_split(sig, flat)
         return self._run_eager(args, kwargs)
 
@@ -560,72 +575,29 @@ class GraphedModule(torch.nn.Module):
         args, kwargs = flat.rebuild(flat.leaves)
         return self._run_eager(args, kwargs)
 
-    # ---- junction splits ------------------------------------------------------------------------------
+    # ---- splits by submodule ----------------------------------------------------------------------------
     def _run_split(self, sig: Signature, flat: FlatInputs, refusal: Refusal | None = None) -> Any:
-        """A signature refused whole: its forward runs through the captured submodules (``split``), searched
-        and decided at its first call; eager where the split was dropped."""
+        """A signature refused whole: its forward runs through the captured submodules, searched and decided at
+        its first call (``split.ModelSplit``); eager where the split was dropped."""
         args, kwargs = flat.rebuild(flat.leaves)
         with self._cache.lock:  # the split routes the model's submodules while it runs: one call at a time
-            split = self._split
-            if split is None:
-                split = self._split = self._new_split(refusal)
-            outcome = split.outcomes.get(sig)
-            if outcome is None:
-                _pieces_capture_after(split, 1)  # a search captures what it meets at once
-                rng = RngState()  # the search and the decision run the forward: the call draws from where it began
-                split.search(flat)
-                outcome = split.decide(sig, flat, verify_mode=self.verify, tolerance_ulps=self.tolerance_ulps)
-                rng.rewind()
-                self._log_split(sig, split, outcome)
-                # then a piece's new shapes (a detector head's box count per image) must repeat to be captured
-                _pieces_capture_after(split, max(2, self.capture_after))
-                if outcome.status is not SplitStatus.VERIFIED and not any(
-                    o.status is SplitStatus.VERIFIED for o in split.outcomes.values()
-                ):
-                    split.release()  # no signature uses the pieces: their memory goes
+            outcome = self._model_split.outcome(
+                sig,
+                flat,
+                refusal,
+                verify_mode=self.verify,
+                tolerance_ulps=self.tolerance_ulps,
+                capture_after=self.capture_after,
+                describe=Signature.describe,
+            )
             if outcome.status is SplitStatus.VERIFIED:
-                return split.run(args, kwargs)
+                return self._model_split.run(args, kwargs)
         return self._run_eager(args, kwargs)
 
-    def _new_split(self, refusal: Refusal | None) -> SplitForward:
-        why = EagerPart(
-            "",
-            type(self.model).__name__,
-            refusal.reason if refusal else "refused as a whole",
-            refusal.source if refusal else None,
-        )
-        options = {
-            "max_graphs": self.max_graphs,
-            "warmup": self.warmup,
-            "verify": self.verify,
-            "tolerance_ulps": self.tolerance_ulps,
-            "address_check": self.address_check,
-            "memory_pool": self.memory_pool,
-        }
-        return SplitForward(
-            self.model, name=self._name(), why=why, make_piece=functools.partial(_make_piece, options=options)
-        )
-
     def _split_note(self, sig: Signature, flat: FlatInputs, refusal: Refusal) -> str:
-        """What cuda_graph='auto' would run instead (searched on this call, then released)."""
-        region = self._region_note(flat)
-        if region:
-            return region
-        split = self._new_split(refusal)
-        try:
-            split.search(flat)
-            outcome = split.decide(
-                sig, flat, verify_mode=self.verify, tolerance_ulps=self.tolerance_ulps, measure=False
-            )
-        except Exception as exc:  # the note is a courtesy: the refusal is the error
-            return f" (a split by submodule could not be tried: {type(exc).__name__}: {exc})"
-        finally:
-            split.release()
-        if outcome.status is not SplitStatus.VERIFIED:
-            return f" A split by submodule was tried and is not usable: {outcome.detail}."
-        return (
-            f" cuda_graph='auto' runs it split by submodule, verified against eager ({split.describe()}); "
-            "wrap with cuda_graph='auto' to allow it."
+        """What cuda_graph='auto' would run instead: graphs around operations, else a split by submodule."""
+        return self._region_note(flat) or self._model_split.note(
+            sig, flat, refusal, verify_mode=self.verify, tolerance_ulps=self.tolerance_ulps
         )
 
     def _region_note(self, flat: FlatInputs) -> str:
@@ -653,31 +625,6 @@ class GraphedModule(torch.nn.Module):
             "allow it."
         )
 
-    def _log_split(self, sig: Signature, split: SplitForward, outcome: Any) -> None:
-        root = split.eager[""]
-        where = f" at {root.source}" if root.source else ""
-        if outcome.status is SplitStatus.VERIFIED:
-            share = sum(outcome.shares.values())
-            speed = f"; {outcome.speedup:.2f}x over eager" if outcome.speedup else ""
-            message = (
-                f"launchless: {self._name()} cannot be captured whole ({root.reason}{where}); it runs split by "
-                f"submodule, verified against eager: {len(split.pieces)} piece(s) replay"
-                + (f" ({share:.0%} of eager GPU time)" if outcome.shares else "")
-                + f"{speed}. {split.describe()}. graph_info()['split'] has the details"
-            )
-        else:
-            message = (
-                f"launchless: {self._name()} {sig.describe()} cannot be captured whole ({root.reason}{where}) and "
-                f"its split by submodule is dropped: {outcome.detail}. Running eager for this input signature"
-            )
-        self._cache.log_once(f"split:{outcome.status}", logging.INFO, message)
-
-    def _drop_split(self) -> None:
-        """The model changed (parameters moved, a submodule swapped): the split is searched again when needed."""
-        if self._split is not None:
-            self._split.release()
-            self._split = None
-
     def _eager(self, reason: str, args: tuple, kwargs: dict) -> Any:
         """A call the caller could graph by changing how it calls (grad mode, training mode, an input): eager,
         with one WARNING per reason."""
@@ -701,7 +648,7 @@ class GraphedModule(torch.nn.Module):
     def release_graphs(self) -> None:
         """Free every graph, its static buffers and the memory pool; later calls capture again."""
         self._cache.drop_all()
-        self._drop_split()
+        self._model_split.drop()
         if not self._cache.pool.shared:
             self._cache.pool.last_stream = None
         if torch.cuda.is_initialized():
@@ -765,7 +712,7 @@ class GraphedModule(torch.nn.Module):
             "fallbacks": cache.fallbacks(lambda sig: sig.describe()),
             "eager_calls": dict(self._eager_reasons),
             # a forward refused whole runs through captured submodules: the pieces, what runs eager, the decisions
-            "split": None if self._split is None else self._split.info(lambda sig: sig.describe()),
+            "split": self._model_split.info(lambda sig: sig.describe()),
             "batch_buckets": None if self._bucketing is None else self._bucketing.info(),
             "decode": None if self._decode is None else self._decode.info(),  # generate()'s decode steps
         }
@@ -782,16 +729,11 @@ def _op_names(junctions: tuple) -> str:
     return ", ".join(dict.fromkeys(j.name for j in junctions))
 
 
-def _pieces_capture_after(split: SplitForward, calls: int) -> None:
-    for piece in split.pieces.values():
-        piece._cache.capture_after = calls
-
-
 def _drop_split_of(wrapped: weakref.ref) -> Any:
     def drop_split(why: str) -> None:
         module = wrapped()
         if module is not None:
-            module._drop_split()
+            module._model_split.drop()
 
     return drop_split
 

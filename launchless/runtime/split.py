@@ -25,14 +25,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from collections.abc import Callable, Hashable, Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
 
-from ..core.cache import GraphCache
+from ..core.cache import GraphCache, Refusal
 from ..core.signature import FlatInputs
+from ..core.snapshot import RngState
 from ..core.status import SplitStatus, Stage, VerifyStatus
 from ..core.verify import VerifyReport, verify
 from ..timing import judge_speed
@@ -310,6 +312,125 @@ class SplitForward:
         pieces = ", ".join(self.pieces) or "none"
         eager = ", ".join(part.module or "(root)" for part in self.eager.values())
         return f"pieces that replay: {pieces}; eager: {eager}"
+
+
+class ModelSplit:
+    """One wrapped model's split by submodule, for every input signature refused whole: made at the first of them,
+    searched and decided at each one's first call (one log line), run where verified and faster, released when no
+    signature uses it, dropped when the model changes (and searched again when needed)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        name: str,
+        make_piece: Callable[[nn.Module], Piece],
+        log_once: Callable[[str, int, str], None],
+    ) -> None:
+        self.model, self.name = model, name
+        self._make_piece, self._log_once = make_piece, log_once
+        self.forward: SplitForward | None = None  # made at the first signature refused whole
+
+    def has(self, key: Hashable) -> bool:
+        """Whether ``key``'s split was decided (verified or dropped)."""
+        return self.forward is not None and key in self.forward.outcomes
+
+    def outcome(
+        self,
+        key: Hashable,
+        flat: FlatInputs,
+        refusal: Refusal | None,
+        *,
+        verify_mode: str,
+        tolerance_ulps: float,
+        capture_after: int,
+        describe: Callable[[Any], str],
+    ) -> SplitOutcome:
+        """``key``'s decision; at its first call the search and the decision (they run the forward: the generators
+        go back to where the call began, so its own result draws what eager would)."""
+        split = self.forward
+        if split is None:
+            split = self.forward = self._new(refusal)
+        outcome = split.outcomes.get(key)
+        if outcome is not None:
+            return outcome
+        self._pieces_capture_after(1)  # a search captures what it meets at once
+        rng = RngState()
+        split.search(flat)
+        outcome = split.decide(key, flat, verify_mode=verify_mode, tolerance_ulps=tolerance_ulps)
+        rng.rewind()
+        self._log(describe(key), outcome)
+        # then a piece's new shapes (a detector head's box count per image) must repeat to be captured
+        self._pieces_capture_after(max(2, capture_after))
+        if not any(o.status is SplitStatus.VERIFIED for o in split.outcomes.values()):
+            split.release()  # no signature uses the pieces: their memory goes
+        return outcome
+
+    def run(self, args: tuple, kwargs: dict) -> Any:
+        """The forward through the pieces (a signature whose outcome is verified)."""
+        return cast(SplitForward, self.forward).run(args, kwargs)
+
+    def note(
+        self, key: Hashable, flat: FlatInputs, refusal: Refusal, *, verify_mode: str, tolerance_ulps: float
+    ) -> str:
+        """What cuda_graph='auto' would run instead: a split searched and verified on this call, then released
+        (not timed: the note names what is allowed)."""
+        split = self._new(refusal)
+        try:
+            split.search(flat)
+            outcome = split.decide(key, flat, verify_mode=verify_mode, tolerance_ulps=tolerance_ulps, measure=False)
+        except Exception as exc:  # the note is a courtesy: the refusal is the error
+            return f" (a split by submodule could not be tried: {type(exc).__name__}: {exc})"
+        finally:
+            split.release()
+        if outcome.status is not SplitStatus.VERIFIED:
+            return f" A split by submodule was tried and is not usable: {outcome.detail}."
+        return (
+            f" cuda_graph='auto' runs it split by submodule, verified against eager ({split.describe()}); "
+            "wrap with cuda_graph='auto' to allow it."
+        )
+
+    def drop(self) -> None:
+        """The model changed (parameters moved, a submodule swapped): the split is searched again when needed."""
+        if self.forward is not None:
+            self.forward.release()
+            self.forward = None
+
+    def info(self, describe: Callable[[Any], str]) -> dict[str, Any] | None:
+        return None if self.forward is None else self.forward.info(describe)
+
+    def _new(self, refusal: Refusal | None) -> SplitForward:
+        why = EagerPart(
+            "",
+            type(self.model).__name__,
+            refusal.reason if refusal else "refused as a whole",
+            refusal.source if refusal else None,
+        )
+        return SplitForward(self.model, name=self.name, why=why, make_piece=self._make_piece)
+
+    def _pieces_capture_after(self, calls: int) -> None:
+        for piece in cast(SplitForward, self.forward).pieces.values():
+            piece._cache.capture_after = calls
+
+    def _log(self, signature: str, outcome: SplitOutcome) -> None:
+        split = cast(SplitForward, self.forward)
+        root = split.eager[""]
+        where = f" at {root.source}" if root.source else ""
+        if outcome.status is SplitStatus.VERIFIED:
+            share = sum(outcome.shares.values())
+            speed = f"; {outcome.speedup:.2f}x over eager" if outcome.speedup else ""
+            message = (
+                f"launchless: {self.name} cannot be captured whole ({root.reason}{where}); it runs split by "
+                f"submodule, verified against eager: {len(split.pieces)} piece(s) replay"
+                + (f" ({share:.0%} of eager GPU time)" if outcome.shares else "")
+                + f"{speed}. {split.describe()}. graph_info()['split'] has the details"
+            )
+        else:
+            message = (
+                f"launchless: {self.name} {signature} cannot be captured whole ({root.reason}{where}) and "
+                f"its split by submodule is dropped: {outcome.detail}. Running eager for this input signature"
+            )
+        self._log_once(f"split:{outcome.status}", logging.INFO, message)
 
 
 class _Joined:
