@@ -281,6 +281,7 @@ def test_report_counts_rows_and_judges_every_target() -> None:
     for name in ("bad", "boom", "nolib", "needs scipy", "RuntimeError: x"):
         assert name in text
     assert "ok1 " not in text  # identical rows are counted, not listed
+    assert "| wrap-auto | 41 | 43 | 95.3% |" in text  # per entry: 40 good + "slow" (a split, identical) of 43 built
 
 
 def test_only_speed_ups_timed_alone_judge_the_speed_target() -> None:
