@@ -78,7 +78,7 @@ def _codebook_ids(model: torch.nn.Module, vocab: int) -> dict[str, int]:
 def _reference(model: torch.nn.Module, request: dict[str, Any]) -> torch.Tensor:
     """Eager generate() on the static cache decode graphs would use, compilation off."""
     try:
-        from ...decoding import cache_keyword, cache_length, new_static_cache
+        from ...runtime.decode_graphs import cache_keyword, cache_length, new_static_cache
 
         batch, length = request["attention_mask"].shape[0], cache_length(request["input_ids"].shape[1] + NEW_TOKENS)
         cache = {cache_keyword(model): new_static_cache(model, batch=batch, length=length)}
@@ -95,7 +95,7 @@ def _as_called(model: torch.nn.Module, request: dict[str, Any]) -> torch.Tensor:
 def _static_refusal(model: torch.nn.Module, request: dict[str, Any]) -> str | None:
     """Why launchless would not decode this call through a static cache; None when it would. Where reading the call
     raises, launchless hands it to ``generate()`` as called, as for a refusal."""
-    from ...decoding import static_cache_refusal
+    from ...runtime.decode_graphs import static_cache_refusal
 
     try:
         return static_cache_refusal(model, request)
