@@ -2,9 +2,10 @@
 
 Modes: ``False`` runs eager; ``True`` captures at the first sight of a signature and fails loud (a forward
 that cannot be captured raises: a wrong capture would silently return wrong values); ``"auto"`` captures
-once a signature has been seen ``capture_after`` times and otherwise runs eager with one log line per
-reason. Calls in grad mode or with the model in training mode run eager with one WARNING (the caller can
-change either): graphs here are for inference under ``torch.no_grad()`` or ``torch.inference_mode()``
+once a signature has been seen ``capture_after`` times, keeps its graph only when it is faster than eager
+(timed at capture), and otherwise runs eager with one log line per reason. Calls in grad mode or with the
+model in training mode run eager with one WARNING (the caller can change either): graphs here are for
+inference under ``torch.no_grad()`` or ``torch.inference_mode()``
 (training capture is ``graphed_step``).
 
 The key is the call's input signature; the graph is the model's forward captured on static copies of the
@@ -388,7 +389,8 @@ class GraphedModule(torch.nn.Module):
             cache.discard()
             error = CaptureError(
                 f"launchless: the graph of {self._name()} {sig.describe()} is verified but {detail}: replaying it "
-                "would not save time (a forward this long is bound by its kernels, not by launching them)",
+                "would not save time (its kernels, not their launches, take the time, or the copies into and out of "
+                "the graph's buffers cost what the launches saved)",
                 reason="not faster than eager",
             )
             return self._refuse(sig, flat, Refusal(Stage.SPEED, error.reason, str(error), error=error), explicit)
