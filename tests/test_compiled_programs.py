@@ -1,0 +1,128 @@
+"""Compiled programs built off the calls' path (``core.compiled_programs``): the key, the disk cache, a real
+AOTInductor compile in a child process on the CPU, a program that reads the model's own weights, cancelling, and
+a compile that fails saying why."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from launchless.core import compiled_programs
+from launchless.core.compiled_programs import JobState, cache_dir, compile_in_background, program_key
+
+needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="AOTInductor needs a C++ compiler")
+COMPILE_S = 600  # a cold Inductor compile on two CPU cores
+
+
+class Net(nn.Module):
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, width, 3, padding=1)
+        self.norm = nn.BatchNorm2d(width)
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.norm(self.conv(x))).mean((2, 3)))
+
+
+class Broken(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # data-dependent control flow: export refuses it
+            return self.lin(x)
+        return x
+
+
+def test_the_key_follows_the_code_shapes_and_signature_not_the_weights() -> None:
+    torch.manual_seed(0)
+    a, b = Net().eval(), Net().eval()
+    assert program_key(a, "(float32[2x3x8x8]@cpu)") == program_key(b, "(float32[2x3x8x8]@cpu)")
+    with torch.no_grad():
+        a.conv.weight.add_(1.0)  # values: the program reads the model's own tensors
+    assert program_key(a, "(float32[2x3x8x8]@cpu)") == program_key(b, "(float32[2x3x8x8]@cpu)")
+    assert program_key(a, "(float32[4x3x8x8]@cpu)") != program_key(a, "(float32[2x3x8x8]@cpu)")
+    assert program_key(Net(width=8), "(float32[2x3x8x8]@cpu)") != program_key(a, "(float32[2x3x8x8]@cpu)")
+    assert program_key(a.double(), "(float32[2x3x8x8]@cpu)") != program_key(b, "(float32[2x3x8x8]@cpu)")
+
+
+def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("LAUNCHLESS_CACHE_DIR", str(tmp_path / "mine"))
+    assert cache_dir() == tmp_path / "mine" / "compiled"
+    monkeypatch.delenv("LAUNCHLESS_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "launchless" / "compiled"
+
+
+@needs_compiler
+def test_a_program_compiled_in_a_child_reads_the_models_own_weights_and_is_found_again(tmp_path) -> None:
+    torch.manual_seed(0)
+    model = Net().eval()
+    x = torch.randn(2, 3, 8, 8)
+    job = compile_in_background(model, (x,), signature="(float32[2x3x8x8]@cpu)", directory=tmp_path)
+    assert job.state is JobState.COMPILING  # returned at once
+    assert job.wait(COMPILE_S) is JobState.READY, job.reason
+    assert job.package.exists() and job.seconds > 0
+    program = job.load(model)
+    with torch.inference_mode():
+        for _ in range(3):
+            x = torch.randn(2, 3, 8, 8)
+            torch.testing.assert_close(program(x), model(x), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        model.conv.weight.mul_(2.0)  # an in-place update (a checkpoint loaded into the same tensors)
+        model.norm.running_mean.add_(0.5)
+    with torch.inference_mode():
+        torch.testing.assert_close(program(x), model(x), rtol=1e-5, atol=1e-5)
+    again = compile_in_background(Net().eval(), (x,), signature="(float32[2x3x8x8]@cpu)", directory=tmp_path)
+    assert again.state is JobState.READY and again.reason == "found on disk"  # another process: no export
+
+
+@needs_compiler
+def test_a_cancelled_compile_ends_its_child_and_leaves_nothing(tmp_path) -> None:
+    model = Net(width=12).eval()
+    job = compile_in_background(
+        model, (torch.randn(1, 3, 8, 8),), signature="(float32[1x3x8x8]@cpu)", directory=tmp_path
+    )
+    job.cancel("the weights were reloaded with assign=True")
+    assert job.wait(COMPILE_S) is JobState.CANCELLED and job.reason == "the weights were reloaded with assign=True"
+    deadline = time.monotonic() + 30  # the worker notices at its next step: it starts no child, or ends its own
+    while job._child is not None and job._child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert job._child is None or job._child.poll() is not None
+    assert not job.package.exists()
+    with pytest.raises(RuntimeError, match="cancelled"):
+        job.load(model)
+
+
+@needs_compiler
+def test_cancelling_while_the_child_compiles_ends_that_process(tmp_path) -> None:
+    job = compile_in_background(
+        Net(width=20).eval(), (torch.randn(1, 3, 8, 8),), signature="(float32[1x3x8x8]@cpu)", directory=tmp_path
+    )
+    deadline = time.monotonic() + COMPILE_S
+    while job._child is None and job.state is JobState.COMPILING and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert job._child is not None, job.reason  # the export is done and the compiler process runs
+    job.cancel("the model was moved to another device")
+    assert job._child.wait(30) != 0  # ended, not finished
+    assert job.wait(COMPILE_S) is JobState.CANCELLED and not job.package.exists()
+
+
+def test_a_forward_that_cannot_be_exported_fails_saying_why(tmp_path) -> None:
+    job = compile_in_background(Broken(), (torch.randn(2, 4),), signature="(float32[2x4]@cpu)", directory=tmp_path)
+    assert job.wait(COMPILE_S) is JobState.FAILED
+    assert job.reason and "compiled" not in job.reason, job.reason
+    assert not job.package.exists()
+
+
+def test_jobs_still_compiling_are_cancelled_when_the_process_exits(tmp_path) -> None:
+    job = compiled_programs.CompileJob("k", tmp_path / "k.pt2")
+    compiled_programs._LIVE.add(job)
+    compiled_programs._end_children()
+    assert job.state is JobState.CANCELLED and job.reason == "the process is exiting"
