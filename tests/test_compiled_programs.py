@@ -64,7 +64,8 @@ def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path) -> None
 def test_a_program_compiled_in_a_child_reads_the_models_own_weights_and_is_found_again(tmp_path) -> None:
     torch.manual_seed(0)
     model = Net().eval()
-    x = torch.randn(2, 3, 8, 8)
+    with torch.inference_mode():  # as a caller makes its inputs; the export runs in a thread of its own
+        x = torch.randn(2, 3, 8, 8)
     job = compile_in_background(model, (x,), signature="(float32[2x3x8x8]@cpu)", directory=tmp_path)
     assert job.state is JobState.COMPILING  # returned at once
     assert job.wait(COMPILE_S) is JobState.READY, job.reason
@@ -126,3 +127,15 @@ def test_jobs_still_compiling_are_cancelled_when_the_process_exits(tmp_path) -> 
     compiled_programs._LIVE.add(job)
     compiled_programs._end_children()
     assert job.state is JobState.CANCELLED and job.reason == "the process is exiting"
+
+
+@needs_compiler
+def test_two_models_compiling_at_once_both_get_their_program(tmp_path) -> None:
+    """torch.export patches process-wide state while it traces: exports in two threads take turns."""
+    models = [Net(width=6).eval(), Net(width=10).eval()]
+    x = torch.randn(1, 3, 8, 8)
+    jobs = [compile_in_background(m, (x,), signature="(float32[1x3x8x8]@cpu)", directory=tmp_path) for m in models]
+    assert [job.wait(COMPILE_S) for job in jobs] == [JobState.READY, JobState.READY], [j.reason for j in jobs]
+    with torch.inference_mode():
+        for job, model in zip(jobs, models, strict=True):
+            torch.testing.assert_close(job.load(model)(x), model(x), rtol=1e-5, atol=1e-5)

@@ -151,6 +151,7 @@ class CompileJob:
 
 
 _LIVE: weakref.WeakSet[CompileJob] = weakref.WeakSet()
+_EXPORT_LOCK = threading.Lock()  # torch.export patches process-wide state while it traces: one export at a time
 
 
 def compile_in_background(
@@ -166,7 +167,7 @@ def compile_in_background(
     _LIVE.add(job)
     worker = threading.Thread(
         target=job._run,
-        args=(lambda: torch.export.export(model, args, kwargs or {}, strict=False),),
+        args=(lambda: _export(model, args, kwargs or {}),),
         name=f"launchless-compile-{key[:8]}",
         daemon=True,
     )
@@ -179,6 +180,16 @@ def _end_children() -> None:
     """A process that exits while compiling leaves no compiler running behind it."""
     for job in list(_LIVE):
         job.cancel("the process is exiting")
+
+
+def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+    """The inference forward as an exported program. Grad mode is per thread and on in a new one: the export runs
+    under ``no_grad``, and on plain copies of inputs made under ``inference_mode`` (autograd would refuse them)."""
+    args, kwargs = torch.utils._pytree.tree_map_only(
+        torch.Tensor, lambda t: t.clone() if t.is_inference() else t, (args, kwargs)
+    )
+    with _EXPORT_LOCK, torch.no_grad():
+        return torch.export.export(model, args, kwargs, strict=False)
 
 
 def _source_of(cls: type) -> str:
