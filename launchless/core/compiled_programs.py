@@ -9,7 +9,8 @@ parameters and buffers (``load_constants(..., user_managed=True)``): an in-place
 eager; a tensor replaced or moved is not, so whoever holds a program drops it where graphs are dropped.
 
 A package is keyed by what decides its code -- the source of every module class in the model, the names, shapes,
-dtypes and devices of its parameters and buffers, the call's input signature, and the torch and triton versions --
+dtypes and devices of its parameters and buffers, the call's input signature, the torch and triton versions and the
+GPU's architecture --
 so a second process finds it without exporting again. Where nothing can be compiled (no C++ compiler, an export that
 fails), the job fails with one line saying why; it never touches the calls.
 """
@@ -65,6 +66,8 @@ def program_key(model: torch.nn.Module, signature: str) -> str:
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:{tensor.device.type}\n".encode())
     digest.update(f"{signature}\ntorch {torch.__version__}\ntriton {_triton_version()}\n".encode())
+    for index in sorted({t.device.index or 0 for t in [*model.parameters(), *model.buffers()] if t.is_cuda}):
+        digest.update(f"sm {torch.cuda.get_device_capability(index)}\n".encode())  # kernels built for that GPU
     return digest.hexdigest()[:32]
 
 
