@@ -14,6 +14,7 @@ decoding against ``model.generate()`` as called. The merge lays these figures ov
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -57,7 +58,7 @@ def _forward_timing(built: Any, entry: Entry, mode: GradMode, seed: int) -> dict
                 args, kwargs = built.make_inputs(generator, "cuda")
                 accelerated(*args, **kwargs)
             args, kwargs = built.make_inputs(generator, "cuda")
-            eager = lambda: built.model(*args, **kwargs)  # noqa: E731
+            eager = functools.partial(built.model, *args, **kwargs)
             # eager twice per round: how far eager is from itself is the spread a speed-up is read against
             calls = {"eager": eager, "accelerated": lambda: accelerated(*args, **kwargs), "eager_again": eager}
             back_to_back = interleaved_ms(calls, waited=False, rounds=ROUNDS, per_round=PER_ROUND)
