@@ -25,8 +25,9 @@ class NoCudaError(LaunchlessError, RuntimeError):
 class CaptureError(LaunchlessError, RuntimeError):
     """The forward cannot be captured as a CUDA graph.
 
-    A wrong capture does not crash: its replay silently returns wrong values. So under
-    ``cuda_graph=True`` launchless refuses loudly instead of guessing.
+    A wrong capture does not crash: its replay silently returns wrong values. So where no verified graph (whole,
+    or a verified and faster split) serves the call under ``cuda_graph=True``, and for ``capture_graph()``,
+    launchless refuses loudly instead of guessing.
     """
 
     def __init__(self, message: str, *, reason: str, operation: str | None = None, source: str | None = None) -> None:

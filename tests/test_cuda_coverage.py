@@ -100,13 +100,49 @@ def test_a_forward_refused_whole_runs_split_verified_and_faster(grad_mode, caplo
     assert not any("forward" in mod.__dict__ for mod in model.modules()), "a route outlived the call"
 
 
-def test_cuda_graph_true_names_the_split_it_would_use() -> None:
+def test_cuda_graph_true_runs_the_verified_split_at_first_sight(grad_mode, caplog) -> None:
+    """True asks for graphs at the first call: a forward that cannot be one graph runs its verified, faster split
+    from the first call on (one log line), a fresh input each call; capture_graph() still asks for the one graph,
+    and its error names what a call runs instead."""
     model = Detector().cuda().eval()
-    x = torch.randn(1, 128, device="cuda")
-    with torch.no_grad(), pytest.raises(ll.CaptureError) as caught:
-        ll.wrap(model, cuda_graph=True)(x)
+    m = ll.wrap(model, cuda_graph=True)
+    with grad_mode(), caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(4):
+            x = torch.randn(1, 128, device="cuda")
+            assert identical(m(x), model(x))
+    (sig,) = split_info(m)["signatures"]
+    assert sig["status"] == "verified" and sig["speedup"] > 1.03, sig
+    assert {row["module"] for row in split_info(m)["pieces"]} == {"backbone", "head.score", "head.box"}
+    lines = [r.getMessage() for r in caplog.records if "split by submodule" in r.getMessage()]
+    assert len(lines) == 1 and "verified against eager" in lines[0], lines
+    with grad_mode(), pytest.raises(ll.CaptureError) as caught:
+        ll.wrap(model, cuda_graph=True).capture_graph(x)
     message = str(caught.value)
-    assert "cuda_graph='auto' runs it split by submodule" in message and "backbone" in message, message
+    assert "A call runs it split by submodule" in message and "backbone" in message, message
+
+
+def test_cuda_graph_true_raises_where_no_split_is_faster(grad_mode) -> None:
+    """A forward that cannot be one graph and whose split does not pay (one tiny layer): True raises the refusal,
+    saying the split was tried and why it was dropped -- at every call, as before."""
+
+    class Tiny(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.lin(x)
+            return y[y > 0]  # data-dependent shape
+
+    model = Tiny().cuda().eval()
+    m = ll.wrap(model, cuda_graph=True)
+    x = torch.randn(4, 8, device="cuda")
+    for _ in range(2):
+        with grad_mode(), pytest.raises(ll.CaptureError) as caught:
+            m(x)
+        assert "y[y > 0]" in str(caught.value) and "tried and dropped" in str(caught.value), caught.value
+    with grad_mode():
+        assert identical(model(x), model(x))  # eager still works
 
 
 def test_a_split_that_is_not_faster_is_dropped(caplog) -> None:

@@ -37,18 +37,19 @@ class NoisyBlock(nn.Module):
 
 
 class RandomLength(nn.Module):
-    """How many rows the decoder sees depends on random draws, read on the host (a duration predictor's total): the
-    forward cannot be captured whole, and its pieces draw random numbers."""
+    """How many rows come out depends on random draws, read on the host (a duration predictor's total): the forward
+    cannot be captured whole, and its piece draws random numbers. What follows the length is the root's own code
+    (a piece after it would see a new row count at most calls, and the captures of those would be what a split's
+    timing measures)."""
 
     def __init__(self, width: int = 64) -> None:
         super().__init__()
         self.encoder = NoisyBlock(width)
-        self.decoder = NoisyBlock(width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.encoder(x)
         rows = int((h[:, 0] > 0).sum()) + 1  # host sync: a random length
-        return self.decoder(h[:rows])
+        return torch.tanh(h[:rows]) * (torch.rand_like(h[:rows]) > 0.5)
 
 
 def _calls(model: nn.Module, fast: nn.Module, grad_mode: str) -> None:

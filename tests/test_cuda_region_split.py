@@ -166,14 +166,26 @@ def test_a_region_split_that_is_not_faster_is_dropped_with_the_reason(monkeypatc
     assert "tried and dropped: not faster than eager" in refused["message"], refused
 
 
-def test_cuda_graph_true_does_not_run_operations_between_graphs_but_names_them() -> None:
+def test_capture_graph_does_not_run_operations_between_graphs_but_names_them() -> None:
+    model = Histogram().cuda().eval()
+    m = ll.wrap(model, cuda_graph=True)
+    with torch.no_grad(), pytest.raises(ll.CaptureError) as caught:
+        m.capture_graph(torch.randn(1, 64, device="cuda"))
+    message = str(caught.value)
+    assert "A call replays it as 2 graphs with aten::histc run eager between them" in message, message
+    assert m.graph_info()["graphs"] == [], "the chain the note names was released"
+
+
+def test_cuda_graph_true_tries_graphs_between_operations_and_raises_when_not_faster() -> None:
+    """True tries the same chain a call under "auto" would; a chain not faster than eager is dropped and, with no
+    faster split by submodule either, the call raises naming both."""
     model = Histogram().cuda().eval()
     m = ll.wrap(model, cuda_graph=True)
     with torch.no_grad(), pytest.raises(ll.CaptureError) as caught:
         m(torch.randn(1, 64, device="cuda"))
     message = str(caught.value)
-    assert "cuda_graph='auto' replays it as 2 graphs with aten::histc run eager between them" in message, message
-    assert m.graph_info()["graphs"] == [], "the chain the note names was released"
+    assert "Graphs around aten::histc" in message and "tried and dropped" in message, message
+    assert m.graph_info()["graphs"] == []
 
 
 def test_a_region_split_follows_new_weights_and_a_moved_model() -> None:

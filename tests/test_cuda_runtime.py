@@ -430,11 +430,11 @@ def test_capture_dependent_path_is_named_measured_and_bounded() -> None:
 
 def test_torchvision_detector_error_names_the_blocker_in_torchvision_and_the_split() -> None:
     """The transform's host copies (mean, std, image sizes) are host constants now; the proposal step's
-    data-dependent shapes are what refuse the whole graph, and the message names the split 'auto' would run."""
+    data-dependent shapes are what refuse the whole graph, and the message names the split a call runs."""
     w = _zoo("tv:fasterrcnn_mobilenet_v3_large_fpn")
     m = ll.wrap(w.model, cuda_graph=True)
     with torch.no_grad(), pytest.raises(ll.CaptureError) as info:
-        m(*w.args, **w.kwargs)
+        m.capture_graph(*w.args, **w.kwargs)
     print(info.value)
     assert info.value.reason in ("data-dependent shape", "host sync"), info.value.reason
     assert "torchvision" in info.value.source and "FasterRCNN.forward" in str(info.value)

@@ -74,7 +74,7 @@ def _check_mode(cuda_graph: Any) -> Mode:
 class GraphedModule(torch.nn.Module):
     """A model that replays a verified CUDA graph per input signature and keeps the model's API."""
 
-    _splits = True  # a forward refused whole runs split by submodule under "auto" (not inside a piece)
+    _splits = True  # a forward refused whole runs split, verified and timed (not inside a piece)
     _judged = True  # "auto" times a whole graph against eager before keeping it (a piece's split is timed whole)
     _refusal_level = logging.INFO  # a piece of a split leaves its refusals to the split's report
 
@@ -261,10 +261,11 @@ class GraphedModule(torch.nn.Module):
         if admission is Admission.CAPTURE:
             return self._capture_and_run(sig, flat, explicit=False)
         if admission is Admission.REFUSED:
-            if self.cuda_graph is True:
-                raise _explicit_error(cache.refusal(sig))
             if self._model_split.has(sig):
                 return self._run_split(sig, flat)
+            error = self._refused_error(sig)
+            if error is not None:
+                raise error
         return self._run_eager(args, kwargs)
 
     def _bucketed(self, plan: BucketPlan, args: tuple, kwargs: dict) -> Any:
@@ -293,13 +294,15 @@ class GraphedModule(torch.nn.Module):
                 return _OWN_SIGNATURE
             bucketing.count(plan)
             return plan.take_rows(self._capture_and_run(plan.signature, plan.padded_flat(), explicit=False))
-        if admission is Admission.REFUSED and self.cuda_graph is True:
-            raise _explicit_error(cache.refusal(plan.signature))
+        if admission is Admission.REFUSED:
+            error = self._refused_error(plan.signature)
+            if error is not None:
+                raise error
         return self._run_eager(args, kwargs)
 
     def _admit_now(self, sig: Signature) -> Admission:
-        """``cuda_graph=True``: every signature is captured at its first call (a refused one raises again,
-        unless it ran out of memory: that is tried again at every call, and raises while it lasts)."""
+        """``cuda_graph=True``: every signature is captured at its first call (a refused one raises again, unless
+        its split runs or it ran out of memory: that is tried again at every call, and raises while it lasts)."""
         refusal = self._cache.refusal(sig)
         if refusal is None or refusal.transient:
             return Admission.CAPTURE
@@ -331,7 +334,9 @@ class GraphedModule(torch.nn.Module):
             )
         cache = self._cache
         branches: list[str] = []
-        around_junctions = self.cuda_graph == "auto" and self._splits and not explicit
+        # a forward that cannot be one graph may replay as graphs around the operations that block it (not where the
+        # caller asked for this one graph: capture_graph())
+        around_junctions = self._splits and not explicit
         # "auto" never runs slower than eager: a verified graph is timed against eager before it is kept (a graph
         # asked for -- cuda_graph=True, capture_graph() -- is the caller's choice; collectives would need agreeing)
         judged = self.cuda_graph == "auto" and self._judged and not explicit
@@ -423,7 +428,7 @@ class GraphedModule(torch.nn.Module):
             "runs without them",
         )
         self._cache.refuse(sig, refusal)
-        if split and self.cuda_graph == "auto" and self._splits and not self._collective:
+        if split and self._splits and not self._collective:
             return self._run_split(sig, flat, refusal)
         args, kwargs = flat.rebuild(flat.leaves)
         return self._run_eager(args, kwargs)
@@ -561,12 +566,14 @@ class GraphedModule(torch.nn.Module):
         self._cache.refuse(sig, refusal, log_line=False)
         # a forward with collectives is not split: a rank could split where another does not
         splittable = refusal.stage in SPLITTABLE and not refusal.transient and self._splits and not self._collective
-        if self.cuda_graph is True or explicit:
+        if explicit:  # capture_graph(): this one graph or the error, with what a call would run instead
             if splittable:
                 _add_note(refusal.error, self._split_note(sig, flat, refusal))
             raise _explicit_error(refusal)
         if splittable:
             return self._run_split(sig, flat, refusal)
+        if self.cuda_graph is True:
+            raise _explicit_error(refusal)
         retry = self._cache.retry_in(sig)
         self._cache.log_once(
             f"refuse:{refusal.stage}:{refusal.reason}:{refusal.source}",
@@ -580,9 +587,11 @@ class GraphedModule(torch.nn.Module):
     # ---- splits by submodule ----------------------------------------------------------------------------
     def _run_split(self, sig: Signature, flat: FlatInputs, refusal: Refusal | None = None) -> Any:
         """A signature refused whole: its forward runs through the captured submodules, searched and decided at
-        its first call (``split.ModelSplit``); eager where the split was dropped."""
+        its first call (``split.ModelSplit``). Where the split was dropped: eager under "auto"; under
+        ``cuda_graph=True`` the refusal is raised, naming why the split was dropped too."""
         args, kwargs = flat.rebuild(flat.leaves)
         with self._cache.lock:  # the split routes the model's submodules while it runs: one call at a time
+            decided = self._model_split.has(sig)
             outcome = self._model_split.outcome(
                 sig,
                 flat,
@@ -591,20 +600,36 @@ class GraphedModule(torch.nn.Module):
                 tolerance_ulps=self.tolerance_ulps,
                 capture_after=self.capture_after,
                 describe=Signature.describe,
+                strict=self.cuda_graph is True,
             )
             if outcome.status is SplitStatus.VERIFIED:
                 return self._model_split.run(args, kwargs)
+        error = self._refused_error(sig)
+        if error is not None:
+            if not decided:
+                _add_note(error, f" A split by submodule was tried and dropped: {outcome.detail}.")
+            raise error
         return self._run_eager(args, kwargs)
 
+    def _refused_error(self, sig: Signature) -> Exception | None:
+        """What a refused signature raises under ``cuda_graph=True``: its refusal's error, unless its split by
+        submodule runs (verified and faster) or the refusal came after its graph was kept (an operation run eager
+        between graphs returned another shape at replay: such a signature runs as "auto" runs it)."""
+        if self.cuda_graph is not True or self._model_split.verified(sig):
+            return None
+        refusal = self._cache.refusal(sig)
+        return None if refusal is None else refusal.error
+
     def _split_note(self, sig: Signature, flat: FlatInputs, refusal: Refusal) -> str:
-        """What cuda_graph='auto' would run instead: graphs around operations, else a split by submodule."""
+        """What a call would run instead of the one graph capture_graph() asked for: graphs around operations,
+        else a split by submodule."""
         return self._region_note(flat) or self._model_split.note(
             sig, flat, refusal, verify_mode=self.verify, tolerance_ulps=self.tolerance_ulps
         )
 
     def _region_note(self, flat: FlatInputs) -> str:
-        """Whether cuda_graph='auto' would replay the forward as graphs around operations run eager: captured on
-        this call into pools of its own, verified, then released (not timed: the note names what is allowed)."""
+        """Whether a call would replay the forward as graphs around operations run eager: captured on this call
+        into pools of its own, verified, then released (not timed: the note names what is allowed)."""
         device = self._watch.cuda_device or next(
             (x.device for x in flat.leaves if isinstance(x, torch.Tensor) and x.is_cuda), None
         )
@@ -622,9 +647,8 @@ class GraphedModule(torch.nn.Module):
             return ""
         graphs = len(cast(SegmentedGraph, graph.graph).graphs)  # a report is made for a chain only
         return (
-            f" cuda_graph='auto' replays it as {graphs} graphs with {_op_names(graph.junctions)} "
-            "run eager between them, verified against eager (if faster than eager); wrap with cuda_graph='auto' to "
-            "allow it."
+            f" A call replays it as {graphs} graphs with {_op_names(graph.junctions)} run eager between them, "
+            "verified against eager (if faster than eager)."
         )
 
     def _eager(self, reason: str, args: tuple, kwargs: dict) -> Any:

@@ -335,6 +335,11 @@ class ModelSplit:
         """Whether ``key``'s split was decided (verified or dropped)."""
         return self.forward is not None and key in self.forward.outcomes
 
+    def verified(self, key: Hashable) -> bool:
+        """Whether ``key`` runs split: decided, verified against eager and faster."""
+        outcome = None if self.forward is None else self.forward.outcomes.get(key)
+        return outcome is not None and outcome.status is SplitStatus.VERIFIED
+
     def outcome(
         self,
         key: Hashable,
@@ -345,9 +350,11 @@ class ModelSplit:
         tolerance_ulps: float,
         capture_after: int,
         describe: Callable[[Any], str],
+        strict: bool = False,
     ) -> SplitOutcome:
         """``key``'s decision; at its first call the search and the decision (they run the forward: the generators
-        go back to where the call began, so its own result draws what eager would)."""
+        go back to where the call began, so its own result draws what eager would). ``strict``: a dropped split
+        makes the call raise (``cuda_graph=True``), not run eager."""
         split = self.forward
         if split is None:
             split = self.forward = self._new(refusal)
@@ -359,7 +366,7 @@ class ModelSplit:
         split.search(flat)
         outcome = split.decide(key, flat, verify_mode=verify_mode, tolerance_ulps=tolerance_ulps)
         rng.rewind()
-        self._log(describe(key), outcome)
+        self._log(describe(key), outcome, strict=strict)
         # then a piece's new shapes (a detector head's box count per image) must repeat to be captured
         self._pieces_capture_after(max(2, capture_after))
         if not any(o.status is SplitStatus.VERIFIED for o in split.outcomes.values()):
@@ -373,8 +380,8 @@ class ModelSplit:
     def note(
         self, key: Hashable, flat: FlatInputs, refusal: Refusal, *, verify_mode: str, tolerance_ulps: float
     ) -> str:
-        """What cuda_graph='auto' would run instead: a split searched and verified on this call, then released
-        (not timed: the note names what is allowed)."""
+        """What a call would run instead of the one graph capture_graph() asked for: a split searched and verified
+        on this call, then released (not timed: the note names what is allowed)."""
         split = self._new(refusal)
         try:
             split.search(flat)
@@ -385,10 +392,7 @@ class ModelSplit:
             split.release()
         if outcome.status is not SplitStatus.VERIFIED:
             return f" A split by submodule was tried and is not usable: {outcome.detail}."
-        return (
-            f" cuda_graph='auto' runs it split by submodule, verified against eager ({split.describe()}); "
-            "wrap with cuda_graph='auto' to allow it."
-        )
+        return f" A call runs it split by submodule, verified against eager ({split.describe()}), if faster than eager."
 
     def drop(self) -> None:
         """The model changed (parameters moved, a submodule swapped): the split is searched again when needed."""
@@ -412,7 +416,7 @@ class ModelSplit:
         for piece in cast(SplitForward, self.forward).pieces.values():
             piece._cache.capture_after = calls
 
-    def _log(self, signature: str, outcome: SplitOutcome) -> None:
+    def _log(self, signature: str, outcome: SplitOutcome, *, strict: bool) -> None:
         split = cast(SplitForward, self.forward)
         root = split.eager[""]
         where = f" at {root.source}" if root.source else ""
@@ -428,7 +432,8 @@ class ModelSplit:
         else:
             message = (
                 f"launchless: {self.name} {signature} cannot be captured whole ({root.reason}{where}) and "
-                f"its split by submodule is dropped: {outcome.detail}. Running eager for this input signature"
+                f"its split by submodule is dropped: {outcome.detail}. "
+                + ("cuda_graph=True raises the refusal" if strict else "Running eager for this input signature")
             )
         self._log_once(f"split:{outcome.status}", logging.INFO, message)
 

@@ -33,7 +33,7 @@ class Status(str, Enum):
     GRAPH = "graph"  # the whole forward (or every decode step) replays a verified graph
     SPLIT = "split"  # graphs with eager parts between them
     EAGER = "eager"  # runs eager, with a named reason
-    REFUSED = "refused"  # cuda_graph=True raised: capture impossible, said so
+    REFUSED = "refused"  # cuda_graph=True raised: no verified graph or faster split, said so
     NOT_RUN = "not-run"  # the model did not build or eager itself failed
 
 
