@@ -85,7 +85,8 @@ def interleaved_ms(
     calls: dict[str, Callable[[], object]], *, waited: bool, rounds: int = 7, per_round: int = 1
 ) -> dict[str, float]:
     """Median milliseconds per call of each of ``calls``, measured in interleaved rounds (each call in turn, the GPU
-    idle before each), so drift in clocks or load hits all alike.
+    idle before each, the order rotated every round), so drift in clocks or load and whatever a call leaves for the
+    next (allocator state, caches) hit all alike.
 
     ``waited``: ``per_round`` calls timed on the host clock up to the GPU's end -- host work on the clock, what a
     request that waits for its result sees. Otherwise ``per_round`` calls issued back to back between two CUDA
@@ -93,9 +94,11 @@ def interleaved_ms(
     for call in calls.values():
         call()
     times: dict[str, list[float]] = {name: [] for name in calls}
+    order = list(calls.items())
     with garbage_collection_paused():
-        for _ in range(rounds):
-            for name, call in calls.items():
+        for round_ in range(rounds):
+            turn = round_ % len(order)
+            for name, call in order[turn:] + order[:turn]:
                 torch.cuda.synchronize()
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 began = time.perf_counter()
