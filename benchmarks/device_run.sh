@@ -34,7 +34,8 @@
 #                      the folder comes back in the archive; MODEL_TIMEOUT seconds a model (240)
 #   differential-timing the timing pass over TIMING_LIBS="library ..." in turn, one process, until DEADLINE; resumable
 #   differential-again the models AGAIN="library:model,model ..." names run again (after a fix), a process per
-#                      library side by side; the merge keeps each model's newest line
+#                      library side by side (PER_LIBRARY=n: n each); the merge keeps each model's newest line;
+#                      ENTRIES="entry ..." runs only those entry points' rows (the merge replaces just those)
 # GPUS="0 1" (default: every visible GPU) spreads the bench and coverage steps over those GPUs; PER_GPU=2 runs two
 # coverage processes on each (compiles are CPU-bound; coverage is a count, not a timing).
 # ONLY="name ..." keeps only those workloads in the compiler steps (a suite split over device calls; --merge joins).
@@ -100,9 +101,9 @@ differential_again() {  # named models run again, a process per library; their n
   for spec in ${AGAIN:?AGAIN=\"library:model,model ...\" names the models to run again}; do
     lib=${spec%%:*} models=${spec#*:}
     mkdir -p "$runs/$lib"
-    timeout "${DEADLINE:-540}" python3 -m launchless.apps.cli differential run --library "$lib" --processes 1 \
-      --timeout "${MODEL_TIMEOUT:-240}" --models ${models//,/ } --out "$runs/$lib" \
-      >"$out/differential-again-$lib.log" 2>&1 &
+    timeout "${DEADLINE:-540}" python3 -m launchless.apps.cli differential run --library "$lib" \
+      --processes "${PER_LIBRARY:-1}" --timeout "${MODEL_TIMEOUT:-240}" --models ${models//,/ } --out "$runs/$lib" \
+      ${ENTRIES:+--entries $ENTRIES} >"$out/differential-again-$lib.log" 2>&1 &
   done
   wait
   mkdir -p "$out/differential-runs" && cp -r "$runs/." "$out/differential-runs/"

@@ -683,3 +683,43 @@ def test_the_compile_reference_is_the_same_backend_with_no_graph_captured(monkey
     runner.reference_of(model, Entry.COMPILE)
     assert compiled == [{"backend": "launchless", "options": {"capture_after": runner.NEVER_CAPTURE}}]
     assert BackendOptions().updated(compiled[0]["options"]).capture_after == runner.NEVER_CAPTURE
+
+
+def test_a_run_of_some_entry_points_replaces_only_their_rows(tmp_path: Path) -> None:
+    """After a change to one entry point its rows are run again alone (``--entries``): the merge lays them over the
+    model's earlier rows, in their places, and leaves the other entry points' rows as the whole run left them."""
+
+    def row(entry: Entry, mode: GradMode, status: Status) -> dict:
+        return new_row("m", "timm", "classification", entry, mode, status=status, result=Result.IDENTICAL)
+
+    full = [row(e, g, Status.GRAPH) for e in (Entry.WRAP_AUTO, Entry.WRAP_TRUE) for g in GradMode]
+    again = [row(Entry.WRAP_TRUE, g, Status.SPLIT) for g in GradMode]
+    lines = [
+        {"key": "m", "rows": full, "finished_at": 1.0},
+        {"key": "m", "rows": again, "finished_at": 2.0, "entries": ["wrap-true"]},
+    ]
+    (tmp_path / "rows-a.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    merged = report.load([tmp_path])
+    assert [(r["entry"], r["grad_mode"], r["status"]) for r in merged] == [
+        ("wrap-auto", "no_grad", "graph"), ("wrap-auto", "inference_mode", "graph"),
+        ("wrap-true", "no_grad", "split"), ("wrap-true", "inference_mode", "split"),
+    ]  # fmt: skip
+    assert report.done_models([tmp_path], entries=["wrap-true"]) == {("timm", "m")}
+    assert report.done_models([tmp_path], entries=["compile"]) == set()
+    later = {"key": "m", "rows": full[:1], "finished_at": 3.0}  # a whole run again replaces everything
+    (tmp_path / "rows-b.jsonl").write_text(json.dumps(later) + "\n")
+    assert [r["entry"] for r in report.load([tmp_path])] == ["wrap-auto"]
+
+
+def test_a_worker_killed_in_a_run_of_some_entry_points_charges_one_of_theirs(tmp_path) -> None:
+    from launchless.apps.differential.shard import _killed
+
+    record = tmp_path / "rows-x-killed.jsonl"
+    line = _killed(Library.TIMM, {}, record, tmp_path / "none.log", entries=["wrap-true"])("m", "timed out after 1 s")
+    assert line["entries"] == ["wrap-true"] and line["rows"][0]["entry"] == "wrap-true", line
+    assert line["rows"][0]["result"] == Result.CRASH.value
+
+
+def test_the_timing_pass_takes_no_entry_points() -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["differential", "run", "--library", "timm", "--timing", "--entries", "wrap-true", "--out", "x"])

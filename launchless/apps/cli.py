@@ -139,6 +139,7 @@ def _add_conformance_parsers(sub: argparse._SubParsersAction) -> None:
 
 def _add_differential_parser(sub: argparse._SubParsersAction) -> None:
     from .differential.candidate import Library
+    from .differential.rows import Entry
 
     differential = sub.add_parser(
         "differential",
@@ -159,6 +160,12 @@ def _add_differential_parser(sub: argparse._SubParsersAction) -> None:
         "--timing",
         action="store_true",
         help="the timing pass: each model alone on the GPU (one process), speed-ups the merge lays over the rows",
+    )
+    run.add_argument(
+        "--entries",
+        nargs="+",
+        choices=[entry.value for entry in Entry],
+        help="only these entry points' rows (a run again after a change to them; the merge replaces just those)",
     )
     run.add_argument("--list", action="store_true", help="list the shard's models and exit (no GPU needed)")
     merge = actions.add_parser("merge", help="merge shard folders into differential.json, .md and .png")
@@ -181,6 +188,8 @@ def _differential(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         chosen = shard(pick(candidates(Library(args.library)), args.models), *spec)
     except (KeyError, ValueError) as exc:
         parser.error(str(exc))
+    if args.timing and args.entries:
+        parser.error("--entries picks correctness rows; the timing pass times what it times (wrap-auto, decoding)")
     if args.timing and args.processes != 1:
         parser.error(f"--timing times each model with the GPU to itself: one process, not --processes {args.processes}")
     if args.list:
@@ -202,6 +211,7 @@ def _differential(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         timeout_s=args.timeout,
         resume=args.resume,
         timing=args.timing,
+        entries=args.entries,
     )
     print(f"{len(rows)} rows in {args.out}")
     return 0

@@ -30,19 +30,37 @@ class Target:
 
 
 def load(directories: list[str | Path]) -> list[dict[str, Any]]:
-    """The rows of every shard in ``directories`` (the worker files ``rows*.jsonl``): per model, the line finished
-    last (a model run again -- alone, with a longer timeout -- replaces the row its earlier worker left)."""
-    lines: dict[tuple[str, str], dict[str, Any]] = {}
-    for directory in directories:
-        for path in sorted(Path(directory).glob("rows*.jsonl")):
-            for line in read_rows(path):
-                rows = line.get("rows", [])
-                if not rows:
-                    continue
-                key = (rows[0]["library"], line["key"])
-                if key not in lines or line.get("finished_at", 0.0) >= lines[key].get("finished_at", 0.0):
-                    lines[key] = line
-    return [row for line in lines.values() for row in line["rows"]]
+    """The rows of every shard in ``directories`` (the worker files ``rows*.jsonl``), per model as its lines left
+    them in the order they finished: a line of a whole run replaces the model's rows (a model run again -- alone,
+    with a longer timeout -- replaces what its earlier worker left); a line of a run of some entry points only
+    (``entries``: run again after a change to those) replaces the rows of those entry points."""
+    per_model: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for line in _row_lines(directories):
+        per_model.setdefault((line["rows"][0]["library"], line["key"]), []).append(line)
+    out = []
+    for lines in per_model.values():
+        rows: dict[tuple[str, str], dict[str, Any]] = {}
+        for line in sorted(lines, key=lambda line: line.get("finished_at", 0.0)):
+            fresh = {(r["entry"], r["grad_mode"]) for r in line["rows"]}
+            if line.get("entries") is None:
+                rows = {}
+            else:
+                for key in [k for k in rows if k[0] in line["entries"] and k not in fresh]:
+                    del rows[key]
+            rows.update({(r["entry"], r["grad_mode"]): r for r in line["rows"]})
+        out.extend(rows.values())
+    return out
+
+
+def _row_lines(directories: list[str | Path]) -> list[dict[str, Any]]:
+    """The correctness lines (a model's rows) of every ``rows*.jsonl`` in ``directories``."""
+    return [
+        line
+        for directory in directories
+        for path in sorted(Path(directory).glob("rows*.jsonl"))
+        for line in read_rows(path)
+        if line.get("rows")
+    ]
 
 
 def load_timings(directories: list[str | Path]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -86,9 +104,16 @@ def apply_timings(rows: list[dict[str, Any]], timings: dict[tuple[str, str], dic
     return out
 
 
-def done_models(directories: list[str | Path]) -> set[tuple[str, str]]:
-    """``(library, model)`` of every model with rows in ``directories``."""
-    return {(row["library"], row["model"]) for row in load(directories)}
+def done_models(directories: list[str | Path], *, entries: list[str] | None = None) -> set[tuple[str, str]]:
+    """``(library, model)`` of every model with rows in ``directories`` (with ``entries``: with a line of a run of
+    just those entry points)."""
+    if entries is None:
+        return {(row["library"], row["model"]) for row in load(directories)}
+    return {
+        (line["rows"][0]["library"], line["key"])
+        for line in _row_lines(directories)
+        if sorted(line.get("entries") or ()) == sorted(entries)
+    }
 
 
 def is_slower(row: dict[str, Any]) -> bool:

@@ -97,13 +97,21 @@ def eager_alone(
 
 
 def _killed(
-    library: Library, tasks: dict[str, str], record: Path, log: Path, *, timing: bool = False, timeout_s: float = 300
+    library: Library,
+    tasks: dict[str, str],
+    record: Path,
+    log: Path,
+    *,
+    timing: bool = False,
+    timeout_s: float = 300,
+    entries: list[str] | None = None,
 ) -> Any:
     """The row standing for a model that ended its worker or timed out, also written to ``record`` (a ``rows*.jsonl``
     file of the shard's folder): the merge reads only the folder, and a crash must not vanish from the report. A
     worker that ended is charged to the row it was on; where eager alone on that row's inputs ends its process too
     (``eager_alone``), the row is ``eager-fails``, not a crash. In the timing pass it is a timing line with the
-    error, which leaves the model's correctness rows as they are."""
+    error, which leaves the model's correctness rows as they are. In a run of some ``entries`` only, the row is one
+    of theirs and replaces only their rows."""
 
     def row(name: str, why: str) -> dict[str, Any]:
         reason = f"{why} on this model{killed_reason(log, name)}"
@@ -111,7 +119,8 @@ def _killed(
             line: dict[str, Any] = {"key": name, "library": library.value, "timings": [], "error": reason}
         else:
             at = killed_at(log, name) if why.startswith(EXITED) else None
-            entry, mode = (Entry(at[0]), GradMode(at[1])) if at else (Entry.WRAP_AUTO, GradMode.NO_GRAD)
+            first = Entry(entries[0]) if entries else Entry.WRAP_AUTO
+            entry, mode = (Entry(at[0]), GradMode(at[1])) if at else (first, GradMode.NO_GRAD)
             crash = new_row(name, library.value, tasks.get(name, ""), entry, mode)
             crash.update(result=Result.CRASH.value, reason=reason)
             if at is not None:
@@ -126,6 +135,8 @@ def _killed(
                     ran = "eager alone on the same inputs runs through"
                     crash["reason"] = f"{reason}; {ran if alone is Alone.RAN_THROUGH else detail}"
             line = {"key": name, "rows": [crash]}
+            if entries:
+                line["entries"] = sorted(entries)
         line["finished_at"] = time.time()
         append_row(record, line)
         return line
@@ -159,12 +170,14 @@ def run_shard(
     timeout_s: float = 300,
     resume: bool = False,
     timing: bool = False,
+    entries: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows of shard ``shard_spec`` of ``library`` (or of ``names``), ``processes`` workers at once on the GPU.
 
     With ``resume``, models that already have rows in ``out_dir`` are left out: a shard cut short by a time limit
     goes on where it stopped (a model cut off mid-way wrote nothing and runs again). With ``timing``, the timing pass
-    instead (``timing.py``): one worker, one model at a time, timing lines in the same folder."""
+    instead (``timing.py``): one worker, one model at a time, timing lines in the same folder. With ``entries``, only
+    the rows of those entry points (a run again after a change to them; the merge replaces just those rows)."""
     if timing and processes != 1:
         raise ValueError(f"the timing pass runs one worker (the GPU to itself), not {processes}")
     out = Path(out_dir)
@@ -173,12 +186,13 @@ def run_shard(
     write_population(out, library, population)
     chosen: list[Candidate] = shard(pick(population, names), *shard_spec)
     if resume:
-        done = timed_models([out]) if timing else done_models([out])
+        done = timed_models([out]) if timing else done_models([out], entries=entries)
         chosen = [c for c in chosen if (library.value, c.name) not in done]
     tasks = {c.name: c.task for c in chosen}
     parts = [chosen[i::processes] for i in range(processes)]
     flag = "--timing" if timing else "--side-by-side" if processes > 1 else None
-    command = [*WORKER, "--library", library.value, *([flag] if flag else [])]
+    only = ["--entries", *entries] if entries else []
+    command = [*WORKER, "--library", library.value, *([flag] if flag else []), *only]
     results: list[list[dict[str, Any]]] = [[] for _ in parts]
     stamp = time.strftime("%Y%m%dT%H%M%S")
 
@@ -197,6 +211,7 @@ def run_shard(
                 out / f"worker{label}.log",
                 timing=timing,
                 timeout_s=timeout_s,
+                entries=entries,
             ),
             timeout_s=timeout_s,
             env={**os.environ, **ONE_THREAD} if processes > 1 else None,

@@ -26,9 +26,12 @@ from .runner import forward_entries, forward_row, release
 RUNNING = "launchless-differential: running"
 
 
-def model_rows(candidate: Candidate, *, timed: bool = True) -> list[dict[str, Any]]:
+def model_rows(
+    candidate: Candidate, *, timed: bool = True, entries: frozenset[Entry] | None = None
+) -> list[dict[str, Any]]:
     """Every row of ``candidate``: forward entries x grad modes, and the decoding requests of a causal LM; speed-ups
-    only when ``timed`` (a worker alone on the GPU)."""
+    only when ``timed`` (a worker alone on the GPU); only the rows of ``entries`` where given (a run again after a
+    change that touches those entry points)."""
     seed = seed_of(candidate)
     started = time.perf_counter()
     try:
@@ -41,6 +44,8 @@ def model_rows(candidate: Candidate, *, timed: bool = True) -> list[dict[str, An
         return [_not_built(candidate, Result.HARNESS, f"does not build: {one_line(exc)}")]
     rows = []
     for entry in forward_entries(candidate):
+        if entries is not None and entry not in entries:
+            continue
         for mode in GradMode:
             announce(candidate, entry, mode)
             rows.append(forward_row(candidate, built, entry, mode, seed, timed=timed))
@@ -48,6 +53,8 @@ def model_rows(candidate: Candidate, *, timed: bool = True) -> list[dict[str, An
         from .generate import REQUESTS, generate_row
 
         for entry, mode in REQUESTS:
+            if entries is not None and entry not in entries:
+                continue
             announce(candidate, entry, mode)
             rows.append(generate_row(candidate, built, entry, mode, seed, timed=timed))
     for row in rows:
@@ -124,14 +131,25 @@ def eager_alone(candidate: Candidate, entry: Entry, mode: GradMode, out: str) ->
     references_alone(built, entry, mode, seed)
 
 
-def run(library: Library, names: list[str], out: str, *, timing: bool = False, side_by_side: bool = False) -> None:
+def run(
+    library: Library,
+    names: list[str],
+    out: str,
+    *,
+    timing: bool = False,
+    side_by_side: bool = False,
+    entries: frozenset[Entry] | None = None,
+) -> None:
     population = {c.name: c for c in candidates(library)}
     for candidate in pick(list(population.values()), names):
         if timing:
             append_row(out, timing_of(candidate))
         else:
-            rows = model_rows(candidate, timed=not side_by_side)
-            append_row(out, {"key": candidate.name, "rows": rows, "finished_at": time.time()})
+            rows = model_rows(candidate, timed=not side_by_side, entries=entries)
+            line: dict[str, Any] = {"key": candidate.name, "rows": rows, "finished_at": time.time()}
+            if entries is not None:  # the merge replaces only these entry points' rows of the model
+                line["entries"] = sorted(e.value for e in entries)
+            append_row(out, line)
 
 
 def main() -> None:
@@ -144,6 +162,7 @@ def main() -> None:
     parser.add_argument(
         "--eager-alone", metavar="ENTRY/MODE", help="only the references of that row of the one model named"
     )
+    parser.add_argument("--entries", nargs="+", choices=[e.value for e in Entry], help="only these entry points")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.WARNING)
@@ -155,7 +174,15 @@ def main() -> None:
         eager_alone(candidate, Entry(entry), GradMode(mode), args.out)
         append_row(args.out, {"key": candidate.name, "survived": True})
         return
-    run(Library(args.library), args.models, args.out, timing=args.timing, side_by_side=args.side_by_side)
+    entries = frozenset(Entry(e) for e in args.entries) if args.entries else None
+    run(
+        Library(args.library),
+        args.models,
+        args.out,
+        timing=args.timing,
+        side_by_side=args.side_by_side,
+        entries=entries,
+    )
 
 
 if __name__ == "__main__":
