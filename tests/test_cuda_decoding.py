@@ -426,3 +426,36 @@ def test_a_cache_layer_no_step_writes_keeps_its_cpu_tensors_and_the_steps_still_
             assert torch.equal(wrapped.generate(**request), reference)
     decode = wrapped.graph_info()["decode"]
     assert decode["steps_replayed"] > 0 and decode["generations_eager"] == {}, decode
+
+
+def population_decoder(name: str, dtype: torch.dtype) -> torch.nn.Module:
+    """A causal LM of the differential population (transformers' own list), shrunk, random weights, on the GPU."""
+    from launchless.apps.differential.candidate import Library
+    from launchless.apps.differential.population import candidates, pick
+
+    (candidate,) = pick(candidates(Library.TRANSFORMERS_CAUSAL), [name])
+    torch.manual_seed(0)
+    return candidate.build("cpu").model.to(device="cuda", dtype=dtype).eval()
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+@pytest.mark.parametrize("name", ["qwen3_5", "jamba", "bamba", "nemotron_h"])
+def test_a_hybrids_linear_attention_states_replay_with_eager_static_tokens(name: str, grad_mode: str) -> None:
+    """Hybrid decoders keep linear-attention states (a convolution window and a recurrent state of fixed shapes,
+    copied into in place each step) beside attention layers: the decode graph follows them. A fresh prompt each
+    call, batch 2, float32: every call's tokens are eager generate()'s on the same static cache, the class proven,
+    the steps replayed."""
+    model = population_decoder(name, torch.float32)
+    wrapped = ll.wrap(model)
+    generator = torch.Generator().manual_seed(5)
+    vocabulary = min(model.config.vocab_size, 4096)
+    with GRAD_MODES[grad_mode]():
+        for call in range(3):
+            ids = torch.randint(3, vocabulary, (2, 10), generator=generator).cuda()
+            request = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": 24}
+            request |= {"do_sample": False, "pad_token_id": 0}
+            reference = eager_static(model, request)
+            assert torch.equal(wrapped.generate(**request), reference), f"call {call}"
+    decode = wrapped.graph_info()["decode"]
+    assert decode["steps_replayed"] > 0 and decode["generations_eager"] == {}, decode
+    assert [c["proof"] for c in decode["classes"]] == ["proven"], decode["classes"]

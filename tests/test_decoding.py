@@ -986,3 +986,60 @@ def test_a_cache_layer_without_an_update_is_named_not_raised() -> None:
     model = torch.nn.Linear(2, 2)
     reason = cache_layers.unfollowed_layers(model, cache)
     assert "LinearAttentionLayer" in reason and "StaticLayer" not in reason, reason
+
+
+def hybrid(name: str) -> tuple[torch.nn.Module, dict]:
+    """A hybrid decoder of the differential population (linear attention beside attention), shrunk, random weights."""
+    from launchless.apps.differential.candidate import Library
+    from launchless.apps.differential.population import candidates, pick
+
+    (candidate,) = pick(candidates(Library.TRANSFORMERS_CAUSAL), [name])
+    torch.manual_seed(0)
+    model = candidate.build("cpu").model
+    ids = torch.randint(1, 100, (2, 5), generator=torch.Generator().manual_seed(1))
+    return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": NEW_TOKENS}
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("name", ["qwen3_5", "jamba"])
+def test_a_hybrids_linear_attention_states_are_followed_and_decode_with_generates_tokens(monkeypatch, name) -> None:
+    """A hybrid's static cache holds linear-attention layers (convolution and recurrent states of fixed shapes, updated
+    in place each step) beside attention layers: the graph follows both -- the states are among the cache's tensors,
+    restored around the capture, and no host-side flag changes while decoding -- and the tokens are generate()'s."""
+    captures: list = []
+    monkeypatch.setattr(decoding, "capture", recorded_capture(captures))
+    model, request = hybrid(name)
+    cache = new_static_cache(model, batch=2, length=64)
+    assert cache_layers.LayerPlan.of(cache).unfollowed == (), cache_layers.LayerPlan.of(cache)
+    linear = [layer for layer in cache.layers if cache_layers.linear_states_followed(layer)]
+    assert linear, [type(layer).__name__ for layer in cache.layers]
+    with torch.no_grad():
+        reference = eager_static(model, request)
+        graphs = decode_graphs(model)
+        first = graphs.generate(model, (), dict(request))
+        second = graphs.generate(model, (), dict(request))
+    assert torch.equal(first, reference) and torch.equal(second, reference)
+    info = graphs.info()
+    assert info["steps_replayed"] > 0 and info["generations_eager"] == {}, info
+    assert [c["proof"] for c in info["classes"]] == ["proven"], info["classes"]
+    (held,) = graphs._caches.values()
+    states = [t for layer in held.layers if cache_layers.linear_states_followed(layer)
+              for t in (*layer.conv_states.values(), *layer.recurrent_states.values()) if t is not None]  # fmt: skip
+    assert states and all(any(t is s for s in decoding.cache_tensors(held)) for t in states)
+
+
+def test_a_linear_attention_layer_recording_its_past_is_not_followed() -> None:
+    """Recording its past (for assisted decoding's crop), the layer assigns growing states instead of copying into
+    fixed ones: a graph would replay into the old tensors."""
+    from transformers.cache_utils import LinearAttentionLayer
+
+    layer = LinearAttentionLayer()
+    assert cache_layers.followed(layer)
+    layer.record_past = True
+    assert not cache_layers.followed(layer)
+
+    class OwnUpdate(LinearAttentionLayer):
+        def update_conv_state(self, conv_states, state_idx=0, **kwargs):
+            return conv_states
+
+    assert not cache_layers.followed(OwnUpdate())

@@ -9,8 +9,14 @@ generation is no longer than the window -- every step takes the same branch and 
 only grows by the step's tokens: a graph replays the step exactly when the count is advanced on the host for it
 (``HostCounters``). That the step reads the count for nothing else is proven at capture, not assumed: the step run
 eager with the count one off must leave the same outputs and cache (``DecodeGraphs._count_free``). A generation that
-would fill a window goes through ``generate()`` as called. Other layers (linear attention: a recurrent state) are
-not followed.
+would fill a window goes through ``generate()`` as called.
+
+A linear-attention layer (``LinearAttentionLayer``: the convolution and recurrent states of a state-space or
+gated-delta mixer, in hybrid models such as Jamba, Bamba or Qwen3.5) holds states of fixed shapes that each step
+updates in place (``copy_``); its flags on the host (``has_previous_state``) are set by the prefill and do not change
+while decoding. transformers' own layer is followed, unless it records its past (``record_past``: its states then
+grow and are assigned, not copied); a subclass that changes how the states are updated is not. A layer that holds a
+dynamic, growing attention cache beside them is not followed either.
 """
 
 from __future__ import annotations
@@ -32,6 +38,46 @@ def _layer_classes() -> tuple[type | None, type | None]:
     except ImportError:
         return None, None
     return getattr(cache_utils, "StaticLayer", None), getattr(cache_utils, "StaticSlidingWindowLayer", None)
+
+
+def _cache_utils_class(name: str) -> type | None:
+    """A class of transformers' ``cache_utils``, where the installed release has it."""
+    try:
+        from transformers import cache_utils
+    except ImportError:
+        return None
+    return getattr(cache_utils, name, None)
+
+
+def linear_states_followed(layer: Any) -> bool | None:
+    """Whether a decode graph follows ``layer``'s linear-attention states (None: it has none): transformers' own
+    in-place updates of fixed-shape states, not recording its past."""
+    linear = _cache_utils_class("LinearAttentionLayer")
+    if linear is None or not isinstance(layer, linear):
+        return None
+    kind = type(layer)
+    return (
+        getattr(kind, "update_conv_state", None) is linear.update_conv_state
+        and getattr(kind, "update_recurrent_state", None) is linear.update_recurrent_state
+        and not getattr(layer, "record_past", False)
+    )
+
+
+def followed(layer: Any) -> bool:
+    """Whether a decode graph follows every part of ``layer``: its attention cache (transformers' static layer, or its
+    sliding-window layer counted on the host) and its linear-attention states, whichever it has. transformers' own
+    ``DummyLayer`` (a layer that needs no cache: an MLP or mixture of experts in a hybrid) holds nothing to follow."""
+    static, _ = _layer_classes()
+    dummy = _cache_utils_class("DummyLayer")
+    if dummy is not None and getattr(type(layer), "update", None) is dummy.update:
+        return True
+    linear = linear_states_followed(layer)
+    if linear is False:
+        return False
+    update = getattr(type(layer), "update", None)
+    if update is None:  # no attention cache: a linear-attention layer alone (or one of a layer that needs none)
+        return linear is True
+    return update is static.update or counts_on_host(layer)
 
 
 def counts_on_host(layer: Any) -> bool:
@@ -63,12 +109,7 @@ class LayerPlan:
         if static is None:  # transformers without cache layers keeps plain tensors: nothing to follow
             return cls((), None)
         layers = list(getattr(cache, "layers", ()))
-        kinds = {
-            type(layer).__name__
-            for layer in layers
-            # a linear-attention layer has no update at all
-            if getattr(type(layer), "update", None) is not static.update and not counts_on_host(layer)
-        }
+        kinds = {type(layer).__name__ for layer in layers if not followed(layer)}
         windows = [layer.max_cache_len for layer in layers if counts_on_host(layer)]
         return cls(tuple(sorted(kinds)), min(windows) if windows else None)
 

@@ -151,14 +151,29 @@ def static_cache_refusal(model: torch.nn.Module, kwargs: Mapping[str, Any], *, c
 
 
 def cache_tensors(cache: Any) -> list[torch.Tensor]:
-    """Every tensor a static cache holds (per layer: keys, values, the length written so far), in a fixed order."""
+    """Every tensor a static cache holds (per layer: keys, values, the length written so far, a linear-attention
+    layer's states), in a fixed order."""
     return [tensor for _, _, tensor in _cache_slots(cache)]
 
 
-def _cache_slots(cache: Any) -> list[tuple[Any, str, torch.Tensor]]:
-    """(holder, attribute, tensor) for every tensor a static cache holds: what a decode graph reads and writes."""
+def _cache_slots(cache: Any) -> list[tuple[Any, Any, torch.Tensor]]:
+    """(holder, attribute, tensor) for every tensor a static cache holds: what a decode graph reads and writes. A
+    linear-attention layer keeps its states in dicts by state index: the dict is their holder, the index their
+    attribute."""
     holders = [*getattr(cache, "layers", ()), cache]
-    return [(h, name, v) for h in holders for name, v in sorted(vars(h).items()) if isinstance(v, torch.Tensor)]
+    slots: list[tuple[Any, Any, torch.Tensor]] = []
+    for holder in holders:
+        for name, value in sorted(vars(holder).items()):
+            if isinstance(value, torch.Tensor):
+                slots.append((holder, name, value))
+            elif isinstance(value, dict):
+                slots += [(value, k, v) for k, v in sorted(value.items()) if isinstance(v, torch.Tensor)]
+    return slots
+
+
+def _in_slot(holder: Any, name: Any) -> Any:
+    """What ``holder`` holds at ``name`` now (a ``_cache_slots`` slot)."""
+    return holder.get(name) if isinstance(holder, dict) else vars(holder).get(name)
 
 
 def _host_state(cache: Any) -> dict[str, str]:
@@ -174,6 +189,8 @@ def _host_state(cache: Any) -> dict[str, str]:
 
 
 def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        value = list(value.values())
     return [x for item in value for x in _leaves(item)] if isinstance(value, (list, tuple)) else [value]
 
 
@@ -192,7 +209,7 @@ class _Held:
     replayed tensors, and the lengths the cache counts on the host (advanced after each replay)."""
 
     cache: Any
-    slots: list[tuple[Any, str, torch.Tensor]]
+    slots: list[tuple[Any, Any, torch.Tensor]]
     output: _Output
     counters: HostCounters
 
@@ -711,7 +728,7 @@ class DecodeGraphs:
         graph = graphs.get(key)
         if graph is not None:
             held = self._state[key]
-            if held.cache is cache and all(vars(h).get(name) is t for h, name, t in held.slots):  # no sort per step
+            if held.cache is cache and all(_in_slot(h, name) is t for h, name, t in held.slots):  # no sort per step
                 if held.counters and not held.counters.fits(1):  # refused before decoding; kept as a guard
                     return self._eager_step("a sliding window fills at this step", forward, args, kwargs)
                 self.replayed += 1
