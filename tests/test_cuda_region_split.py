@@ -176,15 +176,36 @@ def test_capture_graph_does_not_run_operations_between_graphs_but_names_them() -
     assert m.graph_info()["graphs"] == [], "the chain the note names was released"
 
 
-def test_cuda_graph_true_tries_graphs_between_operations_and_raises_when_not_faster() -> None:
-    """True tries the same chain a call under "auto" would; a chain not faster than eager is dropped and, with no
-    faster split by submodule either, the call raises naming both."""
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+def test_cuda_graph_true_replays_graphs_between_operations_from_the_first_call(grad_mode) -> None:
+    """True graphs at first sight: a forward one operation keeps from being one graph replays as the chain "auto"
+    would keep, from its first call, a fresh input each call."""
+    model = Histogram().cuda().eval()
+    m = ll.wrap(model, cuda_graph=True)
+    with GRAD_MODES[grad_mode]():
+        for i in range(4):
+            x = torch.randn(1, 64, device="cuda") * (i + 1)
+            assert identical(m(x), model(x)), f"call {i}"
+    (row,) = _rows(m)
+    assert row["region_split"]["eager_ops"][0]["op"] == "aten::histc" and row["replays"] >= 4, row
+
+
+def test_cuda_graph_true_raises_where_neither_the_chain_nor_a_split_is_faster(monkeypatch) -> None:
+    """Neither the chain nor the split by submodule faster than eager: True raises, naming both as tried."""
+    from launchless.runtime import split
+
+    def slower(eager, candidate, **_):
+        eager(), candidate()
+        return SpeedVerdict(1.0, 1.1, 1.0, 1.1, "not faster than eager (1.100 ms against 1.000 ms a call)")
+
+    monkeypatch.setattr(runtime, "judge_speed", slower)
+    monkeypatch.setattr(split, "judge_speed", slower)
     model = Histogram().cuda().eval()
     m = ll.wrap(model, cuda_graph=True)
     with torch.no_grad(), pytest.raises(ll.CaptureError) as caught:
         m(torch.randn(1, 64, device="cuda"))
     message = str(caught.value)
-    assert "Graphs around aten::histc" in message and "tried and dropped" in message, message
+    assert "Graphs around aten::histc" in message and "split by submodule was tried and dropped" in message, message
     assert m.graph_info()["graphs"] == []
 
 

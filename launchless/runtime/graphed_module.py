@@ -492,7 +492,10 @@ class GraphedModule(torch.nn.Module):
         leaves = copies(flat.leaves)
         args, kwargs = flat.rebuild(leaves)
         target = self._target()
-        return judge_speed(lambda: target(*args, **kwargs), lambda: graph.replay_cloned(leaves))
+        try:
+            return judge_speed(lambda: target(*args, **kwargs), lambda: graph.replay_cloned(leaves))
+        finally:
+            graph.replays = 0  # the judge's replays are not the caller's
 
     def _time_whole(self, graph: _capture.CapturedGraph, flat: FlatInputs) -> SpeedVerdict:
         """Eager against the whole graph as the caller gets it, on copies of the call's tensors; settled after three
