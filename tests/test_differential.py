@@ -569,6 +569,21 @@ def test_a_model_that_times_out_is_a_crash_row_without_an_eager_alone_run(tmp_pa
     assert (row["result"], row["reason"]) == ("crash", "timed out after 300 s on this model")
 
 
+def test_a_model_that_times_out_is_charged_to_the_row_it_was_on(tmp_path, monkeypatch) -> None:
+    """The row the log shows the worker on when its time ran out, not the first row of the model."""
+    from launchless.apps.differential import report, shard
+    from launchless.apps.differential.candidate import Library
+    from launchless.apps.differential.worker import RUNNING
+
+    monkeypatch.setattr(shard, "eager_alone", lambda *a, **k: pytest.fail("eager alone run for a timeout"))
+    log = tmp_path / "worker-t.log"
+    log.write_text(f"{RUNNING} m wrap-true no_grad\n{RUNNING} m wrap-true inference_mode\n")
+    shard._killed(Library.TIMM, {}, tmp_path / "rows-t-killed.jsonl", log)("m", "timed out after 120 s")
+    (row,) = report.load([tmp_path])
+    assert (row["entry"], row["grad_mode"], row["result"]) == ("wrap-true", "inference_mode", "crash"), row
+    assert row["reason"] == "timed out after 120 s on this model during wrap-true / inference_mode"
+
+
 def test_a_model_run_again_replaces_its_earlier_line_whatever_the_file_names(tmp_path) -> None:
     """The merge keeps, per model, the line finished last: a killed model run again alone in the same folder (a
     worker file that sorts first) must not lose to the crash row its first worker left."""

@@ -118,12 +118,12 @@ def _killed(
         if timing:
             line: dict[str, Any] = {"key": name, "library": library.value, "timings": [], "error": reason}
         else:
-            at = killed_at(log, name) if why.startswith(EXITED) else None
+            at = killed_at(log, name)  # the row it was on, whether it ended or ran out of time
             first = Entry(entries[0]) if entries else Entry.WRAP_AUTO
             entry, mode = (Entry(at[0]), GradMode(at[1])) if at else (first, GradMode.NO_GRAD)
             crash = new_row(name, library.value, tasks.get(name, ""), entry, mode)
             crash.update(result=Result.CRASH.value, reason=reason)
-            if at is not None:
+            if at is not None and why.startswith(EXITED):
                 alone, detail = eager_alone(library, name, entry.value, mode.value, record.parent, timeout_s=timeout_s)
                 if alone is Alone.ENDED:
                     crash.update(
