@@ -27,7 +27,7 @@ from torch.profiler import ProfilerActivity, profile
 import launchless
 from launchless.apps.bench.serving_decode import decode_step_ms, generate_once, static_compile_recipe
 from launchless.apps.bench.serving_workloads import build_decoder, decode_workload
-from launchless.runtime.decode_graphs import cache_keyword, new_static_cache
+from launchless.runtime.static_cache import cache_keyword, new_static_cache
 
 NEW_TOKENS = 128
 ROUNDS = 7

@@ -14,7 +14,7 @@ from streamers import RecordingStreamer
 
 import launchless as ll
 from launchless.apps.bench.serving_workloads import build_decoder, decode_workload
-from launchless.runtime.decode_graphs import cache_keyword, cache_length, new_static_cache
+from launchless.runtime.static_cache import cache_keyword, cache_length, new_static_cache
 
 pytestmark = pytest.mark.cuda
 transformers = pytest.importorskip("transformers")

@@ -16,9 +16,12 @@ transformers = pytest.importorskip("transformers")
 
 import launchless.runtime.cache_layers as cache_layers  # noqa: E402
 import launchless.runtime.decode_graphs as decoding  # noqa: E402
+import launchless.runtime.decode_steps as decode_steps  # noqa: E402
+import launchless.runtime.static_cache as static_cache  # noqa: E402
 from launchless import CaptureError  # noqa: E402
 from launchless.core.capture import CapturedGraph, _static_like  # noqa: E402
-from launchless.runtime.decode_graphs import DecodeGraphs, cache_length, new_static_cache, static_cache_refusal  # noqa: E402
+from launchless.runtime.decode_graphs import DecodeGraphs, static_cache_refusal  # noqa: E402
+from launchless.runtime.static_cache import cache_length, new_static_cache  # noqa: E402
 
 NEW_TOKENS = 6
 
@@ -89,7 +92,7 @@ def eager_static(model: torch.nn.Module, request: dict, **extra) -> torch.Tensor
     """Eager generate() on a static cache of the length decode graphs use."""
     length = cache_length(request["input_ids"].shape[1] + request["max_new_tokens"])
     cache = new_static_cache(model, batch=request["input_ids"].shape[0], length=length)
-    extra = {decoding.cache_keyword(model): cache, "do_sample": False} | extra
+    extra = {static_cache.cache_keyword(model): cache, "do_sample": False} | extra
     return model.generate(**(request | extra), disable_compile=True)
 
 
@@ -133,7 +136,7 @@ def test_a_model_without_static_cache_support_decodes_eager_with_one_warning(cap
 @pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])
 def test_decode_steps_replay_one_verified_graph_and_give_eager_static_tokens(monkeypatch, grad_mode) -> None:
     captures: list = []
-    monkeypatch.setattr(decoding, "capture", recorded_capture(captures))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture(captures))
     model, request = tiny_llama()
     with grad_mode():
         reference = eager_static(model, request)
@@ -168,7 +171,7 @@ def test_decode_steps_replay_one_verified_graph_and_give_eager_static_tokens(mon
 
 
 def test_inference_mode_and_no_grad_each_get_their_own_cache(monkeypatch) -> None:
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_llama()
     reference = eager_static(model, request)
     graphs = decode_graphs(model)
@@ -180,7 +183,7 @@ def test_inference_mode_and_no_grad_each_get_their_own_cache(monkeypatch) -> Non
 
 
 def test_sampling_draws_the_numbers_eager_draws(monkeypatch) -> None:
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_llama()
     torch.manual_seed(7)
     reference = eager_static(model, request, do_sample=True)
@@ -197,7 +200,7 @@ def test_a_graph_that_replays_stale_values_is_refused_and_decoding_stays_exact(m
         graph.graph.replay = lambda: None  # replays nothing: the outputs of the capture, whatever the tokens
         return graph
 
-    monkeypatch.setattr(decoding, "capture", stale_capture)
+    monkeypatch.setattr(decode_steps, "capture", stale_capture)
     model, request = tiny_llama()
     reference = eager_static(model, request)
     graphs = decode_graphs(model)
@@ -212,7 +215,7 @@ def test_a_graph_that_replays_stale_values_is_refused_and_decoding_stays_exact(m
 
 
 def test_the_models_forward_is_put_back_when_generate_raises(monkeypatch) -> None:
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_llama()
     own = model.forward
     model.forward = own  # an instance's own forward, set by the user
@@ -232,7 +235,7 @@ def test_a_cache_that_keeps_host_side_state_is_refused_by_name(monkeypatch) -> N
         return update(self, *args, **kwargs)
 
     monkeypatch.setattr(cache_utils.StaticLayer, "update", counting_update)
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_llama()
     reference = eager_static(model, request)
     graphs = decode_graphs(model)
@@ -254,7 +257,7 @@ def test_the_wrapper_generates_as_the_model_does_off_the_gpu() -> None:
 
 def test_a_cache_given_new_tensors_gets_its_graph_captured_again(monkeypatch, caplog) -> None:
     captures: list = []
-    monkeypatch.setattr(decoding, "capture", recorded_capture(captures))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture(captures))
     model, request = tiny_llama()
     reference = eager_static(model, request)
     graphs = decode_graphs(model)
@@ -270,7 +273,7 @@ def test_a_cache_given_new_tensors_gets_its_graph_captured_again(monkeypatch, ca
 
 
 def test_the_static_cache_recipe_already_set_on_the_model_is_taken_over(monkeypatch) -> None:
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_llama()
     reference = eager_static(model, request)
     plain = transformers.GenerationConfig.from_model_config(model.config)  # the caller's own, without the recipe
@@ -286,7 +289,7 @@ def test_the_static_cache_recipe_already_set_on_the_model_is_taken_over(monkeypa
 def test_graphs_evicted_for_callers_caches_let_those_caches_go(monkeypatch) -> None:
     import weakref
 
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_llama()
     reference = eager_static(model, request)
     graphs = decode_graphs(model, max_graphs=2)
@@ -295,7 +298,7 @@ def test_graphs_evicted_for_callers_caches_let_those_caches_go(monkeypatch) -> N
         for _ in range(4):  # a new cache of the caller's each time: a new graph each time
             cache = new_static_cache(model, batch=2, length=64)
             given.append(weakref.ref(cache))
-            keyword = decoding.cache_keyword(model)
+            keyword = static_cache.cache_keyword(model)
             assert torch.equal(graphs.generate(model, (), dict(request, **{keyword: cache})), reference)
             del cache
     assert len(graphs.info()["graphs"]) == 2
@@ -310,8 +313,8 @@ def test_a_new_cache_never_takes_the_key_of_a_freed_one() -> None:
     seen, ids = set(), set()
     for _ in range(20):
         cache = new_static_cache(model, batch=1, length=64)
-        serial = graphs._serial(cache)
-        assert serial == graphs._serial(cache) and serial not in seen
+        serial = graphs.steps.serial(cache)
+        assert serial == graphs.steps.serial(cache) and serial not in seen
         seen.add(serial)
         ids.add(id(cache))
         del cache
@@ -321,7 +324,7 @@ def test_a_new_cache_never_takes_the_key_of_a_freed_one() -> None:
 def test_threads_generating_at_once_each_get_eager_static_tokens(monkeypatch) -> None:
     import threading
 
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_llama()
     reference = eager_static(model, request)
     dynamic = model.generate(**request)  # plain generate(), as a thread that does not go through the wrapper
@@ -352,7 +355,7 @@ def test_threads_generating_at_once_each_get_eager_static_tokens(monkeypatch) ->
 
 
 def test_a_model_converted_between_calls_gets_a_cache_of_its_new_dtype(monkeypatch) -> None:
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_llama()
     graphs = decode_graphs(model)
     with torch.no_grad():
@@ -376,7 +379,7 @@ def loop_info(graphs: DecodeGraphs) -> tuple[int, dict]:
 def test_the_host_reads_the_device_as_often_for_fifty_tokens_as_for_twenty(monkeypatch) -> None:
     """Without an end-of-sequence token or a streamer the loop never waits for the device after the second step:
     the reads of device values (bool, item, cpu, tolist) do not grow with the number of tokens."""
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_llama()
     graphs = decode_graphs(model)
     reads = {"n": 0}
@@ -405,7 +408,7 @@ def test_the_host_reads_the_device_as_often_for_fifty_tokens_as_for_twenty(monke
 
 
 def test_end_of_sequence_tokens_pad_and_stop_the_loop_as_they_stop_generate(monkeypatch) -> None:
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_llama()
     request = dict(request, max_new_tokens=40)
     prompt = request["input_ids"].shape[1]
@@ -427,7 +430,7 @@ def test_end_of_sequence_tokens_pad_and_stop_the_loop_as_they_stop_generate(monk
 def test_sampling_in_the_loop_draws_what_generate_draws_and_leaves_the_generator_where_it_would(
     monkeypatch, sampling
 ) -> None:
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_llama()
     request = dict(request, max_new_tokens=40, eos_token_id=list(range(25)), **sampling)
     torch.manual_seed(3)
@@ -444,7 +447,7 @@ def test_sampling_in_the_loop_draws_what_generate_draws_and_leaves_the_generator
 
 
 def test_a_streamer_gets_from_the_loop_what_generate_hands_it(monkeypatch) -> None:
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_llama()
     request = dict(request, max_new_tokens=40)
     expected = RecordingStreamer()
@@ -459,7 +462,7 @@ def test_a_streamer_gets_from_the_loop_what_generate_hands_it(monkeypatch) -> No
 
 
 def test_left_padded_prompts_decode_in_the_loop_as_in_generate(monkeypatch) -> None:
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_llama()
     mask = request["attention_mask"].clone()
     mask[1, :2] = 0  # the second prompt is three tokens, padded on the left
@@ -473,7 +476,7 @@ def test_left_padded_prompts_decode_in_the_loop_as_in_generate(monkeypatch) -> N
 
 
 def test_inputs_the_loop_would_advance_wrongly_are_taken_from_transformers_with_one_line(monkeypatch, caplog) -> None:
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     advance = decode_loop._advance
 
     def forgetful(inputs, chosen, *, column):  # the new position never attended: a rule transformers disagrees with
@@ -505,7 +508,7 @@ def test_inputs_the_loop_would_advance_wrongly_are_taken_from_transformers_with_
 def test_calls_the_loop_cannot_decode_exactly_go_through_generate_with_one_line(
     monkeypatch, caplog, extra, says
 ) -> None:
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_llama()
     if extra.get("logits_processor") == "list":
         extra = dict(extra, logits_processor=transformers.LogitsProcessorList())
@@ -524,7 +527,7 @@ def test_calls_the_loop_cannot_decode_exactly_go_through_generate_with_one_line(
 
 
 def test_a_model_class_that_decodes_its_own_way_goes_through_its_generate(monkeypatch) -> None:
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
 
     class OwnUpdate(transformers.LlamaForCausalLM):
         def _update_model_kwargs_for_generation(self, outputs, model_kwargs, **kwargs):  # e.g. rope deltas
@@ -547,7 +550,7 @@ def test_a_model_class_that_decodes_its_own_way_goes_through_its_generate(monkey
 def test_a_prompt_made_under_one_grad_mode_decodes_in_the_loop_under_the_other(
     monkeypatch, made_under: str, decoded_under: str
 ) -> None:
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     modes = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
     model, request = tiny_llama()
     reference = eager_static(model, request)
@@ -565,7 +568,7 @@ def test_a_call_without_max_new_tokens_stops_where_generate_stops(monkeypatch, l
     """Unset, the length is transformers' default taken as new tokens after the prompt (filled in at generate():
     the model's generation config holds none); ``max_length`` counts the prompt. The static cache is sized from what
     generate() will use, and the loop stops where generate() stops."""
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_llama()
     del request["max_new_tokens"]
     request |= length
@@ -580,7 +583,7 @@ def test_a_call_without_max_new_tokens_stops_where_generate_stops(monkeypatch, l
 
 
 def test_a_prompt_and_config_passed_by_position_or_own_config_decode_in_the_loop(monkeypatch) -> None:
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_llama()
     reference = eager_static(model, request)
     ids, rest = request["input_ids"], {k: v for k, v in request.items() if k != "input_ids"}
@@ -610,7 +613,7 @@ def test_a_prompt_and_config_passed_by_position_or_own_config_decode_in_the_loop
 )
 def test_a_pad_token_without_a_mask_decodes_in_the_loop_on_the_mask_generate_infers(monkeypatch, tokens: dict) -> None:
     """The loop runs inside generate(), on the mask generate() inferred (or none)."""
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_llama()
     del request["attention_mask"]
     request["input_ids"] = request["input_ids"].clamp(min=8)
@@ -629,7 +632,7 @@ def test_a_pad_token_without_a_mask_decodes_in_the_loop_on_the_mask_generate_inf
 def test_the_cache_an_output_carries_is_the_callers_and_stays_as_it_was(monkeypatch) -> None:
     """``return_dict_in_generate=True`` returns the cache with the sequences; the wrapper's own static cache is emptied
     and refilled by the next call, so the output carries a copy of it."""
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_llama()
     graphs = decode_graphs(model)
     with torch.no_grad():
@@ -672,7 +675,7 @@ def tiny_opt() -> tuple[torch.nn.Module, dict]:
 def test_opt_decodes_in_the_loop_on_the_position_ids_generate_builds(monkeypatch) -> None:
     """OPT reads its positions from the attention mask where none are given; the loop once gave none beside the
     static cache's 4-D mask, and OPT's attention raised. Inside generate() it gets generate()'s position ids."""
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_opt()
     with torch.no_grad():
         dynamic = model.generate(**request, do_sample=False)  # the model's default call
@@ -712,7 +715,7 @@ def padded_bf16_llama() -> tuple[torch.nn.Module, dict]:
 
 @pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])
 def test_left_padded_bf16_prompts_are_proven_in_the_loop_on_generates_position_ids(monkeypatch, grad_mode) -> None:
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = padded_bf16_llama()
     with grad_mode():
         reference = model.generate(**request, do_sample=False, cache_implementation="static", disable_compile=True)
@@ -748,7 +751,7 @@ def test_a_sliding_window_that_fills_goes_through_generate_as_called_with_one_wa
     """A sliding window of 16 tokens fills within a generation of 26: once full, each step rolls the window by a
     length counted on the host, which no graph replays. Refused before decoding: generate() runs as called (the
     model's own cache), nothing routed, no step of ours."""
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_gemma2(sliding_window=16)
     calls = []
     generate = model.generate
@@ -812,7 +815,7 @@ def test_a_sliding_window_that_does_not_fill_decodes_through_graphs_with_eager_s
     branch and mask sizes, and launchless advances the count after each replay. Tokens are eager's on the static
     cache, the steps replay, and the cache's counts end where eager's do."""
     captures: list = []
-    monkeypatch.setattr(decoding, "capture", host_frozen_capture(captures, monkeypatch))
+    monkeypatch.setattr(decode_steps, "capture", host_frozen_capture(captures, monkeypatch))
     model, request = tiny_gemma2(sliding_window=64)
     with grad_mode():
         reference = eager_static(model, request)
@@ -833,7 +836,7 @@ def test_a_step_that_reads_the_host_count_is_refused_at_capture(monkeypatch, cap
     eager, with the tokens of eager generate() on the static cache."""
     from transformers.cache_utils import StaticSlidingWindowLayer
 
-    monkeypatch.setattr(decoding, "capture", host_frozen_capture([], monkeypatch))
+    monkeypatch.setattr(decode_steps, "capture", host_frozen_capture([], monkeypatch))
     made: list = []
     init = StaticSlidingWindowLayer.__init__  # host_frozen_capture's registering one
 
@@ -862,7 +865,7 @@ def test_a_class_whose_loop_parts_keeps_to_generates_own_loop_with_one_warning(m
     """A loop that parts from generate()'s own loop (here: it feeds row 1 a wrong token from the fourth step) is
     caught at the class's first call: the caller gets generate()'s tokens, one WARNING says where it parted, and the
     class keeps to generate()'s own loop. Another class (batch 1, no row 1) is proven on its own."""
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     advance = decode_loop._advance
 
     def parting(inputs, chosen, *, column):
@@ -891,7 +894,7 @@ def test_a_class_whose_loop_parts_keeps_to_generates_own_loop_with_one_warning(m
 
 
 def test_a_loop_that_leaves_the_generator_elsewhere_is_not_proven(monkeypatch, caplog) -> None:
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     run_loop = decoding.run_loop
 
     def drawing(*args, **kwargs):
@@ -917,7 +920,7 @@ def test_a_loop_that_leaves_the_generator_elsewhere_is_not_proven(monkeypatch, c
 
 
 def test_an_error_of_launchless_own_path_falls_back_to_generate_naming_its_source_line(monkeypatch, caplog) -> None:
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
 
     def broken(*args, **kwargs):
         raise RuntimeError("a step launchless got wrong")
@@ -944,7 +947,7 @@ def test_an_error_of_launchless_own_path_falls_back_to_generate_naming_its_sourc
 
 
 def test_an_error_of_the_models_own_generate_is_raised_as_is(monkeypatch) -> None:
-    monkeypatch.setattr(decoding, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_llama()
     graphs = decode_graphs(model)
     with torch.no_grad(), pytest.raises(ValueError, match="max_new_tokens"):
@@ -1007,7 +1010,7 @@ def test_a_hybrids_linear_attention_states_are_followed_and_decode_with_generate
     in place each step) beside attention layers: the graph follows both -- the states are among the cache's tensors,
     restored around the capture, and no host-side flag changes while decoding -- and the tokens are generate()'s."""
     captures: list = []
-    monkeypatch.setattr(decoding, "capture", recorded_capture(captures))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture(captures))
     model, request = hybrid(name)
     cache = new_static_cache(model, batch=2, length=64)
     assert cache_layers.LayerPlan.of(cache).unfollowed == (), cache_layers.LayerPlan.of(cache)
@@ -1025,7 +1028,7 @@ def test_a_hybrids_linear_attention_states_are_followed_and_decode_with_generate
     (held,) = graphs._caches.values()
     states = [t for layer in held.layers if cache_layers.linear_states_followed(layer)
               for t in (*layer.conv_states.values(), *layer.recurrent_states.values()) if t is not None]  # fmt: skip
-    assert states and all(any(t is s for s in decoding.cache_tensors(held)) for t in states)
+    assert states and all(any(t is s for s in static_cache.cache_tensors(held)) for t in states)
 
 
 def test_a_linear_attention_layer_recording_its_past_is_not_followed() -> None:

@@ -71,7 +71,7 @@ def test_the_three_entry_points_run_their_graphs_through_the_core_cache() -> Non
     graph = import_graph()
     for policy in (
         "launchless.runtime.graphed_module",
-        "launchless.runtime.decode_graphs",
+        "launchless.runtime.decode_steps",
         "launchless.train.step",
         "launchless.compiler.compiled_graphs",
     ):
@@ -81,7 +81,7 @@ def test_the_three_entry_points_run_their_graphs_through_the_core_cache() -> Non
         "launchless.core.cache",
         "launchless.core.verify",
         "launchless.runtime.graphed_module",
-        "launchless.runtime.decode_graphs",
+        "launchless.runtime.decode_steps",
         "launchless.train.step",
         "launchless.train.hooks",
         "launchless.compiler.compiled_graphs",

@@ -8,7 +8,7 @@ rolling the window (full), and gives the attention mask's sizes from it. While t
 generation is no longer than the window -- every step takes the same branch and the same mask sizes, and the count
 only grows by the step's tokens: a graph replays the step exactly when the count is advanced on the host for it
 (``HostCounters``). That the step reads the count for nothing else is proven at capture, not assumed: the step run
-eager with the count one off must leave the same outputs and cache (``DecodeGraphs._count_free``). A generation that
+eager with the count one off must leave the same outputs and cache (``DecodeSteps._count_free``). A generation that
 would fill a window goes through ``generate()`` as called.
 
 A linear-attention layer (``LinearAttentionLayer``: the convolution and recurrent states of a state-space or
@@ -150,7 +150,7 @@ class HostCounters:
         return bool(self.layers)
 
     def names(self, cache: Any) -> set[str]:
-        """The counts as ``DecodeGraphs``'s host-state check names them (``layers[3].cumulative_length_int``)."""
+        """The counts as ``DecodeSteps``'s host-state check names them (``layers[3].cumulative_length_int``)."""
         where = {id(layer): i for i, layer in enumerate(getattr(cache, "layers", ()))}
         return {f"layers[{where[id(layer)]}].{COUNT}" for layer in self.layers}
 

@@ -12,10 +12,8 @@ on the same memory, so one graph replays them all. ``wrap(model).generate(...)``
    place before each call: its tensors keep the addresses the graph reads. A ``StaticCache`` passed in by the caller
    is used as given;
 2. runs the prompt's forward (the prefill) eager;
-3. sends every decode step through a graph: captured once the step repeats (``capture_after``), verified against
-   eager from the same cache state (the logits and the cache each leaves behind, bit for bit; two different tokens
-   must give different logits), then replayed. The cache's tensors are read and written in place, never copied;
-   before each replay the cache must still hold the tensors the graph was captured on;
+3. sends every decode step through a graph (``decode_steps``): captured once the step repeats (``capture_after``),
+   verified against eager from the same cache state, then replayed on the cache's own tensors;
 4. decodes greedy and sampling calls in a loop of its own that keeps the host ahead of the GPU
    (``decode_loop``: ``generate()`` itself waits for the GPU at every token), run inside ``generate()``
    as its decoding method, on the inputs ``generate()`` prepared; the calls that loop cannot decode exactly (logits
@@ -29,9 +27,9 @@ on the same memory, so one graph replays them all. ``wrap(model).generate(...)``
 
 Decoding goes through ``model.generate()`` as called (the model's own cache, nothing of ours per step), with one
 WARNING naming why, for a model whose class says it cannot use a static cache, a static cache whose layers a graph
-cannot replay (linear attention; a sliding window that fills within the generation: ``cache_layers``), an
-encoder-decoder, beam search and assisted decoding (they reorder or crop the cache between steps),
-``use_cache=False``, a cache passed in that is not static, and another cache implementation asked for. So does a
+cannot replay (``cache_layers``: a dynamic attention cache in a hybrid layer, a sliding window that fills within
+the generation), an encoder-decoder, beam search and assisted decoding (they reorder or crop the cache between
+steps), ``use_cache=False``, a cache passed in that is not static, and another cache implementation asked for. So does a
 class of calls whose decoding through graphs raised where ``model.generate()`` does not (before any token reached
 the caller): one WARNING names the exception and its source line. The tokens are those of eager ``generate()`` on
 the same static cache. Against the default dynamic cache they can part after some steps: attention over the static
@@ -47,25 +45,17 @@ import dataclasses
 import enum
 import functools
 import inspect
-import itertools
 import logging
 import os
 import threading
 import traceback
-import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
-from ..core.cache import GraphCache, Refusal
-from ..core.capture import CapturedGraph, CaptureFailed, capture, out_of_memory
-from ..core.relocation import RelocationWatch
-from ..core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
-from ..core.status import Admission, Stage, VerifyStatus
-from ..core.verify import VerifyReport, identical, verify_step
 from ..errors import CaptureError
-from .cache_layers import CacheState, HostCounters, LayerPlan, unfollowed_layers
+from .cache_layers import LayerPlan, unfollowed_layers
 from .decode_loop import (
     GenerationSettings,
     Prepared,
@@ -78,45 +68,24 @@ from .decode_loop import (
     settings_of,
     unfollowed,
 )
+from .decode_steps import DecodeSteps
+from .static_cache import (
+    CACHE_KEYWORDS,
+    cache_keyword,
+    cache_length,
+    cache_tensors,
+    given_cache,
+    new_static_cache,
+    static_cache_class,
+)
 
 log = logging.getLogger("launchless")
-
-MIN_CACHE_LENGTH = 64
-
-
-def cache_length(needed: int) -> int:
-    """The static cache's length for a generation of ``needed`` tokens (prompt and new ones): the power of two that
-    holds them, at least ``MIN_CACHE_LENGTH``."""
-    return max(MIN_CACHE_LENGTH, 1 << (max(needed, 1) - 1).bit_length())
-
-
-CACHE_KEYWORDS = ("cache", "past_key_values")  # transformers' newer name for the cache argument, and the older
-
-
-def given_cache(kwargs: Mapping[str, Any]) -> Any:
-    """The cache a generate() call was handed, under either name; None where none was."""
-    return next((kwargs[k] for k in CACHE_KEYWORDS if kwargs.get(k) is not None), None)
-
-
-def cache_keyword(model: torch.nn.Module) -> str:
-    """The keyword the model's forward (and ``generate()``) takes its cache by: ``cache`` in newer transformers,
-    ``past_key_values`` before."""
-    parameters = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in parameters else "past_key_values"
-
-
-def _static_cache_class() -> type | None:
-    try:
-        import transformers
-    except ImportError:
-        return None
-    return getattr(transformers, "StaticCache", None)
 
 
 def static_cache_refusal(model: torch.nn.Module, kwargs: Mapping[str, Any], *, config: Any = None) -> str | None:
     """Why this ``generate()`` call cannot decode through graphs; None when it can. ``config``: the call's resolved
     generation settings (``_resolved_config``), resolved here when not given."""
-    static_cache = _static_cache_class()
+    static_cache = static_cache_class()
     if static_cache is None:
         return "the installed transformers has no static KV cache (StaticCache came in transformers 4.38)"
     if getattr(model.config, "is_encoder_decoder", False):
@@ -148,70 +117,6 @@ def static_cache_refusal(model: torch.nn.Module, kwargs: Mapping[str, Any], *, c
             "transformers StaticCache"
         )
     return None
-
-
-def cache_tensors(cache: Any) -> list[torch.Tensor]:
-    """Every tensor a static cache holds (per layer: keys, values, the length written so far, a linear-attention
-    layer's states), in a fixed order."""
-    return [tensor for _, _, tensor in _cache_slots(cache)]
-
-
-def _cache_slots(cache: Any) -> list[tuple[Any, Any, torch.Tensor]]:
-    """(holder, attribute, tensor) for every tensor a static cache holds: what a decode graph reads and writes. A
-    linear-attention layer keeps its states in dicts by state index: the dict is their holder, the index their
-    attribute."""
-    holders = [*getattr(cache, "layers", ()), cache]
-    slots: list[tuple[Any, Any, torch.Tensor]] = []
-    for holder in holders:
-        for name, value in sorted(vars(holder).items()):
-            if isinstance(value, torch.Tensor):
-                slots.append((holder, name, value))
-            elif isinstance(value, dict):
-                slots += [(value, k, v) for k, v in sorted(value.items()) if isinstance(v, torch.Tensor)]
-    return slots
-
-
-def _in_slot(holder: Any, name: Any) -> Any:
-    """What ``holder`` holds at ``name`` now (a ``_cache_slots`` slot)."""
-    return holder.get(name) if isinstance(holder, dict) else vars(holder).get(name)
-
-
-def _host_state(cache: Any) -> dict[str, str]:
-    """The cache's attributes that hold no tensor (lengths, flags, sizes), as text: a step that changes one keeps
-    state on the host, which a graph cannot replay."""
-    holders = [*((f"layers[{i}].", layer) for i, layer in enumerate(getattr(cache, "layers", ()))), ("", cache)]
-    return {
-        f"{where}{name}": repr(value)
-        for where, holder in holders
-        for name, value in vars(holder).items()
-        if not any(isinstance(leaf, torch.Tensor) for leaf in _leaves(value))
-    }
-
-
-def _leaves(value: Any) -> list[Any]:
-    if isinstance(value, dict):
-        value = list(value.values())
-    return [x for item in value for x in _leaves(item)] if isinstance(value, (list, tuple)) else [value]
-
-
-@dataclasses.dataclass
-class _Output:
-    """How a decode step's output is rebuilt around the graph's tensors: its class and the fields holding the cache."""
-
-    kind: type | None = None
-    cache_fields: tuple[str, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class _Held:
-    """What replaying a decode graph needs besides the graph: the cache it was captured on, where that cache held
-    which tensor (a cache re-allocated since is captured again), how the step's output is rebuilt around the
-    replayed tensors, and the lengths the cache counts on the host (advanced after each replay)."""
-
-    cache: Any
-    slots: list[tuple[Any, Any, torch.Tensor]]
-    output: _Output
-    counters: HostCounters
 
 
 class LoopProof(enum.Enum):
@@ -343,23 +248,22 @@ class DecodeGraphs:
         tolerance_ulps: float,
     ) -> None:
         self.name, self.explicit = name, explicit
-        self.warmup, self.verify, self.tolerance_ulps = warmup, verify, tolerance_ulps
-        self.graphs: GraphCache[CapturedGraph] = GraphCache(
-            name=f"{name} decode steps",
+        self.steps = DecodeSteps(  # the decode steps' graphs, routed to while generate() runs
+            model,
+            name=name,
+            explicit=explicit,
             capture_after=capture_after,
             max_graphs=max_graphs,
-            guards=[RelocationWatch(model)],
+            warmup=warmup,
+            verify=verify,
+            tolerance_ulps=tolerance_ulps,
         )
         # (batch, length, inference mode, dtype, device) -> a static cache
         self._caches: collections.OrderedDict[tuple[int, int, bool, torch.dtype, torch.device], Any] = (
             collections.OrderedDict()
         )
-        self._state: dict[Signature, _Held] = {}  # per decode graph, what its replays need besides the graph
-        self._serials: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # cache -> key number
-        self._next_serial = itertools.count()
         self._lock = threading.RLock()  # one generate() at a time: the model's forward is routed while it runs
-        self.generate_calls = self.prefills = self.replayed = 0
-        self.eager_steps: collections.Counter[str] = collections.Counter()
+        self.generate_calls = 0
         self.eager_generations: collections.Counter[str] = collections.Counter()
         self.loop_generations = self.loop_exact_inputs = 0  # generations the host-ahead loop decoded
         self.through_generate: collections.Counter[str] = collections.Counter()  # why others went through generate()
@@ -528,7 +432,7 @@ class DecodeGraphs:
                     result[name] = copy.deepcopy(cache)
                 except Exception as exc:  # whatever a cache class raises, the caller gets None
                     result[name] = None
-                    self.graphs.log_once(
+                    self.steps.graphs.log_once(
                         "handout",
                         logging.WARNING,
                         f"launchless: {self.name}.generate(): the output's {name} is left out (None): the static cache "
@@ -548,7 +452,7 @@ class DecodeGraphs:
         @functools.wraps(forward)  # generate() reads the forward's parameters
         def step(*step_args: Any, **step_kwargs: Any) -> Any:
             calls[0] += 1
-            return self._step(forward, cache, keyword, calls[0] == 1, step_args, step_kwargs)
+            return self.steps.step(forward, cache, keyword, calls[0] == 1, step_args, step_kwargs)
 
         model.forward = step
         try:
@@ -587,7 +491,7 @@ class DecodeGraphs:
 
     def _note_through_generate(self, why: str) -> None:
         self.through_generate[why] += 1
-        self.graphs.log_once(
+        self.steps.graphs.log_once(
             f"loop:{why}",
             logging.INFO,
             f"launchless: {self.name}.generate() decodes through transformers' own loop, which waits for the GPU at "
@@ -601,7 +505,7 @@ class DecodeGraphs:
             self.loop_generations += 1
         if not result.advanced:
             self.loop_exact_inputs += 1
-            self.graphs.log_once(
+            self.steps.graphs.log_once(
                 "loop:inputs",
                 logging.INFO,
                 f"launchless: {self.name}.generate(): the decode loop's own inputs for a step differ from "
@@ -667,7 +571,7 @@ class DecodeGraphs:
                 reason=why,
             )
         self.eager_generations[why] += 1
-        self.graphs.log_once(
+        self.steps.graphs.log_once(
             f"generate:{why}",
             logging.WARNING,
             f"launchless: {self.name}.generate() decodes eager: {why}. Shown once.",
@@ -691,209 +595,23 @@ class DecodeGraphs:
         cache = self._caches.get(key)
         if cache is None:
             cache = self._caches[key] = new_static_cache(model, batch=batch, length=key[1])
-            while len(self._caches) > self.graphs.max_graphs:  # a cache per graph at most
+            while len(self._caches) > self.steps.graphs.max_graphs:  # a cache per graph at most
                 _, old = self._caches.popitem(last=False)
-                self._forget(old)
+                self.steps.forget(old)
         else:
             self._caches.move_to_end(key)
             cache.reset()
         return cache
 
-    def _forget(self, cache: Any) -> None:
-        """A cache dropped: the graphs captured on it go too."""
-        for key, held in list(self._state.items()):
-            if held.cache is cache:
-                self.graphs.forget(key)
-                del self._state[key]
-
-    # ---- one forward of generate() -------------------------------------------------------------------
-    def _step(
-        self, forward: Callable[..., Any], cache: Any, keyword: str, first: bool, args: tuple, kwargs: dict[str, Any]
-    ) -> Any:
-        if first or args or kwargs.get(keyword) is not cache:
-            self.prefills += first
-            return forward(*args, **kwargs)  # the prompt's forward runs eager
-        ids = kwargs.get("input_ids")
-        if ids is None or ids.dim() != 2 or ids.shape[1] != 1:
-            return self._eager_step("a step of more than one token per sequence", forward, args, kwargs)
-        tensors = {k: v for k, v in kwargs.items() if k != keyword}
-        flat = flatten_inputs((), tensors)
-        try:
-            sig = signature_of(flat)
-        except UnhashableInput as exc:
-            return self._eager_step(str(exc), forward, args, kwargs)
-        key = Signature(("decode", self._serial(cache), sig.structure), sig.leaves, sig.context)
-        graphs = self.graphs
-        graphs.validate(())
-        graph = graphs.get(key)
-        if graph is not None:
-            held = self._state[key]
-            if held.cache is cache and all(_in_slot(h, name) is t for h, name, t in held.slots):  # no sort per step
-                if held.counters and not held.counters.fits(1):  # refused before decoding; kept as a guard
-                    return self._eager_step("a sliding window fills at this step", forward, args, kwargs)
-                self.replayed += 1
-                result = _rebuilt(held.output, graph.replay_cloned(flat.leaves), cache)
-                held.counters.advance(1)
-                return result
-            graphs.forget(key)  # captured again below, on the tensors the cache holds now
-            del self._state[key]
-            graphs.log_once(
-                "cache-tensors",
-                logging.INFO,
-                f"launchless: {self.name}: a static cache holds other tensors than its decode graph was captured on; "
-                "the graph is captured again",
-            )
-        admission = Admission.CAPTURE if self.explicit else graphs.admit(key)
-        if admission is Admission.CAPTURE:
-            return self._capture_and_run(key, flat, forward, cache, keyword, kwargs)
-        if admission is Admission.REFUSED:
-            refusal = graphs.refusal(key)
-            return self._eager_step(refusal.reason if refusal else "refused", forward, args, kwargs)
-        if admission is Admission.OVER_CAPACITY:
-            why = f"more decode shapes in use than max_graphs={graphs.max_graphs}"
-            return self._eager_step(why, forward, args, kwargs)
-        return self._eager_step(f"captured once seen {graphs.capture_after} times", forward, args, kwargs)
-
-    def _serial(self, cache: Any) -> int:
-        """The cache's number in the graph keys: given once per cache object and never again -- an ``id()`` comes
-        back for a new cache made where a freed one was, which would read as the shape of an evicted graph coming
-        back (and stop the cache's eviction, ``core.churn``)."""
-        try:
-            serial = self._serials.get(cache)
-            if serial is None:
-                serial = self._serials[cache] = next(self._next_serial)
-        except TypeError:  # a cache class that compares by value and cannot be hashed: its id, for want of better
-            return -1 - id(cache)
-        return serial
-
-    def _eager_step(self, why: str, forward: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
-        self.eager_steps[why] += 1
-        return forward(*args, **kwargs)
-
-    def _capture_and_run(
-        self,
-        key: Signature,
-        flat: FlatInputs,
-        forward: Callable[..., Any],
-        cache: Any,
-        keyword: str,
-        kwargs: dict[str, Any],
-    ) -> Any:
-        output = _Output()
-
-        def decode_step(**tensors: Any) -> Any:
-            return _without_cache(forward(**tensors, **{keyword: cache}), cache, output)
-
-        held = cache_tensors(cache)
-        counters = HostCounters.of(cache)
-        if counters and not counters.fits(self.warmup + 2):  # the warm-up steps and the capture's own stay unfull
-            return self._eager_step("too near a sliding window's end to capture", forward, (), kwargs)
-        state = CacheState(held, counters)
-        host = _host_state(cache)
-        # a layer no step writes (Mllama's cross-attention, text only) keeps the CPU tensors it was made with
-        tensors = [*held, *(x for x in flat.leaves if isinstance(x, torch.Tensor))]
-        device = next((t.device for t in tensors if t.is_cuda), tensors[0].device)
-        try:
-            with self.graphs.capturing(key) as pool:
-                graph = capture(decode_step, flat, device=device, pool=pool, warmup=self.warmup)
-                state.restore()  # the warm-up steps wrote the cache
-                changed = sorted(k for k, v in _host_state(cache).items() if host.get(k) != v)
-                if changed:
-                    raise CaptureFailed(
-                        Stage.UNSUPPORTED,
-                        None,
-                        f"a decode step changes the cache's host-side state ({', '.join(changed)}), which a graph "
-                        "cannot replay: this model's cache cannot be made static",
-                    )
-                report = self._verify(graph, decode_step, flat, state)
-                if report.passed and counters:
-                    counted = self._count_free(decode_step, flat, state)
-                    if counted:
-                        raise CaptureFailed(Stage.UNSUPPORTED, None, counted)
-        except CaptureFailed as fail:
-            state.restore()
-            self.graphs.discard()
-            return self._refuse(key, fail.stage, str(fail), forward, kwargs, transient=out_of_memory(fail.cause))
-        if not report.passed:
-            del graph
-            self.graphs.discard()
-            why = f"the decode graph differs from eager ({report.status}: {report.detail})"
-            return self._refuse(key, Stage.VERIFICATION, why, forward, kwargs)
-        self.graphs.keep(key, graph, report, flat.leaves)
-        self._state[key] = _Held(cache, _cache_slots(cache), output, counters)
-        for gone in [k for k in self._state if k not in self.graphs.graphs]:  # evicted: their caches let go
-            del self._state[gone]
-        self.replayed += 1
-        result = _rebuilt(output, graph.replay_cloned(flat.leaves), cache)
-        counters.advance(1)
-        return result
-
-    @staticmethod
-    def _count_free(fn: Callable[..., Any], flat: FlatInputs, state: CacheState) -> str:
-        """Why the step reads its cache's host-side lengths for more than the branch and mask sizes a graph keeps
-        (``cache_layers``); empty when the step run eager with every count one off leaves the same outputs and cache
-        -- then advancing the counts after each replay is all a graph misses."""
-        args, kwargs = flat.rebuild(list(flat.leaves))
-        runs = []
-        for counts in (state.counts, state.counters.shifted()):
-            state.restore()
-            state.counters.write(counts)
-            runs.append((fn(*args, **kwargs), state.current()))
-        state.restore()
-        if identical(runs[0][0], runs[1][0]) and identical(runs[0][1], runs[1][1]):
-            return ""
-        return (
-            "a decode step reads the length its cache counts on the host (run with that count one off, it leaves "
-            "other outputs or cache): a graph would replay the count it was captured at"
-        )
-
-    def _verify(
-        self, graph: CapturedGraph, fn: Callable[..., Any], flat: FlatInputs, state: CacheState
-    ) -> VerifyReport:
-        """The call's own step and the same step on other tokens (each id moved by one), from the same state."""
-        if self.verify == "off":
-            return VerifyReport(VerifyStatus.SKIPPED, True)
-        probes = [list(flat.leaves), [_other_tokens(x) if name == "input_ids" else x for name, x in _named(flat)]]
-        return verify_step(graph, fn, flat, probes, state, mode=self.verify, tolerance_ulps=self.tolerance_ulps)
-
-    def _refuse(
-        self,
-        key: Signature,
-        stage: Stage,
-        why: str,
-        forward: Callable[..., Any],
-        kwargs: dict[str, Any],
-        *,
-        transient: bool = False,
-    ) -> Any:
-        message = f"launchless: {self.name}: a decode step is not replayed as a graph: {why}"
-        error = CaptureError(message, reason=why)
-        if self.explicit and not transient:
-            raise error
-        refusal = Refusal(stage, why, message, error=error, transient=transient)
-        self.graphs.refuse(key, refusal, level=logging.WARNING)
-        return self._eager_step(why, forward, (), kwargs)
-
     # ---- reporting -------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
         """For ``graph_info()["decode"]``: what generate() ran, the graphs and caches held, what decoded eager."""
 
-        def row(key: Signature, graph: CapturedGraph) -> dict[str, Any]:
-            report = self.graphs.reports.get(key)
-            return {
-                "signature": key.describe(),
-                "replays": graph.replays,
-                "capture_ms": round(graph.capture_ms, 3),
-                "pool_growth_bytes": graph.pool_growth,
-                "input_bytes": graph.input_bytes,
-                "verification": report.as_dict() if report else None,
-            }
-
         return {
             "generate_calls": self.generate_calls,
-            "prefills": self.prefills,
-            "steps_replayed": self.replayed,
-            "steps_eager": dict(self.eager_steps),
+            "prefills": self.steps.prefills,
+            "steps_replayed": self.steps.replayed,
+            "steps_eager": dict(self.steps.eager_steps),
             "generations_eager": dict(self.eager_generations),
             "loop_generations": self.loop_generations,
             "loop_exact_inputs": self.loop_exact_inputs,
@@ -913,8 +631,8 @@ class DecodeGraphs:
                 }
                 for (batch, length, inference, dtype, _), cache in self._caches.items()
             ],
-            "graphs": self.graphs.rows(row),
-            "fallbacks": self.graphs.fallbacks(lambda key: key.describe()),
+            "graphs": self.steps.rows(),
+            "fallbacks": self.steps.graphs.fallbacks(lambda key: key.describe()),
         }
 
 
@@ -963,48 +681,3 @@ def _prompt(args: tuple, kwargs: Mapping[str, Any]) -> tuple[int, int] | None:
     if isinstance(embeds, torch.Tensor) and embeds.dim() == 3:
         return embeds.shape[0], embeds.shape[1]
     return None
-
-
-def new_static_cache(model: torch.nn.Module, *, batch: int, length: int) -> Any:
-    """A transformers ``StaticCache`` for ``batch`` sequences of ``length`` tokens, on the model's device and dtype
-    where the installed transformers asks for them (newer ones allocate at the first step, from its keys)."""
-    static_cache = _static_cache_class()
-    accepted = inspect.signature(static_cache.__init__).parameters
-    parameter = next(iter(model.parameters()))
-    offered = {
-        "max_batch_size": batch,
-        "batch_size": batch,
-        "device": parameter.device,
-        "dtype": parameter.dtype,
-    }
-    return static_cache(
-        config=model.config, max_cache_len=length, **{k: v for k, v in offered.items() if k in accepted}
-    )
-
-
-def _without_cache(output: Any, cache: Any, into: _Output) -> Any:
-    """The step's output without the cache object (the graph returns tensors; the cache is state, not output)."""
-    if not isinstance(output, Mapping):
-        return output
-    into.kind = type(output)
-    into.cache_fields = tuple(k for k, v in output.items() if v is cache)
-    return {k: v for k, v in output.items() if v is not cache}
-
-
-def _rebuilt(output: _Output, tensors: Any, cache: Any) -> Any:
-    """The step's output as the model returns it: the replayed tensors, and the cache where the model put it."""
-    if output.kind is None:
-        return tensors
-    return output.kind(**tensors, **dict.fromkeys(output.cache_fields, cache))
-
-
-def _named(flat: FlatInputs) -> list[tuple[str, Any]]:
-    """The leaves of keyword-only inputs, each with its keyword."""
-    _, kwargs = flat.rebuild(list(range(len(flat.leaves))))
-    names = {position: name for name, position in kwargs.items() if isinstance(position, int)}
-    return [(names.get(i, ""), x) for i, x in enumerate(flat.leaves)]
-
-
-def _other_tokens(ids: torch.Tensor) -> torch.Tensor:
-    """The same step on other tokens: every id one lower (0 one higher), so every id stays in the vocabulary."""
-    return torch.where(ids > 0, ids - 1, ids + 1)

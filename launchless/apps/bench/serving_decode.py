@@ -48,7 +48,7 @@ import transformers
 from transformers.generation.streamers import BaseStreamer
 
 import launchless
-from launchless.runtime.decode_graphs import cache_keyword, cache_length, new_static_cache
+from launchless.runtime.static_cache import cache_keyword, cache_length, new_static_cache
 
 from .multigpu_worker import synchronize_device
 from .serving_graphs import compiled_graphs

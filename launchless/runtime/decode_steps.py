@@ -1,0 +1,300 @@
+"""The decode steps of one wrapped model as graphs: one verified graph per (static cache, step signature).
+
+``DecodeGraphs`` routes the model's forward here while ``generate()`` runs. The prompt's forward runs eager; a decode
+step (one token per sequence, on a static cache) is captured once it repeats (``capture_after``), verified against
+eager from the same cache state (the logits and the cache each leaves behind, bit for bit; two different tokens must
+give different logits), then replayed. The cache's tensors are read and written in place, never copied; before each
+replay the cache must still hold the tensors the graph was captured on. A step that changes the cache's state on the
+host is refused by name, but for the lengths a sliding-window layer counts (``cache_layers.HostCounters``): those
+are proven not to reach the outputs, and advanced after each replay as the step would have.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import logging
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from ..core.cache import GraphCache, Refusal
+from ..core.capture import CapturedGraph, CaptureFailed, capture, out_of_memory
+from ..core.relocation import RelocationWatch
+from ..core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
+from ..core.status import Admission, Stage, VerifyStatus
+from ..core.verify import VerifyReport, identical, verify_step
+from ..errors import CaptureError
+from .cache_layers import CacheState, HostCounters
+from .static_cache import cache_slots, cache_tensors, host_state, in_slot
+
+
+@dataclasses.dataclass
+class _Output:
+    """How a decode step's output is rebuilt around the graph's tensors: its class and the fields holding the cache."""
+
+    kind: type | None = None
+    cache_fields: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Held:
+    """What replaying a decode graph needs besides the graph: the cache it was captured on, where that cache held
+    which tensor (a cache re-allocated since is captured again), how the step's output is rebuilt around the
+    replayed tensors, and the lengths the cache counts on the host (advanced after each replay)."""
+
+    cache: Any
+    slots: list[tuple[Any, Any, torch.Tensor]]
+    output: _Output
+    counters: HostCounters
+
+
+class DecodeSteps:
+    """The decode-step graphs of one model, their caches' bookkeeping and counts (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        name: str,
+        explicit: bool,
+        capture_after: int,
+        max_graphs: int,
+        warmup: int,
+        verify: str,
+        tolerance_ulps: float,
+    ) -> None:
+        self.name, self.explicit = name, explicit
+        self.warmup, self.verify, self.tolerance_ulps = warmup, verify, tolerance_ulps
+        self.graphs: GraphCache[CapturedGraph] = GraphCache(
+            name=f"{name} decode steps",
+            capture_after=capture_after,
+            max_graphs=max_graphs,
+            guards=[RelocationWatch(model)],
+        )
+        self._state: dict[Signature, _Held] = {}  # per decode graph, what its replays need besides the graph
+        self._serials: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # cache -> key number
+        self._next_serial = itertools.count()
+        self.prefills = self.replayed = 0
+        self.eager_steps: collections.Counter[str] = collections.Counter()
+
+    def forget(self, cache: Any) -> None:
+        """A cache dropped: the graphs captured on it go too."""
+        for key, held in list(self._state.items()):
+            if held.cache is cache:
+                self.graphs.forget(key)
+                del self._state[key]
+
+    def step(
+        self, forward: Callable[..., Any], cache: Any, keyword: str, first: bool, args: tuple, kwargs: dict[str, Any]
+    ) -> Any:
+        if first or args or kwargs.get(keyword) is not cache:
+            self.prefills += first
+            return forward(*args, **kwargs)  # the prompt's forward runs eager
+        ids = kwargs.get("input_ids")
+        if ids is None or ids.dim() != 2 or ids.shape[1] != 1:
+            return self._eager_step("a step of more than one token per sequence", forward, args, kwargs)
+        tensors = {k: v for k, v in kwargs.items() if k != keyword}
+        flat = flatten_inputs((), tensors)
+        try:
+            sig = signature_of(flat)
+        except UnhashableInput as exc:
+            return self._eager_step(str(exc), forward, args, kwargs)
+        key = Signature(("decode", self.serial(cache), sig.structure), sig.leaves, sig.context)
+        graphs = self.graphs
+        graphs.validate(())
+        graph = graphs.get(key)
+        if graph is not None:
+            held = self._state[key]
+            if held.cache is cache and all(in_slot(h, name) is t for h, name, t in held.slots):  # no sort per step
+                if held.counters and not held.counters.fits(1):  # refused before decoding; kept as a guard
+                    return self._eager_step("a sliding window fills at this step", forward, args, kwargs)
+                self.replayed += 1
+                result = _rebuilt(held.output, graph.replay_cloned(flat.leaves), cache)
+                held.counters.advance(1)
+                return result
+            graphs.forget(key)  # captured again below, on the tensors the cache holds now
+            del self._state[key]
+            graphs.log_once(
+                "cache-tensors",
+                logging.INFO,
+                f"launchless: {self.name}: a static cache holds other tensors than its decode graph was captured on; "
+                "the graph is captured again",
+            )
+        admission = Admission.CAPTURE if self.explicit else graphs.admit(key)
+        if admission is Admission.CAPTURE:
+            return self._capture_and_run(key, flat, forward, cache, keyword, kwargs)
+        if admission is Admission.REFUSED:
+            refusal = graphs.refusal(key)
+            return self._eager_step(refusal.reason if refusal else "refused", forward, args, kwargs)
+        if admission is Admission.OVER_CAPACITY:
+            why = f"more decode shapes in use than max_graphs={graphs.max_graphs}"
+            return self._eager_step(why, forward, args, kwargs)
+        return self._eager_step(f"captured once seen {graphs.capture_after} times", forward, args, kwargs)
+
+    def serial(self, cache: Any) -> int:
+        """The cache's number in the graph keys: given once per cache object and never again -- an ``id()`` comes
+        back for a new cache made where a freed one was, which would read as the shape of an evicted graph coming
+        back (and stop the cache's eviction, ``core.churn``)."""
+        try:
+            serial = self._serials.get(cache)
+            if serial is None:
+                serial = self._serials[cache] = next(self._next_serial)
+        except TypeError:  # a cache class that compares by value and cannot be hashed: its id, for want of better
+            return -1 - id(cache)
+        return serial
+
+    def _eager_step(self, why: str, forward: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        self.eager_steps[why] += 1
+        return forward(*args, **kwargs)
+
+    def _capture_and_run(
+        self,
+        key: Signature,
+        flat: FlatInputs,
+        forward: Callable[..., Any],
+        cache: Any,
+        keyword: str,
+        kwargs: dict[str, Any],
+    ) -> Any:
+        output = _Output()
+
+        def decode_step(**tensors: Any) -> Any:
+            return _without_cache(forward(**tensors, **{keyword: cache}), cache, output)
+
+        held = cache_tensors(cache)
+        counters = HostCounters.of(cache)
+        if counters and not counters.fits(self.warmup + 2):  # the warm-up steps and the capture's own stay unfull
+            return self._eager_step("too near a sliding window's end to capture", forward, (), kwargs)
+        state = CacheState(held, counters)
+        host = host_state(cache)
+        # a layer no step writes (Mllama's cross-attention, text only) keeps the CPU tensors it was made with
+        tensors = [*held, *(x for x in flat.leaves if isinstance(x, torch.Tensor))]
+        device = next((t.device for t in tensors if t.is_cuda), tensors[0].device)
+        try:
+            with self.graphs.capturing(key) as pool:
+                graph = capture(decode_step, flat, device=device, pool=pool, warmup=self.warmup)
+                state.restore()  # the warm-up steps wrote the cache
+                changed = sorted(k for k, v in host_state(cache).items() if host.get(k) != v)
+                if changed:
+                    raise CaptureFailed(
+                        Stage.UNSUPPORTED,
+                        None,
+                        f"a decode step changes the cache's host-side state ({', '.join(changed)}), which a graph "
+                        "cannot replay: this model's cache cannot be made static",
+                    )
+                report = self._verify(graph, decode_step, flat, state)
+                if report.passed and counters:
+                    counted = self._count_free(decode_step, flat, state)
+                    if counted:
+                        raise CaptureFailed(Stage.UNSUPPORTED, None, counted)
+        except CaptureFailed as fail:
+            state.restore()
+            self.graphs.discard()
+            return self._refuse(key, fail.stage, str(fail), forward, kwargs, transient=out_of_memory(fail.cause))
+        if not report.passed:
+            del graph
+            self.graphs.discard()
+            why = f"the decode graph differs from eager ({report.status}: {report.detail})"
+            return self._refuse(key, Stage.VERIFICATION, why, forward, kwargs)
+        self.graphs.keep(key, graph, report, flat.leaves)
+        self._state[key] = _Held(cache, cache_slots(cache), output, counters)
+        for gone in [k for k in self._state if k not in self.graphs.graphs]:  # evicted: their caches let go
+            del self._state[gone]
+        self.replayed += 1
+        result = _rebuilt(output, graph.replay_cloned(flat.leaves), cache)
+        counters.advance(1)
+        return result
+
+    @staticmethod
+    def _count_free(fn: Callable[..., Any], flat: FlatInputs, state: CacheState) -> str:
+        """Why the step reads its cache's host-side lengths for more than the branch and mask sizes a graph keeps
+        (``cache_layers``); empty when the step run eager with every count one off leaves the same outputs and cache
+        -- then advancing the counts after each replay is all a graph misses."""
+        args, kwargs = flat.rebuild(list(flat.leaves))
+        runs = []
+        for counts in (state.counts, state.counters.shifted()):
+            state.restore()
+            state.counters.write(counts)
+            runs.append((fn(*args, **kwargs), state.current()))
+        state.restore()
+        if identical(runs[0][0], runs[1][0]) and identical(runs[0][1], runs[1][1]):
+            return ""
+        return (
+            "a decode step reads the length its cache counts on the host (run with that count one off, it leaves "
+            "other outputs or cache): a graph would replay the count it was captured at"
+        )
+
+    def _verify(
+        self, graph: CapturedGraph, fn: Callable[..., Any], flat: FlatInputs, state: CacheState
+    ) -> VerifyReport:
+        """The call's own step and the same step on other tokens (each id moved by one), from the same state."""
+        if self.verify == "off":
+            return VerifyReport(VerifyStatus.SKIPPED, True)
+        probes = [list(flat.leaves), [_other_tokens(x) if name == "input_ids" else x for name, x in _named(flat)]]
+        return verify_step(graph, fn, flat, probes, state, mode=self.verify, tolerance_ulps=self.tolerance_ulps)
+
+    def _refuse(
+        self,
+        key: Signature,
+        stage: Stage,
+        why: str,
+        forward: Callable[..., Any],
+        kwargs: dict[str, Any],
+        *,
+        transient: bool = False,
+    ) -> Any:
+        message = f"launchless: {self.name}: a decode step is not replayed as a graph: {why}"
+        error = CaptureError(message, reason=why)
+        if self.explicit and not transient:
+            raise error
+        refusal = Refusal(stage, why, message, error=error, transient=transient)
+        self.graphs.refuse(key, refusal, level=logging.WARNING)
+        return self._eager_step(why, forward, (), kwargs)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The graphs held, one row each, for ``graph_info()``."""
+
+        def row(key: Signature, graph: CapturedGraph) -> dict[str, Any]:
+            report = self.graphs.reports.get(key)
+            return {
+                "signature": key.describe(),
+                "replays": graph.replays,
+                "capture_ms": round(graph.capture_ms, 3),
+                "pool_growth_bytes": graph.pool_growth,
+                "input_bytes": graph.input_bytes,
+                "verification": report.as_dict() if report else None,
+            }
+
+        return self.graphs.rows(row)
+
+
+def _without_cache(output: Any, cache: Any, into: _Output) -> Any:
+    """The step's output without the cache object (the graph returns tensors; the cache is state, not output)."""
+    if not isinstance(output, Mapping):
+        return output
+    into.kind = type(output)
+    into.cache_fields = tuple(k for k, v in output.items() if v is cache)
+    return {k: v for k, v in output.items() if v is not cache}
+
+
+def _rebuilt(output: _Output, tensors: Any, cache: Any) -> Any:
+    """The step's output as the model returns it: the replayed tensors, and the cache where the model put it."""
+    if output.kind is None:
+        return tensors
+    return output.kind(**tensors, **dict.fromkeys(output.cache_fields, cache))
+
+
+def _named(flat: FlatInputs) -> list[tuple[str, Any]]:
+    """The leaves of keyword-only inputs, each with its keyword."""
+    _, kwargs = flat.rebuild(list(range(len(flat.leaves))))
+    names = {position: name for name, position in kwargs.items() if isinstance(position, int)}
+    return [(names.get(i, ""), x) for i, x in enumerate(flat.leaves)]
+
+
+def _other_tokens(ids: torch.Tensor) -> torch.Tensor:
+    """The same step on other tokens: every id one lower (0 one higher), so every id stays in the vocabulary."""
+    return torch.where(ids > 0, ids - 1, ids + 1)
