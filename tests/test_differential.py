@@ -738,3 +738,23 @@ def test_a_worker_killed_in_a_run_of_some_entry_points_charges_one_of_theirs(tmp
 def test_the_timing_pass_takes_no_entry_points() -> None:
     with pytest.raises(SystemExit):
         cli.main(["differential", "run", "--library", "timm", "--timing", "--entries", "wrap-true", "--out", "x"])
+
+
+def test_rows_not_accelerated_are_counted_by_cause() -> None:
+    """Where the share target loses its rows, by cause: the decoding requests a model's class declines a static cache
+    for, splits not faster than eager, cuda_graph=True refusals -- each counted once, accelerated rows not at all."""
+    rows = [
+        _row("a", Status.EAGER, Result.IDENTICAL, None, reason="GitForCausalLM does not support a static KV cache"),
+        _row("b", Status.EAGER, Result.IDENTICAL, None, reason="host sync; split dropped: not faster than eager"),
+        {**_row("c", Status.REFUSED, None, None, reason="CaptureError: launchless cannot ..."), "entry": "wrap-true"},
+        _row("d", Status.GRAPH, Result.IDENTICAL, 2.0),
+    ]
+    assert [report.cause_of(r) for r in rows[:3]] == [
+        "decoding: the model's class tells transformers it has no static cache",
+        "a forward that cannot be one graph, and no split of it faster than eager",
+        "cuda_graph=True raised: no verified graph, and no verified split faster than eager",
+    ]
+    text = report.markdown(rows)
+    section = text[text.index("## Rows not accelerated with a verified result, by cause") :]
+    assert "| decoding: the model's class tells transformers it has no static cache | 1 |" in section
+    assert section.count("| 1 |") >= 3 and "| d |" not in section.split("##")[1]

@@ -191,6 +191,7 @@ def markdown(rows: list[dict[str, Any]], populations: dict[str, dict[str, Any]] 
     )
     out += _per_entry(rows)
     out += _not_accelerated(rows)
+    out += _lost_by_cause(rows)
     speedups = sorted(r["speedup"] for r in built_rows(rows) if r.get("timed_alone") and r["speedup"] is not None)
     if speedups:
         out += [
@@ -261,6 +262,39 @@ def _per_entry(rows: list[dict[str, Any]]) -> list[str]:
     return ["", "## Accelerated and verified, per entry point", "", *_table(
         ["entry", "accelerated and verified", "rows of built models", "share"], body
     )]  # fmt: skip
+
+
+CAUSES: tuple[tuple[str, str], ...] = (  # (what a reason says, the cause it is counted under), first match wins
+    ("does not support a static KV cache", "decoding: the model's class tells transformers it has no static cache"),
+    ("static-cache reference dropped", "decoding: transformers' own static-cache generate() raises for the model"),
+    ("whose update a decode graph cannot replay", "decoding: cache layers a decode graph cannot follow"),
+    ("decoding through graphs raised", "decoding: decoding through graphs raised; generate() as called"),
+    ("eager-noise", "eager differs from itself beyond the rounding bound"),
+    ("not faster than eager", "a forward that cannot be one graph, and no split of it faster than eager"),
+    ("no verified graph", "the compiler backend kept no verified graph"),
+)
+
+
+def cause_of(row: dict[str, Any]) -> str:
+    """The cause a row not accelerated is counted under (``CAUSES``; a ``cuda_graph=True`` refusal as such; else the
+    start of its reason, or ``other``)."""
+    if row["entry"] == Entry.WRAP_TRUE.value and row["status"] == Status.REFUSED.value:
+        return "cuda_graph=True raised: no verified graph, and no verified split faster than eager"
+    reason = row.get("reason") or ""
+    for says, cause in CAUSES:
+        if says in reason:
+            return cause
+    return reason.split(":", 1)[0][:80] or "other"
+
+
+def _lost_by_cause(rows: list[dict[str, Any]]) -> list[str]:
+    """The rows of built models not accelerated with a verified result, counted by cause: what the share target would
+    need changed, in the library or in the models."""
+    lost = Counter(cause_of(r) for r in built_rows(rows) if not accelerated_and_verified(r))
+    if not lost:
+        return []
+    body = [[cause, n] for cause, n in sorted(lost.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return ["", "## Rows not accelerated with a verified result, by cause", "", *_table(["cause", "rows"], body)]
 
 
 def _not_accelerated(rows: list[dict[str, Any]]) -> list[str]:
