@@ -5,7 +5,8 @@
 #
 # Steps run in order; each writes under OUT_DIR/<step>/ and logs to OUT_DIR/<step>*.log; a failing step does
 # not stop the next. At the end OUT_DIR is packed into OUT_DIR.tgz (a device call returns only a few files of at
-# most 16 MiB each: one archive, checkpoints and generated images left out, loses nothing else). Steps:
+# most 16 MiB each: one archive, checkpoints and generated images left out, loses nothing else; where OUT_DIR is a
+# folder of $OUT it is removed once packed, so that the archive alone comes back). Steps:
 #   install            pip install -e . into the interpreter that runs the rest (the README's backend="launchless"
 #                      block and the CLI need the entry points); run it first
 #   tests              python -m pytest -m cuda (all GPU tests; more than one device call holds: use the parts)
@@ -190,7 +191,11 @@ print(*[w.name for w in suite(STANDARD) if w.kind != "training"])')"
   esac
 done
 tar czf "$out.tgz" --exclude="*.pt" --exclude="tiny-data" -C "$(dirname "$out")" "$(basename "$out")"
-if [ -n "${OUT:-}" ] && [ -d "$OUT" ] && [ "$(cd "$(dirname "$out")" && pwd)" != "$(cd "$OUT" && pwd)" ]; then
-  cp "$out.tgz" "$OUT/"  # on the device: the archive is what comes back
-fi
 cat "$out/steps.txt"
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then  # on the device: the archive is what comes back, and only it
+  if [ "$(cd "$(dirname "$out")" && pwd)" != "$(cd "$OUT" && pwd)" ]; then
+    cp "$out.tgz" "$OUT/"
+  else
+    rm -rf "$out"  # a folder of many files under $OUT would come back cut short (a call returns a few files)
+  fi
+fi
