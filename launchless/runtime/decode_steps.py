@@ -91,6 +91,8 @@ class DecodeSteps:
     def step(
         self, forward: Callable[..., Any], cache: Any, keyword: str, first: bool, args: tuple, kwargs: dict[str, Any]
     ) -> Any:
+        """One forward of the routed model while ``generate()`` runs: the prompt's (``first``) and any not on
+        ``cache`` eager; a decode step replayed, captured, or eager with its reason counted."""
         if first or args or kwargs.get(keyword) is not cache:
             self.prefills += first
             return forward(*args, **kwargs)  # the prompt's forward runs eager
