@@ -29,7 +29,7 @@ from ..core.status import Admission, Stage, VerifyStatus
 from ..core.verify import VerifyReport, identical, verify_step
 from ..errors import CaptureError
 from .cache_layers import CacheState, HostCounters
-from .static_cache import cache_slots, cache_tensors, host_state, in_slot
+from .static_cache import cache_slots, cache_tensors, host_state
 
 
 @dataclasses.dataclass
@@ -47,7 +47,7 @@ class _Held:
     replayed tensors, and the lengths the cache counts on the host (advanced after each replay)."""
 
     cache: Any
-    slots: list[tuple[Any, Any, torch.Tensor]]
+    slots: list[tuple[dict, Any, torch.Tensor]]
     output: _Output
     counters: HostCounters
 
@@ -111,7 +111,7 @@ class DecodeSteps:
         graph = graphs.get(key)
         if graph is not None:
             held = self._state[key]
-            if held.cache is cache and all(in_slot(h, name) is t for h, name, t in held.slots):  # no sort per step
+            if held.cache is cache and all(m.get(name) is t for m, name, t in held.slots):  # no sort per step
                 if held.counters and not held.counters.fits(1):  # refused before decoding; kept as a guard
                     return self._eager_step("a sliding window fills at this step", forward, args, kwargs)
                 self.replayed += 1

@@ -71,24 +71,21 @@ def cache_tensors(cache: Any) -> list[torch.Tensor]:
     return [tensor for _, _, tensor in cache_slots(cache)]
 
 
-def cache_slots(cache: Any) -> list[tuple[Any, Any, torch.Tensor]]:
-    """(holder, attribute, tensor) for every tensor a static cache holds: what a decode graph reads and writes. A
-    linear-attention layer keeps its states in dicts by state index: the dict is their holder, the index their
-    attribute."""
+def cache_slots(cache: Any) -> list[tuple[dict, Any, torch.Tensor]]:
+    """(mapping, key, tensor) for every tensor a static cache holds: what a decode graph reads and writes, and where
+    (``mapping.get(key) is tensor`` while the cache still holds it: one lookup a slot per replayed step). The mapping
+    is a layer's or the cache's attributes (``vars``); a linear-attention layer keeps its states in dicts by state
+    index, which are their mappings."""
     holders = [*getattr(cache, "layers", ()), cache]
-    slots: list[tuple[Any, Any, torch.Tensor]] = []
+    slots: list[tuple[dict, Any, torch.Tensor]] = []
     for holder in holders:
-        for name, value in sorted(vars(holder).items()):
+        attributes = vars(holder)
+        for name, value in sorted(attributes.items()):
             if isinstance(value, torch.Tensor):
-                slots.append((holder, name, value))
+                slots.append((attributes, name, value))
             elif isinstance(value, dict):
                 slots += [(value, k, v) for k, v in sorted(value.items()) if isinstance(v, torch.Tensor)]
     return slots
-
-
-def in_slot(holder: Any, name: Any) -> Any:
-    """What ``holder`` holds at ``name`` now (a ``cache_slots`` slot)."""
-    return holder.get(name) if isinstance(holder, dict) else vars(holder).get(name)
 
 
 def host_state(cache: Any) -> dict[str, str]:
