@@ -458,4 +458,55 @@ def test_a_hybrids_linear_attention_states_replay_with_eager_static_tokens(name:
             assert torch.equal(wrapped.generate(**request), reference), f"call {call}"
     decode = wrapped.graph_info()["decode"]
     assert decode["steps_replayed"] > 0 and decode["generations_eager"] == {}, decode
-    assert [c["proof"] for c in decode["classes"]] == ["proven"], decode["classes"]
+    if name in OWN_STEP_INPUTS:  # generate()'s own loop decodes them, its steps replaying the graphs
+        assert decode["classes"] == [] and list(decode["through_generate"]) == [OWN_INPUTS_SAY], decode
+    else:
+        assert [c["proof"] for c in decode["classes"]] == ["proven"], decode["classes"]
+
+
+# hybrids whose class prepares a step's inputs its own way (``prepare_inputs_for_generation``), and what is said of it
+OWN_STEP_INPUTS = ("bamba", "nemotron_h")
+OWN_INPUTS_SAY = "this transformers prepares a step's inputs in a way the loop does not follow"
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+@pytest.mark.parametrize("name", ["bert", "gpt_neo", "falcon_h1"])
+def test_decoders_that_do_not_vouch_for_the_static_cache_replay_once_their_class_is_proven(
+    name: str, grad_mode: str
+) -> None:
+    """Classes that do not tell transformers they run on a static cache (an encoder as a decoder, GPT-Neo, a
+    hybrid): a class's first call decodes eager both ways and hands out generate()'s own tokens; later calls, on
+    fresh prompts, replay the decode graphs with the tokens of generate() as called."""
+    model = population_decoder(name, torch.float32)
+    assert not (getattr(model, "_can_compile_fullgraph", False) or getattr(model, "_supports_static_cache", False))
+    wrapped = ll.wrap(model)
+    generator = torch.Generator().manual_seed(7)
+    vocabulary = min(model.config.vocab_size, 4096)
+    with GRAD_MODES[grad_mode]():
+        for call in range(4):
+            ids = torch.randint(3, vocabulary, (2, 10), generator=generator).cuda()
+            request = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": 20}
+            request |= {"do_sample": False, "pad_token_id": 0}
+            assert torch.equal(wrapped.generate(**request), model.generate(**request)), f"call {call}"
+    decode = wrapped.graph_info()["decode"]
+    assert [c["proof"] for c in decode["cache_classes"]] == ["proven"], decode["cache_classes"]
+    assert decode["steps_replayed"] > 0 and decode["generations_eager"] == {}, decode
+
+
+def test_a_write_past_the_static_cache_is_stopped_on_the_host_not_asserted_on_the_device(caplog) -> None:
+    """A class that does not vouch for the static cache and writes it wrongly (every layer into the first: a layer
+    index wired wrong) would write past its end -- on the GPU a device-side assert that ends the process. The
+    proof's writes are checked on the host first: the call decodes as generate() as called, one WARNING names the
+    write, and the GPU goes on working."""
+    model, request = decoder("decode:llama-tiny@b8", new_tokens=40)
+    model._can_compile_fullgraph = False
+    for layer in model.model.layers:
+        layer.self_attn.layer_idx = 0
+    wrapped = ll.wrap(model)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="launchless"):
+        for _ in range(2):
+            assert torch.equal(wrapped.generate(**request), model.generate(**request))
+    torch.cuda.synchronize()
+    lines = [r.getMessage() for r in caplog.records if "StaticCacheOverflow" in r.getMessage()]
+    assert len(lines) == 1 and "would be written past its end" in lines[0], lines
+    assert wrapped.graph_info()["decode"]["steps_replayed"] == 0

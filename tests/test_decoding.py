@@ -119,18 +119,101 @@ def test_what_decodes_eager_is_named(kwargs: dict, says: str) -> None:
     assert static_cache_refusal(model, {}) is None
 
 
-def test_a_model_without_static_cache_support_decodes_eager_with_one_warning(caplog) -> None:
+def unvouched_llama() -> tuple[torch.nn.Module, dict]:
+    """A tiny Llama whose class does not tell transformers it runs on a static cache (as BERT's or Mamba's)."""
     model, request = tiny_llama()
     model._can_compile_fullgraph = False
+    return model, request
+
+
+def fresh(request: dict, seed: int, *, pads: int = 0) -> dict:
+    """The request with new prompt ids, its first row's first ``pads`` positions padded."""
+    ids = torch.randint(1, 100, request["input_ids"].shape, generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    mask[0, :pads] = 0
+    return dict(request, input_ids=ids.masked_fill(mask == 0, 0), attention_mask=mask, pad_token_id=0)
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])
+def test_a_class_that_does_not_vouch_for_the_static_cache_decodes_through_graphs_once_proven(
+    monkeypatch, grad_mode
+) -> None:
+    """The first call of each class (here: unpadded, then left-padded) decodes both ways and hands out generate()'s
+    own tokens; later calls of a proven class replay the decode graphs, with generate()'s tokens on fresh prompts."""
+    captures: list = []
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture(captures))
+    model, request = unvouched_llama()
     graphs = decode_graphs(model)
-    with caplog.at_level(logging.WARNING, logger="launchless"):
-        for _ in range(2):
-            tokens = graphs.generate(model, (), dict(request))
-    assert torch.equal(tokens, model.generate(**request))  # plain generate(): the dynamic cache
-    lines = [r.getMessage() for r in caplog.records if "decodes eager" in r.getMessage()]
-    assert len(lines) == 1 and "does not support a static KV cache" in lines[0], lines
-    with pytest.raises(CaptureError, match="cannot decode through graphs: LlamaForCausalLM does not support"):
-        decode_graphs(model, explicit=True).generate(model, (), dict(request))
+    with grad_mode():
+        for seed, pads in [(0, 0), (1, 0), (2, 0), (3, 2), (4, 3)]:
+            call = fresh(request, seed, pads=pads)
+            assert torch.equal(graphs.generate(model, (), dict(call)), model.generate(**call)), (seed, pads)
+    info = graphs.info()
+    assert [(c["left_padded"], c["proof"]) for c in info["cache_classes"]] == [(False, "proven"), (True, "proven")]
+    assert info["generations_eager"] == {} and info["steps_replayed"] > 0 and captures, info
+    assert info["generate_calls"] == 3, info  # the two proofs decoded eager: on the static cache, and as called
+
+
+def test_a_class_whose_static_cache_parts_from_its_own_generate_goes_through_generate_with_one_warning(
+    monkeypatch, caplog
+) -> None:
+    """A class that reads a static cache otherwise than its own (here: a hook that favours token 7 when the cache
+    is static) parts at its class's first call: the caller gets generate()'s own tokens, every time, with one
+    WARNING that says where the two parted; cuda_graph=True raises naming it."""
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
+    model, request = unvouched_llama()
+    keyword = static_cache.cache_keyword(model)
+
+    def reads_static_otherwise(module, args, kwargs, output):
+        if isinstance(kwargs.get(keyword), transformers.StaticCache):
+            output.logits[..., 7] += 1e4
+        return output
+
+    model.register_forward_hook(reads_static_otherwise, with_kwargs=True)
+    graphs = decode_graphs(model)
+    single = {k: v[:1] if isinstance(v, torch.Tensor) else v for k, v in fresh(request, 0).items()}
+    got, expected = RecordingStreamer(), RecordingStreamer()
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="launchless"):
+        first = graphs.generate(model, (), dict(single, streamer=got))
+        assert torch.equal(first, model.generate(**single, streamer=expected))
+        assert got.puts == expected.puts and got.ended  # the streamer got generate()'s tokens alone
+        for seed in (1, 2):
+            assert torch.equal(graphs.generate(model, (), fresh(request, seed)), model.generate(**fresh(request, seed)))
+    lines = [r.getMessage() for r in caplog.records if "static cache" in r.getMessage()]
+    assert len(lines) == 2, lines  # one a class: batch 1, then batch 2
+    assert "does not tell transformers it runs on a static cache" in lines[0], lines
+    assert "batch 1, unpadded, greedy" in lines[0] and "row 0 at new token 1 (of 6)" in lines[0], lines
+    info = graphs.info()
+    assert [(c["batch"], c["proof"]) for c in info["cache_classes"]] == [(1, "parted"), (2, "parted")], info
+    assert sum(info["generations_eager"].values()) == 3 and info["generate_calls"] == 0, info  # nothing replayed
+    parted = r"parted from generate\(\) as called for .*: row 0 at new"
+    with torch.no_grad(), pytest.raises(CaptureError, match=parted):
+        decode_graphs(model, explicit=True).generate(model, (), fresh(request, 0))
+
+
+@pytest.mark.parametrize(("new_tokens", "says"), [
+    (6, "its attention layers hold [20, 0] positions after the generation, not one length"),
+    (40, "StaticCacheOverflow: layer 0 of the static cache would be written past its end: 64 positions written, 1"),
+])  # fmt: skip
+def test_a_class_that_writes_the_static_cache_otherwise_goes_through_generate_naming_it(
+    monkeypatch, caplog, new_tokens: int, says: str
+) -> None:
+    """Every attention layer writing the cache's first layer (a layer index wired wrong): within the cache's length
+    the layers' lengths part; past it the write is stopped on the host before it is made (on the GPU it would be a
+    device-side assert, fatal to the process). Either way the call and its class decode through generate() as called,
+    with one WARNING naming it."""
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
+    model, request = unvouched_llama()
+    for layer in model.model.layers:
+        layer.self_attn.layer_idx = 0
+    request = dict(request, max_new_tokens=new_tokens)
+    graphs = decode_graphs(model)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="launchless"):
+        for seed in (0, 1):
+            assert torch.equal(graphs.generate(model, (), fresh(request, seed)), model.generate(**fresh(request, seed)))
+    lines = [r.getMessage() for r in caplog.records if "static cache" in r.getMessage()]
+    assert len(lines) == 1 and says in lines[0], lines
+    assert graphs.info()["steps_replayed"] == 0 and "forward" not in model.__dict__
 
 
 @pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])

@@ -23,17 +23,23 @@ on the same memory, so one graph replays them all. ``wrap(model).generate(...)``
 5. proves the loop once per class of calls (``CallClass``: model class, dtype, batch, left padding, greedy or
    sampling settings, end and pad tokens): the class's first call decodes both ways on the same graphs, and the
    caller gets ``generate()``'s own loop's tokens. Tokens and random-number generator alike: later calls of the
-   class run the loop; else one WARNING says where they parted, and the class keeps to ``generate()``'s own loop.
+   class run the loop; else one WARNING says where they parted, and the class keeps to ``generate()``'s own loop;
+6. where the model's class does not tell transformers it runs on a static cache (``vouches_for_static_cache``: most
+   such classes do decode on one as on their own cache, some overflow it, ignore it or mask it otherwise), proves the
+   static cache too, once per class of calls: the class's first call decodes through the graphs and by
+   ``model.generate()`` as called, and the caller gets the latter. Tokens and generator state alike: later calls of
+   the class decode through graphs; else one WARNING says where they parted, and the class goes through
+   ``generate()`` as called from then on.
 
 Decoding goes through ``model.generate()`` as called (the model's own cache, nothing of ours per step), with one
-WARNING naming why, for a model whose class says it cannot use a static cache, a static cache whose layers a graph
-cannot replay (``cache_layers``: a dynamic attention cache in a hybrid layer, a sliding window that fills within
-the generation), an encoder-decoder, beam search and assisted decoding (they reorder or crop the cache between
-steps), ``use_cache=False``, a cache passed in that is not static, and another cache implementation asked for. So does a
-class of calls whose decoding through graphs raised where ``model.generate()`` does not (before any token reached
-the caller): one WARNING names the exception and its source line. The tokens are those of eager ``generate()`` on
-the same static cache. Against the default dynamic cache they can part after some steps: attention over the static
-cache's full, masked length rounds differently, as it does in transformers' own static-cache recipe.
+WARNING naming why, for a static cache whose layers a graph cannot replay (``cache_layers``: a dynamic attention
+cache in a hybrid layer, a sliding window that fills within the generation), an encoder-decoder, beam search and
+assisted decoding (they reorder or crop the cache between steps), ``use_cache=False``, a cache passed in that is not
+static, and another cache implementation asked for. So does a class of calls whose decoding through graphs raised
+where ``model.generate()`` does not (before any token reached the caller): one WARNING names the exception and its
+source line. The tokens are those of eager ``generate()`` on the same static cache. Against the default dynamic
+cache they can part after some steps: attention over the static cache's full, masked length rounds differently, as
+it does in transformers' own static-cache recipe.
 """
 
 from __future__ import annotations
@@ -74,9 +80,11 @@ from .static_cache import (
     cache_keyword,
     cache_length,
     cache_tensors,
+    checked_writes,
     given_cache,
     new_static_cache,
     static_cache_class,
+    uneven_lengths,
 )
 
 log = logging.getLogger("launchless")
@@ -90,11 +98,6 @@ def static_cache_refusal(model: torch.nn.Module, kwargs: Mapping[str, Any], *, c
         return "the installed transformers has no static KV cache (StaticCache came in transformers 4.38)"
     if getattr(model.config, "is_encoder_decoder", False):
         return "an encoder-decoder keeps two caches; decode graphs are for decoder-only causal LMs"
-    supports = getattr(model, "_can_compile_fullgraph", None)
-    if supports is None:
-        supports = getattr(model, "_supports_static_cache", False)
-    if not supports:
-        return f"{type(model).__name__} does not support a static KV cache (its class says so to transformers)"
     # the settings generate() will use: a generation_config passed in leaves unset what transformers fills in from
     # the model's and its defaults (transformers 5 leaves use_cache, num_beams, ... None until then)
     config = config if config is not None else _resolved_config(model, kwargs, settings_of(model, kwargs))
@@ -117,6 +120,26 @@ def static_cache_refusal(model: torch.nn.Module, kwargs: Mapping[str, Any], *, c
             "transformers StaticCache"
         )
     return None
+
+
+def vouches_for_static_cache(model: torch.nn.Module) -> bool:
+    """Whether the model's class tells transformers it runs on a static cache (``_can_compile_fullgraph``, older
+    ``_supports_static_cache``). transformers takes a ``StaticCache`` from any causal LM, and most classes that do not
+    say so decode on it as on their own cache; some overflow it, ignore it or mask it otherwise. Where a class does
+    not vouch for it, each class of calls is proven against ``model.generate()`` as called
+    (``DecodeGraphs._prove_cache``)."""
+    vouches = getattr(model, "_can_compile_fullgraph", None)
+    if vouches is None:
+        vouches = getattr(model, "_supports_static_cache", False)
+    return bool(vouches)
+
+
+class CacheProof(enum.Enum):
+    """Where a class of calls stands with a static cache its model's class does not vouch for
+    (``DecodeGraphs._prove_cache``)."""
+
+    PROVEN = "proven"  # its first call decoded on the static cache as generate() as called does: graphs decode it
+    PARTED = "parted"  # they parted, or decoding on the static cache raised: generate() as called decodes it
 
 
 class LoopProof(enum.Enum):
@@ -190,7 +213,7 @@ def with_padding(kind: CallClass, prepared: Prepared) -> CallClass:
 
 @dataclasses.dataclass(frozen=True)
 class ClassRecord:
-    proof: LoopProof
+    proof: LoopProof | CacheProof
     reason: str  # why it parted or fell back; empty where proven
 
 
@@ -220,6 +243,20 @@ def _parting(expected: torch.Tensor, got: torch.Tensor, *, start: int) -> str:
     steps = [int(differ[r].nonzero()[0]) - start + 1 for r in rows]
     where = ", ".join(f"row {r} at new token {s}" for r, s in zip(rows, steps, strict=True))
     return f"{where} (of {expected.shape[1] - start})"
+
+
+def _sequences(output: Any) -> torch.Tensor:
+    """The token ids of a ``generate()`` output: the tensor itself, or its ``sequences``."""
+    return output if isinstance(output, torch.Tensor) else output["sequences"]
+
+
+def _left_padded(kwargs: Mapping[str, Any]) -> bool | None:
+    """Whether a prompt of the call is left-padded, from the mask passed in; None without one (``generate()`` infers
+    it from the pad token)."""
+    mask = kwargs.get("attention_mask")
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        return None
+    return not bool(mask.all())
 
 
 def _raised(exc: BaseException) -> str:
@@ -269,6 +306,8 @@ class DecodeGraphs:
         self.through_generate: collections.Counter[str] = collections.Counter()  # why others went through generate()
         self.proofs = 0  # first calls of a class, decoded both ways
         self._classes: dict[CallClass, ClassRecord] = {}  # where each class of calls stands with the loop
+        # where each class of calls stands with a static cache the model's class does not vouch for
+        self._cache_classes: dict[CallClass, ClassRecord] = {}
         self._forwards = [0]  # forwards of the routed model in this decoding: the first is the prompt's
         # what a graph makes of the layers of the static cache the model gets: (its config, the plan) per model class
         # and cache length (the length bounds a sliding-window layer's window: the smaller of the two)
@@ -304,6 +343,14 @@ class DecodeGraphs:
         if record is not None and record.proof is LoopProof.FELL_BACK:
             self.eager_generations[record.reason] += 1  # said once, when the class fell back
             return model.generate(*args, **kwargs)
+        if not vouches_for_static_cache(model) and given_cache(kwargs) is None:  # a cache given is used as given
+            kind = dataclasses.replace(kind, left_padded=_left_padded(kwargs))
+            record = self._cache_classes.get(kind)
+            if record is None:
+                return self._prove_cache(model, args, kwargs, settings=settings, kind=kind)
+            if record.proof is CacheProof.PARTED:
+                self.eager_generations[record.reason] += 1  # said once, when the class parted
+                return model.generate(*args, **kwargs)
         before = generator.get_state()
         streamer = _WatchedStreamer(kwargs["streamer"]) if kwargs.get("streamer") is not None else None
         try:
@@ -315,6 +362,79 @@ class DecodeGraphs:
             result = model.generate(*args, **kwargs)  # what raises here is the model's own error, raised as is
             self._fell_back(kind, exc)
             return result
+
+    def _prove_cache(
+        self,
+        model: torch.nn.Module,
+        args: tuple,
+        kwargs: dict[str, Any],
+        *,
+        settings: GenerationSettings | Exception,
+        kind: CallClass,
+    ) -> Any:
+        """The first call of a class whose model's class does not vouch for the static cache
+        (``vouches_for_static_cache``) decodes twice from the same random-number generator state: eager on the
+        static cache later calls would replay graphs on, every write to it checked on the host first (a write past
+        its end is a device-side assert on the GPU, fatal to the process), then by ``model.generate()`` as called
+        (the model's own cache, the caller's streamer), whose output the caller gets. Tokens and generator state
+        alike, and one length in every attention layer: later calls of the class decode through graphs (whose steps
+        are verified against eager on the same cache). Else one WARNING says where they parted, or what the static
+        cache raised, and the class goes through ``generate()`` as called from then on."""
+        generator = device_generator(next(model.parameters()).device)
+        before = generator.get_state()
+        quiet = {k: v for k, v in kwargs.items() if k != "streamer"}  # the caller's streamer gets eager's tokens
+        static, parted = None, ""
+        try:
+            with self._lock:
+                cache = self._own_cache(model, args, quiet, settings=settings)
+                with checked_writes(cache):
+                    static = model.generate(*args, **self._static_call(model, quiet, cache))
+                parted = uneven_lengths(cache)
+        except Exception as exc:
+            parted = f"decoding on the static cache raised {_raised(exc)}"
+        static_state = generator.get_state()
+        generator.set_state(before)
+        expected = model.generate(*args, **kwargs)  # what raises here is the model's own error, raised as is
+        if not parted:
+            length = (_prompt(args, kwargs) or (0, 0))[1]
+            start = length if kwargs.get("inputs_embeds") is None else 0  # an embedded prompt is not in the output
+            parted = _parting(_sequences(expected), _sequences(static), start=start)
+            if not parted and not torch.equal(generator.get_state(), static_state):
+                parted = "the tokens agree, the random-number generator is left elsewhere"
+        self.proofs += 1
+        if not parted:
+            self._cache_classes[kind] = ClassRecord(CacheProof.PROVEN, "")
+            return expected
+        reason = (
+            f"{kind.model} does not tell transformers it runs on a static cache, and decoding on one parted from "
+            f"generate() as called for {kind.describe()}: {parted}"
+        )
+        self._cache_classes[kind] = ClassRecord(CacheProof.PARTED, reason)
+        self.eager_generations[reason] += 1
+        if self.explicit:
+            raise CaptureError(
+                f"launchless: {self.name}.generate() cannot decode through graphs: {reason}. Use cuda_graph='auto' to "
+                "decode through generate() as called instead",
+                reason=reason,
+            )
+        log.warning(
+            f"launchless: {self.name}.generate() decodes through transformers' generate() as called, without graphs: "
+            f"{reason}. Calls like it do so from now on"
+        )
+        return expected
+
+    def _static_call(self, model: torch.nn.Module, kwargs: Mapping[str, Any], cache: Any) -> dict[str, Any]:
+        """The call's arguments with ``cache`` passed as its cache, and transformers kept from compiling for it."""
+        call = {k: v for k, v in kwargs.items() if k not in CACHE_KEYWORDS} | {cache_keyword(model): cache}
+        if hasattr(model.generation_config, "disable_compile"):
+            call["disable_compile"] = True  # transformers would compile a static-cache forward
+        # the cache is passed: transformers refuses a cache_implementation with it, and fills one a caller's own
+        # generation_config leaves unset from the model's, so it is cleared wherever it was set
+        configs = (kwargs.get("generation_config"), model.generation_config)
+        asked = [kwargs.get("cache_implementation")] + [getattr(c, "cache_implementation", None) for c in configs]
+        if any(a is not None for a in asked):
+            call["cache_implementation"] = None
+        return call
 
     def _graphed_generation(
         self,
@@ -336,15 +456,7 @@ class DecodeGraphs:
             loop = self._loop_request(model, args, kwargs, given=not own, settings=settings)
             if own:
                 cache = self._own_cache(model, args, kwargs, settings=settings)
-            call_kwargs = {k: v for k, v in kwargs.items() if k not in CACHE_KEYWORDS} | {keyword: cache}
-            if hasattr(model.generation_config, "disable_compile"):
-                call_kwargs["disable_compile"] = True  # transformers would compile a static-cache forward
-            # the cache is passed: transformers refuses a cache_implementation with it, and fills one a caller's
-            # own generation_config leaves unset from the model's, so it is cleared wherever it was set
-            configs = (kwargs.get("generation_config"), model.generation_config)
-            asked = [kwargs.get("cache_implementation")] + [getattr(c, "cache_implementation", None) for c in configs]
-            if any(a is not None for a in asked):
-                call_kwargs["cache_implementation"] = None
+            call_kwargs = self._static_call(model, kwargs, cache)
             if streamer is not None:
                 call_kwargs["streamer"] = streamer
             if loop:
@@ -620,6 +732,10 @@ class DecodeGraphs:
             "classes": [
                 {**kind.as_dict(), "proof": record.proof.value, "reason": record.reason}
                 for kind, record in self._classes.items()
+            ],
+            "cache_classes": [
+                {**kind.as_dict(), "proof": record.proof.value, "reason": record.reason}
+                for kind, record in self._cache_classes.items()
             ],
             "static_caches": [
                 {

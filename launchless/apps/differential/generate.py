@@ -4,9 +4,10 @@ Three requests, each on fresh prompts: greedy batch 1 and greedy batch 4 left-pa
 under a seed in float32; under ``inference_mode`` (greedy batch 1 also under ``no_grad``). The tokens must match
 exactly one of two references: eager ``generate()`` on a static cache of the same length with compilation off (the
 cache class decode graphs use), or ``model.generate()`` as called, with the model's own cache (where launchless hands
-the call to it: a cache no graph can follow). The static-cache reference is made only for a call launchless would
-decode through a static cache (``static_cache_refusal`` names none): a model whose class refuses one (MPT, the
-state-space models) may overflow it or ignore it. One that raises is dropped, its error kept in the row's reason;
+the call to it: a cache no graph can follow, or one the model's class does not vouch for that parted from it). The
+static-cache reference is made only for a call launchless would decode through a static cache
+(``static_cache_refusal`` names none); a model that overflows one (MPT) raises there. One that raises is dropped,
+its error kept in the row's reason;
 the row is ``eager-fails`` only where ``model.generate()`` as called raises. The speed is against
 ``model.generate()`` as called: what the user would run instead.
 """

@@ -266,6 +266,11 @@ def _per_entry(rows: list[dict[str, Any]]) -> list[str]:
 
 CAUSES: tuple[tuple[str, str], ...] = (  # (what a reason says, the cause it is counted under), first match wins
     ("does not support a static KV cache", "decoding: the model's class tells transformers it has no static cache"),
+    ("static cache raised", "decoding: a static cache the class does not vouch for raised; generate() as called"),
+    (
+        "does not tell transformers it runs on a static cache",
+        "decoding: a static cache the class does not vouch for parted from its own generate()",
+    ),
     ("static-cache reference dropped", "decoding: transformers' own static-cache generate() raises for the model"),
     ("whose update a decode graph cannot replay", "decoding: cache layers a decode graph cannot follow"),
     ("decoding through graphs raised", "decoding: decoding through graphs raised; generate() as called"),
