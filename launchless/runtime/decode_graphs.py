@@ -61,7 +61,7 @@ from typing import Any
 import torch
 
 from ..errors import CaptureError
-from .cache_layers import LayerPlan, unfollowed_layers
+from .cache_layers import LayerPlan, checked_writes, uneven_lengths, unfollowed_layers
 from .decode_loop import (
     GenerationSettings,
     Prepared,
@@ -80,11 +80,9 @@ from .static_cache import (
     cache_keyword,
     cache_length,
     cache_tensors,
-    checked_writes,
     given_cache,
     new_static_cache,
     static_cache_class,
-    uneven_lengths,
 )
 
 log = logging.getLogger("launchless")

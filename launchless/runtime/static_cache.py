@@ -9,9 +9,8 @@ graph reads and writes the former in place; a step that changed the latter could
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -105,68 +104,3 @@ def _leaves(value: Any) -> list[Any]:
     if isinstance(value, dict):
         value = list(value.values())
     return [x for item in value for x in _leaves(item)] if isinstance(value, (list, tuple)) else [value]
-
-
-class StaticCacheOverflow(IndexError):
-    """A cache write that would land past a static cache layer's end (on the GPU: a device-side assert, fatal to the
-    process), caught on the host before it is made."""
-
-
-def _bounded_layers(cache: Any) -> list[Any]:
-    """The layers of a static cache that write one position per token up to a fixed end: a full attention layer
-    (a sliding window rolls over its end; a linear-attention layer keeps states of fixed shapes)."""
-    return [
-        layer
-        for layer in getattr(cache, "layers", ())
-        if getattr(layer, "max_cache_len", None) is not None
-        and hasattr(layer, "get_seq_length")
-        and not getattr(layer, "is_sliding", False)
-    ]
-
-
-@contextlib.contextmanager
-def checked_writes(cache: Any) -> Iterator[None]:
-    """While the block runs, every write to a full attention layer of ``cache`` is checked on the host first (a read
-    of the device per layer and step) and raises ``StaticCacheOverflow`` where it would land past the layer's end:
-    eager decoding of a model whose class does not vouch for the static cache, once per class of calls. Raises
-    ``StaticCacheOverflow`` at once where the cache has no layer that can be checked so."""
-    layers = _bounded_layers(cache)
-    if not layers:
-        raise StaticCacheOverflow(f"{type(cache).__name__} has no layer whose writes can be checked")
-    own = [layer.__dict__.get("update") for layer in layers]  # an update already set on a layer is put back
-    for index, layer in enumerate(layers):
-        update = layer.update
-
-        def checked(key_states: torch.Tensor, *args: Any, _update: Any = update, _layer: Any = layer,
-                    _index: int = index, **kwargs: Any) -> Any:  # fmt: skip
-            written = _written(_layer)
-            if written + key_states.shape[-2] > _layer.max_cache_len:
-                raise StaticCacheOverflow(
-                    f"layer {_index} of the static cache would be written past its end: {written} positions written, "
-                    f"{key_states.shape[-2]} more, {_layer.max_cache_len} held"
-                )
-            return _update(key_states, *args, **kwargs)
-
-        layer.update = checked
-    try:
-        yield
-    finally:
-        for layer, update in zip(layers, own, strict=True):
-            if update is None:
-                del layer.update
-            else:
-                layer.update = update
-
-
-def _written(layer: Any) -> int:
-    """The positions a static cache layer holds (a read of the device in newer transformers)."""
-    return int(layer.get_seq_length()) if getattr(layer, "is_initialized", True) else 0
-
-
-def uneven_lengths(cache: Any) -> str:
-    """Where the full attention layers of ``cache`` hold different lengths after a generation (a model that writes
-    some layer more often than once a token, or never); empty where they hold one length."""
-    lengths = [_written(layer) for layer in _bounded_layers(cache)]
-    if len(set(lengths)) <= 1:
-        return ""
-    return f"its attention layers hold {lengths} positions after the generation, not one length"
