@@ -494,14 +494,23 @@ def test_decoders_that_do_not_vouch_for_the_static_cache_replay_once_their_class
 
 
 def test_a_write_past_the_static_cache_is_stopped_on_the_host_not_asserted_on_the_device(caplog) -> None:
-    """A class that does not vouch for the static cache and writes it wrongly (every layer into the first: a layer
-    index wired wrong) would write past its end -- on the GPU a device-side assert that ends the process. The
-    proof's writes are checked on the host first: the call decodes as generate() as called, one WARNING names the
-    write, and the GPU goes on working."""
+    """A class that does not vouch for the static cache and writes it more often than once a token (here: its first
+    attention layer writes every token twice where the cache is static) would write past its end -- on the GPU a
+    device-side assert that ends the process. The proof's writes are checked on the host first: the call decodes as
+    generate() as called, one WARNING names the write, and the GPU goes on working."""
     model, request = decoder("decode:llama-tiny@b8", new_tokens=40)
     model._can_compile_fullgraph = False
-    for layer in model.model.layers:
-        layer.self_attn.layer_idx = 0
+    config = model.config
+    heads, size = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
+
+    def writes_twice(module, args, kwargs):
+        cache = next((v for v in kwargs.values() if isinstance(v, transformers.StaticCache)), None)
+        if cache is not None:
+            hidden = kwargs.get("hidden_states", args[0] if args else None)
+            extra = hidden.new_zeros(hidden.shape[0], heads, hidden.shape[1], size)
+            cache.update(extra, extra, 0)
+
+    model.model.layers[0].self_attn.register_forward_pre_hook(writes_twice, with_kwargs=True)
     wrapped = ll.wrap(model)
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="launchless"):
         for _ in range(2):
