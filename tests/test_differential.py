@@ -353,6 +353,11 @@ def test_a_close_reading_is_measured_again_in_more_rounds(monkeypatch) -> None:
         "eager_ms": 10.0, "accelerated_ms": 5.0, "speedup": 2.0, "measured": "back_to_back", "eager_spread": 0.0099,
         "repeated": False,
     }  # fmt: skip
+    readings = iter([(80.0, 90.0), (80.0, 81.0)])  # generations, waited for: 0.889, so measured again
+    seen.clear()
+    reading = timing.measured(calls, waited_only=True)
+    assert seen == [timing.ROUNDS, timing.REPEAT_ROUNDS] and reading["speedup"] == 0.988, reading
+    assert reading["measured"] == "waited" and reading["repeated"], reading
 
 
 def test_bounded_rows_name_their_class_and_bound() -> None:

@@ -460,9 +460,28 @@ class DecodeGraphs:
             if loop:
                 decode = functools.partial(self._decode, model, kind, cache, streamer)
                 call_kwargs["custom_generate"] = decoding_method(decode)
+            replayed, refused = self.steps.replayed, self.steps.refused
             with self._routed(model, cache, keyword):
                 result = model.generate(*args, **call_kwargs)
+            if own and self.steps.replayed == replayed and self.steps.refused > refused:
+                self._nothing_replays(kind)
             return self._handed_out(result, cache) if own else result
+
+    def _nothing_replays(self, kind: CallClass) -> None:
+        """A generation whose decode steps all ran eager, their graph refused for good: eager steps on the static cache
+        (attention over its whole masked length) cost more than ``generate()`` as called, so the class goes through
+        that from then on, said once."""
+        reason = (
+            f"no decode step replays as a graph ({self.steps.refusal}); eager steps on a static cache cost more than "
+            "generate() as called"
+        )
+        self._classes[kind] = ClassRecord(LoopProof.FELL_BACK, reason)
+        self.steps.graphs.log_once(
+            f"nothing-replays:{kind}",
+            logging.INFO,
+            f"launchless: {self.name}.generate() decodes through transformers' generate() as called, without graphs, "
+            f"for {kind.describe()}: {reason}. Calls like it do so from now on",
+        )
 
     def _decode(
         self, model: torch.nn.Module, kind: CallClass, cache: Any, streamer: Any, prepared: Prepared

@@ -80,6 +80,8 @@ class DecodeSteps:
         self._next_serial = itertools.count()
         self.prefills = self.replayed = 0
         self.eager_steps: collections.Counter[str] = collections.Counter()
+        self.refused = 0  # steps run eager because their graph was refused for good
+        self.refusal = ""  # the latest such refusal's reason
 
     def forget(self, cache: Any) -> None:
         """A cache dropped: the graphs captured on it go too."""
@@ -131,7 +133,7 @@ class DecodeSteps:
             return self._capture_and_run(key, flat, forward, cache, keyword, kwargs)
         if admission is Admission.REFUSED:
             refusal = graphs.refusal(key)
-            return self._eager_step(refusal.reason if refusal else "refused", forward, args, kwargs)
+            return self._refused_step(refusal.reason if refusal else "refused", forward, args, kwargs)
         if admission is Admission.OVER_CAPACITY:
             why = f"more decode shapes in use than max_graphs={graphs.max_graphs}"
             return self._eager_step(why, forward, args, kwargs)
@@ -152,6 +154,13 @@ class DecodeSteps:
     def _eager_step(self, why: str, forward: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         self.eager_steps[why] += 1
         return forward(*args, **kwargs)
+
+    def _refused_step(self, why: str, forward: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        """A step whose graph was refused for good, run eager: counted, so that ``DecodeGraphs`` can send a class of
+        calls none of whose steps replays to ``generate()`` as called."""
+        self.refused += 1
+        self.refusal = why
+        return self._eager_step(why, forward, args, kwargs)
 
     def _capture_and_run(
         self,
@@ -255,7 +264,9 @@ class DecodeSteps:
             raise error
         refusal = Refusal(stage, why, message, error=error, transient=transient)
         self.graphs.refuse(key, refusal, level=logging.WARNING)
-        return self._eager_step(why, forward, (), kwargs)
+        if transient:
+            return self._eager_step(why, forward, (), kwargs)
+        return self._refused_step(why, forward, (), kwargs)
 
     def rows(self) -> list[dict[str, Any]]:
         """The graphs held, one row each, for ``graph_info()``."""

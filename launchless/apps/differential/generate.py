@@ -15,7 +15,9 @@ the row is ``eager-fails`` only where ``model.generate()`` as called raises. The
 from __future__ import annotations
 
 import copy
+import functools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -234,9 +236,12 @@ def _time(row: dict[str, Any], model: torch.nn.Module, fast: Any, request: dict[
     )
 
 
-def decode_speed(built: Built, entry: Entry, seed: int) -> dict[str, Any]:
-    """``eager_ms``, ``accelerated_ms`` and ``speedup`` of ``entry``'s request (the timing pass, under the caller's
-    grad mode): one warm generation first -- the first call of its class decodes both ways -- then ``_time``."""
+def decode_speed(
+    built: Built, entry: Entry, seed: int, reading: Callable[[dict[str, Any]], dict[str, Any]]
+) -> dict[str, Any]:
+    """``reading`` (the timing pass's, under the caller's grad mode) of ``entry``'s request: ``model.generate()`` as
+    called twice a round (how far it strays from itself) against ``wrap(model).generate()``, after one warm
+    generation -- the first call of its class decodes both ways."""
     from ... import wrap
 
     fast: Any = None
@@ -245,8 +250,8 @@ def decode_speed(built: Built, entry: Entry, seed: int) -> dict[str, Any]:
         request = requests(torch.Generator().manual_seed(seed))
         fast = wrap(model)
         _seeded(lambda _, r: fast.generate(**r), seed, model, request)
-        measured: dict[str, Any] = {}
-        _time(measured, model, fast, request, seed)
-        return {k: measured[k] for k in ("eager_ms", "accelerated_ms", "speedup")}
+        eager = functools.partial(_seeded, _as_called, seed, model, request)
+        accelerated = functools.partial(_seeded, lambda _, r: fast.generate(**r), seed, model, request)
+        return reading({"eager": eager, "accelerated": accelerated, "eager_again": eager})
     finally:
         release(fast)

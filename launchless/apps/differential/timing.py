@@ -11,7 +11,8 @@ two. A reading under ``CLOSE_CALL`` is decided by a repeat with three times the 
 between its kernels (a detector) strays by some percent from round to round. Its status is what ``graph_info()``
 says the timed calls ran (a whole graph, a split, or eager: alone, the
 speed judgements of "auto" may decide otherwise than beside other workers). A causal LM adds greedy batch-1
-decoding against ``model.generate()`` as called. The merge lays these figures over the correctness rows
+decoding against ``model.generate()`` as called (waited for: a generation returns its tokens to the host), by the same
+rule. The merge lays these figures over the correctness rows
 (``report.apply_timings``, the status as ``timed_status``); the speed target reads only rows timed alone.
 """
 
@@ -76,27 +77,27 @@ def _forward_timing(built: Any, entry: Entry, mode: GradMode, seed: int) -> dict
         release(accelerated)
 
 
-def measured(calls: dict[str, Any]) -> dict[str, Any]:
+def measured(calls: dict[str, Any], *, waited_only: bool = False) -> dict[str, Any]:
     """The reading of ``calls`` (``eager``, ``accelerated``, ``eager_again``); one under ``CLOSE_CALL`` is replaced
-    by a repeat in ``REPEAT_ROUNDS`` rounds (``repeated``)."""
-    reading = _reading(calls, rounds=ROUNDS)
+    by a repeat in ``REPEAT_ROUNDS`` rounds (``repeated``). ``waited_only``: calls that wait for the GPU themselves
+    (a generation returns its tokens to the host), timed only so."""
+    reading = _reading(calls, rounds=ROUNDS, waited_only=waited_only)
     if reading["speedup"] >= CLOSE_CALL:
         return {**reading, "repeated": False}
-    return {**_reading(calls, rounds=REPEAT_ROUNDS), "repeated": True}
+    return {**_reading(calls, rounds=REPEAT_ROUNDS, waited_only=waited_only), "repeated": True}
 
 
-def _reading(calls: dict[str, Any], *, rounds: int) -> dict[str, Any]:
+def _reading(calls: dict[str, Any], *, rounds: int, waited_only: bool) -> dict[str, Any]:
     """Eager against accelerated, back to back and waited for, in ``rounds`` interleaved rounds: the smaller
     speed-up of the two, its milliseconds, and how far eager strays from itself (the larger of the two)."""
-    back_to_back = interleaved_ms(calls, waited=False, rounds=rounds, per_round=PER_ROUND)
-    waited = interleaved_ms(calls, waited=True, rounds=rounds, per_round=1)
-    speedups = {
-        "back_to_back": back_to_back["eager"] / back_to_back["accelerated"],
-        "waited": waited["eager"] / waited["accelerated"],
-    }
+    readings = {}
+    if not waited_only:
+        readings["back_to_back"] = interleaved_ms(calls, waited=False, rounds=rounds, per_round=PER_ROUND)
+    readings["waited"] = interleaved_ms(calls, waited=True, rounds=rounds, per_round=1)
+    speedups = {how: timings["eager"] / timings["accelerated"] for how, timings in readings.items()}
     slower = min(speedups, key=speedups.__getitem__)
-    timings = back_to_back if slower == "back_to_back" else waited
-    spread = max(abs(1 - t["eager"] / t["eager_again"]) for t in (back_to_back, waited))
+    timings = readings[slower]
+    spread = max(abs(1 - t["eager"] / t["eager_again"]) for t in readings.values())
     return {
         "eager_ms": round(timings["eager"], 4),
         "accelerated_ms": round(timings["accelerated"], 4),
@@ -112,7 +113,8 @@ def _decode_timing(candidate: Candidate, built: Any, seed: int) -> dict[str, Any
     entry, mode = DECODE_TIMED
     try:
         with grad_mode(mode):
-            return _timing(entry, mode, **decode_speed(built, entry, seed), measured="waited")
+            reading = functools.partial(measured, waited_only=True)  # a generation waits for its tokens
+            return _timing(entry, mode, **decode_speed(built, entry, seed, reading))
     except Exception as exc:
         return _timing(entry, mode, error=one_line(exc))
 
