@@ -48,7 +48,6 @@ import collections
 import contextlib
 import copy
 import dataclasses
-import enum
 import functools
 import inspect
 import logging
@@ -62,6 +61,20 @@ import torch
 
 from ..errors import CaptureError
 from .cache_layers import LayerPlan, checked_writes, uneven_lengths, unfollowed_layers
+from .call_classes import (
+    CacheProof,
+    CallClass,
+    ClassRecord,
+    LoopProof,
+    call_class,
+    left_padded,
+    parting,
+    prompt_shape,
+    resolved_config,
+    sequences,
+    vouches_for_static_cache,
+    with_padding,
+)
 from .decode_loop import (
     GenerationSettings,
     Prepared,
@@ -98,7 +111,7 @@ def static_cache_refusal(model: torch.nn.Module, kwargs: Mapping[str, Any], *, c
         return "an encoder-decoder keeps two caches; decode graphs are for decoder-only causal LMs"
     # the settings generate() will use: a generation_config passed in leaves unset what transformers fills in from
     # the model's and its defaults (transformers 5 leaves use_cache, num_beams, ... None until then)
-    config = config if config is not None else _resolved_config(model, kwargs, settings_of(model, kwargs))
+    config = config if config is not None else resolved_config(model, kwargs, settings_of(model, kwargs))
     if kwargs.get("use_cache", getattr(config, "use_cache", True)) is False:
         return "use_cache=False runs the whole sequence again at every step, without a cache"
     beams = kwargs.get("num_beams", getattr(config, "num_beams", 1)) or 1
@@ -120,101 +133,6 @@ def static_cache_refusal(model: torch.nn.Module, kwargs: Mapping[str, Any], *, c
     return None
 
 
-def vouches_for_static_cache(model: torch.nn.Module) -> bool:
-    """Whether the model's class tells transformers it runs on a static cache (``_can_compile_fullgraph``, older
-    ``_supports_static_cache``). transformers takes a ``StaticCache`` from any causal LM, and most classes that do not
-    say so decode on it as on their own cache; some overflow it, ignore it or mask it otherwise. Where a class does
-    not vouch for it, each class of calls is proven against ``model.generate()`` as called
-    (``DecodeGraphs._prove_cache``)."""
-    vouches = getattr(model, "_can_compile_fullgraph", None)
-    if vouches is None:
-        vouches = getattr(model, "_supports_static_cache", False)
-    return bool(vouches)
-
-
-class CacheProof(enum.Enum):
-    """Where a class of calls stands with a static cache its model's class does not vouch for
-    (``DecodeGraphs._prove_cache``)."""
-
-    PROVEN = "proven"  # its first call decoded on the static cache as generate() as called does: graphs decode it
-    PARTED = "parted"  # they parted, or decoding on the static cache raised: generate() as called decodes it
-
-
-class LoopProof(enum.Enum):
-    """Where a class of calls stands with the host-ahead loop (``DecodeGraphs._prove``)."""
-
-    PROVEN = "proven"  # its first call decoded alike both ways: the host-ahead loop decodes it
-    PARTED = "parted"  # the loop parted from generate()'s own loop: that own loop decodes it, on the graphs
-    FELL_BACK = "fell back"  # decoding through graphs raised where generate() does not: generate() as called
-
-
-@dataclasses.dataclass(frozen=True)
-class CallClass:
-    """What makes one ``generate()`` call decode like another: the model's class, dtype and attention, the batch,
-    whether a prompt is left-padded, how tokens are chosen, the end and pad tokens."""
-
-    model: str
-    dtype: str
-    device: str
-    attention: str
-    batch: int
-    left_padded: bool | None  # None: not read yet (before generate() prepared the mask), or either
-    choice: tuple[tuple[str, Any], ...]  # ("greedy",) or the sampling settings
-    eos: tuple[int, ...]
-    pad: int | None
-
-    def describe(self) -> str:
-        choice = ", ".join(f"{k} {v}" for k, v in self.choice) if self.choice[0][0] != "greedy" else "greedy"
-        tokens = f"end tokens {list(self.eos)}" if self.eos else "no end token"
-        padding = {True: ", left-padded", False: ", unpadded", None: ""}[self.left_padded]
-        return f"{self.model}, {self.dtype}, batch {self.batch}{padding}, {choice}, {tokens}, pad {self.pad}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "choice": dict(self.choice)}
-
-
-def call_class(
-    model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any], settings: GenerationSettings | Exception
-) -> CallClass:
-    """The call's class, but for whether a prompt is left-padded: that is read from the mask ``generate()`` prepares
-    (``with_padding``), which costs no read of the device where it dropped a mask that hides nothing."""
-    config = _resolved_config(model, kwargs, settings)
-    parameter = next(model.parameters())
-    eos = getattr(config, "eos_token_id", None)
-    eos_ids = () if eos is None else tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
-    pad = getattr(config, "pad_token_id", None)
-    pad = None if pad is None else int(pad)
-    if getattr(config, "do_sample", False):
-        choice = tuple((name, getattr(config, name, None)) for name in ("do_sample", "temperature", "top_k", "top_p"))
-    else:
-        choice = (("greedy", True),)
-    return CallClass(
-        model=type(model).__name__,
-        dtype=str(parameter.dtype).removeprefix("torch."),
-        device=parameter.device.type,
-        attention=str(getattr(model.config, "_attn_implementation", None)),
-        batch=(_prompt(args, kwargs) or (0, 0))[0],
-        left_padded=None,
-        choice=choice,
-        eos=eos_ids,
-        pad=pad,
-    )
-
-
-def with_padding(kind: CallClass, prepared: Prepared) -> CallClass:
-    """``kind`` with whether a prompt is left-padded, from the mask ``generate()`` prepared: none where every
-    position is attended (``generate()`` drops such a mask, having read it), else read once."""
-    mask = prepared.model_kwargs.get("attention_mask")
-    padded = isinstance(mask, torch.Tensor) and mask.dim() == 2 and not bool(mask.all())
-    return dataclasses.replace(kind, left_padded=padded)
-
-
-@dataclasses.dataclass(frozen=True)
-class ClassRecord:
-    proof: LoopProof | CacheProof
-    reason: str  # why it parted or fell back; empty where proven
-
-
 class _WatchedStreamer:
     """A caller's streamer, and whether anything reached it: a call that handed a token on cannot start over."""
 
@@ -227,34 +145,6 @@ class _WatchedStreamer:
 
     def end(self) -> None:
         self.streamer.end()
-
-
-def _parting(expected: torch.Tensor, got: torch.Tensor, *, start: int) -> str:
-    """Where the host-ahead loop's sequences part from ``generate()``'s own (``start``: the prompt's length);
-    empty where they are the same. Read on the host: once per class."""
-    if got.shape != expected.shape:
-        return f"it decoded {got.shape[1] - start} new tokens, generate() {expected.shape[1] - start}"
-    differ = (got != expected).cpu()
-    rows = [int(r) for r in differ.any(dim=1).nonzero().flatten()]
-    if not rows:
-        return ""
-    steps = [int(differ[r].nonzero()[0]) - start + 1 for r in rows]
-    where = ", ".join(f"row {r} at new token {s}" for r, s in zip(rows, steps, strict=True))
-    return f"{where} (of {expected.shape[1] - start})"
-
-
-def _sequences(output: Any) -> torch.Tensor:
-    """The token ids of a ``generate()`` output: the tensor itself, or its ``sequences``."""
-    return output if isinstance(output, torch.Tensor) else output["sequences"]
-
-
-def _left_padded(kwargs: Mapping[str, Any]) -> bool | None:
-    """Whether a prompt of the call is left-padded, from the mask passed in; None without one (``generate()`` infers
-    it from the pad token)."""
-    mask = kwargs.get("attention_mask")
-    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
-        return None
-    return not bool(mask.all())
 
 
 def _raised(exc: BaseException) -> str:
@@ -342,7 +232,7 @@ class DecodeGraphs:
             self.eager_generations[record.reason] += 1  # said once, when the class fell back
             return model.generate(*args, **kwargs)
         if not vouches_for_static_cache(model) and given_cache(kwargs) is None:  # a cache given is used as given
-            kind = dataclasses.replace(kind, left_padded=_left_padded(kwargs))
+            kind = dataclasses.replace(kind, left_padded=left_padded(kwargs))
             record = self._cache_classes.get(kind)
             if record is None:
                 return self._prove_cache(model, args, kwargs, settings=settings, kind=kind)
@@ -394,9 +284,9 @@ class DecodeGraphs:
         generator.set_state(before)
         expected = model.generate(*args, **kwargs)  # what raises here is the model's own error, raised as is
         if not parted:
-            length = (_prompt(args, kwargs) or (0, 0))[1]
+            length = (prompt_shape(args, kwargs) or (0, 0))[1]
             start = length if kwargs.get("inputs_embeds") is None else 0  # an embedded prompt is not in the output
-            parted = _parting(_sequences(expected), _sequences(static), start=start)
+            parted = parting(sequences(expected), sequences(static), start=start)
             if not parted and not torch.equal(generator.get_state(), static_state):
                 parted = "the tokens agree, the random-number generator is left elsewhere"
         self.proofs += 1
@@ -518,7 +408,7 @@ class DecodeGraphs:
         self._prefill_next()
         try:
             result = self._loop(model, prepared, None, proof=True)
-            parted = _parting(expected, result.sequences, start=prepared.input_ids.shape[1])
+            parted = parting(expected, result.sequences, start=prepared.input_ids.shape[1])
             if not parted and not torch.equal(generator.get_state(), after):
                 parted = "the tokens agree, the random-number generator is left elsewhere"
         except Exception as exc:  # the loop's own failure: generate()'s own loop decodes this class
@@ -652,9 +542,9 @@ class DecodeGraphs:
     ) -> str | None:
         if model.training:
             return "the model is in training mode; call .eval() to decode through graphs"
-        if _prompt(args, kwargs) is None:
+        if prompt_shape(args, kwargs) is None:
             return "generate() was called without input_ids or inputs_embeds"
-        why = static_cache_refusal(model, kwargs, config=_resolved_config(model, kwargs, settings))
+        why = static_cache_refusal(model, kwargs, config=resolved_config(model, kwargs, settings))
         if why is not None:
             return why
         given = given_cache(kwargs)
@@ -684,8 +574,8 @@ class DecodeGraphs:
     ) -> tuple[int, int]:
         """(sequences, tokens each) a call's generation needs: the batch times the sequences returned per prompt, and
         the prompt with its new tokens."""
-        batch, prompt = _prompt(args, kwargs)
-        config = _resolved_config(model, kwargs, settings)
+        batch, prompt = prompt_shape(args, kwargs)
+        config = resolved_config(model, kwargs, settings)
         batch *= getattr(config, "num_return_sequences", 1) or 1
         if getattr(config, "max_length", None) is None and getattr(config, "max_new_tokens", None) is None:
             config = copy.copy(config)  # the call's settings, shared with the loop, stay as resolved
@@ -772,20 +662,6 @@ class DecodeGraphs:
 DEFAULT_MAX_LENGTH = 20  # transformers' own default length of a generation (prompt included)
 
 
-def _resolved_config(
-    model: torch.nn.Module, kwargs: Mapping[str, Any], settings: GenerationSettings | Exception
-) -> Any:
-    """The generation settings ``generate()`` will use for this call: transformers' own resolution (the call's
-    arguments over its or the model's generation config over the global defaults; ``settings``, from
-    ``settings_of``) where it has one that accepts them, else the call's arguments over the config, as older
-    versions merge them (generate() raises for settings it refuses; the length taken from them is only the cache's)."""
-    if not isinstance(settings, Exception):
-        return settings[0]
-    merged = copy.deepcopy(kwargs.get("generation_config") or model.generation_config)
-    merged.update(**{k: v for k, v in kwargs.items() if hasattr(merged, k)})
-    return merged
-
-
 def by_keyword(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
     """A generate() call's positional arguments under the names of generate()'s own parameters (``generate(ids)``
     is ``generate(inputs=ids)``), so that it decodes as the same call made by keyword does. Left as given where they
@@ -803,14 +679,3 @@ def by_keyword(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> t
     if bound.arguments.keys() & kwargs.keys():
         return args, kwargs
     return (), {**bound.arguments, **kwargs}
-
-
-def _prompt(args: tuple, kwargs: Mapping[str, Any]) -> tuple[int, int] | None:
-    """(batch, prompt length) of a generate() call; None without input_ids or inputs_embeds."""
-    ids = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs"))
-    if isinstance(ids, torch.Tensor) and ids.dim() == 2:
-        return ids.shape[0], ids.shape[1]
-    embeds = kwargs.get("inputs_embeds")
-    if isinstance(embeds, torch.Tensor) and embeds.dim() == 3:
-        return embeds.shape[0], embeds.shape[1]
-    return None
