@@ -519,3 +519,29 @@ def test_a_write_past_the_static_cache_is_stopped_on_the_host_not_asserted_on_th
     lines = [r.getMessage() for r in caplog.records if "StaticCacheOverflow" in r.getMessage()]
     assert len(lines) == 1 and "would be written past its end" in lines[0], lines
     assert wrapped.graph_info()["decode"]["steps_replayed"] == 0
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+def test_a_decode_step_that_cannot_be_captured_is_named_and_its_class_goes_through_generate(
+    caplog, grad_mode: str
+) -> None:
+    """XGLM's step reads a value on the host (its sinusoidal positions' length) while capturing: the refusal names
+    the operation and its source line, as a forward's capture error does; no step of the class replaying, its later
+    calls go through generate() as called -- eager steps on a static cache would cost more. Every call's tokens are
+    those of generate(), on fresh prompts."""
+    model = population_decoder("xglm", torch.float32)
+    wrapped = ll.wrap(model)
+    generator = torch.Generator().manual_seed(3)
+    vocabulary = min(model.config.vocab_size, 4096)
+    with GRAD_MODES[grad_mode](), caplog.at_level(logging.INFO, logger="launchless"):
+        for call in range(4):
+            ids = torch.randint(3, vocabulary, (2, 10), generator=generator).cuda()
+            request = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": 16}
+            request |= {"do_sample": False, "pad_token_id": 0}
+            got = wrapped.generate(**request)
+            assert torch.equal(got, model.generate(**request)) or torch.equal(got, eager_static(model, request)), call
+    refused = [r.getMessage() for r in caplog.records if "a decode step is not replayed as a graph" in r.getMessage()]
+    assert len(refused) == 1 and "`aten." in refused[0] and ".py:" in refused[0], refused
+    decode = wrapped.graph_info()["decode"]
+    assert decode["steps_replayed"] == 0 and decode["generate_calls"] <= 2, decode  # then generate() as called
+    assert any("no decode step replays as a graph" in c["reason"] for c in decode["classes"]), decode["classes"]

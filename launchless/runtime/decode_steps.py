@@ -27,6 +27,7 @@ from ..core.relocation import RelocationWatch
 from ..core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
 from ..core.status import Admission, Stage, VerifyStatus
 from ..core.verify import VerifyReport, identical, verify_step
+from ..diagnose.messages import capture_error
 from ..errors import CaptureError
 from .cache_layers import CacheState, HostCounters
 from .static_cache import cache_slots, cache_tensors, host_state
@@ -205,7 +206,10 @@ class DecodeSteps:
         except CaptureFailed as fail:
             state.restore()
             self.graphs.discard()
-            return self._refuse(key, fail.stage, str(fail), forward, kwargs, transient=out_of_memory(fail.cause))
+            transient = out_of_memory(fail.cause)
+            why = str(fail) if fail.cause is None or transient else self._blocker(decode_step, key, flat, fail, device)
+            state.restore()  # naming the blocker ran the step again
+            return self._refuse(key, fail.stage, why, forward, kwargs, transient=transient)
         if not report.passed:
             del graph
             self.graphs.discard()
@@ -219,6 +223,17 @@ class DecodeSteps:
         result = _rebuilt(output, graph.replay_cloned(flat.leaves), cache)
         counters.advance(1)
         return result
+
+    def _blocker(
+        self, step: Callable[..., Any], key: Signature, flat: FlatInputs, fail: CaptureFailed, device: torch.device
+    ) -> str:
+        """What stopped a decode step's capture, as the forward's capture errors say it: the operation and its source
+        line where a capture run again under a recorder finds them (``diagnose.messages``), and what PyTorch said."""
+        error = capture_error(step, f"{self.name} decode step", key, flat, fail, device)
+        said = str(fail.cause).strip().splitlines()[0].rstrip(".") if str(fail.cause).strip() else ""
+        what = f"{error.reason} `{error.operation}`" if error.operation else error.reason
+        where = f" at {error.source}" if error.source else " (source line not found)"
+        return f"{what}{where}" + (f"; PyTorch said: {said}" if said else "")
 
     @staticmethod
     def _count_free(fn: Callable[..., Any], flat: FlatInputs, state: CacheState) -> str:
