@@ -271,6 +271,7 @@ CAUSES: tuple[tuple[str, str], ...] = (  # (what a reason says, the cause it is 
         "does not tell transformers it runs on a static cache",
         "decoding: a static cache the class does not vouch for parted from its own generate()",
     ),
+    ("no decode step replays as a graph", "decoding: no decode step can be a graph; generate() as called"),
     ("static-cache reference dropped", "decoding: transformers' own static-cache generate() raises for the model"),
     ("whose update a decode graph cannot replay", "decoding: cache layers a decode graph cannot follow"),
     ("decoding through graphs raised", "decoding: decoding through graphs raised; generate() as called"),
