@@ -19,7 +19,8 @@ import launchless.runtime.decode_graphs as decoding  # noqa: E402
 import launchless.runtime.decode_steps as decode_steps  # noqa: E402
 import launchless.runtime.static_cache as static_cache  # noqa: E402
 from launchless import CaptureError  # noqa: E402
-from launchless.core.capture import CapturedGraph, _static_like  # noqa: E402
+from launchless.core.capture import CapturedGraph, CaptureFailed, _static_like  # noqa: E402
+from launchless.core.status import Stage  # noqa: E402
 from launchless.runtime.decode_graphs import DecodeGraphs, static_cache_refusal  # noqa: E402
 from launchless.runtime.static_cache import cache_length, new_static_cache  # noqa: E402
 
@@ -946,6 +947,32 @@ def test_a_step_that_reads_the_host_count_is_refused_at_capture(monkeypatch, cap
     lines = [r.getMessage() for r in caplog.records if said in r.getMessage()]
     assert len(lines) == 2, [r.getMessage() for r in caplog.records]  # the refusal, and the class's way from then
     assert "no decode step replays as a graph" in lines[1] and "Calls like it do so from now on" in lines[1], lines
+
+
+@pytest.mark.parametrize("vouches", [True, False])
+def test_a_class_none_of_whose_steps_can_be_captured_goes_through_generate_as_called(
+    monkeypatch, caplog, vouches: bool
+) -> None:
+    """A step whose capture fails (on the GPU: a host read while capturing) runs eager with its reason; a class none of
+    whose steps replays goes through generate() as called from then on, with one line -- whether its model's class
+    vouches for the static cache or had it proven first."""
+
+    def fails(fn, flat, **kwargs):
+        raise CaptureFailed(Stage.CAPTURE, RuntimeError("operation not permitted when stream is capturing"), "no")
+
+    monkeypatch.setattr(decode_steps, "capture", fails)
+    model, request = tiny_llama() if vouches else unvouched_llama()
+    graphs = decode_graphs(model)
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="launchless"):
+        for seed in range(4):
+            call = fresh(request, seed)
+            got = graphs.generate(model, (), dict(call))
+            assert torch.equal(got, model.generate(**call)) or torch.equal(got, eager_static(model, call)), seed
+    info = graphs.info()
+    assert info["generate_calls"] == 1 and info["steps_replayed"] == 0, info  # the proof decodes eager, not routed
+    lines = [r.getMessage() for r in caplog.records if "no decode step replays as a graph" in r.getMessage()]
+    assert len(lines) == 1 and "operation not permitted" in lines[0], lines
+    assert sum(info["generations_eager"].values()) == (3 if vouches else 2), info
 
 
 def test_a_class_whose_loop_parts_keeps_to_generates_own_loop_with_one_warning(monkeypatch, caplog) -> None:

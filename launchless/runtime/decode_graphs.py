@@ -227,12 +227,14 @@ class DecodeGraphs:
             return result
         if kind is None:
             return self._eager_generation(model, why, args, kwargs)
+        unvouched = not vouches_for_static_cache(model) and given_cache(kwargs) is None  # a cache given is used so
+        if unvouched:  # its cache proofs are per padding, read from the mask passed in
+            kind = dataclasses.replace(kind, left_padded=left_padded(kwargs))
         record = self._classes.get(kind)
         if record is not None and record.proof is LoopProof.FELL_BACK:
             self.eager_generations[record.reason] += 1  # said once, when the class fell back
             return model.generate(*args, **kwargs)
-        if not vouches_for_static_cache(model) and given_cache(kwargs) is None:  # a cache given is used as given
-            kind = dataclasses.replace(kind, left_padded=left_padded(kwargs))
+        if unvouched:
             record = self._cache_classes.get(kind)
             if record is None:
                 return self._prove_cache(model, args, kwargs, settings=settings, kind=kind)

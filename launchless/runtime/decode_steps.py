@@ -229,8 +229,11 @@ class DecodeSteps:
     ) -> str:
         """What stopped a decode step's capture, as the forward's capture errors say it: the operation and its source
         line where a capture run again under a recorder finds them (``diagnose.messages``), and what PyTorch said."""
-        error = capture_error(step, f"{self.name} decode step", key, flat, fail, device)
         said = str(fail.cause).strip().splitlines()[0].rstrip(".") if str(fail.cause).strip() else ""
+        try:
+            error = capture_error(step, f"{self.name} decode step", key, flat, fail, device)
+        except Exception:  # naming it is a courtesy: the refusal stands on what PyTorch said
+            return f"{fail}; PyTorch said: {said}" if said else str(fail)
         what = f"{error.reason} `{error.operation}`" if error.operation else error.reason
         where = f" at {error.source}" if error.source else " (source line not found)"
         return f"{what}{where}" + (f"; PyTorch said: {said}" if said else "")
