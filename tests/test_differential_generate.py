@@ -13,6 +13,7 @@ import torch
 from launchless.apps.differential import generate
 from launchless.apps.differential.candidate import Built, Candidate, Library
 from launchless.apps.differential.rows import Entry, GradMode, Result
+from launchless.runtime.cache_layers import StaticCacheOverflow
 
 
 @pytest.fixture
@@ -27,8 +28,8 @@ def _transformers() -> Any:
 
 
 def _tiny_mpt() -> torch.nn.Module:
-    """MPT: its class refuses a static cache, and its generate() feeds the whole sequence at every step (a static
-    cache overflows after a few)."""
+    """MPT: its class does not vouch for a static cache, its config turns the cache off, and its generate() feeds the
+    whole sequence at every step (a static cache overflows after a few)."""
     transformers = _transformers()
     config = transformers.MptConfig(d_model=64, n_heads=4, n_layers=2, vocab_size=128, max_seq_len=128)
     torch.manual_seed(0)
@@ -95,12 +96,17 @@ def _request(model: torch.nn.Module) -> dict[str, Any]:
     return {**generate._prompt(Entry.GENERATE_GREEDY_B1, 128, generator), "do_sample": False}
 
 
-def test_the_static_reference_is_not_made_for_a_model_launchless_refuses_a_static_cache(on_cpu, monkeypatch) -> None:
+def test_the_static_reference_is_not_made_for_a_call_launchless_refuses_and_is_checked_where_made(
+    on_cpu, monkeypatch
+) -> None:
+    """MPT's config turns its cache off (each step feeds the whole sequence): launchless refuses the call, and no
+    static reference is made. Made anyway, a write past the static cache's end (on the GPU a device-side assert that
+    ends the worker) is stopped on the host first: MPT does not vouch for the static cache."""
     model = _tiny_mpt()
     request = _request(model)
-    assert "MptForCausalLM" in (generate._static_refusal(model, request) or "")
-    with pytest.raises(IndexError), torch.inference_mode():
-        generate._reference(model, request)  # what the row used to be made of: the static cache overflows
+    assert "use_cache=False" in (generate._static_refusal(model, request) or "")
+    with pytest.raises(StaticCacheOverflow, match="would be written past its end"), torch.inference_mode():
+        generate._reference(model, request)
     static = _counting(monkeypatch, "_reference")
     row = _row(model)
     assert static == []

@@ -6,7 +6,8 @@ exactly one of two references: eager ``generate()`` on a static cache of the sam
 cache class decode graphs use), or ``model.generate()`` as called, with the model's own cache (where launchless hands
 the call to it: a cache no graph can follow, or one the model's class does not vouch for that parted from it). The
 static-cache reference is made only for a call launchless would decode through a static cache
-(``static_cache_refusal`` names none); a model that overflows one (MPT) raises there. One that raises is dropped,
+(``static_cache_refusal`` names none); where the model's class does not vouch for one, its writes are checked first,
+and a model that would write past its end (MPT) raises there. One that raises is dropped,
 its error kept in the row's reason;
 the row is ``eager-fails`` only where ``model.generate()`` as called raises. The speed is against
 ``model.generate()`` as called: what the user would run instead.
@@ -14,6 +15,7 @@ the row is ``eager-fails`` only where ``model.generate()`` as called raises. The
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import time
@@ -79,15 +81,18 @@ def _codebook_ids(model: torch.nn.Module, vocab: int) -> dict[str, int]:
 
 
 def _reference(model: torch.nn.Module, request: dict[str, Any]) -> torch.Tensor:
-    """Eager generate() on the static cache decode graphs would use, compilation off."""
-    try:
-        from ...runtime.decode_graphs import cache_keyword, cache_length, new_static_cache
+    """Eager generate() on the static cache decode graphs would use, compilation off; for a model whose class does not
+    vouch for a static cache, every write to it checked on the host first (as launchless's own proof does: a write
+    past its end is a device-side assert on the GPU, which would end the worker)."""
+    from ...runtime.cache_layers import checked_writes
+    from ...runtime.call_classes import vouches_for_static_cache
+    from ...runtime.static_cache import cache_keyword, cache_length, new_static_cache
 
-        batch, length = request["attention_mask"].shape[0], cache_length(request["input_ids"].shape[1] + NEW_TOKENS)
-        cache = {cache_keyword(model): new_static_cache(model, batch=batch, length=length)}
-    except Exception:  # helpers renamed: let transformers build the static cache itself
-        cache = {"cache_implementation": "static"}
-    return model.generate(**request, **cache, disable_compile=True)
+    batch, length = request["attention_mask"].shape[0], cache_length(request["input_ids"].shape[1] + NEW_TOKENS)
+    cache = new_static_cache(model, batch=batch, length=length)
+    checked = contextlib.nullcontext() if vouches_for_static_cache(model) else checked_writes(cache)
+    with checked:
+        return model.generate(**request, **{cache_keyword(model): cache}, disable_compile=True)
 
 
 def _as_called(model: torch.nn.Module, request: dict[str, Any]) -> torch.Tensor:
