@@ -106,3 +106,43 @@ def test_bench_merge_of_a_file_that_is_not_a_bench_json_exits_2_naming_it(tmp_pa
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert f"--merge {path}: {says}" in err and "pass the bench.json files" in err, err
+
+
+@pytest.mark.parametrize(
+    ("files", "says"),
+    [
+        (None, "no such folder; pass the --out folders of launchless differential run"),
+        ({}, "no rows*.jsonl in"),
+        ({"rows-timm-1of1-p0-0.jsonl": '{"key": "a"}\n{bad\n'}, "rows-timm-1of1-p0-0.jsonl:2: not a JSON row"),
+        ({"rows-timm-1of1-p0-0.jsonl": '{"key": "a", "rows": [{"entry": "x"}]}\n'}, "is not a row a run wrote"),
+    ],
+)
+def test_differential_merge_of_what_a_run_did_not_write_exits_2_naming_it(tmp_path, capsys, files, says) -> None:
+    from launchless.apps import cli
+
+    folder = tmp_path / "runs"
+    if files is not None:
+        folder.mkdir()
+        for name, text in files.items():
+            (folder / name).write_text(text)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["differential", "merge", str(folder), "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_row_line_being_written_is_left_for_the_next_read(tmp_path) -> None:
+    """A worker's last line without its newline is still being written (or was cut by a kill): not read yet, and
+    not an error; a complete line that is not JSON is, naming the file and line."""
+    from launchless.apps.workers import read_rows
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"key": "a"}\n{"key": "b", "ro')
+    assert read_rows(path) == [{"key": "a"}]
+    path.write_text('{"key": "a"}\n{"key": "b"}\n')
+    assert read_rows(path, seen=1) == [{"key": "b"}]
+    path.write_text('{"key": "a"}\nnot json\n')
+    with pytest.raises(ValueError, match=r"rows.jsonl:2: not a JSON row"):
+        read_rows(path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 import torch
 
@@ -179,7 +180,18 @@ def _differential(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     from .differential.population import candidates, parse_shard, pick, shard
 
     if args.action == "merge":
-        rows = report.apply_timings(report.load(args.dirs), report.load_timings(args.dirs))
+        fix = "pass the --out folders of launchless differential run"
+        for directory in args.dirs:
+            if not Path(directory).is_dir():
+                parser.error(f"{directory}: no such folder; {fix}")
+        if not any(any(Path(d).glob("rows*.jsonl")) for d in args.dirs):
+            parser.error(f"no rows*.jsonl in {', '.join(args.dirs)}; {fix}")
+        try:
+            rows = report.apply_timings(report.load(args.dirs), report.load_timings(args.dirs))
+        except ValueError as exc:  # a line that is not JSON (``read_rows`` names its file and line)
+            parser.error(f"{exc}; {fix}")
+        except (KeyError, TypeError) as exc:  # JSON, but not a line a run writes
+            parser.error(f"a line of a rows*.jsonl file is not a row a run wrote (no {exc}); {fix}")
         paths = report.write_all(rows, args.out, report.load_populations(args.dirs))
         print(paths["md"].read_text())
         return 0

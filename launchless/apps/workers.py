@@ -22,11 +22,24 @@ def append_row(path: str | Path, row: Row) -> None:
 
 
 def read_rows(path: Path, seen: int = 0) -> list[Row]:
-    """The rows a worker has written to ``path``, past the first ``seen``."""
+    """The rows a worker has written to ``path``, past the first ``seen``. A last line without its newline is one
+    being written (or cut short by a kill): left for the next read. A complete line that is not JSON raises
+    ``ValueError`` naming the file and the line."""
     if not path.exists():
         return []
-    lines = path.read_text().splitlines()
-    return [json.loads(line) for line in lines[seen:] if line.strip()]
+    text = path.read_text()
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines.pop()
+    rows = []
+    for number, line in enumerate(lines[seen:], start=seen + 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not a JSON row ({exc.msg})") from None
+    return rows
 
 
 def run_workers(
