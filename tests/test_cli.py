@@ -146,3 +146,13 @@ def test_a_row_line_being_written_is_left_for_the_next_read(tmp_path) -> None:
     path.write_text('{"key": "a"}\nnot json\n')
     with pytest.raises(ValueError, match=r"rows.jsonl:2: not a JSON row"):
         read_rows(path)
+
+
+def test_differential_run_of_a_model_not_in_the_population_exits_2_saying_how_to_list_it(capsys) -> None:
+    from launchless.apps import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["differential", "run", "--library", "torchvision", "--models", "nosuch", "--out", "x", "--list"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--models: not in the population: nosuch; `launchless differential run --library torchvision --list`" in err

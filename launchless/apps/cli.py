@@ -198,7 +198,9 @@ def _differential(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     try:
         spec = parse_shard(args.shard)
         chosen = shard(pick(candidates(Library(args.library)), args.models), *spec)
-    except (KeyError, ValueError) as exc:
+    except KeyError as exc:  # a model not in the population: its message, not the key's repr
+        parser.error(f"--models: {exc.args[0]}; `launchless differential run --library {args.library} --list` lists it")
+    except ValueError as exc:
         parser.error(str(exc))
     if args.timing and args.entries:
         parser.error("--entries picks correctness rows; the timing pass times what it times (wrap-auto, decoding)")
