@@ -26,10 +26,12 @@ on the same memory, so one graph replays them all. ``wrap(model).generate(...)``
    class run the loop; else one WARNING says where they parted, and the class keeps to ``generate()``'s own loop;
 6. where the model's class does not tell transformers it runs on a static cache (``vouches_for_static_cache``: most
    such classes do decode on one as on their own cache, some overflow it, ignore it or mask it otherwise), proves the
-   static cache too, once per class of calls: the class's first call decodes through the graphs and by
-   ``model.generate()`` as called, and the caller gets the latter. Tokens and generator state alike: later calls of
-   the class decode through graphs; else one WARNING says where they parted, and the class goes through
-   ``generate()`` as called from then on.
+   static cache too, once per class of calls: the class's first call decodes eager on the static cache (each write
+   to it checked on the host first) and by ``model.generate()`` as called, and the caller gets the latter. Tokens
+   and generator state alike: later calls of the class decode through graphs; else one WARNING says where they
+   parted, and the class goes through ``generate()`` as called from then on;
+7. sends a class of calls none of whose decode steps can be a graph (each refused, named by its operation and
+   source line) through ``generate()`` as called from its next call: eager steps on a static cache cost more.
 
 Decoding goes through ``model.generate()`` as called (the model's own cache, nothing of ours per step), with one
 WARNING naming why, for a static cache whose layers a graph cannot replay (``cache_layers``: a dynamic attention
