@@ -438,6 +438,13 @@ def population_decoder(name: str, dtype: torch.dtype) -> torch.nn.Module:
     return candidate.build("cpu").model.to(device="cuda", dtype=dtype).eval()
 
 
+def fresh_request(model: torch.nn.Module, generator: torch.Generator, *, new_tokens: int) -> dict:
+    """A greedy request of two fresh 10-token prompts from the model's first 4096 ids (3 and up: no special tokens)."""
+    ids = torch.randint(3, min(model.config.vocab_size, 4096), (2, 10), generator=generator).cuda()
+    request = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": new_tokens}
+    return request | {"do_sample": False, "pad_token_id": 0}
+
+
 @pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
 @pytest.mark.parametrize("name", ["qwen3_5", "jamba", "bamba", "nemotron_h"])
 def test_a_hybrids_linear_attention_states_replay_with_eager_static_tokens(name: str, grad_mode: str) -> None:
@@ -448,12 +455,9 @@ def test_a_hybrids_linear_attention_states_replay_with_eager_static_tokens(name:
     model = population_decoder(name, torch.float32)
     wrapped = ll.wrap(model)
     generator = torch.Generator().manual_seed(5)
-    vocabulary = min(model.config.vocab_size, 4096)
     with GRAD_MODES[grad_mode]():
         for call in range(3):
-            ids = torch.randint(3, vocabulary, (2, 10), generator=generator).cuda()
-            request = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": 24}
-            request |= {"do_sample": False, "pad_token_id": 0}
+            request = fresh_request(model, generator, new_tokens=24)
             reference = eager_static(model, request)
             assert torch.equal(wrapped.generate(**request), reference), f"call {call}"
     decode = wrapped.graph_info()["decode"]
@@ -481,12 +485,9 @@ def test_decoders_that_do_not_vouch_for_the_static_cache_replay_once_their_class
     assert not (getattr(model, "_can_compile_fullgraph", False) or getattr(model, "_supports_static_cache", False))
     wrapped = ll.wrap(model)
     generator = torch.Generator().manual_seed(7)
-    vocabulary = min(model.config.vocab_size, 4096)
     with GRAD_MODES[grad_mode]():
         for call in range(4):
-            ids = torch.randint(3, vocabulary, (2, 10), generator=generator).cuda()
-            request = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": 20}
-            request |= {"do_sample": False, "pad_token_id": 0}
+            request = fresh_request(model, generator, new_tokens=20)
             assert torch.equal(wrapped.generate(**request), model.generate(**request)), f"call {call}"
     decode = wrapped.graph_info()["decode"]
     assert [c["proof"] for c in decode["cache_classes"]] == ["proven"], decode["cache_classes"]
@@ -532,12 +533,9 @@ def test_a_decode_step_that_cannot_be_captured_is_named_and_its_class_goes_throu
     model = population_decoder("xglm", torch.float32)
     wrapped = ll.wrap(model)
     generator = torch.Generator().manual_seed(3)
-    vocabulary = min(model.config.vocab_size, 4096)
     with GRAD_MODES[grad_mode](), caplog.at_level(logging.INFO, logger="launchless"):
         for call in range(4):
-            ids = torch.randint(3, vocabulary, (2, 10), generator=generator).cuda()
-            request = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": 16}
-            request |= {"do_sample": False, "pad_token_id": 0}
+            request = fresh_request(model, generator, new_tokens=16)
             got = wrapped.generate(**request)
             assert torch.equal(got, model.generate(**request)) or torch.equal(got, eager_static(model, request)), call
     refused = [r.getMessage() for r in caplog.records if "a decode step is not replayed as a graph" in r.getMessage()]
