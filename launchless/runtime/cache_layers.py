@@ -204,7 +204,12 @@ def _bounded_layers(cache: Any) -> list[Any]:
     ``StaticLayer`` (a sliding window rolls over its end; a linear-attention layer copies into states of fixed
     shapes; a layer of another kind is not followed at all, ``LayerPlan``)."""
     static, _ = _layer_classes()
-    return [layer for layer in getattr(cache, "layers", ()) if getattr(type(layer), "update", None) is static.update]
+    update = getattr(static, "update", None)
+    return [
+        layer
+        for layer in getattr(cache, "layers", ())
+        if update is not None and getattr(type(layer), "update", None) is update
+    ]
 
 
 @contextlib.contextmanager
@@ -213,8 +218,8 @@ def checked_writes(cache: Any) -> Iterator[None]:
     of the device per layer and step) and raises ``StaticCacheOverflow`` where it would land past the layer's end:
     eager decoding of a model whose class does not vouch for the static cache, once per class of calls. Raises
     ``StaticCacheOverflow`` at once for a cache without layers (an older transformers'), whose writes cannot be
-    checked so."""
-    if not hasattr(cache, "layers"):
+    checked so (or a transformers without ``StaticLayer``)."""
+    if not hasattr(cache, "layers") or _layer_classes()[0] is None:
         raise StaticCacheOverflow(f"{type(cache).__name__} has no layers whose writes can be checked")
     layers = _bounded_layers(cache)
     own = [layer.__dict__.get("update") for layer in layers]  # an update already set on a layer is put back
