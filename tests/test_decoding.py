@@ -97,6 +97,27 @@ def eager_static(model: torch.nn.Module, request: dict, **extra) -> torch.Tensor
     return model.generate(**(request | extra), disable_compile=True)
 
 
+class NewerForward(torch.nn.Module):  # newer transformers: one name for every cache
+    def forward(self, input_ids, cache=None, past_key_values=None): ...
+
+
+class OlderForward(torch.nn.Module):
+    def forward(self, input_ids, past_key_values=None, cache_params=None): ...
+
+
+class MambaForward(torch.nn.Module):  # Mamba-style models before the rename
+    def forward(self, input_ids, cache_params=None): ...
+
+
+@pytest.mark.parametrize(
+    ("module", "keyword"),
+    [(NewerForward(), "cache"), (OlderForward(), "past_key_values"), (MambaForward(), "cache_params")],
+)
+def test_the_cache_goes_by_the_keyword_the_forward_takes(module: torch.nn.Module, keyword: str) -> None:
+    assert static_cache.cache_keyword(module) == keyword
+    assert static_cache.given_cache({keyword: "given"}) == "given"
+
+
 @pytest.mark.parametrize(("needed", "length"), [(1, 64), (5, 64), (64, 64), (65, 128), (191, 256), (1000, 1024)])
 def test_the_cache_length_is_the_power_of_two_that_holds_the_generation(needed: int, length: int) -> None:
     assert cache_length(needed) == length

@@ -24,7 +24,8 @@ def cache_length(needed: int) -> int:
     return max(MIN_CACHE_LENGTH, 1 << (max(needed, 1) - 1).bit_length())
 
 
-CACHE_KEYWORDS = ("cache", "past_key_values")  # transformers' newer name for the cache argument, and the older
+# transformers' newer name for the cache argument, the older, and Mamba-style models' (``cache_params``)
+CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params")
 
 
 def given_cache(kwargs: Mapping[str, Any]) -> Any:
@@ -34,9 +35,13 @@ def given_cache(kwargs: Mapping[str, Any]) -> Any:
 
 def cache_keyword(model: torch.nn.Module) -> str:
     """The keyword the model's forward (and ``generate()``) takes its cache by: ``cache`` in newer transformers,
-    ``past_key_values`` before."""
+    ``past_key_values`` before, ``cache_params`` where the forward takes only that (Mamba-style models)."""
     parameters = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in parameters else "past_key_values"
+    if "cache" in parameters:
+        return "cache"
+    if "cache_params" in parameters and "past_key_values" not in parameters:
+        return "cache_params"
+    return "past_key_values"
 
 
 def static_cache_class() -> type | None:
