@@ -474,13 +474,14 @@ OWN_INPUTS_SAY = "this transformers prepares a step's inputs in a way the loop d
 
 
 @pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
-@pytest.mark.parametrize("name", ["bert", "gpt_neo", "falcon_h1"])
+@pytest.mark.parametrize("name", ["bert", "gpt_neo", "falcon_h1", "mamba"])
 def test_decoders_that_do_not_vouch_for_the_static_cache_replay_once_their_class_is_proven(
     name: str, grad_mode: str
 ) -> None:
     """Classes that do not tell transformers they run on a static cache (an encoder as a decoder, GPT-Neo, a
-    hybrid): a class's first call decodes eager both ways and hands out generate()'s own tokens; later calls, on
-    fresh prompts, replay the decode graphs with the tokens of generate() as called."""
+    hybrid, Mamba -- which takes its cache as ``cache_params``): a class's first call decodes eager both ways and
+    hands out generate()'s own tokens; later calls, on fresh prompts, replay the decode graphs with the tokens of
+    generate() as called."""
     model = population_decoder(name, torch.float32)
     assert not (getattr(model, "_can_compile_fullgraph", False) or getattr(model, "_supports_static_cache", False))
     wrapped = ll.wrap(model)
