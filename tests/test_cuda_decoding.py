@@ -10,6 +10,7 @@ import logging
 
 import pytest
 import torch
+from cache_writers import writes_twice_where_static
 from streamers import RecordingStreamer
 
 import launchless as ll
@@ -502,17 +503,7 @@ def test_a_write_past_the_static_cache_is_stopped_on_the_host_not_asserted_on_th
     generate() as called, one WARNING names the write, and the GPU goes on working."""
     model, request = decoder("decode:llama-tiny@b8", new_tokens=40)
     model._can_compile_fullgraph = False
-    config = model.config
-    heads, size = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
-
-    def writes_twice(module, args, kwargs):
-        cache = next((v for v in kwargs.values() if isinstance(v, transformers.StaticCache)), None)
-        if cache is not None:
-            hidden = kwargs.get("hidden_states", args[0] if args else None)
-            extra = hidden.new_zeros(hidden.shape[0], heads, hidden.shape[1], size)
-            cache.update(extra, extra, 0)
-
-    model.model.layers[0].self_attn.register_forward_pre_hook(writes_twice, with_kwargs=True)
+    writes_twice_where_static(model)
     wrapped = ll.wrap(model)
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="launchless"):
         for _ in range(2):

@@ -14,6 +14,8 @@ from torch.utils import _pytree as pytree
 
 transformers = pytest.importorskip("transformers")
 
+from cache_writers import writes_twice_where_static  # noqa: E402
+
 import launchless.runtime.cache_layers as cache_layers  # noqa: E402
 import launchless.runtime.decode_graphs as decoding  # noqa: E402
 import launchless.runtime.decode_steps as decode_steps  # noqa: E402
@@ -214,20 +216,18 @@ def test_a_class_whose_static_cache_parts_from_its_own_generate_goes_through_gen
 
 
 @pytest.mark.parametrize(("new_tokens", "says"), [
-    (6, "its attention layers hold [20, 0] positions after the generation, not one length"),
-    (40, "StaticCacheOverflow: layer 0 of the static cache would be written past its end: 64 positions written, 1"),
+    (6, "its attention layers hold [20, 10] positions after the generation, not one length"),
+    (40, "StaticCacheOverflow: layer 0 of the static cache would be written past its end"),
 ])  # fmt: skip
 def test_a_class_that_writes_the_static_cache_otherwise_goes_through_generate_naming_it(
     monkeypatch, caplog, new_tokens: int, says: str
 ) -> None:
-    """Every attention layer writing the cache's first layer (a layer index wired wrong): within the cache's length
-    the layers' lengths part; past it the write is stopped on the host before it is made (on the GPU it would be a
-    device-side assert, fatal to the process). Either way the call and its class decode through generate() as called,
-    with one WARNING naming it."""
+    """Within the cache's length the layers' lengths part; past it the write is stopped on the host before it is
+    made (on the GPU it would be a device-side assert, fatal to the process). Either way the call and its class
+    decode through generate() as called, with one WARNING naming it."""
     monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = unvouched_llama()
-    for layer in model.model.layers:
-        layer.self_attn.layer_idx = 0
+    writes_twice_where_static(model)
     request = dict(request, max_new_tokens=new_tokens)
     graphs = decode_graphs(model)
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="launchless"):
