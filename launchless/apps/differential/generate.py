@@ -246,7 +246,8 @@ def decode_speed(
 ) -> dict[str, Any]:
     """``reading`` (the timing pass's, under the caller's grad mode) of ``entry``'s request: ``model.generate()`` as
     called twice a round (how far it strays from itself) against ``wrap(model).generate()``, after one warm
-    generation -- the first call of its class decodes both ways."""
+    generation -- the first call of its class decodes both ways -- with the status of what the wrapper ran (graphs,
+    some steps eager, or eager) and why."""
     from ... import wrap
 
     fast: Any = None
@@ -257,6 +258,8 @@ def decode_speed(
         _seeded(lambda _, r: fast.generate(**r), seed, model, request)
         eager = functools.partial(_seeded, _as_called, seed, model, request)
         accelerated = functools.partial(_seeded, lambda _, r: fast.generate(**r), seed, model, request)
-        return reading({"eager": eager, "accelerated": accelerated, "eager_again": eager})
+        measured = reading({"eager": eager, "accelerated": accelerated, "eager_again": eager})
+        status, reason = _decode_status(fast.graph_info())
+        return {**measured, "status": status.value, "reason": reason}
     finally:
         release(fast)
