@@ -53,15 +53,19 @@ class RecomputingGraph:
 
 
 def recorded_capture(captures: list):
-    """A stand-in for ``core.capture.capture``: warm-up runs as the real one makes them (they write the cache), then
-    a graph that recomputes."""
+    """A stand-in for ``core.capture.capture``: warm-up runs as the real one makes them (they write the cache, and a
+    forward that writes into its own inputs is refused as the real capture refuses it), then a graph that
+    recomputes."""
 
     def capture(fn, flat, *, device, pool, warmup=3, **_):
         static = [_static_like(x, x.device) if isinstance(x, torch.Tensor) else x for x in flat.leaves]
         args, kwargs = flat.rebuild(static)
+        slots = [i for i, x in enumerate(static) if isinstance(x, torch.Tensor)]
+        versions = [static[i]._version for i in slots]
         for _ in range(warmup):
             outputs = fn(*args, **kwargs)
-        slots = [i for i, x in enumerate(static) if isinstance(x, torch.Tensor)]
+        if [static[i]._version for i in slots] != versions:
+            raise CaptureFailed(Stage.INPUT_MUTATION, None, "the forward writes into its own input in place")
         captures.append(flat)
         graph = RecomputingGraph(fn, flat, static, outputs)
         return CapturedGraph(graph, static, slots, outputs, capture_ms=0.0, pool_growth=0)  # type: ignore[arg-type]
