@@ -27,23 +27,18 @@ import torch
 from ..core import capture as _capture
 from ..core.buckets import check_buckets
 from ..core.cache import GraphCache, Refusal
-from ..core.capture_path import record_capture_branches
-from ..core.collectives import agree
 from ..core.junctions import JunctionShapeChanged, SegmentedGraph
-from ..core.pool import SHARED, new_pool
+from ..core.pool import SHARED
 from ..core.relocation import RelocationWatch
 from ..core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
-from ..core.snapshot import RngState
-from ..core.status import Admission, SplitStatus, Stage, VerifyStatus
-from ..core.verify import VerifyReport, verify
-from ..diagnose.messages import capture_error, out_of_memory_error, verification_error
-from ..errors import CaptureError, ConfigError, LaunchlessError, NoCudaError
+from ..core.status import Admission, SplitStatus, Stage
+from ..errors import ConfigError
 from ..options import VerifyMode, check_choice, check_int, check_number, check_verify
-from ..timing import WHOLE_GRAPH_MIN_SPEEDUP, SpeedVerdict, judge_speed
 from . import state_keys
 from .batch_buckets import AUTO, BatchBucketing, BucketPlan
+from .capture_flow import CaptureFlow, add_note
 from .decode_graphs import DecodeGraphs
-from .split import SPLITTABLE, ModelSplit, copies
+from .split import SPLITTABLE, ModelSplit
 
 Mode = bool | Literal["auto"]
 _OWN_SIGNATURE = object()  # a bucketed call that must go its own way after all
@@ -57,9 +52,7 @@ ADDRESS_CHECKS = {
     "full": "every parameter and buffer on every call",
 }
 # process state: never copied or pickled
-_RUNTIME_STATE = frozenset(
-    {"_cache", "_watch", "_eager_reasons", "_model_split", "_collective", "_bucketing", "_decode"}
-)
+_RUNTIME_STATE = frozenset({"_cache", "_watch", "_flow", "_eager_reasons", "_model_split", "_bucketing", "_decode"})
 
 
 def _check_mode(cuda_graph: Any) -> Mode:
@@ -74,8 +67,6 @@ def _check_mode(cuda_graph: Any) -> Mode:
 class GraphedModule(torch.nn.Module):
     """A model that replays a verified CUDA graph per input signature and keeps the model's API."""
 
-    _splits = True  # a forward refused whole runs split, verified and timed (not inside a piece)
-    _judged = True  # "auto" times a whole graph against eager before keeping it (a piece's split is timed whole)
     _refusal_level = logging.INFO  # a piece of a split leaves its refusals to the split's report
 
     def __init__(
@@ -130,6 +121,17 @@ class GraphedModule(torch.nn.Module):
             on_invalidate=_drop_split_of(weakref.ref(self)),  # weakly: a cycle would keep graphs until a collection
             pool=SHARED if self.memory_pool == "shared" else None,
         )
+        self._flow = CaptureFlow(  # capture, verification and the speed judgement of each signature's graph
+            cache=self._cache,
+            watch=self._watch,
+            target=_target_of(weakref.ref(self)),  # weakly: a cycle would keep graphs until a collection
+            name=self._name(),
+            mode=self.cuda_graph,
+            warmup=self.warmup,
+            verify=self.verify,
+            tolerance_ulps=self.tolerance_ulps,
+            outputs=self.outputs,
+        )
         self._eager_reasons: dict[str, int] = {}
         options = {
             "max_graphs": self.max_graphs,
@@ -145,7 +147,6 @@ class GraphedModule(torch.nn.Module):
             make_piece=functools.partial(_make_piece, options=options),
             log_once=self._cache.log_once,
         )
-        self._collective = False  # a capture found collectives in the forward: ranks agree, nothing is split
         self._bucketing = (  # calls padded to a few batch sizes, where the rows are proven not to interact
             None
             if self.batch_buckets is None
@@ -321,95 +322,14 @@ class GraphedModule(torch.nn.Module):
 
     # ---- capture, verification, refusal ---------------------------------------------------------
     def _capture_and_run(self, sig: Signature, flat: FlatInputs, *, explicit: bool) -> Any:
-        device = self._watch.cuda_device or next(
-            (x.device for x in flat.leaves if isinstance(x, torch.Tensor) and x.is_cuda), None
-        )
-        if device is None:
-            error: LaunchlessError = NoCudaError(
-                f"launchless: {self._name()} has no parameters, buffers or inputs on a CUDA device, so there "
-                "is nothing to capture; move the model to the GPU (model.cuda()) or use cuda_graph=False"
-            )
-            return self._refuse(
-                sig, flat, Refusal(Stage.NO_DEVICE, "no CUDA device", str(error), error=error), explicit
-            )
-        cache = self._cache
-        branches: list[str] = []
-        # a forward that cannot be one graph may replay as graphs around the operations that block it (not where the
-        # caller asked for this one graph: capture_graph())
-        around_junctions = self._splits and not explicit
-        # "auto" never runs slower than eager: a verified graph is timed against eager before it is kept (a graph
-        # asked for -- cuda_graph=True, capture_graph() -- is the caller's choice; collectives would need agreeing)
-        judged = self.cuda_graph == "auto" and self._judged and not explicit
-        groups: list[Any] = []  # the process groups of the forward's collectives, once the warm-up found them
-        rng = RngState()  # warm-ups, verification and timing draw too: the call's result draws from where it began
-        try:
-            with cache.capturing(sig) as pool:
-                with record_capture_branches(branches):
-                    graph = _capture.capture(
-                        self._target(),
-                        flat,
-                        device=device,
-                        pool=pool,
-                        warmup=self.warmup,
-                        trace_indices=self.verify != "off",
-                        junction_pool=cache.pool.replace if around_junctions else None,
-                    )
-                groups = graph.collective_groups
-                if groups:  # every rank captured? (before verification runs collectives)
-                    self._collective = True
-                    refused = self._ranks_refused(sig, groups, ok=True, what="capture")
-                    if refused is not None:
-                        del graph
-                        cache.discard()
-                        return self._refuse(sig, flat, refused, explicit)
-                report = self._verify(graph, flat, branches, lockstep=bool(groups))
-                if groups:
-                    refused = self._ranks_refused(
-                        sig, groups, ok=report.passed, reason=report.detail, what="verification"
-                    )
-                    if refused is not None and report.passed:  # another rank's graph failed: none is replayed
-                        del graph
-                        cache.discard()
-                        return self._refuse(sig, flat, refused, explicit)
-                if graph.junctions and report.passed:
-                    graph.speed = self._time_chain(graph, flat)
-                elif judged and report.passed and not groups:
-                    graph.speed = self._time_whole(graph, flat)
-        except _capture.CaptureFailed as fail:
-            fail.collective_groups = fail.collective_groups or groups  # out of memory while verifying: still agreed
-            return self._capture_failed(sig, flat, fail, device, explicit, rng=rng)
-        rng.rewind()
-        if graph.junctions and (not report.passed or not graph.speed.faster):
-            return self._drop_chain(sig, flat, graph, report, device)
-        if not report.passed:
-            del graph
-            cache.discard()
-            error = verification_error(self._name(), sig, report)
-            return self._refuse(
-                sig, flat, Refusal(Stage.VERIFICATION, "verification", str(error), error=error), explicit
-            )
-        if graph.speed is not None and not graph.speed.faster:
-            detail = graph.speed.detail
-            del graph
-            cache.discard()
-            error = CaptureError(
-                f"launchless: the graph of {self._name()} {sig.describe()} is verified but {detail}: replaying it "
-                "would not save time (its kernels, not their launches, take the time, or the copies into and out of "
-                "the graph's buffers cost what the launches saved)",
-                reason="not faster than eager",
-            )
-            return self._refuse(sig, flat, Refusal(Stage.SPEED, error.reason, str(error), error=error), explicit)
-        if report.status not in (VerifyStatus.BIT_IDENTICAL, VerifyStatus.SKIPPED):
-            cache.log_once(
-                f"class:{report.status}",
-                logging.INFO,
-                f"launchless: {self._name()} {sig.describe()} replays within the rounding bound, "
-                f"not bit-identically ({report.status}: {report.detail}; max abs diff "
-                f"{report.max_abs:.3g}, rel {report.max_rel:.3g}, bound {report.bound:.3g})",
-            )
-        cache.keep(sig, graph, report, flat.leaves)
+        """Capture, prove and judge ``sig``'s graph (``capture_flow``), then keep and replay it, or refuse it."""
+        captured = self._flow.capture(sig, flat, explicit=explicit)
+        if captured.refusal is not None:
+            return self._refuse(sig, flat, captured.refusal, explicit, level=captured.level)
+        graph = cast(_capture.CapturedGraph, captured.graph)
+        self._cache.keep(sig, graph, captured.report, flat.leaves)
         if graph.junctions:
-            self._log_chain(sig, graph)
+            self._flow.log_chain(sig, graph)
         try:
             return self._replay(graph, flat.leaves)
         except JunctionShapeChanged as exc:
@@ -428,150 +348,22 @@ class GraphedModule(torch.nn.Module):
             "runs without them",
         )
         self._cache.refuse(sig, refusal)
-        if split and self._splits and not self._collective:
+        if split and self._flow.splits and not self._flow.collective:
             return self._run_split(sig, flat, refusal)
         args, kwargs = flat.rebuild(flat.leaves)
         return self._run_eager(args, kwargs)
-
-    def _capture_failed(
-        self,
-        sig: Signature,
-        flat: FlatInputs,
-        fail: _capture.CaptureFailed,
-        device: Any,
-        explicit: bool,
-        *,
-        rng: RngState,
-    ) -> Any:
-        """This rank's capture failed: refused (transiently when out of memory); the other ranks of a forward with
-        collectives are told, so that they refuse too. Finding the blocking operation runs the forward again: the
-        generators go back to ``rng`` (the call's start) before the call's own result is made."""
-        cache = self._cache
-        transient = _capture.out_of_memory(fail.cause)
-        if fail.stage == Stage.WARM_UP and fail.cause is not None and not transient:
-            raise fail.cause from None  # the forward itself is broken: eager would raise the same
-        if transient:
-            cache.discard()
-            error = out_of_memory_error(self._name(), sig, fail)
-            refusal = Refusal(fail.stage, error.reason, str(error), error=error, transient=True)
-        else:
-            error = capture_error(
-                self._target(), self._name(), sig, flat, fail, device, find=not fail.collective_groups
-            )
-            refusal = Refusal(
-                fail.stage, error.reason, str(error), operation=error.operation, source=error.source, error=error
-            )
-        if fail.collective_groups:
-            self._collective = True
-            agree(fail.collective_groups, ok=False, reason=refusal.reason, what="capture", transient=transient)
-        rng.rewind()
-        return self._refuse(sig, flat, refusal, explicit, level=logging.WARNING if transient else logging.INFO)
-
-    def _ranks_refused(
-        self, sig: Signature, groups: list[Any], *, ok: bool, what: str, reason: str = ""
-    ) -> Refusal | None:
-        """The ranks agree on this rank's ``what`` (capture or verification); the refusal when another refused."""
-        agreement = agree(groups, ok=ok, reason=reason, what=what)
-        if agreement.all_agree:
-            return None
-        others = {rank: why for rank, why in agreement.refusals.items() if rank != torch.distributed.get_rank()}
-        if not others:
-            return None  # only this rank refused: its own refusal says why
-        error = CaptureError(
-            f"launchless: {self._name()} {sig.describe()} runs collectives, and another rank's {what} failed "
-            f"({'; '.join(f'rank {r}: {why}' for r, why in sorted(others.items()))}); every rank runs it without a "
-            "graph, as a graph on some ranks only would leave the others waiting in its collectives",
-            reason=f"another rank's {what} failed",
-        )
-        stage = Stage.VERIFICATION if what == "verification" else Stage.CAPTURE
-        return Refusal(stage, error.reason, str(error), error=error, transient=agreement.transient)
-
-    # ---- region splits: graphs around operations run eager -----------------------------------------------
-    def _time_chain(self, graph: _capture.CapturedGraph, flat: FlatInputs) -> SpeedVerdict:
-        """Eager against the chain of graphs, on copies of the call's tensors (the caller's are used once)."""
-        leaves = copies(flat.leaves)
-        args, kwargs = flat.rebuild(leaves)
-        target = self._target()
-        try:
-            return judge_speed(lambda: target(*args, **kwargs), lambda: graph.replay_cloned(leaves))
-        finally:
-            graph.replays = 0  # the judge's replays are not the caller's
-
-    def _time_whole(self, graph: _capture.CapturedGraph, flat: FlatInputs) -> SpeedVerdict:
-        """Eager against the whole graph as the caller gets it, on copies of the call's tensors; settled after three
-        rounds when the graph is clearly faster (a launch-bound forward), else measured in full."""
-        leaves = copies(flat.leaves)
-        args, kwargs = flat.rebuild(leaves)
-        target = self._target()
-        replay = graph.replay_cloned if self.outputs == "clone" else graph.replay
-        try:
-            return judge_speed(
-                lambda: target(*args, **kwargs),
-                lambda: replay(leaves),
-                min_speedup=WHOLE_GRAPH_MIN_SPEEDUP,
-                settle_early=True,
-            )
-        finally:
-            graph.replays = 0  # the judge's replays are not the caller's
-
-    def _drop_chain(
-        self, sig: Signature, flat: FlatInputs, graph: _capture.CapturedGraph, report: VerifyReport, device: Any
-    ) -> Any:
-        """A chain that differs from eager or is not faster: refused as the forward was (a split by submodule may
-        still take it), the refusal saying what was tried."""
-        fail, ops = cast(_capture.CaptureFailed, graph.split_from), _op_names(graph.junctions)  # a chain's failure
-        why = f"they differ from eager ({report.status}: {report.detail})" if not report.passed else graph.speed.detail
-        del graph
-        self._cache.discard()
-        error = capture_error(self._target(), self._name(), sig, flat, fail, device)
-        note = f"Graphs around {ops} (run eager between them) were tried and dropped: {why}"
-        _add_note(error, note)
-        refusal = Refusal(
-            fail.stage, error.reason, f"{error}. {note}", operation=error.operation, source=error.source, error=error
-        )
-        return self._refuse(sig, flat, refusal, False)
-
-    def _log_chain(self, sig: Signature, graph: _capture.CapturedGraph) -> None:
-        site = graph.split_from.site if graph.split_from else None
-        what = site.name if site else "a capture error"
-        where = f" at {site.source}" if site and site.source else ""
-        ops, graphs = _op_names(graph.junctions), len(cast(SegmentedGraph, graph.graph).graphs)
-        self._cache.log_once(
-            f"chain:{ops}",
-            logging.INFO,
-            f"launchless: {self._name()} {sig.describe()} cannot be captured as one graph ({what}{where}); it "
-            f"replays {graphs} graphs with {len(graph.junctions)} call(s) of {ops} run eager "
-            f"between them, verified against eager, {graph.speed.speedup:.2f}x over eager. graph_info()['graphs'] "
-            "has the details",
-        )
-
-    def _verify(
-        self, graph: _capture.CapturedGraph, flat: FlatInputs, branches: list[str], *, lockstep: bool = False
-    ) -> VerifyReport:
-        """Prove ``graph`` against eager, unless verify="off" (raises ``CaptureFailed`` when out of memory).
-        ``lockstep``: the same calls on every rank (a forward with collectives)."""
-        if self.verify == "off":
-            return VerifyReport(VerifyStatus.SKIPPED, True)
-        return verify(
-            graph,
-            self._target(),
-            flat,
-            mode=self.verify,
-            tolerance_ulps=self.tolerance_ulps,
-            branches=branches,
-            from_call=graph.index_inputs,
-            lockstep=lockstep,
-        )
 
     def _refuse(
         self, sig: Signature, flat: FlatInputs, refusal: Refusal, explicit: bool, *, level: int = logging.INFO
     ) -> Any:
         self._cache.refuse(sig, refusal, log_line=False)
         # a forward with collectives is not split: a rank could split where another does not
-        splittable = refusal.stage in SPLITTABLE and not refusal.transient and self._splits and not self._collective
+        splittable = (
+            refusal.stage in SPLITTABLE and not refusal.transient and self._flow.splits and not self._flow.collective
+        )
         if explicit:  # capture_graph(): this one graph or the error, with what a call would run instead
             if splittable:
-                _add_note(refusal.error, self._split_note(sig, flat, refusal))
+                add_note(refusal.error, self._split_note(sig, flat, refusal))
             raise _explicit_error(refusal)
         if splittable:
             return self._run_split(sig, flat, refusal)
@@ -610,7 +402,7 @@ class GraphedModule(torch.nn.Module):
         error = self._refused_error(sig)
         if error is not None:
             if not decided:
-                _add_note(error, f" A split by submodule was tried and dropped: {outcome.detail}.")
+                add_note(error, f" A split by submodule was tried and dropped: {outcome.detail}.")
             raise error
         return self._run_eager(args, kwargs)
 
@@ -626,32 +418,8 @@ class GraphedModule(torch.nn.Module):
     def _split_note(self, sig: Signature, flat: FlatInputs, refusal: Refusal) -> str:
         """What a call would run instead of the one graph capture_graph() asked for: graphs around operations,
         else a split by submodule."""
-        return self._region_note(flat) or self._model_split.note(
+        return self._flow.chain_note(flat) or self._model_split.note(
             sig, flat, refusal, verify_mode=self.verify, tolerance_ulps=self.tolerance_ulps
-        )
-
-    def _region_note(self, flat: FlatInputs) -> str:
-        """Whether a call would replay the forward as graphs around operations run eager: captured on this call
-        into pools of its own, verified, then released (not timed: the note names what is allowed)."""
-        device = self._watch.cuda_device or next(
-            (x.device for x in flat.leaves if isinstance(x, torch.Tensor) and x.is_cuda), None
-        )
-        if device is None or not self._splits:
-            return ""
-        try:
-            with self._cache.lock:
-                graph = _capture.capture(
-                    self._target(), flat, device=device, pool=new_pool(), warmup=1, junction_pool=new_pool
-                )
-                report = self._verify(graph, flat, []) if graph.junctions else None
-        except _capture.CaptureFailed:
-            return ""
-        if report is None or not report.passed:
-            return ""
-        graphs = len(cast(SegmentedGraph, graph.graph).graphs)  # a report is made for a chain only
-        return (
-            f" A call replays it as {graphs} graphs with {_op_names(graph.junctions)} run eager between them, "
-            "verified against eager (if faster than eager)."
         )
 
     def _eager(self, reason: str, args: tuple, kwargs: dict) -> Any:
@@ -753,9 +521,13 @@ def _explicit_error(refusal: Refusal | None) -> Exception:
     return cast(Exception, cast(Refusal, refusal).error)
 
 
-def _op_names(junctions: tuple) -> str:
-    """The operations run eager between graphs, each once: "aten::histc, aten::_grouped_mm"."""
-    return ", ".join(dict.fromkeys(j.name for j in junctions))
+def _target_of(wrapped: weakref.ref) -> Any:
+    """What the wrapper captures and runs eager, read through a weak reference (the flow is the wrapper's own)."""
+
+    def target() -> Any:
+        return cast(GraphedModule, wrapped())._target()
+
+    return target
 
 
 def _drop_split_of(wrapped: weakref.ref) -> Any:
@@ -772,9 +544,9 @@ def _make_piece(module: torch.nn.Module, *, options: dict[str, Any]) -> GraphedM
     (the split reports them), calling the submodule's own forward (the split routes its calls here)."""
     piece = GraphedModule(module, "auto", capture_after=1, outputs="clone", **options)
     forward = _own_forward(module)
-    piece.__dict__["_target"] = lambda: forward
-    piece._splits = False
-    piece._judged = False
+    piece.__dict__["_target"] = piece._flow.target = lambda: forward
+    piece._flow.splits = False  # a piece refused whole runs eager inside its split
+    piece._flow.judged = False  # the split is timed whole
     piece._refusal_level = logging.DEBUG
     return piece
 
@@ -783,12 +555,6 @@ def _own_forward(module: torch.nn.Module) -> Any:
     """The submodule's forward as it is now (an instance's own ``forward`` included), called without going
     through ``module.__call__``, which the split routes to the piece."""
     return module.__dict__.get("forward") or type(module).forward.__get__(module)
-
-
-def _add_note(error: Exception | None, note: str) -> None:
-    """Append ``note`` to the error's message (once)."""
-    if error is not None and note and not str(error).endswith(note):
-        error.args = (f"{error}{note}", *error.args[1:])
 
 
 def _any_requires_grad(leaves: list) -> bool:
