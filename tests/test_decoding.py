@@ -219,6 +219,42 @@ def test_a_class_whose_static_cache_parts_from_its_own_generate_goes_through_gen
         decode_graphs(model, explicit=True).generate(model, (), fresh(request, 0))
 
 
+def test_calls_known_to_go_through_generate_as_called_are_not_read_again(monkeypatch) -> None:
+    """A class that goes through generate() as called (refused, or parted on the static cache) costs no more than
+    generate(): a call like one already decided (arguments of the same shapes and values, the model as it was) is
+    handed to generate() without resolving its settings again; another value, padding or a config changed in place
+    is read again -- and every call's tokens are generate()'s own."""
+    readings: list[int] = []
+    settings_of = decoding.settings_of
+    monkeypatch.setattr(decoding, "settings_of", lambda *a, **k: readings.append(1) or settings_of(*a, **k))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
+    model, request = unvouched_llama()
+    writes_twice_where_static(model)  # the static cache parts from generate() as called: every class goes as called
+    graphs = decode_graphs(model)
+    calls = [
+        (fresh(request, 0), 1),  # the class's first call: proven (and parted) on the static cache
+        (fresh(request, 1), 0),  # like it: not read again
+        (fresh(request, 2), 0),
+        (fresh(request, 3, pads=2), 1),  # left-padded: another class of an unvouched model
+        (fresh(request, 4, pads=1), 0),
+        (dict(fresh(request, 5), max_new_tokens=NEW_TOKENS + 1), 1),  # another value
+        (dict(fresh(request, 6), use_cache=False), 1),  # refused: generate() as called, the reason remembered
+        (dict(fresh(request, 7), use_cache=False), 0),
+    ]
+    with torch.no_grad():
+        for i, (call, read) in enumerate(calls):
+            before = len(readings)
+            assert torch.equal(graphs.generate(model, (), dict(call)), model.generate(**call)), i
+            assert len(readings) - before == read, i
+        model.generation_config.repetition_penalty = 1.5  # a config changed in place: read again
+        before = len(readings)
+        call = fresh(request, 8)
+        assert torch.equal(graphs.generate(model, (), dict(call)), model.generate(**call))
+        assert len(readings) - before == 1
+    info = graphs.info()
+    assert info["steps_replayed"] == 0 and sum(info["generations_eager"].values()) == len(calls) + 1, info
+
+
 @pytest.mark.parametrize(("new_tokens", "says"), [
     (6, "its attention layers hold [20, 10] positions after the generation, not one length"),
     (40, "StaticCacheOverflow: layer 0 of the static cache would be written past its end"),

@@ -9,10 +9,11 @@ call, what a proof records, and the readings both proofs share (where two decodi
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import enum
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import torch
@@ -164,3 +165,79 @@ def prompt_shape(args: tuple, kwargs: Mapping[str, Any]) -> tuple[int, int] | No
     if isinstance(embeds, torch.Tensor) and embeds.dim() == 3:
         return embeds.shape[0], embeds.shape[1]
     return None
+
+
+_SCALARS = (bool, int, float, str, type(None))
+KNOWN_CALLS = 64  # call keys remembered (least recently used forgotten)
+
+
+class AsCalled:
+    """Calls already known to go through ``generate()`` as called, recognised without reading them again.
+
+    Reading a call (transformers' resolution of its settings deep-copies the generation config, the refusals, its
+    class) costs a few hundred microseconds of host time; a class that goes through ``generate()`` as called would
+    pay it at every call, on top of the generate() it matches. A call whose arguments are tensors (by shape, dtype and
+    device) and plain values, made on a model in the same state (dtype, device, attention, configs), decodes as the
+    same call did: the answer of its first reading is remembered (with whether a prompt is left-padded, read from the
+    mask, where the class depends on it). Anything else -- a generation config or a processor passed in, a model
+    changed since -- is read in full."""
+
+    def __init__(self) -> None:
+        self._known: collections.OrderedDict[Hashable, tuple[tuple, str]] = collections.OrderedDict()
+
+    def reason(self, model: torch.nn.Module, kwargs: Mapping[str, Any], *, padding: bool) -> str | None:
+        """Why a call like this one went through ``generate()`` as called; None where none was remembered."""
+        try:
+            key = _call_key(kwargs, padding=padding)
+            known = None if key is None else self._known.get(key)
+            if known is None or known[0] != _model_state(model):
+                return None
+        except Exception:  # an argument or a config that does not compare plainly: the call is read in full
+            return None
+        self._known.move_to_end(key)
+        return known[1]
+
+    def remember(self, model: torch.nn.Module, kwargs: Mapping[str, Any], reason: str, *, padding: bool) -> None:
+        try:
+            key = _call_key(kwargs, padding=padding)
+            if key is None:
+                return
+            self._known[key] = (_model_state(model), reason)
+        except Exception:  # not remembered: the next call like it is read in full
+            return
+        self._known.move_to_end(key)
+        while len(self._known) > KNOWN_CALLS:
+            self._known.popitem(last=False)
+
+
+def _call_key(kwargs: Mapping[str, Any], *, padding: bool) -> tuple | None:
+    """The call's arguments as a key: tensors by shape, dtype and device, plain values (and tuples or lists of them)
+    as they are; None where an argument is anything else."""
+    items: list[tuple] = []
+    for name in sorted(kwargs):
+        value = kwargs[name]
+        if isinstance(value, torch.Tensor):
+            items.append((name, tuple(value.shape), value.dtype, value.device))
+        elif isinstance(value, _SCALARS):
+            items.append((name, type(value), value))
+        elif isinstance(value, (tuple, list)) and all(isinstance(x, _SCALARS) for x in value):
+            items.append((name, type(value), tuple(value)))
+        else:
+            return None
+    if padding:
+        items.append(("left padded", left_padded(kwargs)))
+    return tuple(items)
+
+
+def _model_state(model: torch.nn.Module) -> tuple:
+    """What a call's class and refusals read of the model: its dtype, device, attention and configs (compared by
+    their attributes: a config changed in place is another state)."""
+    parameter = next(model.parameters())
+    generation = getattr(model, "generation_config", None)
+    return (
+        type(model),
+        parameter.dtype,
+        parameter.device,
+        dict(vars(model.config)),
+        None if generation is None else dict(vars(generation)),
+    )

@@ -57,13 +57,14 @@ import os
 import threading
 import traceback
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from ..errors import CaptureError
 from .cache_layers import LayerPlan, checked_writes, uneven_lengths, unfollowed_layers
 from .call_classes import (
+    AsCalled,
     CacheProof,
     CallClass,
     ClassRecord,
@@ -203,6 +204,7 @@ class DecodeGraphs:
         # and cache length (the length bounds a sliding-window layer's window: the smaller of the two)
         self._layers: dict[tuple[type, int], tuple[Any, LayerPlan]] = {}
         self._unusable = ""  # why reading a call raised: every call goes through generate() as called
+        self._as_called = AsCalled()  # calls known to go through generate() as called, recognised without reading
 
     # ---- generate() ------------------------------------------------------------------------------
     def generate(self, model: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -212,6 +214,12 @@ class DecodeGraphs:
         try:  # reading the call: an error here is launchless's (generate() raises the caller's own below)
             called = (args, kwargs)
             args, kwargs = by_keyword(model, args, kwargs)
+            # a model whose class does not vouch for the static cache proves it per padding, read from the mask
+            unvouched = not vouches_for_static_cache(model) and given_cache(kwargs) is None
+            known = None if self.explicit else self._as_called.reason(model, kwargs, padding=unvouched)
+            if known is not None:  # said once, when its class was decided
+                self.eager_generations[known] += 1
+                return model.generate(*args, **kwargs)
             settings = settings_of(model, kwargs)
             why = self._refusal(model, args, kwargs, settings=settings)
             kind = call_class(model, args, kwargs, settings) if why is None else None
@@ -228,21 +236,20 @@ class DecodeGraphs:
             )
             return result
         if kind is None:
-            return self._eager_generation(model, why, args, kwargs)
-        unvouched = not vouches_for_static_cache(model) and given_cache(kwargs) is None  # a cache given is used so
+            result = self._eager_generation(model, cast(str, why), args, kwargs)
+            self._as_called.remember(model, kwargs, cast(str, why), padding=unvouched)
+            return result
         if unvouched:  # its cache proofs are per padding, read from the mask passed in
             kind = dataclasses.replace(kind, left_padded=left_padded(kwargs))
         record = self._classes.get(kind)
         if record is not None and record.proof is LoopProof.FELL_BACK:
-            self.eager_generations[record.reason] += 1  # said once, when the class fell back
-            return model.generate(*args, **kwargs)
+            return self._as_called_again(model, record, args, kwargs, padding=unvouched)
         if unvouched:
             record = self._cache_classes.get(kind)
             if record is None:
                 return self._prove_cache(model, args, kwargs, settings=settings, kind=kind)
             if record.proof is CacheProof.PARTED:
-                self.eager_generations[record.reason] += 1  # said once, when the class parted
-                return model.generate(*args, **kwargs)
+                return self._as_called_again(model, record, args, kwargs, padding=unvouched)
         before = generator.get_state()
         streamer = _WatchedStreamer(kwargs["streamer"]) if kwargs.get("streamer") is not None else None
         try:
@@ -254,6 +261,16 @@ class DecodeGraphs:
             result = model.generate(*args, **kwargs)  # what raises here is the model's own error, raised as is
             self._fell_back(kind, exc)
             return result
+
+    def _as_called_again(
+        self, model: torch.nn.Module, record: ClassRecord, args: tuple, kwargs: dict[str, Any], *, padding: bool
+    ) -> Any:
+        """A call of a class that goes through ``generate()`` as called (it fell back, or parted from its own
+        generate() on the static cache): said once, when the class was decided; calls like it are recognised
+        without reading them from now on."""
+        self.eager_generations[record.reason] += 1
+        self._as_called.remember(model, kwargs, record.reason, padding=padding)
+        return model.generate(*args, **kwargs)
 
     def _prove_cache(
         self,
@@ -313,6 +330,7 @@ class DecodeGraphs:
             f"launchless: {self.name}.generate() decodes through transformers' generate() as called, without graphs: "
             f"{reason}. Calls like it do so from now on"
         )
+        self._as_called.remember(model, kwargs, reason, padding=True)
         return expected
 
     def _static_call(self, model: torch.nn.Module, kwargs: Mapping[str, Any], cache: Any) -> dict[str, Any]:
