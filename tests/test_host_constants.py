@@ -125,3 +125,27 @@ def test_host_operands_of_device_ops_are_recorded_and_served_from_the_device() -
         picked, rows = forward()
     replayer.check_all_used()
     assert picked.shape == (6, 2) and rows.shape == (3, 4)
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])
+def test_the_recorded_warm_up_takes_the_path_the_capture_takes(grad_mode) -> None:
+    """Library code may take another path while the stream is capturing (transformers builds its attention mask
+    there, with a constant made on the host, instead of checking on the host that none is needed): the warm-up
+    that records the host copies runs on that path, so the capture meets only copies it recorded."""
+    from launchless.core.capture import _recorded_warmup
+    from launchless.core.capture_path import pretend_capturing
+    from launchless.core.host_constants import replaying
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if torch.cuda.is_current_stream_capturing():  # as transformers' masking asks
+            return torch.where(x > 0, torch.tensor(0.0, device=x.device), x)
+        return x
+
+    x, asked = torch.empty(4, device=DEVICE), torch.cuda.is_current_stream_capturing
+    with grad_mode():
+        copies = _recorded_warmup(forward, (x,), {})
+        assert [s.tolist() for s in copies.sources] == [0.0]
+        with pretend_capturing(), replaying(copies) as replayer:  # the capture: asked, it is capturing
+            forward(x)
+        replayer.check_all_used()
+    assert torch.cuda.is_current_stream_capturing is asked  # told yes only while recording

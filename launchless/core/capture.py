@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from .capture_path import pretend_capturing
 from .collectives import CollectiveTrace, distributed, wait_outputs
 from .fft_plans import holds_plans
 from .host_constants import HostCopies, HostSources, recording, replaying
@@ -436,10 +437,13 @@ def _capture_chain(run: _Run, pool: Any, junction_ops: frozenset[Any]) -> tuple[
 
 
 def _recorded_warmup(fn: Callable[..., Any], args: tuple, kwargs: dict) -> HostCopies:
-    """One warm-up run that records its host-to-device copies (``host_constants``). A forward that fails only
-    under the recorder (a dispatch mode it does not support) runs again without it, and nothing is recorded."""
+    """One warm-up run that records its host-to-device copies (``host_constants``), on the path the capture takes:
+    library code that asks whether the stream is capturing is told yes (``capture_path``), as it will be while
+    capturing -- transformers skips its mask's host check under capture and builds the mask instead, copying a
+    constant from the host that the eager path never copies. A forward that fails only under the recorder (a
+    dispatch mode it does not support) runs again without it, and nothing is recorded."""
     try:
-        with recording() as recorder:
+        with pretend_capturing(), recording() as recorder:
             fn(*args, **kwargs)
         return recorder.copies
     except Exception:
