@@ -13,7 +13,7 @@ from torch import nn
 
 import launchless as ll
 from launchless.core.verify import identical
-from launchless.runtime import graphed_module as runtime
+from launchless.runtime import capture_flow
 from launchless.timing import SpeedVerdict
 
 pytestmark = pytest.mark.cuda
@@ -153,7 +153,7 @@ def test_a_region_split_that_is_not_faster_is_dropped_with_the_reason(monkeypatc
         eager(), candidate()
         return SpeedVerdict(1.0, 1.1, 1.0, 1.1, "not faster than eager (1.100 ms against 1.000 ms a call)")
 
-    monkeypatch.setattr(runtime, "judge_speed", slower)
+    monkeypatch.setattr(capture_flow, "judge_speed", slower)
     model = Histogram().cuda().eval()
     m = ll.wrap(model, cuda_graph="auto", capture_after=1)
     with torch.no_grad():
@@ -198,7 +198,7 @@ def test_cuda_graph_true_raises_where_neither_the_chain_nor_a_split_is_faster(mo
         eager(), candidate()
         return SpeedVerdict(1.0, 1.1, 1.0, 1.1, "not faster than eager (1.100 ms against 1.000 ms a call)")
 
-    monkeypatch.setattr(runtime, "judge_speed", slower)
+    monkeypatch.setattr(capture_flow, "judge_speed", slower)
     monkeypatch.setattr(split, "judge_speed", slower)
     model = Histogram().cuda().eval()
     m = ll.wrap(model, cuda_graph=True)
