@@ -20,6 +20,7 @@ import launchless.runtime.cache_layers as cache_layers  # noqa: E402
 import launchless.runtime.decode_graphs as decoding  # noqa: E402
 import launchless.runtime.decode_steps as decode_steps  # noqa: E402
 import launchless.runtime.static_cache as static_cache  # noqa: E402
+import launchless.runtime.static_caches as static_caches  # noqa: E402
 from launchless import CaptureError  # noqa: E402
 from launchless.core.capture import CapturedGraph, CaptureFailed, _static_like  # noqa: E402
 from launchless.core.status import Stage  # noqa: E402
@@ -408,7 +409,7 @@ def test_a_cache_given_new_tensors_gets_its_graph_captured_again(monkeypatch, ca
     graphs = decode_graphs(model)
     with torch.no_grad():
         graphs.generate(model, (), dict(request))
-        (cache,) = graphs._caches.values()
+        (cache,) = graphs._caches.held()
         for layer in cache.layers:  # what a library that reallocates its cache does: same values, new memory
             layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
         with caplog.at_level(logging.INFO, logger="launchless"):
@@ -786,7 +787,7 @@ def test_the_cache_an_output_carries_is_the_callers_and_stays_as_it_was(monkeypa
         other = dict(request, input_ids=request["input_ids"].flip(0), return_dict_in_generate=True)
         second = graphs.generate(model, (), other)
     assert first.past_key_values is not second.past_key_values
-    assert first.past_key_values not in [held for held in graphs._caches.values()]
+    assert first.past_key_values not in [held for held in graphs._caches.held()]
     after = pytree.tree_leaves(_cache_tensors(first.past_key_values))
     assert kept and all(torch.equal(a, b) for a, b in zip(kept, after, strict=True))
     refilled = pytree.tree_leaves(_cache_tensors(second.past_key_values))
@@ -970,7 +971,7 @@ def test_a_sliding_window_that_does_not_fill_decodes_through_graphs_with_eager_s
     info = graphs.info()
     assert captures and info["steps_replayed"] > 0 and info["generations_eager"] == {}, info
     assert info["steps_eager"].keys() <= {"captured once seen 2 times"}, info["steps_eager"]
-    (cache,) = graphs._caches.values()
+    (cache,) = graphs._caches.held()
     sliding = [layer for layer in cache.layers if hasattr(layer, "cumulative_length_int")]
     assert sliding and {layer.cumulative_length_int for layer in sliding} == {6 + 20 - 1}  # the last token unwritten
 
@@ -1137,7 +1138,7 @@ def test_an_error_reading_the_call_falls_back_to_generate_for_good_with_one_warn
     def unbuildable(model, **_):
         raise ValueError("this config makes no static cache")
 
-    monkeypatch.setattr(decoding, "new_static_cache", unbuildable)
+    monkeypatch.setattr(static_caches, "new_static_cache", unbuildable)
     model, request = tiny_llama()
     reference = model.generate(**request)
     graphs = decode_graphs(model)
@@ -1200,7 +1201,7 @@ def test_a_hybrids_linear_attention_states_are_followed_and_decode_with_generate
     info = graphs.info()
     assert info["steps_replayed"] > 0 and info["generations_eager"] == {}, info
     assert [c["proof"] for c in info["classes"]] == ["proven"], info["classes"]
-    (held,) = graphs._caches.values()
+    (held,) = graphs._caches.held()
     states = [t for layer in held.layers if cache_layers.linear_states_followed(layer)
               for t in (*layer.conv_states.values(), *layer.recurrent_states.values()) if t is not None]  # fmt: skip
     assert states and all(any(t is s for s in static_cache.cache_tensors(held)) for t in states)

@@ -62,7 +62,7 @@ from typing import Any, cast
 import torch
 
 from ..errors import CaptureError
-from .cache_layers import LayerPlan, checked_writes, uneven_lengths, unfollowed_layers
+from .cache_layers import checked_writes, uneven_lengths, unfollowed_layers
 from .call_classes import (
     AsCalled,
     CacheProof,
@@ -94,12 +94,10 @@ from .decode_steps import DecodeSteps
 from .static_cache import (
     CACHE_KEYWORDS,
     cache_keyword,
-    cache_length,
-    cache_tensors,
     given_cache,
-    new_static_cache,
     static_cache_class,
 )
+from .static_caches import StaticCaches
 
 log = logging.getLogger("launchless")
 
@@ -186,10 +184,8 @@ class DecodeGraphs:
             verify=verify,
             tolerance_ulps=tolerance_ulps,
         )
-        # (batch, length, inference mode, dtype, device) -> a static cache
-        self._caches: collections.OrderedDict[tuple[int, int, bool, torch.dtype, torch.device], Any] = (
-            collections.OrderedDict()
-        )
+        # the static caches generations decode on, one per decode graph at most
+        self._caches = StaticCaches(limit=lambda: self.steps.graphs.max_graphs, on_drop=self.steps.forget)
         self._lock = threading.RLock()  # one generate() at a time: the model's forward is routed while it runs
         self.generate_calls = 0
         self.eager_generations: collections.Counter[str] = collections.Counter()
@@ -200,9 +196,6 @@ class DecodeGraphs:
         # where each class of calls stands with a static cache the model's class does not vouch for
         self._cache_classes: dict[CallClass, ClassRecord] = {}
         self._forwards = [0]  # forwards of the routed model in this decoding: the first is the prompt's
-        # what a graph makes of the layers of the static cache the model gets: (its config, the plan) per model class
-        # and cache length (the length bounds a sliding-window layer's window: the smaller of the two)
-        self._layers: dict[tuple[type, int], tuple[Any, LayerPlan]] = {}
         self._unusable = ""  # why reading a call raised: every call goes through generate() as called
         self._as_called = AsCalled()  # calls known to go through generate() as called, recognised without reading
 
@@ -573,18 +566,7 @@ class DecodeGraphs:
         needed = self._needed(model, args, kwargs, settings=settings)[1]
         if given is not None:
             return unfollowed_layers(model, given, needed=needed) or None
-        return self._layers_refusal(model, needed) or None
-
-    def _layers_refusal(self, model: torch.nn.Module, needed: int) -> str:
-        """``unfollowed_layers`` for the static cache this model gets for ``needed`` tokens, its layers read once per
-        model class, config and cache length (a cache made for it allocates nothing before its first step; older
-        transformers allocate one small one)."""
-        length = cache_length(needed)
-        held = self._layers.get((type(model), length))
-        if held is None or held[0] is not model.config:
-            plan = LayerPlan.of(new_static_cache(model, batch=1, length=length))
-            held = self._layers[(type(model), length)] = (model.config, plan)
-        return held[1].refusal(type(model).__name__, needed=needed)
+        return self._caches.layers_refusal(model, needed) or None
 
     def _needed(
         self,
@@ -627,22 +609,9 @@ class DecodeGraphs:
         *,
         settings: GenerationSettings | Exception,
     ) -> Any:
-        """This call's static cache: one per (batch, length, inference mode, the model's dtype and device), emptied in
-        place. Inference tensors cannot be written outside inference mode (nor the other way round): each mode gets
-        its own; a model converted (``.half()``) or moved since writes keys of another dtype or device."""
-        batch, needed = self._needed(model, args, kwargs, settings=settings)
-        parameter = next(model.parameters())  # a model converted or moved since needs a cache like it
-        key = (batch, cache_length(needed), torch.is_inference_mode_enabled(), parameter.dtype, parameter.device)
-        cache = self._caches.get(key)
-        if cache is None:
-            cache = self._caches[key] = new_static_cache(model, batch=batch, length=key[1])
-            while len(self._caches) > self.steps.graphs.max_graphs:  # a cache per graph at most
-                _, old = self._caches.popitem(last=False)
-                self.steps.forget(old)
-        else:
-            self._caches.move_to_end(key)
-            cache.reset()
-        return cache
+        """This call's static cache (``static_caches``), emptied."""
+        sequences, needed = self._needed(model, args, kwargs, settings=settings)
+        return self._caches.cache(model, sequences=sequences, needed=needed)
 
     # ---- reporting -------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
@@ -666,16 +635,7 @@ class DecodeGraphs:
                 {**kind.as_dict(), "proof": record.proof.value, "reason": record.reason}
                 for kind, record in self._cache_classes.items()
             ],
-            "static_caches": [
-                {
-                    "batch": batch,
-                    "length": length,
-                    "inference_mode": inference,
-                    "dtype": str(dtype).removeprefix("torch."),
-                    "bytes": sum(t.numel() * t.element_size() for t in cache_tensors(cache)),
-                }
-                for (batch, length, inference, dtype, _), cache in self._caches.items()
-            ],
+            "static_caches": self._caches.rows(),
             "graphs": self.steps.rows(),
             "fallbacks": self.steps.graphs.fallbacks(lambda key: key.describe()),
         }
