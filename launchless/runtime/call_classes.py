@@ -185,10 +185,11 @@ class AsCalled:
     def __init__(self) -> None:
         self._known: collections.OrderedDict[Hashable, tuple[tuple, str]] = collections.OrderedDict()
 
-    def reason(self, model: torch.nn.Module, kwargs: Mapping[str, Any], *, padding: bool) -> str | None:
-        """Why a call like this one went through ``generate()`` as called; None where none was remembered."""
+    def reason(self, model: torch.nn.Module, kwargs: Mapping[str, Any], *, padded: bool | None) -> str | None:
+        """Why a call like this one went through ``generate()`` as called; None where none was remembered.
+        ``padded``: whether a prompt is left-padded, where the call's class depends on it (else None)."""
         try:
-            key = _call_key(kwargs, padding=padding)
+            key = _call_key(kwargs, padded=padded)
             known = None if key is None else self._known.get(key)
             if known is None or known[0] != _model_state(model):
                 return None
@@ -197,9 +198,9 @@ class AsCalled:
         self._known.move_to_end(key)
         return known[1]
 
-    def remember(self, model: torch.nn.Module, kwargs: Mapping[str, Any], reason: str, *, padding: bool) -> None:
+    def remember(self, model: torch.nn.Module, kwargs: Mapping[str, Any], reason: str, *, padded: bool | None) -> None:
         try:
-            key = _call_key(kwargs, padding=padding)
+            key = _call_key(kwargs, padded=padded)
             if key is None:
                 return
             self._known[key] = (_model_state(model), reason)
@@ -210,9 +211,9 @@ class AsCalled:
             self._known.popitem(last=False)
 
 
-def _call_key(kwargs: Mapping[str, Any], *, padding: bool) -> tuple | None:
+def _call_key(kwargs: Mapping[str, Any], *, padded: bool | None) -> tuple | None:
     """The call's arguments as a key: tensors by shape, dtype and device, plain values (and tuples or lists of them)
-    as they are; None where an argument is anything else."""
+    as they are, and whether a prompt is left-padded; None where an argument is anything else."""
     items: list[tuple] = []
     for name in sorted(kwargs):
         value = kwargs[name]
@@ -224,8 +225,7 @@ def _call_key(kwargs: Mapping[str, Any], *, padding: bool) -> tuple | None:
             items.append((name, type(value), tuple(value)))
         else:
             return None
-    if padding:
-        items.append(("left padded", left_padded(kwargs)))
+    items.append(("left padded", padded))
     return tuple(items)
 
 

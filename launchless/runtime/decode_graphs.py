@@ -207,9 +207,10 @@ class DecodeGraphs:
         try:  # reading the call: an error here is launchless's (generate() raises the caller's own below)
             called = (args, kwargs)
             args, kwargs = by_keyword(model, args, kwargs)
-            # a model whose class does not vouch for the static cache proves it per padding, read from the mask
+            # a model whose class does not vouch for the static cache proves it per padding, read from the mask once
             unvouched = not vouches_for_static_cache(model) and given_cache(kwargs) is None
-            known = None if self.explicit else self._as_called.reason(model, kwargs, padding=unvouched)
+            padded = left_padded(kwargs) if unvouched else None
+            known = None if self.explicit else self._as_called.reason(model, kwargs, padded=padded)
             if known is not None:  # said once, when its class was decided
                 self.eager_generations[known] += 1
                 return model.generate(*args, **kwargs)
@@ -230,19 +231,19 @@ class DecodeGraphs:
             return result
         if kind is None:
             result = self._eager_generation(model, cast(str, why), args, kwargs)
-            self._as_called.remember(model, kwargs, cast(str, why), padding=unvouched)
+            self._as_called.remember(model, kwargs, cast(str, why), padded=padded)
             return result
         if unvouched:  # its cache proofs are per padding, read from the mask passed in
-            kind = dataclasses.replace(kind, left_padded=left_padded(kwargs))
+            kind = dataclasses.replace(kind, left_padded=padded)
         record = self._classes.get(kind)
         if record is not None and record.proof is LoopProof.FELL_BACK:
-            return self._as_called_again(model, record, args, kwargs, padding=unvouched)
+            return self._as_called_again(model, record, args, kwargs, padded=padded)
         if unvouched:
             record = self._cache_classes.get(kind)
             if record is None:
                 return self._prove_cache(model, args, kwargs, settings=settings, kind=kind)
             if record.proof is CacheProof.PARTED:
-                return self._as_called_again(model, record, args, kwargs, padding=unvouched)
+                return self._as_called_again(model, record, args, kwargs, padded=padded)
         before = generator.get_state()
         streamer = _WatchedStreamer(kwargs["streamer"]) if kwargs.get("streamer") is not None else None
         try:
@@ -256,13 +257,13 @@ class DecodeGraphs:
             return result
 
     def _as_called_again(
-        self, model: torch.nn.Module, record: ClassRecord, args: tuple, kwargs: dict[str, Any], *, padding: bool
+        self, model: torch.nn.Module, record: ClassRecord, args: tuple, kwargs: dict[str, Any], *, padded: bool | None
     ) -> Any:
         """A call of a class that goes through ``generate()`` as called (it fell back, or parted from its own
         generate() on the static cache): said once, when the class was decided; calls like it are recognised
         without reading them from now on."""
         self.eager_generations[record.reason] += 1
-        self._as_called.remember(model, kwargs, record.reason, padding=padding)
+        self._as_called.remember(model, kwargs, record.reason, padded=padded)
         return model.generate(*args, **kwargs)
 
     def _prove_cache(
@@ -323,7 +324,7 @@ class DecodeGraphs:
             f"launchless: {self.name}.generate() decodes through transformers' generate() as called, without graphs: "
             f"{reason}. Calls like it do so from now on"
         )
-        self._as_called.remember(model, kwargs, reason, padding=True)
+        self._as_called.remember(model, kwargs, reason, padded=kind.left_padded)
         return expected
 
     def _static_call(self, model: torch.nn.Module, kwargs: Mapping[str, Any], cache: Any) -> dict[str, Any]:
