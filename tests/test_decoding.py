@@ -252,8 +252,17 @@ def test_calls_known_to_go_through_generate_as_called_are_not_read_again(monkeyp
         call = fresh(request, 8)
         assert torch.equal(graphs.generate(model, (), dict(call)), model.generate(**call))
         assert len(readings) - before == 1
+        model.train()  # refused in training mode; once back in eval mode, read again
+        for seed, read in [(9, 1), (10, 0)]:
+            before = len(readings)
+            graphs.generate(model, (), fresh(request, seed))
+            assert len(readings) - before == read, seed
+        model.eval()
+        before = len(readings)
+        graphs.generate(model, (), fresh(request, 11))
+        assert len(readings) - before == 1
     info = graphs.info()
-    assert info["steps_replayed"] == 0 and sum(info["generations_eager"].values()) == len(calls) + 1, info
+    assert info["steps_replayed"] == 0 and sum(info["generations_eager"].values()) == len(calls) + 4, info
 
 
 @pytest.mark.parametrize(("new_tokens", "says"), [

@@ -177,7 +177,7 @@ class AsCalled:
     Reading a call (transformers' resolution of its settings deep-copies the generation config, the refusals, its
     class) costs a few hundred microseconds of host time; a class that goes through ``generate()`` as called would
     pay it at every call, on top of the generate() it matches. A call whose arguments are tensors (by shape, dtype and
-    device) and plain values, made on a model in the same state (dtype, device, attention, configs), decodes as the
+    device) and plain values, made on a model in the same state (mode, dtype, device, configs), decodes as the
     same call did: the answer of its first reading is remembered (with whether a prompt is left-padded, read from the
     mask, where the class depends on it). Anything else -- a generation config or a processor passed in, a model
     changed since -- is read in full."""
@@ -230,12 +230,13 @@ def _call_key(kwargs: Mapping[str, Any], *, padded: bool | None) -> tuple | None
 
 
 def _model_state(model: torch.nn.Module) -> tuple:
-    """What a call's class and refusals read of the model: its dtype, device, attention and configs (compared by
-    their attributes: a config changed in place is another state)."""
+    """What a call's class and refusals read of the model: its mode (training or not), dtype, device, attention and
+    configs (compared by their attributes: a config changed in place is another state)."""
     parameter = next(model.parameters())
     generation = getattr(model, "generation_config", None)
     return (
         type(model),
+        model.training,
         parameter.dtype,
         parameter.device,
         dict(vars(model.config)),
