@@ -441,7 +441,8 @@ def _recorded_warmup(fn: Callable[..., Any], args: tuple, kwargs: dict) -> HostC
     library code that asks whether the stream is capturing is told yes (``capture_path``), as it will be while
     capturing -- transformers skips its mask's host check under capture and builds the mask instead, copying a
     constant from the host that the eager path never copies. A forward that fails only under the recorder (a
-    dispatch mode it does not support) runs again without it, and nothing is recorded."""
+    dispatch mode it does not support) or only on that path runs again without either, and nothing is recorded (a
+    copy the capture then meets refuses it, as before)."""
     try:
         with pretend_capturing(), recording() as recorder:
             fn(*args, **kwargs)
