@@ -763,3 +763,18 @@ def test_rows_not_accelerated_are_counted_by_cause() -> None:
     section = text[text.index("## Rows not accelerated with a verified result, by cause") :]
     assert "| decoding: the model's class tells transformers it has no static cache | 1 |" in section
     assert section.count("| 1 |") >= 3 and "| d |" not in section.split("##")[1]
+
+
+def test_a_compile_row_without_a_graph_names_the_backends_first_refusal_and_its_line() -> None:
+    from launchless.apps.differential.runner import status_of
+
+    refused = [{"name": "graph 0", "graphs": [], "fallbacks": [
+        {"reason": "data-dependent shape `aten.nonzero`", "source": "moe.py:12"},
+    ]}]  # fmt: skip
+    assert status_of(refused, Entry.COMPILE) == (
+        Status.EAGER, "no verified graph in graph_info(): data-dependent shape `aten.nonzero`", "moe.py:12"
+    )  # fmt: skip
+    status, reason, _ = status_of([], Entry.COMPILE)
+    assert status is Status.EAGER and reason is not None and "Dynamo handed the launchless backend no FX graph" in reason
+    verified = [{"name": "graph 0", "graphs": [{"verification": {"status": "passed", "passed": True}}], "fallbacks": []}]
+    assert status_of(verified, Entry.COMPILE) == (Status.GRAPH, None, None)

@@ -114,11 +114,25 @@ def verifications(info: Any) -> Iterator[dict[str, Any]]:
 def status_of(info: Any, entry: Entry) -> tuple[Status, str | None, str | None]:
     """(status, reason, source) from ``graph_info()``."""
     if entry is Entry.COMPILE:
-        passed = any(v["passed"] for v in verifications(info))
-        return (Status.GRAPH, None, None) if passed else (Status.EAGER, "no verified graph in graph_info()", None)
+        if any(v["passed"] for v in verifications(info)):
+            return Status.GRAPH, None, None
+        return Status.EAGER, *_compiled_refusal(info)
     scratch: dict[str, Any] = {"reason": None, "source": None}
     classify_info(scratch, info)
     return Status(scratch["status"]), scratch["reason"], scratch["source"]
+
+
+def _compiled_refusal(info: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """Why the compiler backend kept no verified graph, from its ``graph_info()``: the first refusal of its FX
+    graphs (the operation and source line), or that Dynamo handed it no graph, or that graphs were compiled and
+    none captured yet."""
+    refusals = [f for graph in info for f in graph.get("fallbacks", [])]
+    if refusals:
+        first = refusals[0]
+        return f"no verified graph in graph_info(): {first['reason']}", first.get("source")
+    if not info:
+        return "no verified graph in graph_info(): Dynamo handed the launchless backend no FX graph", None
+    return f"no verified graph in graph_info(): {len(info)} FX graphs compiled, none captured", None
 
 
 def mismatch(want: Any, got: Any) -> Mismatch:
