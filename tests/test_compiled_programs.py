@@ -4,6 +4,7 @@ a compile that fails saying why."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 
@@ -131,11 +132,53 @@ def test_jobs_still_compiling_are_cancelled_when_the_process_exits(tmp_path) -> 
 
 @needs_compiler
 def test_two_models_compiling_at_once_both_get_their_program(tmp_path) -> None:
-    """torch.export patches process-wide state while it traces: exports in two threads take turns."""
-    models = [Net(width=6).eval(), Net(width=10).eval()]
+    """Each job exports and compiles in a process of its own."""
+    models = [Net(width=10).eval(), Net(width=16).eval()]
     x = torch.randn(1, 3, 8, 8)
     jobs = [compile_in_background(m, (x,), signature="(float32[1x3x8x8]@cpu)", directory=tmp_path) for m in models]
     assert [job.wait(COMPILE_S) for job in jobs] == [JobState.READY, JobState.READY], [j.reason for j in jobs]
     with torch.inference_mode():
         for job, model in zip(jobs, models, strict=True):
             torch.testing.assert_close(job.load(model)(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+@needs_compiler
+def test_nothing_is_exported_in_the_calls_process(tmp_path, monkeypatch) -> None:
+    """torch.export swaps the traced model's parameters for fake tensors and turns cuDNN off process-wide while it
+    traces: it runs in the child, never beside the calls."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("exported in the calls' process")
+
+    monkeypatch.setattr(torch.export, "export", refuse)
+    job = compile_in_background(
+        Net(width=10).eval(), (torch.randn(1, 3, 8, 8),), signature="(float32[1x3x8x8]@cpu)", directory=tmp_path
+    )
+    assert job.wait(COMPILE_S) is JobState.READY, job.reason
+
+
+def test_a_model_whose_classes_live_in_the_script_run_fails_saying_where_to_put_them(tmp_path) -> None:
+    script_class = type("ScriptNet", (Net,), {"__module__": "__main__"})
+    job = compile_in_background(
+        script_class().eval(), (torch.randn(1, 3, 8, 8),), signature="(float32[1x3x8x8]@cpu)", directory=tmp_path
+    )
+    assert job.wait(COMPILE_S) is JobState.FAILED
+    assert "ScriptNet is defined in the script being run (__main__)" in job.reason
+    assert "define the model's classes in a module of their own" in job.reason
+
+
+@needs_compiler
+def test_a_program_with_a_weight_folded_into_its_code_is_not_used(tmp_path) -> None:
+    """A weight the compiler folded into the code would not see a checkpoint loaded later: the package's list of the
+    weights the forward reads names one its constants lack, and loading refuses it."""
+    model = Net(width=10).eval()
+    job = compile_in_background(
+        model, (torch.randn(1, 3, 8, 8),), signature="(float32[1x3x8x8]@cpu)", directory=tmp_path
+    )
+    assert job.wait(COMPILE_S) is JobState.READY, job.reason
+    reads = compiled_programs.reads_of(job.package)
+    assert "conv.weight" in json.loads(reads.read_text())
+    job.load(model)  # every weight it reads is a constant it takes from the model
+    reads.write_text(json.dumps([*json.loads(reads.read_text()), "norm.extra"]))
+    with pytest.raises(RuntimeError, match=r"folded norm\.extra into the program's code"):
+        job.load(model)
