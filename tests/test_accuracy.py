@@ -1,0 +1,66 @@
+"""A program with other kernels than eager's held to eager's own accuracy against float64 (``core.accuracy``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from launchless.core.accuracy import as_accurate_as_eager, float64_copy, reference_outputs
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+        self.norm = nn.LayerNorm(64)
+        self.register_buffer("ids", torch.arange(4))
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        y = self.norm(torch.tanh(self.lin(x)))
+        return {"y": y, "best": y.argmax(-1), "picked": y[:, self.ids]}
+
+
+def test_another_summation_order_passes_and_a_wrong_value_fails() -> None:
+    torch.manual_seed(0)
+    model = Net().eval()
+    x = torch.randn(8, 64)
+    with torch.no_grad():
+        eager = model(x)
+        reference = reference_outputs(model, (x,), {})
+        assert reference["y"].dtype == torch.float64
+        # the same forward, its matmul summed in another order (as a fused kernel would)
+        reordered = torch.tanh((x.unsqueeze(1) * model.lin.weight).flip(-1).sum(-1) + model.lin.bias)
+        y = model.norm(reordered)
+        compiled = {"y": y, "best": y.argmax(-1), "picked": y[:, model.ids]}
+    assert torch.equal(compiled["best"], eager["best"]) and not torch.equal(compiled["y"], eager["y"])
+    report = as_accurate_as_eager(eager, compiled, reference)
+    assert report.passed, report.detail
+    assert 0 < report.compiled_error <= report.bound
+    wrong = {**eager, "y": eager["y"] + 1e-3}
+    report = as_accurate_as_eager(eager, wrong, reference)
+    assert not report.passed and "exceeds 3 times eager's" in report.detail
+
+
+def test_outputs_that_are_not_floating_point_must_equal_eagers() -> None:
+    eager = {"ids": torch.tensor([1, 2]), "n": 3}
+    reference = {"ids": torch.tensor([1, 2]), "n": 3}
+    assert as_accurate_as_eager(eager, {"ids": torch.tensor([1, 2]), "n": 3}, reference).passed
+    report = as_accurate_as_eager(eager, {"ids": torch.tensor([2, 1]), "n": 3}, reference)
+    assert not report.passed and "torch.int64 output differs" in report.detail
+    report = as_accurate_as_eager(eager, {"ids": torch.tensor([1, 2]), "n": 4}, reference)
+    assert not report.passed and "not a tensor differs" in report.detail
+    assert "structure" in as_accurate_as_eager(eager, {"ids": eager["ids"]}, reference).detail
+
+
+def test_a_nan_where_eager_has_none_fails() -> None:
+    eager = torch.ones(3)
+    assert not as_accurate_as_eager(eager, torch.tensor([1.0, float("nan"), 1.0]), eager.double()).passed
+
+
+def test_the_float64_copy_widens_floats_shares_the_rest_and_leaves_the_model_alone() -> None:
+    model = Net().eval()
+    wide = float64_copy(model)
+    assert wide.lin.weight.dtype == torch.float64 and isinstance(wide.lin.weight, nn.Parameter)
+    assert model.lin.weight.dtype == torch.float32
+    assert wide.ids is model.ids  # an index buffer is the same in float64
+    assert wide.lin.weight.data_ptr() != model.lin.weight.data_ptr()
