@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from launchless.core.accuracy import as_accurate_as_eager, float64_copy, reference_outputs
+from launchless.core.accuracy import as_accurate_as_eager, float64_copy, widened
 
 
 class Net(nn.Module):
@@ -26,7 +26,7 @@ def test_another_summation_order_passes_and_a_wrong_value_fails() -> None:
     x = torch.randn(8, 64)
     with torch.no_grad():
         eager = model(x)
-        reference = reference_outputs(model, (x,), {})
+        reference = float64_copy(model)(*widened((x,)))
         assert reference["y"].dtype == torch.float64
         # the same forward, its matmul summed in another order (as a fused kernel would)
         reordered = torch.tanh((x.unsqueeze(1) * model.lin.weight).flip(-1).sum(-1) + model.lin.bias)

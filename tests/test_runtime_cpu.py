@@ -64,6 +64,7 @@ def eager_count(m: GraphedModule, needle: str) -> int:
         ({"verify": True}, ["verify=True", "'on'", "'strict'", "'off'"]),
         ({"outputs": "x"}, ["outputs='x'", "'clone'", "'static'"]),
         ({"memory_pool": "global"}, ["memory_pool='global'", "'own'", "'shared'"]),
+        ({"kernels": "fused"}, ["kernels='fused'", "'eager'", "'compiled'"]),
         ({"memory_pool": "shared", "outputs": "static"}, ["memory_pool='shared' needs outputs='clone'"]),
         ({"tolerance_ulps": -1}, ["tolerance_ulps=-1", ">= 0"]),
         ({"tolerance_ulps": float("nan")}, ["tolerance_ulps=nan", ">= 0"]),
@@ -353,8 +354,11 @@ def test_graph_info_structure() -> None:
         "batch_buckets",
         "decode",
         "memory_pool",
+        "compiled_kernels",
     }
     assert info["mode"] == "auto" and info["max_graphs"] == 5 and info["split"] is None
+    assert info["compiled_kernels"] is None  # kernels="eager"
+    assert wrap(net().eval(), kernels="compiled").graph_info()["compiled_kernels"] == []
     assert info["batch_buckets"] is None and info["decode"] is None and info["memory_pool"] == "own"
     assert (info["graphs"], info["pool_bytes"], info["fallbacks"], info["eager_calls"]) == ([], 0, [], {})
     assert (info["evictions"], info["invalidations"], info["calls_over_max_graphs"]) == (0, 0, None)

@@ -118,10 +118,3 @@ def _error(value: torch.Tensor, reference: torch.Tensor) -> float:
     diff = torch.where(same, torch.zeros((), dtype=torch.float64, device=wide.device), (wide - reference).abs())
     diff = diff.nan_to_num(nan=float("inf"))
     return float(diff.max()) if diff.numel() else 0.0
-
-
-def reference_outputs(model: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
-    """The forward of ``model`` in float64, on ``(args, kwargs)`` with floating point tensors in float64."""
-    wide = float64_copy(model)
-    wide_args, wide_kwargs = widened((args, kwargs))
-    return wide(*wide_args, **wide_kwargs)

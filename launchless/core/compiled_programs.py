@@ -99,6 +99,11 @@ class CompileJob:
         if self.state is JobState.READY:
             self._done.set()
 
+    @property
+    def done(self) -> bool:
+        """The job has ended (ready, failed or cancelled): a flag read, for the calls' path."""
+        return self._done.is_set()
+
     def wait(self, timeout: float | None = None) -> JobState:
         """The state once the job has ended (or ``timeout`` seconds have passed)."""
         self._done.wait(timeout)

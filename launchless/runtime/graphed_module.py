@@ -37,6 +37,7 @@ from ..options import VerifyMode, check_choice, check_int, check_number, check_v
 from . import state_keys
 from .batch_buckets import AUTO, BatchBucketing, BucketPlan
 from .capture_flow import CaptureFlow, add_note
+from .compiled_kernels import KERNELS, CompiledKernels
 from .decode_graphs import DecodeGraphs
 from .split import SPLITTABLE, ModelSplit
 
@@ -52,7 +53,9 @@ ADDRESS_CHECKS = {
     "full": "every parameter and buffer on every call",
 }
 # process state: never copied or pickled
-_RUNTIME_STATE = frozenset({"_cache", "_watch", "_flow", "_eager_reasons", "_model_split", "_bucketing", "_decode"})
+_RUNTIME_STATE = frozenset(
+    {"_cache", "_watch", "_flow", "_eager_reasons", "_model_split", "_bucketing", "_decode", "_compiled"}
+)
 
 
 def _check_mode(cuda_graph: Any) -> Mode:
@@ -83,6 +86,7 @@ class GraphedModule(torch.nn.Module):
         address_check: Literal["events", "full"] = "events",
         batch_buckets: Sequence[int] | Literal["auto"] | None = None,
         memory_pool: Literal["own", "shared"] = "own",
+        kernels: Literal["eager", "compiled"] = "eager",
     ) -> None:
         mode = _check_mode(cuda_graph)
         if batch_buckets is not None and not (isinstance(batch_buckets, str) and batch_buckets == AUTO):
@@ -95,6 +99,7 @@ class GraphedModule(torch.nn.Module):
         check_choice("outputs", outputs, OUTPUTS)
         check_choice("address_check", address_check, ADDRESS_CHECKS)
         check_choice("memory_pool", memory_pool, MEMORY_POOLS)
+        check_choice("kernels", kernels, KERNELS)
         if memory_pool == "shared" and outputs == "static":
             raise ConfigError(
                 "memory_pool='shared' needs outputs='clone': another model's replay would overwrite the graph's own "
@@ -105,7 +110,7 @@ class GraphedModule(torch.nn.Module):
         self.cuda_graph = mode
         self.capture_after, self.max_graphs, self.warmup = capture_after, max_graphs, warmup
         self.verify, self.tolerance_ulps, self.outputs = verify, float(tolerance_ulps), outputs
-        self.address_check, self.memory_pool = address_check, memory_pool
+        self.address_check, self.memory_pool, self.kernels = address_check, memory_pool, kernels
         self.batch_buckets = batch_buckets if batch_buckets is None or batch_buckets == AUTO else list(batch_buckets)
         state_keys.install(self)
         self._init_runtime()
@@ -118,7 +123,7 @@ class GraphedModule(torch.nn.Module):
             capture_after=self.capture_after,
             max_graphs=self.max_graphs,
             guards=[self._watch],
-            on_invalidate=_drop_split_of(weakref.ref(self)),  # weakly: a cycle would keep graphs until a collection
+            on_invalidate=_on_invalidate(weakref.ref(self)),  # weakly: a cycle would keep graphs until a collection
             pool=SHARED if self.memory_pool == "shared" else None,
         )
         self._flow = CaptureFlow(  # capture, verification and the speed judgement of each signature's graph
@@ -153,6 +158,11 @@ class GraphedModule(torch.nn.Module):
             else BatchBucketing(self.batch_buckets, name=self._name(), tolerance_ulps=self.tolerance_ulps)
         )
         self._decode: DecodeGraphs | None = None  # generate()'s decode steps, made at its first call
+        self._compiled = (  # Inductor's programs compiled beside the calls, swapped in once proven
+            CompiledKernels(name=self._name(), cache=self._cache, warmup=self.warmup)
+            if self.kernels == "compiled"
+            else None
+        )
 
     def __getstate__(self) -> dict:
         """Copies and pickles carry the model and the options, never graphs, pools or locks."""
@@ -254,6 +264,8 @@ class GraphedModule(torch.nn.Module):
             if graph.host_sources is not None and graph.host_sources.changed():
                 cache.drop_all("a host tensor copied into a graph as a constant was written or replaced")
             else:
+                if self._compiled is not None and self._compiled.pending:  # between two calls: swapped once proven
+                    graph = self._compiled.swap(sig, flat, graph, model)
                 try:
                     return self._replay(graph, flat.leaves)
                 except JunctionShapeChanged as exc:
@@ -294,7 +306,8 @@ class GraphedModule(torch.nn.Module):
             if not bucketing.proven(plan, self._target()):
                 return _OWN_SIGNATURE
             bucketing.count(plan)
-            return plan.take_rows(self._capture_and_run(plan.signature, plan.padded_flat(), explicit=False))
+            padded = plan.padded_flat()
+            return plan.take_rows(self._capture_and_run(plan.signature, padded, explicit=False, compile_kernels=False))
         if admission is Admission.REFUSED:
             error = self._refused_error(plan.signature)
             if error is not None:
@@ -321,8 +334,12 @@ class GraphedModule(torch.nn.Module):
             return graph.replay(leaves, rows=rows)
 
     # ---- capture, verification, refusal ---------------------------------------------------------
-    def _capture_and_run(self, sig: Signature, flat: FlatInputs, *, explicit: bool) -> Any:
-        """Capture, prove and judge ``sig``'s graph (``capture_flow``), then keep and replay it, or refuse it."""
+    def _capture_and_run(
+        self, sig: Signature, flat: FlatInputs, *, explicit: bool, compile_kernels: bool = True
+    ) -> Any:
+        """Capture, prove and judge ``sig``'s graph (``capture_flow``), then keep and replay it, or refuse it.
+        ``compile_kernels``: with ``kernels="compiled"``, a whole graph kept starts the compile of its forward (a
+        batch bucket's graph replays eager's kernels)."""
         captured = self._flow.capture(sig, flat, explicit=explicit)
         if captured.refusal is not None:
             return self._refuse(sig, flat, captured.refusal, explicit, level=captured.level)
@@ -330,6 +347,8 @@ class GraphedModule(torch.nn.Module):
         self._cache.keep(sig, graph, captured.report, flat.leaves)
         if graph.junctions:
             self._flow.log_chain(sig, graph)
+        elif self._compiled is not None and compile_kernels:
+            self._compiled.start(sig, self.model, flat)
         try:
             return self._replay(graph, flat.leaves)
         except JunctionShapeChanged as exc:
@@ -446,6 +465,8 @@ class GraphedModule(torch.nn.Module):
         """Free every graph, its static buffers and the memory pool; later calls capture again."""
         self._cache.drop_all()
         self._model_split.drop()
+        if self._compiled is not None:
+            self._compiled.cancel("release_graphs() was called")
         if not self._cache.pool.shared:
             self._cache.pool.last_stream = None
         if torch.cuda.is_initialized():
@@ -512,6 +533,8 @@ class GraphedModule(torch.nn.Module):
             "split": self._model_split.info(lambda sig: sig.describe()),
             "batch_buckets": None if self._bucketing is None else self._bucketing.info(),
             "decode": None if self._decode is None else self._decode.info(),  # generate()'s decode steps
+            # kernels="compiled": per signature, Inductor's program compiling, swapped in, or why eager's stay
+            "compiled_kernels": None if self._compiled is None else self._compiled.info(lambda sig: sig.describe()),
         }
 
 
@@ -530,13 +553,18 @@ def _target_of(wrapped: weakref.ref) -> Any:
     return target
 
 
-def _drop_split_of(wrapped: weakref.ref) -> Any:
-    def drop_split(why: str) -> None:
+def _on_invalidate(wrapped: weakref.ref) -> Any:
+    """What goes with the graphs when a validity check drops them: the split, and any compile in flight (its
+    program would be loaded onto the weights the dropped graphs read)."""
+
+    def dropped(why: str) -> None:
         module = wrapped()
         if module is not None:
             module._model_split.drop()
+            if module._compiled is not None:
+                module._compiled.cancel(why)
 
-    return drop_split
+    return dropped
 
 
 def _make_piece(module: torch.nn.Module, *, options: dict[str, Any]) -> GraphedModule:
@@ -574,6 +602,7 @@ def wrap(
     address_check: Literal["events", "full"] = "events",
     batch_buckets: Sequence[int] | Literal["auto"] | None = None,
     memory_pool: Literal["own", "shared"] = "own",
+    kernels: Literal["eager", "compiled"] = "eager",
 ) -> GraphedModule:
     """Wrap ``model`` so inference replays verified CUDA graphs, one per input signature.
 
@@ -594,6 +623,9 @@ def wrap(
     memory_pool="own" | "shared": the model's graphs in a memory pool of their own, or in one pool with the graphs
         of every model wrapped with "shared" (they reuse each other's intermediate memory: the pool holds about what
         the largest needs, not the sum; their replays take turns). "shared" needs outputs="clone".
+    kernels="eager" | "compiled": the graphs replay eager's kernels; or (``"compiled"``) they do until Inductor's
+        program of the same forward, compiled beside the calls in a child process, is proven as accurate as eager
+        against float64 and faster: its graph then replaces the eager-kernel graph, between two calls.
     """
     if isinstance(model, GraphedModule):
         raise ConfigError("this model is already wrapped by launchless; use its .model to wrap again")
@@ -611,6 +643,7 @@ def wrap(
         address_check=address_check,
         batch_buckets=batch_buckets,
         memory_pool=memory_pool,
+        kernels=kernels,
     )
 
 

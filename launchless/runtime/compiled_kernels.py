@@ -1,0 +1,181 @@
+"""Compiled kernels without the compile wait: per input signature, Inductor's program built off the calls' path and
+its graph swapped in for the eager-kernel graph once it is proven.
+
+With ``wrap(model, kernels="compiled")`` the calls capture and replay eager-kernel graphs exactly as without it.
+When a signature's graph is kept, the same forward starts compiling in a child process
+(``core.compiled_programs``); the calls never wait for it. At the first call of that signature after the program is
+ready -- between two calls -- the program is loaded onto the model's own weights and captured into a graph, and the
+graph is proven three ways before it replaces the eager-kernel graph:
+
+- it replays the compiled program bit for bit (``verify`` against the program itself, as every graph);
+- the program is as accurate as eager, against the forward run in float64, on two probes (``core.accuracy``:
+  fused kernels round differently, so bit identity with eager cannot hold, and a fixed tolerance proves nothing);
+- it is faster than the eager-kernel graph it replaces (``judge_speed``, interleaved rounds).
+
+Then it replaces that graph, with one log line; otherwise the eager-kernel graph stays and ``graph_info()`` says why.
+Whatever drops graphs (weights replaced, the model moved, ``release_graphs()``) also cancels a compile in flight:
+no program is ever swapped in onto weights it was not loaded with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+import torch
+
+from ..core import capture as _capture
+from ..core.accuracy import AccuracyReport, as_accurate_as_eager, float64_copy, widened
+from ..core.cache import GraphCache
+from ..core.compiled_programs import CompileJob, JobState, compile_in_background
+from ..core.signature import FlatInputs, Signature
+from ..core.status import Label
+from ..core.verify import make_probes, verify
+from ..errors import one_line
+from ..timing import SpeedVerdict, judge_speed
+from .split import copies
+
+KERNELS = {
+    "eager": "the graphs replay eager's kernels",
+    "compiled": "Inductor's program, compiled beside the calls, replaces them once proven as accurate and faster",
+}
+
+
+class KernelState(Label):
+    """Where the compiled kernels of one signature stand."""
+
+    COMPILING = "compiling"  # the child process compiles; the eager-kernel graph replays
+    SWAPPED = "compiled"  # the compiled program's graph replays
+    KEPT_EAGER = "eager"  # the program failed, is not as accurate as eager or not faster: eager kernels stay
+    CANCELLED = "cancelled"  # the graphs were dropped while compiling
+
+
+@dataclasses.dataclass
+class _Entry:
+    job: CompileJob
+    started: float  # perf_counter when the compile was started
+    state: KernelState = KernelState.COMPILING
+    reason: str = ""
+    swap_s: float | None = None  # from the start of the compile to the swap
+    accuracy: AccuracyReport | None = None
+    speed: SpeedVerdict | None = None
+
+    def row(self, signature: str) -> dict[str, Any]:
+        return {
+            "signature": signature,
+            "kernels": str(self.state),
+            "reason": self.reason,
+            "compile_s": round(self.job.seconds, 2) if self.job.seconds else None,
+            "swap_s": None if self.swap_s is None else round(self.swap_s, 2),
+            "accuracy": None if self.accuracy is None else self.accuracy.as_dict(),
+            "speed": None if self.speed is None else self.speed.row(),
+        }
+
+
+class CompiledKernels:
+    """The compiled programs of one wrapped forward, per signature: started when its eager-kernel graph is kept,
+    swapped in at a call once ready and proven. ``pending`` counts the undecided ones: while it is 0 the calls'
+    path reads nothing else of this."""
+
+    def __init__(self, *, name: str, cache: GraphCache[_capture.CapturedGraph], warmup: int) -> None:
+        self.name, self.cache, self.warmup = name, cache, warmup
+        self._entries: dict[Signature, _Entry] = {}
+        self.pending = 0
+
+    def start(self, sig: Signature, model: torch.nn.Module, flat: FlatInputs) -> None:
+        """Compile ``model`` for ``sig`` off the calls' path (a package on disk is ready at once)."""
+        if sig in self._entries:
+            return
+        args, kwargs = flat.rebuild(flat.leaves)
+        job = compile_in_background(model, args, kwargs, signature=sig.describe())
+        self._entries[sig] = _Entry(job, started=time.perf_counter())
+        self.pending += 1
+
+    def swap(
+        self, sig: Signature, flat: FlatInputs, graph: _capture.CapturedGraph, model: torch.nn.Module
+    ) -> _capture.CapturedGraph:
+        """The graph to replay for this call: the compiled program's, once ready and proven, else ``graph``."""
+        entry = self._entries.get(sig)
+        if entry is None or entry.state is not KernelState.COMPILING or not entry.job.done:
+            return graph
+        self.pending -= 1
+        if entry.job.state is not JobState.READY:
+            return self._keep_eager(sig, entry, f"the compile {entry.job.state}: {entry.job.reason}", graph)
+        try:
+            compiled = self._proven(sig, entry, flat, graph, model)
+        except Exception as exc:  # loading, capturing or proving the program failed: the calls never see it
+            return self._keep_eager(sig, entry, one_line(exc), graph)
+        if isinstance(compiled, str):
+            return self._keep_eager(sig, entry, compiled, graph)
+        self.cache.keep(sig, compiled, self.cache.reports.get(sig), flat.leaves)
+        entry.state, entry.swap_s = KernelState.SWAPPED, time.perf_counter() - entry.started
+        speed = cast(SpeedVerdict, entry.speed)  # every swap is timed
+        self.cache.log_once(
+            f"compiled:{sig.describe()}",
+            logging.INFO,
+            f"launchless: {self.name} {sig.describe()} replays Inductor's compiled kernels from now on "
+            f"({speed.candidate_ms:.3f} ms against {speed.eager_ms:.3f} ms a call with eager's kernels; compiled in "
+            f"{entry.job.seconds:.1f} s beside the calls; as accurate as eager against float64)",
+        )
+        return compiled
+
+    def _proven(
+        self, sig: Signature, entry: _Entry, flat: FlatInputs, graph: _capture.CapturedGraph, model: torch.nn.Module
+    ) -> _capture.CapturedGraph | str:
+        """The program's graph, captured and proven; or why it is not used."""
+        program = entry.job.load(model)
+        device = next(x.device for x in flat.leaves if isinstance(x, torch.Tensor) and x.is_cuda)
+        with self.cache.capturing(sig) as pool:
+            compiled = _capture.capture(program, flat, device=device, pool=pool, warmup=self.warmup)
+            report = verify(compiled, program, flat, mode="strict")
+        if not report.passed:
+            return f"its graph does not replay the compiled program ({report.status}: {report.detail})"
+        wide = float64_copy(model)  # the reference: the same forward in float64
+        for probe in make_probes(flat.leaves, from_call=graph.index_inputs):
+            args, kwargs = flat.rebuild(probe)
+            wide_args, wide_kwargs = widened((args, kwargs))
+            entry.accuracy = as_accurate_as_eager(
+                model(*args, **kwargs), program(*args, **kwargs), wide(*wide_args, **wide_kwargs)
+            )
+            if not entry.accuracy.passed:
+                return f"the compiled program is not as accurate as eager: {entry.accuracy.detail}"
+        del wide
+        leaves = copies(flat.leaves)
+        try:
+            entry.speed = judge_speed(lambda: graph.replay_cloned(leaves), lambda: compiled.replay_cloned(leaves))
+        finally:
+            graph.replays = compiled.replays = 0  # the judge's replays are not the caller's
+        if not entry.speed.faster:
+            return f"the compiled kernels' graph is {entry.speed.detail.replace('eager', 'eager kernels')}"
+        compiled.speed = graph.speed
+        return compiled
+
+    def _keep_eager(
+        self, sig: Signature, entry: _Entry, why: str, graph: _capture.CapturedGraph
+    ) -> _capture.CapturedGraph:
+        entry.state, entry.reason = KernelState.KEPT_EAGER, why
+        self.cache.discard()
+        self.cache.log_once(
+            f"compiled-kept-eager:{why}",
+            logging.INFO,
+            f"launchless: {self.name} {sig.describe()} keeps eager's kernels: {why}",
+        )
+        return graph
+
+    def cancel(self, why: str) -> None:
+        """The graphs were dropped: every compile in flight is ended (it would load onto weights no graph holds);
+        the next captures start again (a finished program is found on disk)."""
+        for entry in self._entries.values():
+            if entry.state is KernelState.COMPILING:
+                entry.job.cancel(why)
+        self._entries.clear()
+        self.pending = 0
+
+    def info(self, describe: Callable[[Signature], str]) -> list[dict[str, Any]]:
+        return [entry.row(describe(sig)) for sig, entry in self._entries.items()]
+
+
+__all__ = ["KERNELS", "CompiledKernels", "KernelState"]

@@ -1,0 +1,133 @@
+"""``wrap(model, kernels="compiled")`` on the GPU: eager-kernel graphs from the first repeat, Inductor's program
+compiled beside the calls in a child process, swapped in between two calls once as accurate as eager against float64
+and faster; fresh inputs on every call, both grad modes, weights loaded in place and replaced while compiling."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import launchless
+from launchless.core.accuracy import as_accurate_as_eager, float64_copy, widened
+
+pytestmark = pytest.mark.cuda
+
+COMPILE_S = 300  # a cold Inductor compile of a small model in a child process
+
+
+class Blocks(nn.Module):
+    """Launch-bound: many small kernels that Inductor fuses into few."""
+
+    def __init__(self, width: int = 64, depth: int = 6) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, width, 3, padding=1)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU()) for _ in range(depth)
+        )
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = x + block(x) * 0.5
+        return self.head(x.mean((2, 3)))
+
+
+GRAD_MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
+
+
+def _fresh(generator: torch.Generator) -> torch.Tensor:
+    return torch.randn(2, 3, 32, 32, generator=generator).cuda()
+
+
+def _accurate(model: nn.Module, x: torch.Tensor, got: torch.Tensor) -> bool:
+    report = as_accurate_as_eager(model(x), got, float64_copy(model)(*widened((x,))))
+    return report.passed
+
+
+def _until_decided(wrapped: launchless.GraphedModule, call) -> dict:
+    """Call until the signature's compiled kernels are decided; the row."""
+    deadline = time.monotonic() + COMPILE_S
+    while time.monotonic() < deadline:
+        call()
+        rows = wrapped.graph_info()["compiled_kernels"]
+        if rows and rows[0]["kernels"] != "compiling":
+            return rows[0]
+        time.sleep(0.05)
+    raise AssertionError(f"not decided within {COMPILE_S} s: {wrapped.graph_info()['compiled_kernels']}")
+
+
+@pytest.mark.parametrize("grad_mode", GRAD_MODES)
+def test_compiled_kernels_replace_eager_kernels_between_calls_on_fresh_inputs(
+    grad_mode, tmp_path, monkeypatch, caplog
+) -> None:
+    monkeypatch.setenv("LAUNCHLESS_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    model = Blocks().cuda().eval()
+    wrapped = launchless.wrap(model, kernels="compiled")
+    generator = torch.Generator().manual_seed(1)
+    with GRAD_MODES[grad_mode](), caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(4):  # the eager-kernel graph from the third call, bit-identical to eager
+            x = _fresh(generator)
+            assert torch.equal(wrapped(x), model(x))
+        assert wrapped.graph_info()["compiled_kernels"][0]["kernels"] == "compiling"
+        row = _until_decided(wrapped, lambda: wrapped(_fresh(generator)))
+        assert row["kernels"] == "compiled", row["reason"]
+        assert row["accuracy"]["passed"] and row["speed"]["speedup"] > 1.0
+        assert row["swap_s"] >= row["compile_s"] > 0
+        for _ in range(5):  # fresh inputs through the compiled kernels' graph
+            x = _fresh(generator)
+            got = wrapped(x)
+            assert _accurate(model, x, got)  # fused kernels round otherwise: held to eager's accuracy
+        with torch.no_grad():  # a checkpoint loaded into the same tensors: the program reads the model's own
+            for p in model.parameters():
+                p.mul_(0.9)
+        x = _fresh(generator)
+        assert _accurate(model, x, wrapped(x))
+    assert [r.message for r in caplog.records if "replays Inductor's compiled kernels" in r.message]
+    assert len(wrapped.graph_info()["graphs"]) == 1
+
+
+def test_weights_replaced_while_compiling_cancel_the_compile_and_the_next_is_loaded_on_the_new_ones(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("LAUNCHLESS_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    model = Blocks(width=32).cuda().eval()
+    wrapped = launchless.wrap(model, kernels="compiled")
+    generator = torch.Generator().manual_seed(2)
+    with torch.inference_mode():
+        for _ in range(3):
+            wrapped(_fresh(generator))
+    assert wrapped.graph_info()["compiled_kernels"][0]["kernels"] == "compiling"
+    fresh = Blocks(width=32).cuda().eval()
+    model.load_state_dict(fresh.state_dict(), assign=True)  # new tensors: the graphs and the compile go
+    with torch.inference_mode():
+        x = _fresh(generator)
+        assert torch.equal(wrapped(x), fresh(x))  # eager on the new weights, no stale graph
+        row = _until_decided(wrapped, lambda: wrapped(_fresh(generator)))
+        assert row["kernels"] == "compiled", row["reason"]
+        x = _fresh(generator)
+        assert _accurate(fresh, x, wrapped(x))
+
+
+def test_a_model_defined_in_the_script_run_keeps_eager_kernels_saying_why(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("LAUNCHLESS_CACHE_DIR", str(tmp_path))
+    script_class = type("ScriptBlocks", (Blocks,), {"__module__": "__main__"})  # as a class in a user's script
+    model = script_class(width=16, depth=2).cuda().eval()
+    wrapped = launchless.wrap(model, kernels="compiled")
+    generator = torch.Generator().manual_seed(3)
+
+    def call() -> None:
+        x = _fresh(generator)
+        assert torch.equal(wrapped(x), model(x))  # the eager-kernel graph throughout
+
+    with torch.no_grad():
+        row = _until_decided(wrapped, call)
+    assert row["kernels"] == "eager"
+    assert "ScriptBlocks is defined in the script being run (__main__)" in row["reason"]
+    assert wrapped.graph_info()["graphs"][0]["replays"] > 0
