@@ -115,6 +115,32 @@ def test_a_crashed_worker_costs_one_workload(tmp_path) -> None:
     assert rows[0]["status"] == rows[2]["status"] == "ok" and rows[0]["pid"] != rows[2]["pid"]
 
 
+def test_a_worker_that_asks_for_a_fresh_process_after_a_whole_row_costs_no_workload(tmp_path) -> None:
+    """A worker whose CUDA context a device-side assert ended writes its row and exits with ``FRESH_PROCESS``: the
+    next name goes to a new worker, and nothing is charged to it."""
+    from launchless.apps.workers import FRESH_PROCESS, run_workers
+
+    script = (
+        "import json, sys\n"
+        "out, names = sys.argv[1], sys.argv[2:]\n"
+        "for name in names:\n"
+        "    open(out, 'a').write(json.dumps({'key': name, 'pid': __import__('os').getpid()}) + '\\n')\n"
+        f"    if name == 'b': sys.exit({FRESH_PROCESS})\n"
+    )
+    failed: list[str] = []
+    rows = run_workers(
+        ["a", "b", "c"],
+        command=lambda rest, jsonl: [sys.executable, "-c", script, str(jsonl), *rest],
+        out=tmp_path,
+        label="-fresh",
+        key="key",
+        failed_row=lambda name, why: failed.append(name) or {"key": name, "failed": why},
+        timeout_s=20,
+    )
+    assert [r["key"] for r in rows] == ["a", "b", "c"] and not failed
+    assert rows[0]["pid"] == rows[1]["pid"] != rows[2]["pid"]
+
+
 def test_a_hung_worker_times_out_and_the_rest_still_run(tmp_path) -> None:
     rows = run_mode("hand-graph", NAMES, 3, 2, tmp_path, worker=_worker(hang="timm:resnet18"))
     assert rows[0]["status"] == "error" and "timed out after 2 s" in rows[0]["reason"]

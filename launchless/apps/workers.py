@@ -13,6 +13,22 @@ from typing import Any
 
 POLL_S = 0.2
 Row = dict[str, Any]
+# a worker that exits with this code after its last row asks for a fresh process: its rows are whole and the name
+# after them is not charged (a CUDA context that a device-side assert ended serves no later name)
+FRESH_PROCESS = 75
+
+
+def exit_if_gpu_unusable() -> None:
+    """End this worker with ``FRESH_PROCESS`` when the GPU's context no longer runs work (a device-side assert or an
+    illegal access ends it for the rest of the process): every later name would fail with the same error."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # the error of an earlier name, sticky in the context
+        os._exit(FRESH_PROCESS)
 
 
 def append_row(path: str | Path, row: Row) -> None:
@@ -95,6 +111,8 @@ def _collect(
         if new:
             started = time.monotonic()
         elif proc.poll() is not None and not read_rows(jsonl, done):
+            if proc.returncode == FRESH_PROCESS:  # it asked for a fresh process after a whole row
+                break
             rows.append(failed_row(remaining.pop(0), f"the worker exited with code {proc.returncode}"))
             on_row(rows[-1])
             break

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ...errors import one_line
-from ..workers import append_row
+from ..workers import append_row, exit_if_gpu_unusable
 from .candidate import Built, Candidate, Library, NotInLibraryError
 from .population import candidates, pick
 from .rows import Entry, GradMode, Result, new_row
@@ -150,6 +150,7 @@ def run(
             if entries is not None:  # the merge replaces only these entry points' rows of the model
                 line["entries"] = sorted(e.value for e in entries)
             append_row(out, line)
+        exit_if_gpu_unusable()  # a model that ended the CUDA context: the next ones get a fresh process
 
 
 def main() -> None:
