@@ -471,3 +471,52 @@ def test_the_compiler_path_criteria_worst_against_pytorch_and_first_call_time() 
     line = next(ln for ln in report.markdown(ENV, SUITE, rows).splitlines() if ln.startswith("- **launchless-compile"))
     assert "worst workload 0.90× the faster of compile and reduce-overhead" in line
     assert f"first call {first['launchless-compile']:.2f}× reduce-overhead's" in line
+
+
+def test_the_compiled_kernels_section_reads_its_targets_off_the_rows(tmp_path) -> None:
+    """When the compiled graph swapped in, what the calls cost meanwhile, and each target against the rows of the same
+    run: the ratios recomputed here from the synthetic figures."""
+    rows = [
+        {**row("timm:resnet18", "launchless", 0.475, floor=0.40, first=120.0), "latency_ms": 0.50},
+        {**row("timm:resnet18", "launchless-compile", 0.291, floor=0.27, first=30_000.0)},
+        {**row("timm:resnet18", "reduce-overhead", 0.301, floor=0.264, first=25_000.0)},
+        {
+            **row("timm:resnet18", "launchless-compiled-kernels", 0.300, floor=0.27, first=130.0),
+            "during_compile_ms": 0.52,
+            "swap_s": 41.0,
+            "compile_s": 38.5,
+            "kernels": "compiled",
+            "kernels_reason": "",
+            "timeline": [[0.0, 130.0], [0.2, 0.52], [41.0, 0.31], [41.1, 0.30]],
+        },
+        {**row("hf:gpt2", "launchless", 1.81, first=200.0), "latency_ms": 1.9},
+        {
+            **row("hf:gpt2", "launchless-compiled-kernels", 1.80, first=210.0),
+            "during_compile_ms": 1.95,
+            "swap_s": None,
+            "kernels": "eager",
+            "kernels_reason": "the compiled program is not as accurate as eager: its error ...",
+            "timeline": [[0.0, 210.0], [0.3, 1.9]],
+        },
+    ]
+    from launchless.apps.bench import kernels_report
+
+    by_key = stats.index(rows)
+    met = kernels_report.targets("timm:resnet18", by_key)
+    assert met["vs_launchless_compile"] == pytest.approx(0.300 / 0.291)
+    assert met["vs_best_floor"] == pytest.approx(0.300 / 0.264)  # the best floor of any mode: reduce-overhead's
+    assert met["targets"] == {
+        "steady within 1.05x launchless-compile": 0.300 / 0.291 <= 1.05,
+        "steady within 1.10x the best kernel floor": 0.300 / 0.264 <= 1.10,
+        "first call within 1.2x launchless's": 130.0 <= 1.2 * 120.0,
+        "first call at most 1/20 reduce-overhead's": 130.0 <= 25_000.0 / 20,
+        "calls while compiling at most 10% slower": 0.52 <= 1.1 * 0.50,
+        "swapped before reduce-overhead's compile ends": 41.0 <= 25.0,
+    }
+    assert kernels_report.targets("hf:gpt2", by_key)["targets"]["swapped before reduce-overhead's compile ends"] is None
+    text = report.markdown(ENV, "kernels", rows)
+    assert "## Compiled kernels without the compile wait" in text
+    assert "eager (the compiled program is not as accurate as eager" in text
+    paths = report.write_all(tmp_path, ENV, "kernels", rows)
+    assert paths["timeline"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "timeline" not in report.write_all(tmp_path / "quick", ENV, "quick", rows)

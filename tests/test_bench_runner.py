@@ -306,3 +306,49 @@ def test_serving_runs_split_by_mode_merge_into_the_serving_report_with_its_targe
     parts[0].write_text(json.dumps(standard))
     with pytest.raises(ValueError, match="different suites"):
         merge([str(p) for p in parts], str(tmp_path / "bad"))
+
+
+def test_a_mode_that_changes_while_it_runs_is_called_until_it_decides(monkeypatch) -> None:
+    """Compiled kernels swap in while the calls go on: the bench calls until the swap is decided, records each
+    call's latency against wall time, and when it happened."""
+    import time
+
+    import torch
+
+    from launchless.apps.bench import measure
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    calls = {"n": 0}
+
+    def call() -> None:
+        calls["n"] += 1
+        time.sleep(0.002 if calls["n"] <= 40 else 0.0005)  # faster once the compiled graph replays
+
+    def settled() -> dict | None:
+        return {"kernels": "compiled", "reason": "", "compile_s": 1.5} if calls["n"] >= 40 else None
+
+    row = measure.early_calls(modes.Prepared(call, settled=settled), time.perf_counter())
+    assert row["kernels"] == "compiled" and row["compile_s"] == 1.5
+    assert calls["n"] == 40 + measure.AFTER_SETTLED
+    assert row["during_compile_ms"] >= 2.0 and 0 < row["swap_s"] < row["timeline"][-1][0]
+    assert len(row["timeline"]) == calls["n"] + 1  # the first call, then every later one
+    undecided = measure.early_calls(modes.Prepared(call), time.perf_counter())
+    assert set(undecided) == {"timeline"} and len(undecided["timeline"]) == measure.EARLY_CALLS + 1
+
+
+def test_a_long_timeline_keeps_the_first_call_and_the_median_of_each_span() -> None:
+    from launchless.apps.bench.measure import TIMELINE_POINTS, thinned
+
+    points = [(0.0, 5000.0)] + [(1.0 + i * 0.001, 1.0 if i % 2 else 3.0) for i in range(10_000)]
+    kept = thinned(points)
+    assert kept[0] == [0.0, 5000.0] and len(kept) <= TIMELINE_POINTS + 1
+    assert all(ms in (1.0, 3.0) for _, ms in kept[1:])
+    assert thinned(points[:10]) == [[round(t, 4), ms] for t, ms in points[:10]]
+
+
+def test_compiled_kernels_run_in_their_own_suite_unless_asked_for() -> None:
+    assert modes.COMPILED_KERNELS in modes.default_modes(workloads.KERNELS)
+    assert modes.COMPILED_KERNELS not in modes.default_modes(workloads.STANDARD)
+    assert [w.name for w in workloads.suite(workloads.KERNELS)] == [
+        "timm:resnet18", "timm:efficientnet_b0", "hf:gpt2", "hf:t5-small"
+    ]  # fmt: skip

@@ -492,7 +492,7 @@ def _check_before_launch(parser: argparse.ArgumentParser, args: argparse.Namespa
 
 def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .bench import workloads
-    from .bench.modes import MODES
+    from .bench.modes import MODES, default_modes
 
     if args.merge:
         from .bench.runner import merge
@@ -523,7 +523,7 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     unknown = [m for m in args.modes or () if m not in MODES]
     if unknown:
         parser.error(f"unknown mode(s) {', '.join(unknown)}; choose from: {', '.join(MODES)}")
-    modes = list(args.modes or MODES)
+    modes = list(args.modes or default_modes(args.suite))
     weights = None
     if args.balance_from:
         from .bench.runner import BalanceFileUnreadable, balance_weights

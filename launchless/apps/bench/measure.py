@@ -20,6 +20,10 @@ from . import modes, training
 from .workloads import BenchWorkload
 
 PROFILE_CALLS = 10
+EARLY_CALLS = 30  # calls after the first whose latency is recorded against wall time (the timeline)
+SETTLE_S = 420.0  # how long a mode that changes while it runs (compiled kernels) is called until it decides
+AFTER_SETTLED = 30  # calls recorded after it decided
+TIMELINE_POINTS = 300  # a longer timeline is kept as the median of each of this many spans of time
 
 
 def kernel_floor_ms(call: Any, calls: int = PROFILE_CALLS) -> float | None:
@@ -52,6 +56,63 @@ def clone_outputs(tree: Any) -> Any:
     return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, tree)
 
 
+def early_calls(prepared: modes.Prepared, start: float) -> dict:
+    """The calls after the first, each waited for, as (seconds since the first call began, ms): ``EARLY_CALLS`` of
+    them, or for a mode that changes while it runs, until it decides (at most ``SETTLE_S``) and ``AFTER_SETTLED``
+    more. Such a mode's row adds when it decided (``swap_s``), its calls' median latency until then
+    (``during_compile_ms``) and what it decided (``kernels``, ``kernels_reason``, ``compile_s``)."""
+    points: list[tuple[float, float]] = [(0.0, (time.perf_counter() - start) * 1e3)]  # the first call
+    decided: dict | None = None
+    decided_at = after = 0
+    while True:
+        began = time.perf_counter()
+        prepared.call()
+        torch.cuda.synchronize()
+        points.append((began - start, (time.perf_counter() - began) * 1e3))
+        if prepared.settled is None:
+            if len(points) > EARLY_CALLS:
+                break
+            continue
+        if decided is None:
+            decided = prepared.settled()
+            decided_at = len(points)
+            if decided is None and began - start > SETTLE_S:
+                break
+        else:
+            after += 1
+            if after >= AFTER_SETTLED:
+                break
+    row: dict[str, Any] = {"timeline": thinned(points)}
+    if prepared.settled is not None:
+        during = (
+            sorted(ms for _, ms in points[1:decided_at]) if decided is not None else sorted(ms for _, ms in points[1:])
+        )
+        row["during_compile_ms"] = during[len(during) // 2] if during else None
+        row["swap_s"] = points[decided_at - 1][0] if decided is not None and decided["kernels"] == "compiled" else None
+        row["kernels"] = None if decided is None else decided["kernels"]
+        row["kernels_reason"] = "not decided within the bench's wait" if decided is None else decided["reason"]
+        row["compile_s"] = None if decided is None else decided.get("compile_s")
+    return row
+
+
+def thinned(points: list[tuple[float, float]]) -> list[list[float]]:
+    """At most ``TIMELINE_POINTS`` points: the first call as it is, the others as the median latency of the calls
+    in each of equal spans of time."""
+    if len(points) <= TIMELINE_POINTS:
+        return [[round(t, 4), round(ms, 4)] for t, ms in points]
+    first, rest = points[0], points[1:]
+    t0, t1 = rest[0][0], rest[-1][0]
+    width = (t1 - t0) / (TIMELINE_POINTS - 1) or 1.0
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for t, ms in rest:
+        spans.setdefault(int((t - t0) / width), []).append((t, ms))
+    out = [[round(first[0], 4), round(first[1], 4)]]
+    for span in spans.values():
+        ms_sorted = sorted(ms for _, ms in span)
+        out.append([round(span[0][0], 4), round(ms_sorted[len(ms_sorted) // 2], 4)])
+    return out
+
+
 def measure(w: BenchWorkload, mode: str, iters: int) -> dict:
     """The report row for one pair; raises ModeUnavailable when the mode cannot run the workload."""
     built = _build(w) if w.kind == "inference" else None
@@ -71,6 +132,8 @@ def measure(w: BenchWorkload, mode: str, iters: int) -> dict:
         prepared.call()
         torch.cuda.synchronize()
         row["first_call_ms"] = (time.perf_counter() - start) * 1e3
+        if w.kind == "inference":  # a training step's calls change its state: the correctness check counts them
+            row.update(early_calls(prepared, start))
         output = clone_outputs(prepared.call())
         timing = cuda_time(prepared.call, warmup=5, iters=iters)
         row.update(median_ms=timing.median_ms, min_ms=timing.min_ms, calls=timing.calls)

@@ -18,7 +18,16 @@ from torch.utils import _pytree as pytree
 
 from ...core.workspaces import own_blas_workspaces
 
-MODES = ("eager", "compile", "reduce-overhead", "hand-graph", "launchless", "launchless-compile")
+COMPILED_KERNELS = "launchless-compiled-kernels"  # wrap(kernels="compiled"): compiles in a child while it replays
+MODES = ("eager", "compile", "reduce-overhead", "hand-graph", "launchless", "launchless-compile", COMPILED_KERNELS)
+
+
+def default_modes(suite: str) -> tuple[str, ...]:
+    """The modes a suite runs unless told: every mode in the compiled-kernels suite; elsewhere all but compiled
+    kernels, whose compile in a child process per workload belongs to the suite that measures it."""
+    from .workloads import KERNELS
+
+    return MODES if suite == KERNELS else tuple(m for m in MODES if m != COMPILED_KERNELS)
 
 
 class ModeUnavailable(Exception):
@@ -30,6 +39,8 @@ class Prepared:
     call: Callable[[], Any]
     steps_in_prepare: int = 0  # training: optimizer steps applied while preparing (warm-up runs)
     details: Callable[[], dict] | None = None  # after timing: what the mode did (launchless-compile's graphs)
+    # a mode that changes while it runs (compiled kernels swapped in): None while undecided, then what it decided
+    settled: Callable[[], dict | None] | None = None
 
 
 def hand_graph(fn: Callable[..., Any], args: tuple, kwargs: dict, warmup: int = 3) -> Callable[[], Any]:
@@ -96,4 +107,24 @@ def inference(mode: str, model: torch.nn.Module, args: tuple, kwargs: dict) -> P
 
         wrapped = launchless.wrap(model, cuda_graph="auto", capture_after=1)
         return Prepared(lambda: wrapped(*args, **kwargs), details=lambda: runtime_summary(wrapped.graph_info()))
+    if mode == COMPILED_KERNELS:  # eager-kernel graphs at once; Inductor's swapped in once compiled and proven
+        import launchless
+
+        from .graphs import runtime_summary
+
+        wrapped = launchless.wrap(model, cuda_graph="auto", capture_after=1, kernels="compiled")
+        return Prepared(
+            lambda: wrapped(*args, **kwargs),
+            details=lambda: runtime_summary(wrapped.graph_info()),
+            settled=lambda: kernels_decided(wrapped.graph_info()),
+        )
     raise ModeUnavailable(f"unknown mode {mode!r}")
+
+
+def kernels_decided(info: dict) -> dict | None:
+    """The compiled kernels' row of the one signature a workload calls, once decided (swapped in or not); None while
+    it compiles (or before its graph is captured)."""
+    rows = info.get("compiled_kernels") or []
+    if not rows or rows[0]["kernels"] == "compiling":
+        return None
+    return rows[0]

@@ -25,7 +25,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from launchless.apps.bench import graphs, stats
+from launchless.apps.bench import graphs, kernels_report, stats, workloads
 
 Row = Mapping[str, Any]
 
@@ -318,6 +318,7 @@ def markdown(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) ->
     items = view.summary_items()
     lines += [f"- **{mode}**: {text}" for mode, text in items] or ["- no mode has a baseline to compare with"]
 
+    lines += kernels_report.markdown_lines(rows)
     lines += graphs.markdown_lines(rows)
     lines += ["", "## Skipped and failed", ""]
     problems = view.problems()
@@ -550,11 +551,16 @@ def write_suite_report(
 
 
 def write_all(out_dir: str | Path, environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) -> dict[str, Path]:
-    """bench.json, bench.md and bench.png in ``out_dir`` (created if needed); returns {"json", "md", "png"}: path."""
+    """bench.json, bench.md and bench.png in ``out_dir`` (created if needed), and bench-timeline.png where the rows
+    have the compiled-kernels suite's timelines; returns {"json", "md", "png"[, "timeline"]}: path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "bench.json", "md": out / "bench.md", "png": out / "bench.png"}
     write_json(paths["json"], environment, suite, rows)
     paths["md"].write_text(markdown(environment, suite, rows), encoding="utf-8")
     chart(paths["png"], rows, environment)
+    if suite == workloads.KERNELS and kernels_report.has_timelines(rows):
+        paths["timeline"] = out / "bench-timeline.png"
+        title = chart_title("launchless bench: each call's latency from the first call on", environment)
+        kernels_report.timeline_chart(paths["timeline"], rows, title)
     return paths

@@ -27,6 +27,7 @@ ROW_KEYS = (
     "peak_mem_mb",
     "kernel_floor_ms",
     "floor_ratio",
+    "timeline",
 )
 
 

@@ -12,7 +12,8 @@ QUICK = "quick"  # meant to finish within 3 minutes on an H200 with all five mod
 STANDARD = "standard"
 TRAINING = "training"  # the per-step training comparison: SGD, AdamW, bf16, a scheduled BERT fine-tune
 COMPILER = "compiler"  # torch.compile backends: the inference workloads plus models blocked by host copies
-SUITES = (QUICK, STANDARD, TRAINING, COMPILER)
+KERNELS = "kernels"  # compiled kernels without the compile wait: every mode, and when the compiled graph swaps in
+SUITES = (QUICK, STANDARD, TRAINING, COMPILER, KERNELS)
 
 
 @dataclass(frozen=True)
@@ -29,15 +30,15 @@ class BenchWorkload:
 
 
 _ALL = [
-    BenchWorkload("timm:resnet18", "timm:resnet18", suites=(QUICK, STANDARD, COMPILER)),
+    BenchWorkload("timm:resnet18", "timm:resnet18", suites=(QUICK, STANDARD, COMPILER, KERNELS)),
     BenchWorkload("timm:mobilenetv3_small_100", "timm:mobilenetv3_small_100", suites=(STANDARD, COMPILER)),
-    BenchWorkload("timm:efficientnet_b0", "timm:efficientnet_b0", suites=(STANDARD, COMPILER)),
+    BenchWorkload("timm:efficientnet_b0", "timm:efficientnet_b0", suites=(STANDARD, COMPILER, KERNELS)),
     BenchWorkload("timm:convnext_atto", "timm:convnext_atto", suites=(STANDARD, COMPILER)),
     BenchWorkload("timm:vit_tiny_patch16_224", "timm:vit_tiny_patch16_224", suites=(STANDARD, COMPILER)),
     BenchWorkload("timm:resnet50@b8", "timm:resnet50", batch=8, suites=(STANDARD, COMPILER)),
     BenchWorkload("hf:bert-base", "hf:bert-base", suites=(STANDARD, COMPILER)),
-    BenchWorkload("hf:gpt2", "hf:gpt2", suites=(STANDARD, COMPILER)),
-    BenchWorkload("hf:t5-small", "hf:t5-small", suites=(STANDARD, COMPILER)),
+    BenchWorkload("hf:gpt2", "hf:gpt2", suites=(STANDARD, COMPILER, KERNELS)),
+    BenchWorkload("hf:t5-small", "hf:t5-small", suites=(STANDARD, COMPILER, KERNELS)),
     BenchWorkload("hf:xlnet-base", "hf:xlnet-base", suites=(STANDARD, COMPILER)),
     BenchWorkload(
         "tv:fasterrcnn_mobilenet_v3_large_fpn", "tv:fasterrcnn_mobilenet_v3_large_fpn", suites=(STANDARD, COMPILER)

@@ -1,0 +1,173 @@
+"""The compiled-kernels part of a bench report: when Inductor's kernels swapped in beside the calls, what the calls
+cost meanwhile, the steady state against the compiled modes and the kernel floor, and each mode's first calls
+against wall time (the timeline chart).
+
+Targets, each read from rows of one run: steady state within 1.05x of ``launchless-compile`` and within 1.10x of
+the best kernel floor; first call within 1.2x of ``launchless``'s and at most 1/20 of reduce-overhead's; calls while
+compiling at most 10 % slower than ``launchless``'s waited-for call; the swap no later than reduce-overhead's
+first call ends (its compile).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import stats
+from .modes import COMPILED_KERNELS
+
+Row = Mapping[str, Any]
+
+STEADY_VS_COMPILE = 1.05
+STEADY_VS_FLOOR = 1.10
+FIRST_CALL_VS_LAUNCHLESS = 1.2
+FIRST_CALL_VS_REDUCE_OVERHEAD = 1 / 20
+DURING_COMPILE_VS_LAUNCHLESS = 1.10
+
+
+def _ok(row: Row | None, key: str) -> float | None:
+    if row is None or row.get("status") != "ok":
+        return None
+    value = row.get(key)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    return "—" if value is None else f"{value:.3g}{unit}"
+
+
+def targets(workload: str, by_key: Mapping[tuple[str, str], Row]) -> dict[str, Any]:
+    """The compiled-kernels figures of one workload and each target met or not (None where a figure is missing)."""
+    kernels = by_key.get((workload, COMPILED_KERNELS))
+    launchless = by_key.get((workload, "launchless"))
+    compiled = by_key.get((workload, "launchless-compile"))
+    reduce_overhead = by_key.get((workload, stats.REDUCE_OVERHEAD))
+    floors = [
+        f
+        for m in stats.ordered_modes(list(by_key.values()))
+        if (f := _ok(by_key.get((workload, m)), "kernel_floor_ms"))
+    ]
+    steady, compiled_ms = _ok(kernels, "median_ms"), _ok(compiled, "median_ms")
+    figures = {
+        "steady_ms": steady,
+        "vs_launchless_compile": None if steady is None or not compiled_ms else steady / compiled_ms,
+        "vs_best_floor": None if steady is None or not floors else steady / min(floors),
+        "first_call_ms": _ok(kernels, "first_call_ms"),
+        "during_compile_ms": _ok(kernels, "during_compile_ms"),
+        "swap_s": _ok(kernels, "swap_s"),
+        "compile_s": _ok(kernels, "compile_s"),
+        "kernels": None if kernels is None else kernels.get("kernels"),
+        "reason": None if kernels is None else kernels.get("kernels_reason"),
+    }
+    first_ll, first_ro = _ok(launchless, "first_call_ms"), _ok(reduce_overhead, "first_call_ms")
+    latency_ll = _ok(launchless, "latency_ms")
+    figures["targets"] = {
+        "steady within 1.05x launchless-compile": _check(figures["vs_launchless_compile"], STEADY_VS_COMPILE),
+        "steady within 1.10x the best kernel floor": _check(figures["vs_best_floor"], STEADY_VS_FLOOR),
+        "first call within 1.2x launchless's": _check(
+            figures["first_call_ms"], _times(first_ll, FIRST_CALL_VS_LAUNCHLESS)
+        ),
+        "first call at most 1/20 reduce-overhead's": _check(
+            figures["first_call_ms"], _times(first_ro, FIRST_CALL_VS_REDUCE_OVERHEAD)
+        ),
+        "calls while compiling at most 10% slower": _check(
+            figures["during_compile_ms"], _times(latency_ll, DURING_COMPILE_VS_LAUNCHLESS)
+        ),
+        "swapped before reduce-overhead's compile ends": _check(
+            figures["swap_s"], None if first_ro is None else first_ro / 1e3
+        ),
+    }
+    return figures
+
+
+def _times(value: float | None, factor: float) -> float | None:
+    return None if value is None else value * factor
+
+
+def _check(value: float | None, limit: float | None) -> bool | None:
+    return None if value is None or limit is None else value <= limit
+
+
+def markdown_lines(rows: Sequence[Row]) -> list[str]:
+    """The compiled-kernels section, where the rows have the mode."""
+    by_key = stats.index(list(rows))
+    workloads = [w for w in stats.ordered_workloads(list(rows)) if (w, COMPILED_KERNELS) in by_key]
+    if not workloads:
+        return []
+    lines = [
+        "",
+        "## Compiled kernels without the compile wait",
+        "",
+        f'`{COMPILED_KERNELS}`: `wrap(model, kernels="compiled")`. Eager-kernel graphs from the first call while '
+        "Inductor compiles the forward in a child process; its graph swapped in once proven (as accurate as eager "
+        "against float64, faster).",
+        "",
+        "| workload | decided | steady ms | × launchless-compile | × best floor | first call ms | ms while compiling "
+        "| compiled in s | swapped at s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    verdicts = []
+    for w in workloads:
+        f = targets(w, by_key)
+        decided = f["kernels"] or "—"
+        if f["kernels"] != "compiled" and f["reason"]:
+            decided += f" ({f['reason']})"
+        lines.append(
+            f"| `{w}` | {decided} | {_fmt(f['steady_ms'])} | {_fmt(f['vs_launchless_compile'], '×')} | "
+            f"{_fmt(f['vs_best_floor'], '×')} | {_fmt(f['first_call_ms'])} | {_fmt(f['during_compile_ms'])} | "
+            f"{_fmt(f['compile_s'])} | {_fmt(f['swap_s'])} |"
+        )
+        verdicts.append((w, f["targets"]))
+    names = list(verdicts[0][1])
+    lines += ["", "Targets met (yes / **no** / — not measured):", "", "| workload | " + " | ".join(names) + " |"]
+    lines.append("|---|" + "---|" * len(names))
+    for w, met in verdicts:
+        cells = ["—" if v is None else ("yes" if v else "**no**") for v in met.values()]
+        lines.append(f"| `{w}` | " + " | ".join(cells) + " |")
+    return lines
+
+
+def has_timelines(rows: Sequence[Row]) -> bool:
+    return any(len(r.get("timeline") or []) > 1 for r in rows)
+
+
+def timeline_chart(path: str | Path, rows: Sequence[Row], title: str) -> Any:
+    """One panel per workload: each call's latency (log scale) against seconds since that mode's first call began
+    (symmetric log scale: the first calls and a swap a minute later both show), a line per mode, the first call
+    marked. Returns the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: only `bench` needs matplotlib
+    from matplotlib.figure import Figure
+
+    workloads = [
+        w for w in stats.ordered_workloads(list(rows)) if any(r["workload"] == w and r.get("timeline") for r in rows)
+    ]
+    modes = stats.ordered_modes(list(rows))
+    fig = Figure(figsize=(7.5, 2.6 * max(1, len(workloads)) + 0.6), dpi=120)
+    FigureCanvasAgg(fig)
+    fig.suptitle(title, fontsize=10)
+    for i, w in enumerate(workloads):
+        ax = fig.add_subplot(len(workloads), 1, i + 1)
+        for j, mode in enumerate(modes):
+            row = next((r for r in rows if r["workload"] == w and r["mode"] == mode), None)
+            points = (row or {}).get("timeline") or []
+            if len(points) < 2:
+                continue
+            first_end = points[0][1] / 1e3  # the first call ends when its latency has passed
+            xs = [first_end] + [t for t, _ in points[1:]]
+            ys = [ms for _, ms in points]
+            ax.plot(xs, ys, color=f"C{j % 10}", linewidth=1, label=mode, drawstyle="steps-post")
+            ax.plot([first_end], [ys[0]], marker="o", color=f"C{j % 10}", markersize=4)
+            if row is not None and row.get("swap_s"):
+                ax.axvline(row["swap_s"], color=f"C{j % 10}", linestyle=":", linewidth=1)
+        ax.set_xscale("symlog", linthresh=0.1)
+        ax.set_xlim(left=0)
+        ax.set_yscale("log")
+        ax.set_title(w, fontsize=9)
+        ax.set_ylabel("ms per call")
+        if i == len(workloads) - 1:
+            ax.set_xlabel("seconds since the first call began")
+        ax.legend(fontsize=6, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return fig
