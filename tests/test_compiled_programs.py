@@ -1,5 +1,5 @@
 """Compiled programs built off the calls' path (``core.compiled_programs``): the key, the disk cache, a real
-AOTInductor compile in a child process on the CPU, a program that reads the model's own weights, cancelling, and
+Inductor compile in a child process on the CPU, a program called with the model's own weights, cancelling, and
 a compile that fails saying why."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from torch import nn
 from launchless.core import compiled_programs
 from launchless.core.compiled_programs import JobState, cache_dir, compile_in_background, program_key
 
-needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="AOTInductor needs a C++ compiler")
+needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="Inductor's CPU kernels need a C++ compiler")
 COMPILE_S = 600  # a cold Inductor compile on two CPU cores
 
 
@@ -28,6 +28,21 @@ class Net(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(torch.relu(self.norm(self.conv(x))).mean((2, 3)))
+
+
+class Keywords(nn.Module):
+    """Keyword arguments, a tensor constant (not a buffer) and a dict of outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.scale = torch.tensor(2.0)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, k: int = 2, extra: None = None) -> dict:
+        y = self.lin(x) * self.scale * k
+        if mask is not None:
+            y = y * mask
+        return {"y": y, "s": y.sum(-1)}
 
 
 class Broken(nn.Module):
@@ -70,7 +85,7 @@ def test_a_program_compiled_in_a_child_reads_the_models_own_weights_and_is_found
     job = compile_in_background(model, (x,), signature="(float32[2x3x8x8]@cpu)", directory=tmp_path)
     assert job.state is JobState.COMPILING  # returned at once
     assert job.wait(COMPILE_S) is JobState.READY, job.reason
-    assert job.package.exists() and job.seconds > 0
+    assert job.program.exists() and job.seconds > 0
     program = job.load(model)
     with torch.inference_mode():
         for _ in range(3):
@@ -97,7 +112,7 @@ def test_a_cancelled_compile_ends_its_child_and_leaves_nothing(tmp_path) -> None
     while job._child is not None and job._child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert job._child is None or job._child.poll() is not None
-    assert not job.package.exists()
+    assert not job.program.exists()
     with pytest.raises(RuntimeError, match="cancelled"):
         job.load(model)
 
@@ -113,14 +128,14 @@ def test_cancelling_while_the_child_compiles_ends_that_process(tmp_path) -> None
     assert job._child is not None, job.reason  # the export is done and the compiler process runs
     job.cancel("the model was moved to another device")
     assert job._child.wait(30) != 0  # ended, not finished
-    assert job.wait(COMPILE_S) is JobState.CANCELLED and not job.package.exists()
+    assert job.wait(COMPILE_S) is JobState.CANCELLED and not job.program.exists()
 
 
 def test_a_forward_that_cannot_be_exported_fails_saying_why(tmp_path) -> None:
     job = compile_in_background(Broken(), (torch.randn(2, 4),), signature="(float32[2x4]@cpu)", directory=tmp_path)
     assert job.wait(COMPILE_S) is JobState.FAILED
     assert job.reason and "compiled" not in job.reason, job.reason
-    assert not job.package.exists()
+    assert not job.program.exists()
 
 
 def test_jobs_still_compiling_are_cancelled_when_the_process_exits(tmp_path) -> None:
@@ -168,17 +183,41 @@ def test_a_model_whose_classes_live_in_the_script_run_fails_saying_where_to_put_
 
 
 @needs_compiler
-def test_a_program_with_a_weight_folded_into_its_code_is_not_used(tmp_path) -> None:
-    """A weight the compiler folded into the code would not see a checkpoint loaded later: the package's list of the
-    weights the forward reads names one its constants lack, and loading refuses it."""
-    model = Net(width=10).eval()
+def test_no_weight_is_folded_into_the_code_and_a_plan_for_another_model_is_refused(tmp_path) -> None:
+    """Every weight is an input of the program: a fresh norm (weights all ones and zeros, values a compiler could
+    fold) still follows a checkpoint loaded into it later. A program whose plan names a tensor the model lacks was
+    compiled for another model."""
+    torch.manual_seed(0)
+    model = Net(width=6).eval()
+    x = torch.randn(1, 3, 8, 8)
+    job = compile_in_background(model, (x,), signature="(float32[1x3x8x8]@cpu)", directory=tmp_path)
+    assert job.wait(COMPILE_S) is JobState.READY, job.reason
+    program = job.load(model)
+    with torch.no_grad():
+        model.norm.weight.mul_(3.0)
+        model.norm.running_var.mul_(2.0)
+        model.conv.bias.add_(1.0)
+        torch.testing.assert_close(program(x), model(x), rtol=1e-5, atol=1e-5)
+    plan = compiled_programs.plan_of(job.program)
+    assert ["tensor", "conv.weight"] in json.loads(plan.read_text())["inputs"]
+    changed = json.loads(plan.read_text())
+    changed["inputs"] = [["tensor", "norm.extra"] if i == ["tensor", "conv.weight"] else i for i in changed["inputs"]]
+    plan.write_text(json.dumps(changed))
+    with pytest.raises(RuntimeError, match=r"reads norm\.extra, which the model does not hold"):
+        job.load(model)
+
+
+@needs_compiler
+def test_a_program_is_called_as_the_model_is_keywords_in_any_order_and_outputs_in_its_structure(tmp_path) -> None:
+    model = Keywords().eval()
+    x, mask = torch.randn(3, 4), torch.rand(3, 4)
     job = compile_in_background(
-        model, (torch.randn(1, 3, 8, 8),), signature="(float32[1x3x8x8]@cpu)", directory=tmp_path
+        model, (x,), {"mask": mask, "k": 3, "extra": None}, signature="keywords", directory=tmp_path
     )
     assert job.wait(COMPILE_S) is JobState.READY, job.reason
-    reads = compiled_programs.reads_of(job.package)
-    assert "conv.weight" in json.loads(reads.read_text())
-    job.load(model)  # every weight it reads is a constant it takes from the model
-    reads.write_text(json.dumps([*json.loads(reads.read_text()), "norm.extra"]))
-    with pytest.raises(RuntimeError, match=r"folded norm\.extra into the program's code"):
-        job.load(model)
+    program = job.load(model)
+    with torch.no_grad():
+        x, mask = torch.randn(3, 4), torch.rand(3, 4)
+        got, want = program(x, extra=None, k=3, mask=mask), model(x, mask=mask, k=3)
+    assert set(got) == {"y", "s"}
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

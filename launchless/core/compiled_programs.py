@@ -1,23 +1,24 @@
-"""Compiled programs built off the calls' path: a forward exported and compiled by AOTInductor in a child process,
-loaded and bound to the model's own tensors, and kept on disk for the next process.
+"""Compiled programs built off the calls' path: a forward exported and compiled by Inductor in a child process,
+loaded here and called with the model's own tensors, and kept on disk for the next process.
 
 Inductor's fused kernels are faster than eager's, but ``torch.compile`` makes the calls wait for them. Here the
 calls go on (replaying eager-kernel graphs) while a child process exports and compiles. Nothing of the work runs in
 the calls' process: ``torch.export`` swaps the traced model's parameters for fake tensors and turns cuDNN off
 process-wide while it traces, and a tracing thread would hold the interpreter lock the calls need. The child gets
 the model's structure -- its modules pickled by reference to their classes, every tensor sent as its shape, strides,
-dtype and device only, and the call's inputs the same way -- builds it with zeros on the same devices (the export
-reads no values, and the program reads none of these), and a program that is no longer wanted -- the weights
-reloaded, the model moved -- is stopped by ending that process. The package holds no weights
-(``aot_inductor.package_constants_in_so=False``) and reads the model's own parameters and buffers
-(``load_constants(..., user_managed=True)``): an in-place update of a weight is seen, as in eager; a tensor
-replaced or moved is not, so whoever holds a program drops it where graphs are dropped.
+dtype and device only, and the call's inputs the same way -- and builds it with random values on the same devices
+(the export reads no values). It compiles the exported graph with Inductor (``torch._inductor.standalone_compile``),
+every parameter, buffer and tensor constant an input of the program, and saves it with the order of its inputs.
+The calls' process loads that artifact (Python and Triton kernels, no weights) and calls it with the model's own
+tensors: weights updated in place are seen as in eager, and no weight can be folded into the code. A tensor
+replaced or moved is not seen, so whoever holds a program drops it where graphs are dropped; a program that is no
+longer wanted while it compiles is stopped by ending the child process.
 
-A package is keyed by what decides its code -- the source of every module class in the model, the names, shapes,
+A program is keyed by what decides its code -- the source of every module class in the model, the names, shapes,
 dtypes and devices of its parameters and buffers, the call's input signature, the torch and triton versions and the
-GPU's architecture --
-so a second process finds it without compiling again. Where nothing can be compiled (a class the child cannot
-import, no C++ compiler, an export that fails), the job fails with one line saying why; it never touches the calls.
+GPU's architecture -- so a second process finds it without compiling again. Where nothing can be compiled (a class
+the child cannot import, an export or a compile that fails), the job fails with one line saying why; it never
+touches the calls.
 """
 
 from __future__ import annotations
@@ -35,34 +36,27 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.export.graph_signature import InputKind
+from torch.utils import _pytree as pytree
 
 from .status import Label
-
-PACKAGE_CONFIG = {
-    "aot_inductor.package_constants_in_so": False,  # the weights stay the model's own
-    # Inductor folds a weight whose values are all equal (a fresh norm's ones and zeros) into the code: a program
-    # that would not see the weights loaded later. The program reads every weight.
-    "joint_graph_constant_folding": False,
-}
 
 
 class JobState(Label):
     """Where a compile stands."""
 
     COMPILING = "compiling"  # exporting here, or compiling in the child process
-    READY = "ready"  # a package on disk, loadable
+    READY = "ready"  # a program on disk, loadable
     FAILED = "failed"  # the export or the compile failed: ``reason`` says why
     CANCELLED = "cancelled"  # no longer wanted (the model changed): the child was ended
 
 
 def cache_dir() -> Path:
-    """Where packages are kept: ``$LAUNCHLESS_CACHE_DIR``, else ``$XDG_CACHE_HOME/launchless``, else
+    """Where programs are kept: ``$LAUNCHLESS_CACHE_DIR``, else ``$XDG_CACHE_HOME/launchless``, else
     ``~/.cache/launchless``; compiled programs under ``compiled/``."""
     root = os.environ.get("LAUNCHLESS_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "launchless"
@@ -88,9 +82,9 @@ def program_key(model: torch.nn.Module, signature: str) -> str:
 class CompileJob:
     """One program being compiled for one model and input signature; ``load()`` once it is ``READY``."""
 
-    def __init__(self, key: str, package: Path) -> None:
-        self.key, self.package = key, package
-        self.state = JobState.READY if package.exists() and reads_of(package).exists() else JobState.COMPILING
+    def __init__(self, key: str, program: Path) -> None:
+        self.key, self.program = key, program
+        self.state = JobState.READY if program.exists() and plan_of(program).exists() else JobState.COMPILING
         self.reason = "found on disk" if self.state is JobState.READY else ""
         self.seconds = 0.0  # export and compile, wall time
         self._done = threading.Event()
@@ -119,28 +113,15 @@ class CompileJob:
                 self._child.kill()
         self._done.set()
 
-    def load(self, model: torch.nn.Module) -> Callable[..., Any]:
-        """The compiled program, reading ``model``'s own parameters and buffers (in-place updates are seen)."""
+    def load(self, model: torch.nn.Module) -> CompiledProgram:
+        """The compiled program, called with ``model``'s own parameters, buffers and tensor constants."""
         if self.state is not JobState.READY:
             raise RuntimeError(f"launchless: the compiled program is {self.state} ({self.reason}); nothing to load")
-        runner = torch._inductor.aoti_load_package(str(self.package))
-        tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-        missing = [name for name in runner.get_constant_fqns() if name not in tensors]
-        if missing:
-            raise RuntimeError(
-                f"launchless: the compiled program reads {', '.join(missing[:4])}, which the model does not hold; "
-                "it was compiled for another model"
-            )
-        baked = sorted(set(json.loads(reads_of(self.package).read_text())) - set(runner.get_constant_fqns()))
-        if baked:
-            raise RuntimeError(
-                f"launchless: the compiler folded {', '.join(baked[:4])}{' ...' if len(baked) > 4 else ''} into the "
-                "program's code, which would not see them change (a checkpoint loaded later); the program is not used"
-            )
-        runner.load_constants(
-            {name: tensors[name] for name in runner.get_constant_fqns()}, check_full_update=True, user_managed=True
-        )
-        return runner
+        from torch._inductor import CompiledArtifact
+
+        plan = json.loads(plan_of(self.program).read_text())
+        compiled = CompiledArtifact.load(path=str(self.program), format="binary")
+        return CompiledProgram(compiled, plan, model)
 
     # ---- the worker thread ----------------------------------------------------------------------------------
     def _run(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
@@ -149,7 +130,7 @@ class CompileJob:
             with tempfile.TemporaryDirectory() as scratch:
                 sent = Path(scratch) / "model.pickle"
                 sent.write_bytes(structure_of(model, args, kwargs))
-                built = Path(scratch) / "package.pt2"
+                built = Path(scratch) / "program.bin"
                 with self._lock:
                     if self.state is not JobState.COMPILING:
                         return
@@ -166,10 +147,10 @@ class CompileJob:
                     if self._child.returncode != 0 or not built.exists():
                         self.state, self.reason = JobState.FAILED, _last_line(errors, self._child.returncode)
                         return
-                    self.package.parent.mkdir(parents=True, exist_ok=True)
-                    # whole or not at all, what the program reads first: a reader never sees half a package
-                    os.replace(reads_of(built), reads_of(self.package))
-                    os.replace(built, self.package)
+                    self.program.parent.mkdir(parents=True, exist_ok=True)
+                    # whole or not at all, its plan first: a reader never sees half a program
+                    os.replace(plan_of(built), plan_of(self.program))
+                    os.replace(built, self.program)
                     self.state, self.reason = JobState.READY, "compiled"
         except Exception as exc:
             with self._lock:
@@ -187,10 +168,10 @@ def compile_in_background(
     model: torch.nn.Module, args: tuple, kwargs: dict | None = None, *, signature: str, directory: Path | None = None
 ) -> CompileJob:
     """Start compiling ``model`` for calls like ``(args, kwargs)`` (input signature ``signature``) and return at
-    once: a package already on disk is ``READY``; otherwise a thread sends the model's structure to a child process,
+    once: a program already on disk is ``READY``; otherwise a thread sends the model's structure to a child process,
     which exports and compiles it, and waits for it. The calls never wait for either."""
     key = program_key(model, signature)
-    job = CompileJob(key, (directory or cache_dir()) / f"{key}.pt2")
+    job = CompileJob(key, (directory or cache_dir()) / f"{key}.bin")
     if job.state is JobState.READY:
         return job
     _LIVE.add(job)
@@ -271,25 +252,94 @@ def _last_line(errors: str, code: int | None) -> str:
     return f"the compiler process ended with code {code}" + (f": {lines[-1].strip()}" if lines else "")
 
 
-def reads_of(package: Path) -> Path:
-    """Beside a package: the names of the parameters and buffers its forward reads. A program whose constants miss
-    one of them holds it folded into its code, and is not used."""
-    return package.with_suffix(".reads.json")
+class CompiledProgram:
+    """A compiled forward, called as the model is: the call's arguments flattened as at the export, the model's
+    tensors put in the places the plan gives them, the outputs rebuilt into the model's structure."""
+
+    def __init__(self, compiled: Any, plan: dict[str, Any], model: torch.nn.Module) -> None:
+        self.compiled = compiled
+        self.in_spec = pytree.treespec_loads(plan["in_spec"])
+        self.out_spec = pytree.treespec_loads(plan["out_spec"])
+        _, keywords = pytree.tree_unflatten(
+            [None] * self.in_spec.num_leaves, self.in_spec
+        )  # the export's (args, kwargs)
+        self.kwarg_names = list(keywords)
+        self.slots: list[torch.Tensor | int] = []  # a model tensor, or the index of a call's flattened argument
+        for kind, target in plan["inputs"]:
+            if kind == "input":
+                self.slots.append(int(target))
+                continue
+            try:
+                tensor = _attribute(model, target)
+            except AttributeError:
+                raise RuntimeError(
+                    f"launchless: the compiled program reads {target}, which the model does not hold; it was "
+                    "compiled for another model"
+                ) from None
+            self.slots.append(tensor)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        ordered = {name: kwargs[name] for name in self.kwarg_names}  # the export's order, whatever the call's
+        flat, spec = pytree.tree_flatten((args, ordered))
+        if spec != self.in_spec:
+            raise TypeError(
+                f"launchless: the compiled program takes arguments structured as {self.in_spec}, not {spec}"
+            )
+        inputs = [flat[slot] if isinstance(slot, int) else slot for slot in self.slots]
+        return pytree.tree_unflatten(list(self.compiled(*inputs)), self.out_spec)
 
 
-def _compile(sent: str, package: str) -> None:
-    """The child process: the model's structure in, an AOTInductor package without its weights out, and the names
-    of the weights the forward reads beside it. The export runs under ``no_grad`` (an inference program)."""
+def _attribute(model: torch.nn.Module, target: str) -> torch.Tensor:
+    value: Any = model
+    for part in target.split("."):
+        value = getattr(value, part)
+    if not isinstance(value, torch.Tensor):
+        raise AttributeError(target)
+    return value
+
+
+def plan_of(program: Path) -> Path:
+    """Beside a program: the order of its inputs (a model tensor by name, or a call's flattened argument by index)
+    and the structure of the call's arguments and of its outputs."""
+    return program.with_suffix(".plan.json")
+
+
+def _compile(sent: str, program: str) -> None:
+    """The child process: the model's structure in, the compiled program and its plan out. The export runs under
+    ``no_grad`` (an inference program); every weight is an input of the program, none a constant of its code."""
     search_path, structure = pickle.loads(Path(sent).read_bytes())
     sys.path[:] = search_path  # the model's classes are imported from where the calls' process found them
     model, args, kwargs = pickle.loads(structure)
     with torch.no_grad():
-        program = torch.export.export(model, args, kwargs, strict=False)
-    read = {node.name for node in program.graph.nodes if node.op == "placeholder" and node.users}
-    weights = (InputKind.PARAMETER, InputKind.BUFFER)
-    reads = sorted(s.target for s in program.graph_signature.input_specs if s.kind in weights and s.arg.name in read)
-    reads_of(Path(package)).write_text(json.dumps(reads))
-    torch._inductor.aoti_compile_and_package(program, package_path=package, inductor_configs=dict(PACKAGE_CONFIG))
+        exported = torch.export.export(model, args, kwargs, strict=False)
+    flat = pytree.tree_leaves((args, kwargs))
+    inputs: list[list[Any]] = []
+    examples: list[Any] = []
+    user = 0
+    for spec in exported.graph_signature.input_specs:
+        if spec.kind is InputKind.USER_INPUT:
+            inputs.append(["input", user])
+            examples.append(flat[user])
+            user += 1
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            inputs.append(["tensor", spec.target])
+            examples.append(_attribute(model, str(spec.target)))
+        else:
+            raise TypeError(
+                f"the exported forward takes a {spec.kind.name.lower()} input ({spec.target}), which a "
+                "compiled program is not given"
+            )
+    with torch.no_grad():
+        compiled = torch._inductor.standalone_compile(
+            exported.graph_module, examples, dynamic_shapes="from_example_inputs"
+        )
+    plan = {
+        "inputs": inputs,
+        "in_spec": pytree.treespec_dumps(exported.call_spec.in_spec),
+        "out_spec": pytree.treespec_dumps(exported.call_spec.out_spec),
+    }
+    plan_of(Path(program)).write_text(json.dumps(plan))
+    compiled.save(path=program, format="binary")
 
 
 if __name__ == "__main__":

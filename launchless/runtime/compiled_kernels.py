@@ -86,7 +86,7 @@ class CompiledKernels:
         self.pending = 0
 
     def start(self, sig: Signature, model: torch.nn.Module, flat: FlatInputs) -> None:
-        """Compile ``model`` for ``sig`` off the calls' path (a package on disk is ready at once)."""
+        """Compile ``model`` for ``sig`` off the calls' path (a program on disk is ready at once)."""
         if sig in self._entries:
             return
         args, kwargs = flat.rebuild(flat.leaves)
