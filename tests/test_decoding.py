@@ -1,7 +1,7 @@
 """Decode graphs for generate(), on the CPU: the cache lengths, the refusals and their messages, and the whole path
 -- static cache, routed forward, capture, verification from the same cache state, replay -- with a stand-in for the
-CUDA graph that recomputes the captured function on its static inputs (the library itself never captures on a CPU;
-``test_cuda_decoding`` runs the real graphs)."""
+CUDA graph that recomputes the captured function on its static inputs (``recomputing_graph``; the library itself
+never captures on a CPU; ``test_cuda_decoding`` runs the real graphs)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from torch.utils import _pytree as pytree
 transformers = pytest.importorskip("transformers")
 
 from cache_writers import writes_twice_where_static  # noqa: E402
+from recomputing_graph import recorded_capture  # noqa: E402
 
 import launchless.runtime.cache_layers as cache_layers  # noqa: E402
 import launchless.runtime.decode_graphs as decoding  # noqa: E402
@@ -22,7 +23,7 @@ import launchless.runtime.decode_steps as decode_steps  # noqa: E402
 import launchless.runtime.static_cache as static_cache  # noqa: E402
 import launchless.runtime.static_caches as static_caches  # noqa: E402
 from launchless import CaptureError  # noqa: E402
-from launchless.core.capture import CapturedGraph, CaptureFailed, _static_like  # noqa: E402
+from launchless.core.capture import CaptureFailed  # noqa: E402
 from launchless.core.status import Stage  # noqa: E402
 from launchless.runtime.decode_graphs import DecodeGraphs, static_cache_refusal  # noqa: E402
 from launchless.runtime.static_cache import cache_length, new_static_cache  # noqa: E402
@@ -38,40 +39,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-class RecomputingGraph:
-    """replay() runs the captured function again on the static inputs, into the static outputs."""
-
-    def __init__(self, fn, flat, static_leaves: list, static_outputs) -> None:
-        self.fn, self.flat, self.static_leaves, self.static_outputs = fn, flat, static_leaves, static_outputs
-
-    def replay(self) -> None:
-        args, kwargs = self.flat.rebuild(self.static_leaves)
-        fresh = self.fn(*args, **kwargs)
-        for dst, src in zip(pytree.tree_leaves(self.static_outputs), pytree.tree_leaves(fresh), strict=True):
-            dst.copy_(src)
-
-
-def recorded_capture(captures: list):
-    """A stand-in for ``core.capture.capture``: warm-up runs as the real one makes them (they write the cache, and a
-    forward that writes into its own inputs is refused as the real capture refuses it), then a graph that
-    recomputes."""
-
-    def capture(fn, flat, *, device, pool, warmup=3, **_):
-        static = [_static_like(x, x.device) if isinstance(x, torch.Tensor) else x for x in flat.leaves]
-        args, kwargs = flat.rebuild(static)
-        slots = [i for i, x in enumerate(static) if isinstance(x, torch.Tensor)]
-        versions = [static[i]._version for i in slots]
-        for _ in range(warmup):
-            outputs = fn(*args, **kwargs)
-        if [static[i]._version for i in slots] != versions:
-            raise CaptureFailed(Stage.INPUT_MUTATION, None, "the forward writes into its own input in place")
-        captures.append(flat)
-        graph = RecomputingGraph(fn, flat, static, outputs)
-        return CapturedGraph(graph, static, slots, outputs, capture_ms=0.0, pool_growth=0)  # type: ignore[arg-type]
-
-    return capture
 
 
 def tiny_llama() -> tuple[torch.nn.Module, dict]:

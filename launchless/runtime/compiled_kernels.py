@@ -127,7 +127,8 @@ class CompiledKernels:
     ) -> _capture.CapturedGraph | str:
         """The program's graph, captured and proven; or why it is not used."""
         program = entry.job.load(model)
-        device = next(x.device for x in flat.leaves if isinstance(x, torch.Tensor) and x.is_cuda)
+        tensors = [x for x in flat.leaves if isinstance(x, torch.Tensor)]
+        device = next((x.device for x in tensors if x.is_cuda), tensors[0].device)
         with self.cache.capturing(sig) as pool:
             compiled = _capture.capture(program, flat, device=device, pool=pool, warmup=self.warmup)
             report = verify(compiled, program, flat, mode="strict")

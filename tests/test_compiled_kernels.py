@@ -1,0 +1,147 @@
+"""The swap of compiled kernels (``runtime.compiled_kernels``) on the CPU: a real Inductor compile in a child process,
+its program captured with the stand-in graph that recomputes (``recomputing_graph``), proven as accurate as eager
+against float64 and timed; what keeps eager's kernels, and what cancels a compile. ``test_cuda_compiled_kernels``
+runs it with real graphs through ``wrap``."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+from typing import Any
+
+import pytest
+import torch
+from recomputing_graph import recorded_capture
+from torch import nn
+
+import launchless.runtime.compiled_kernels as compiled_kernels
+from launchless.core.cache import GraphCache
+from launchless.core.signature import flatten_inputs, signature_of
+from launchless.runtime.compiled_kernels import CompiledKernels, KernelState
+from launchless.timing import SpeedVerdict
+
+needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="Inductor's CPU kernels need a C++ compiler")
+COMPILE_S = 600
+
+
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(32, 64), nn.Linear(64, 32)
+        self.norm = nn.LayerNorm(32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + self.down(torch.nn.functional.gelu(self.up(x))))
+
+
+def _verdict(faster: bool) -> SpeedVerdict:
+    return SpeedVerdict(1.0, 0.5 if faster else 1.2, 1.0, 0.5 if faster else 1.2, "" if faster else "not faster")
+
+
+@dataclasses.dataclass
+class Setup:
+    model: nn.Module
+    flat: Any
+    sig: Any
+    cache: GraphCache
+    eager_graph: Any
+    kernels: CompiledKernels
+
+
+def _setup(monkeypatch, tmp_path, *, faster: bool = True) -> Setup:
+    monkeypatch.setenv("LAUNCHLESS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compiled_kernels._capture, "capture", recorded_capture([]))
+    monkeypatch.setattr(compiled_kernels, "judge_speed", lambda eager, candidate, **_: _verdict(faster))
+    torch.manual_seed(0)
+    model = Mlp().eval()
+    x = torch.randn(4, 32)
+    flat = flatten_inputs((x,), {})
+    sig = signature_of(flat)
+    cache: GraphCache = GraphCache(name="Mlp.forward", capture_after=1, max_graphs=4, guards=[])
+    eager_graph = recorded_capture([])(model, flat, device=torch.device("cpu"), pool=None)
+    cache.keep(sig, eager_graph, None, flat.leaves)
+    kernels = CompiledKernels(name="Mlp.forward", cache=cache, warmup=1)
+    return Setup(model, flat, sig, cache, eager_graph, kernels)
+
+
+def _until_done(kernels: CompiledKernels, sig) -> None:
+    job = kernels._entries[sig].job
+    assert job.wait(COMPILE_S) is not None and job.done, job.reason
+
+
+@needs_compiler
+def test_a_proven_faster_program_replaces_the_eager_kernel_graph_between_two_calls(monkeypatch, tmp_path) -> None:
+    s = _setup(monkeypatch, tmp_path)
+    with torch.no_grad():
+        s.kernels.start(s.sig, s.model, s.flat)
+        assert s.kernels.pending == 1 and s.kernels.info(str)[0]["kernels"] == "compiling"
+        assert not s.kernels._entries[s.sig].job.done  # a child process starts and imports torch: seconds
+        assert s.kernels.swap(s.sig, s.flat, s.eager_graph, s.model) is s.eager_graph  # not ready yet
+        assert s.kernels.pending == 1
+        _until_done(s.kernels, s.sig)
+        swapped = s.kernels.swap(s.sig, s.flat, s.eager_graph, s.model)
+    row = s.kernels.info(str)[0]
+    assert row["kernels"] == "compiled", row["reason"]
+    assert swapped is not s.eager_graph and s.cache.graphs[s.sig] is swapped and s.kernels.pending == 0
+    assert row["accuracy"]["passed"] and row["accuracy"]["compiled_error"] <= row["accuracy"]["bound"]
+    assert row["speed"]["speedup"] == 2.0 and row["swap_s"] >= row["compile_s"] > 0
+    with torch.no_grad():
+        fresh = torch.randn(4, 32)
+        torch.testing.assert_close(swapped.replay_cloned([fresh]), s.model(fresh), rtol=1e-5, atol=1e-5)
+        s.model.norm.weight.mul_(2.0)  # loaded in place: the program is called with the model's tensors
+        torch.testing.assert_close(swapped.replay_cloned([fresh]), s.model(fresh), rtol=1e-5, atol=1e-5)
+        assert s.kernels.swap(s.sig, s.flat, swapped, s.model) is swapped  # decided: nothing more is read
+
+
+@needs_compiler
+def test_a_program_not_faster_leaves_the_eager_kernel_graph_and_says_why(monkeypatch, tmp_path) -> None:
+    s = _setup(monkeypatch, tmp_path, faster=False)
+    with torch.no_grad():
+        s.kernels.start(s.sig, s.model, s.flat)
+        _until_done(s.kernels, s.sig)
+        assert s.kernels.swap(s.sig, s.flat, s.eager_graph, s.model) is s.eager_graph
+    row = s.kernels.info(str)[0]
+    assert row["kernels"] == "eager" and "not faster" in row["reason"] and s.cache.graphs[s.sig] is s.eager_graph
+
+
+@needs_compiler
+def test_a_program_less_accurate_than_eager_is_not_used(monkeypatch, tmp_path) -> None:
+    s = _setup(monkeypatch, tmp_path)
+    with torch.no_grad():
+        s.kernels.start(s.sig, s.model, s.flat)
+        _until_done(s.kernels, s.sig)
+        real_load = s.kernels._entries[s.sig].job.load
+
+        def skewed_load(m):  # a program that is off by far more than rounding
+            program = real_load(m)
+            return lambda *a, **k: program(*a, **k) * 1.001
+
+        monkeypatch.setattr(s.kernels._entries[s.sig].job, "load", skewed_load)
+        assert s.kernels.swap(s.sig, s.flat, s.eager_graph, s.model) is s.eager_graph
+    row = s.kernels.info(str)[0]
+    assert row["kernels"] == "eager" and "not as accurate as eager" in row["reason"]
+
+
+def test_a_compile_in_flight_is_cancelled_with_the_graphs(monkeypatch, tmp_path) -> None:
+    s = _setup(monkeypatch, tmp_path)
+    s.kernels.start(s.sig, s.model, s.flat)
+    job = s.kernels._entries[s.sig].job
+    s.kernels.cancel("the model was moved to another device")
+    assert job.wait(COMPILE_S).value == "cancelled" and job.reason == "the model was moved to another device"
+    assert s.kernels.pending == 0 and s.kernels.info(str) == []
+    deadline = time.monotonic() + 30
+    while job._child is not None and job._child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert job._child is None or job._child.poll() is not None
+
+
+def test_a_model_the_child_cannot_import_keeps_eager_kernels(monkeypatch, tmp_path) -> None:
+    s = _setup(monkeypatch, tmp_path)
+    script = type("ScriptMlp", (Mlp,), {"__module__": "__main__"})()
+    s.kernels.start(s.sig, script, s.flat)
+    _until_done(s.kernels, s.sig)
+    assert s.kernels.swap(s.sig, s.flat, s.eager_graph, script) is s.eager_graph
+    row = s.kernels.info(str)[0]
+    assert row["kernels"] == KernelState.KEPT_EAGER.value
+    assert "ScriptMlp is defined in the script being run (__main__)" in row["reason"]
