@@ -17,6 +17,7 @@ from launchless.apps.differential.candidate import Candidate, Library, NotInLibr
 from launchless.apps.differential.population import candidates, parse_shard, pick, shard
 from launchless.apps.differential.rows import Entry, GradMode, Result, Status, new_row
 from launchless.apps.differential.shrink import HEAD_DIM, HEADS, HIDDEN, VOCAB, layer_selection, shrink_config
+from launchless.core.capture_path import pretend_capturing
 from launchless.diagnose.dry_run import dry_run
 
 # --- the shrinker ---------------------------------------------------------------------------------------------
@@ -615,6 +616,32 @@ def test_mismatches_that_are_equal_numbers_are_named_and_bounded_by_zero() -> No
     assert judge_mismatch(want, moved, {})[0] is Result.DIFFERS
     assert mismatch((want,), (want, want)) is Mismatch.STRUCTURE
     assert mismatch({"n": 1, "t": want}, {"n": 2, "t": want}) is Mismatch.OTHER_LEAVES
+
+
+def test_a_difference_that_eager_on_the_capture_path_reproduces_is_the_capture_path_class(monkeypatch) -> None:
+    """transformers skips an all-ones attention mask where it may read the mask on the host, and builds it while
+    capturing: a graph then differs from eager in the last bits on calls whose mask is all ones. Eager told it is
+    capturing reproduces the graph bit for bit: named, on that call; anything else still differs."""
+    from launchless.apps.differential.runner import CAPTURE_PATH, on_capture_path
+
+    for owner in (torch.cuda, torch.cuda.graphs):  # no stream captures here (and no GPU to ask)
+        monkeypatch.setattr(owner, "is_current_stream_capturing", lambda: False)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        skewed = x * (1 + 2**-22) if torch.cuda.is_current_stream_capturing() else x  # another kernel's rounding
+        return skewed * 3
+
+    x = torch.linspace(1, 2, 8)
+    want = forward(x)
+    with pretend_capturing():
+        got = forward(x)  # what the graph captured
+    assert not torch.equal(want, got)
+    result, bound, named = on_capture_path(forward, want, got, 0, (x,), {})
+    assert (result, named) == (Result.BOUNDED, CAPTURE_PATH) and bound is not None and bound > 0
+    other = got + 1e-6  # not what the capture path computes
+    assert on_capture_path(forward, want, other, 0, (x,), {}) == (Result.DIFFERS, None, None)
+    far = want * 1.01  # beyond the rounding bound whatever explains it
+    assert on_capture_path(lambda t: far, want, far, 0, (x,), {})[0] is Result.DIFFERS
 
 
 def test_a_reference_that_differs_from_itself_has_its_spread_measured() -> None:
