@@ -674,6 +674,18 @@ def test_the_timing_pass_runs_one_process() -> None:
     assert exit_.value.code == 2
 
 
+def test_the_timing_pass_leaves_out_models_that_do_not_build(tmp_path) -> None:
+    """Models whose correctness rows say they do not build (or that eager fails on them) have nothing to time; a model
+    with no correctness rows yet is timed."""
+    lines = [
+        {"key": "ok", "rows": [_row("ok", Status.GRAPH, Result.IDENTICAL, 2.0)], "finished_at": 1.0},
+        {"key": "gap", "rows": [_row("gap", Status.NOT_RUN, Result.HARNESS, None)], "finished_at": 1.0},
+        {"key": "fails", "rows": [_row("fails", Status.NOT_RUN, Result.EAGER_FAILS, None)], "finished_at": 1.0},
+    ]
+    (tmp_path / "rows-timm-1of1-p0-1-0.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert report.unbuilt_models([tmp_path]) == {("timm", "gap"), ("timm", "fails")}
+
+
 def test_the_report_says_how_much_of_each_population_it_covers(tmp_path) -> None:
     from launchless.apps.differential.shard import write_population
 

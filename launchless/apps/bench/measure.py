@@ -21,7 +21,7 @@ from .workloads import BenchWorkload
 
 PROFILE_CALLS = 10
 EARLY_CALLS = 30  # calls after the first whose latency is recorded against wall time (the timeline)
-SETTLE_S = 420.0  # how long a mode that changes while it runs (compiled kernels) is called until it decides
+SETTLE_S = 240.0  # how long a mode that changes while it runs (compiled kernels) is called until it decides
 AFTER_SETTLED = 30  # calls recorded after it decided
 TIMELINE_POINTS = 300  # a longer timeline is kept as the median of each of this many spans of time
 

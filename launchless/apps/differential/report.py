@@ -116,6 +116,14 @@ def done_models(directories: list[str | Path], *, entries: list[str] | None = No
     }
 
 
+def unbuilt_models(directories: list[str | Path]) -> set[tuple[str, str]]:
+    """``(library, model)`` of every model whose rows in ``directories`` are all of a model that does not build or
+    on which eager fails (``UNBUILT``): the timing pass leaves them out."""
+    rows = load(directories)
+    built = {(r["library"], r["model"]) for r in built_rows(rows)}
+    return {(r["library"], r["model"]) for r in rows} - built
+
+
 def is_slower(row: dict[str, Any]) -> bool:
     """Slower than eager by more than 3 %, and by more than eager differed from itself in the same rounds (a reading
     inside that spread says nothing either way; the report lists those rows apart)."""

@@ -20,7 +20,7 @@ from typing import Any
 from ..workers import append_row, run_workers
 from .candidate import Candidate, Library
 from .population import candidates, pick, shard
-from .report import done_models, timed_models
+from .report import done_models, timed_models, unbuilt_models
 from .rows import Entry, GradMode, Result, new_row
 from .worker import RUNNING
 
@@ -188,6 +188,9 @@ def run_shard(
     if resume:
         done = timed_models([out]) if timing else done_models([out], entries=entries)
         chosen = [c for c in chosen if (library.value, c.name) not in done]
+    if timing:  # a model whose correctness rows say it does not build (or eager fails on it) has nothing to time
+        unbuilt = unbuilt_models([out])
+        chosen = [c for c in chosen if (library.value, c.name) not in unbuilt]
     tasks = {c.name: c.task for c in chosen}
     parts = [chosen[i::processes] for i in range(processes)]
     flag = "--timing" if timing else "--side-by-side" if processes > 1 else None
