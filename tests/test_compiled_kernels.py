@@ -145,3 +145,27 @@ def test_a_model_the_child_cannot_import_keeps_eager_kernels(monkeypatch, tmp_pa
     row = s.kernels.info(str)[0]
     assert row["kernels"] == KernelState.KEPT_EAGER.value
     assert "ScriptMlp is defined in the script being run (__main__)" in row["reason"]
+
+
+@needs_compiler
+def test_a_graph_captured_again_gets_its_program_again_from_disk_and_one_thread_swaps(monkeypatch, tmp_path) -> None:
+    s = _setup(monkeypatch, tmp_path)
+    with torch.no_grad():
+        s.kernels.start(s.sig, s.model, s.flat)
+        _until_done(s.kernels, s.sig)
+        s.kernels._swapping.acquire()  # another thread is swapping: this call replays what is held
+        try:
+            assert s.kernels.swap(s.sig, s.flat, s.eager_graph, s.model) is s.eager_graph
+            assert s.kernels.info(str)[0]["kernels"] == "compiling" and s.kernels.pending == 1
+        finally:
+            s.kernels._swapping.release()
+        first = s.kernels.swap(s.sig, s.flat, s.eager_graph, s.model)
+        assert s.kernels.info(str)[0]["kernels"] == "compiled"
+        again = recorded_capture([])(s.model, s.flat, device=torch.device("cpu"), pool=None)  # evicted, captured again
+        s.cache.keep(s.sig, again, None, s.flat.leaves)
+        s.kernels.start(s.sig, s.model, s.flat)
+        job = s.kernels._entries[s.sig].job
+        assert job.wait(60).value == "ready" and job.reason == "found on disk"
+        swapped = s.kernels.swap(s.sig, s.flat, again, s.model)
+    assert swapped is not again and swapped is not first and s.cache.graphs[s.sig] is swapped
+    assert s.kernels.info(str)[0]["kernels"] == "compiled"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -84,10 +85,14 @@ class CompiledKernels:
         self.name, self.cache, self.warmup = name, cache, warmup
         self._entries: dict[Signature, _Entry] = {}
         self.pending = 0
+        self._swapping = threading.Lock()  # one swap at a time: threads calling at once swap once
 
     def start(self, sig: Signature, model: torch.nn.Module, flat: FlatInputs) -> None:
-        """Compile ``model`` for ``sig`` off the calls' path (a program on disk is ready at once)."""
-        if sig in self._entries:
+        """Compile ``model`` for ``sig`` off the calls' path (a program on disk is ready at once). A signature whose
+        program was swapped in before and whose graph was captured again (evicted, say) gets it again; one decided
+        against keeps eager's kernels."""
+        entry = self._entries.get(sig)
+        if entry is not None and entry.state is not KernelState.SWAPPED:
             return
         args, kwargs = flat.rebuild(flat.leaves)
         job = compile_in_background(model, args, kwargs, signature=sig.describe())
@@ -101,6 +106,18 @@ class CompiledKernels:
         entry = self._entries.get(sig)
         if entry is None or entry.state is not KernelState.COMPILING or not entry.job.done:
             return graph
+        if not self._swapping.acquire(blocking=False):  # another thread swaps it: this call replays what is held
+            return graph
+        try:
+            if entry.state is not KernelState.COMPILING:  # decided while this thread waited to look
+                return cast(_capture.CapturedGraph, self.cache.graphs.get(sig, graph))
+            return self._decide(sig, entry, flat, graph, model)
+        finally:
+            self._swapping.release()
+
+    def _decide(
+        self, sig: Signature, entry: _Entry, flat: FlatInputs, graph: _capture.CapturedGraph, model: torch.nn.Module
+    ) -> _capture.CapturedGraph:
         self.pending -= 1
         if entry.job.state is not JobState.READY:
             return self._keep_eager(sig, entry, f"the compile {entry.job.state}: {entry.job.reason}", graph)
