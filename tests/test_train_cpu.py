@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import types
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from torch import nn
 
 import launchless as ll
 from launchless.train import hooks
+from launchless.train.ddp import DdpSteps
 from launchless.train.optim import CapturableOptimizer, OptimizerNotCapturable, UnfrozenMomentumUnsupported
 from launchless.train.snapshot import Snapshot, state_tensors
 
@@ -363,7 +365,7 @@ MISMATCH = (
 def test_pytorchs_accumulator_stream_warning_is_told_apart_from_the_others() -> None:
     import warnings
 
-    from launchless.train.step import split_accumulator_stream_warnings
+    from launchless.train.ddp import split_accumulator_stream_warnings
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -383,11 +385,11 @@ def test_a_ddp_warm_up_on_another_stream_makes_every_rank_train_eager_naming_the
     import warnings
 
     from launchless.core.collectives import Agreement
-    from launchless.train import step as step_module
+    from launchless.train import ddp as ddp_module
 
     model, opt, step = _setup()
     graphed = ll.graphed_step(step, model=model, optimizer=opt)
-    graphed._groups = [object()]  # as _ddp_reason leaves it for a DistributedDataParallel model
+    graphed._ddp = DdpSteps(types.SimpleNamespace(process_group=object()))  # as _ddp_reason leaves it for DDP
     said: list[bool] = []
 
     def agree(groups, *, ok, reason, what, **_):
@@ -395,11 +397,11 @@ def test_a_ddp_warm_up_on_another_stream_makes_every_rank_train_eager_naming_the
         refused = not ok or any_rank_mismatched
         return Agreement({1: reason} if refused else {})
 
-    monkeypatch.setattr(step_module, "agree", agree)
+    monkeypatch.setattr(ddp_module, "agree", agree)
     shown = pytest.warns(UserWarning, match="a user's own warning")  # shown, not swallowed
     with shown, graphed._watching_accumulator_streams():
         warnings.warn("a user's own warning", UserWarning, stacklevel=1)
-    assert graphed._accumulators_elsewhere is False
+    assert graphed._ddp.accumulators_elsewhere is False
     with caplog.at_level(logging.INFO, logger="launchless"):
         agreed = graphed._accumulator_streams_agreed()
         assert agreed is not any_rank_mismatched and said == [True]
@@ -414,18 +416,18 @@ def test_the_step_that_saw_the_warning_says_so_when_the_ranks_agree(monkeypatch:
     import warnings
 
     from launchless.core.collectives import Agreement
-    from launchless.train import step as step_module
+    from launchless.train import ddp as ddp_module
 
     model, opt, step = _setup()
     graphed = ll.graphed_step(step, model=model, optimizer=opt)
-    graphed._groups = [object()]
+    graphed._ddp = DdpSteps(types.SimpleNamespace(process_group=object()))
     monkeypatch.setattr(
-        step_module, "agree", lambda groups, *, ok, reason, what, **_: Agreement({} if ok else {0: reason})
+        ddp_module, "agree", lambda groups, *, ok, reason, what, **_: Agreement({} if ok else {0: reason})
     )
     with pytest.raises(RuntimeError, match="the step failed"), graphed._watching_accumulator_streams():
         warnings.warn(MISMATCH, UserWarning, stacklevel=1)
         raise RuntimeError("the step failed")  # noted even when the step raises
-    assert graphed._accumulators_elsewhere is True
+    assert graphed._ddp.accumulators_elsewhere is True
     assert graphed._accumulator_streams_agreed() is False
     assert graphed.graph_info()["eager_reason"].startswith("DistributedDataParallel was constructed on another")
 
@@ -443,10 +445,10 @@ def test_a_users_filter_that_ignores_the_accumulator_warning_does_not_hide_it() 
 
     model, opt, step = _setup()
     graphed = ll.graphed_step(step, model=model, optimizer=opt)
-    graphed._groups = [object()]
+    graphed._ddp = DdpSteps(types.SimpleNamespace(process_group=object()))
     with warnings.catch_warnings(record=True) as shown:
         warnings.filterwarnings("ignore", message="The AccumulateGrad node's stream does not match")
         with graphed._watching_accumulator_streams():
             warnings.warn(MISMATCH, UserWarning, stacklevel=1)
-    assert graphed._accumulators_elsewhere is True
+    assert graphed._ddp.accumulators_elsewhere is True
     assert not [w for w in shown if "AccumulateGrad" in str(w.message)]  # still silent for the user

@@ -13,14 +13,8 @@ host sync such as ``loss.item()``, a data-dependent shape), that signature runs 
 throughout -- each with one log line naming the reason and the source line. Freezing or unfreezing parameters
 captures again.
 
-``DistributedDataParallel``: the backward's gradient all-reduce is recorded in the graph (NCCL 2.9.6 or later, no
-``find_unused_parameters``; otherwise eager with the fix named), after at least ``DDP_WARMUP_STEPS`` eager steps.
-Its steps run on ``launchless.capture_stream()``, under which DDP must have been constructed: a DDP built on another
-stream makes PyTorch warn during the warm-up that its gradient accumulators' stream differs, and the run trains eager
-with one WARNING naming the fix.
-Every rank captures and verifies alike: the ranks agree after each capture and each verification (when one rank
-refuses a level, all go to the next), and verification makes the same eager steps on every rank
-(``core.collectives``).
+``DistributedDataParallel``: the backward's gradient all-reduce is recorded in the graph, every rank capturing and
+verifying alike (``ddp.DdpSteps``); verification makes the same eager steps on every rank (``core.collectives``).
 
 Gradients: each graph leaves ``.grad`` pointing at the tensors it wrote (a step that starts with
 ``zero_grad(set_to_none=True)`` gets fresh ones from the pool, as eager does: no zeroing, no extra
@@ -37,9 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -47,19 +40,20 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from ..core import capture as _capture
 from ..core.cache import GraphCache, Refusal
-from ..core.collectives import agree, distributed
+from ..core.collectives import distributed
 from ..core.relocation import spread
 from ..core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
 from ..core.status import Admission, Stage, VerifyStatus
 from ..core.streams import side_stream
-from ..core.verify import difference, identical
 from ..diagnose.blockers import describe_failure
 from ..errors import ConfigError
 from ..options import VerifyMode, check_instance, check_int, check_verify
 from . import hooks
+from .ddp import DDP_STREAM_REASON, DDP_WARMUP_STEPS, DdpSteps, ddp_refusal
 from .optim import CapturableOptimizer, OptimizerNotCapturable
 from .snapshot import Snapshot, state_tensors
 from .validity import TrainingState
+from .verification import verified_step
 
 log = logging.getLogger("launchless")
 
@@ -71,19 +65,6 @@ FORWARD_BACKWARD = "forward+backward graph, eager optimizer"
 LOCAL_BACKWARD = "forward+backward graph, eager all-reduce and optimizer"  # DistributedDataParallel only
 LEVELS = (WHOLE_STEP, FORWARD_BACKWARD)  # tried in this order
 DDP_LEVELS = (*LEVELS, LOCAL_BACKWARD)
-NOISE_FACTOR = 4.0  # a replay may differ from eager by this multiple of the largest eager-vs-eager difference
-NOISE_RUNS = 8  # eager reruns at most to measure that difference (two at least)
-LOCKSTEP_RUNS = 3  # eager reruns every rank of a distributed step makes, whatever its replay showed
-# PyTorch's warning when a backward meets gradient accumulators made on another stream (DDP makes its own when it is
-# constructed, and keeps them)
-ACCUMULATOR_STREAM_WARNING = "AccumulateGrad node's stream does not match"
-DDP_STREAM_REASON = (
-    "DistributedDataParallel was constructed on another CUDA stream than the one launchless trains and captures on, "
-    "so every backward synchronises its gradient accumulators across the two streams, which PyTorch warns can break "
-    "a captured backward: construct it under `with torch.cuda.stream(launchless.capture_stream()):`"
-)
-DDP_WARMUP_STEPS = 11  # DDP's reducer collects runtime statistics (host syncs) in its first 10 iterations
-MIN_NCCL = (2, 9, 6)  # the first NCCL whose collectives a CUDA graph may record
 
 
 class _Graph:
@@ -101,14 +82,6 @@ class _Graph:
         self.spot: list[int] = []  # parameters checked to tell whether .grad was changed since the last replay
         self.whole_step_refused = ""  # why the whole step was not captured, when this graph is a lower level
         self.before_optimizer: list[Callable[[], Any]] = []  # eager work between the replay and the deferred calls
-
-
-def split_accumulator_stream_warnings(
-    caught: list[warnings.WarningMessage],
-) -> tuple[bool, list[warnings.WarningMessage]]:
-    """(whether PyTorch warned that gradient accumulators live on another stream, the other warnings)."""
-    mismatched = [w for w in caught if ACCUMULATOR_STREAM_WARNING in str(w.message)]
-    return bool(mismatched), [w for w in caught if not any(w is m for m in mismatched)]
 
 
 class GraphedStep:
@@ -152,10 +125,9 @@ class GraphedStep:
         self._params: list[torch.Tensor] = []
         self._grads_owner: _Graph | None = None  # the graph whose gradient tensors .grad points at
         self._extra_state = 0  # tensors the step writes outside the model and optimizer (found while capturing)
-        self._groups: list[Any] = []  # DistributedDataParallel's process group: its ranks capture and verify alike
+        self._ddp: DdpSteps | None = None  # DistributedDataParallel: its ranks capture and verify alike
         self._next_level: dict[Signature, int] = {}  # DDP: the level a signature's next capture starts at
         self._whole_step_refused: dict[Signature, str] = {}  # DDP: why the whole step failed, for that next capture
-        self._accumulators_elsewhere = False  # DDP: a warm-up step's gradient accumulators waited on another stream
 
     def _state_changed(self, why: str) -> None:
         """A validity check dropped the graphs: the optimizer is prepared again for the state now in use (a loaded
@@ -245,26 +217,12 @@ class GraphedStep:
         return None
 
     def _ddp_reason(self, ddp: torch.nn.parallel.DistributedDataParallel) -> str | None:
-        """Whether a DDP step can be captured whole (PyTorch's conditions for a backward with its all-reduce in a
-        graph), else why not and the fix. The warm-up DDP needs is applied here: at least ``DDP_WARMUP_STEPS``
-        eager steps before a capture."""
-        group = ddp.process_group
-        backend = str(torch.distributed.get_backend(group)).lower()
-        if backend != "nccl":
-            return f"DistributedDataParallel over {backend} cannot be captured: use the NCCL backend"
-        nccl = tuple(torch.cuda.nccl.version())
-        if nccl < MIN_NCCL:
-            return (
-                f"NCCL {'.'.join(map(str, nccl))} cannot record collectives in a CUDA graph (2.9.6 or later can): "
-                "update NCCL"
-            )
-        if getattr(ddp, "find_unused_parameters", False):
-            return (
-                "DistributedDataParallel(find_unused_parameters=True) reads on the host which parameters were used "
-                "after every backward, which a graph cannot replay: construct it with find_unused_parameters=False "
-                "(or static_graph=True when the same parameters are unused every step)"
-            )
-        self._groups = [group]
+        """Whether a DDP step can be captured (``ddp.ddp_refusal``); when it can, the ranks capture alike after at
+        least ``DDP_WARMUP_STEPS`` eager steps."""
+        reason = ddp_refusal(ddp)
+        if reason:
+            return reason
+        self._ddp = DdpSteps(ddp)
         if self._cache.capture_after <= DDP_WARMUP_STEPS:  # the capture is the call after the eager steps
             self._cache.capture_after = DDP_WARMUP_STEPS + 1
             self._log_once(
@@ -290,42 +248,16 @@ class GraphedStep:
         caller.wait_stream(self._stream)
         return out
 
-    @contextlib.contextmanager
-    def _watching_accumulator_streams(self) -> Iterator[None]:
-        """Under DDP, until the run trains eager: notes PyTorch's warning that the gradient accumulators DDP made live
-        on another stream than the step's (the ranks agree on it before the capture); every other warning is shown
-        as it would have been, also when the step raises. The warning is let through a user's filter and PyTorch's
-        switch for it here, but PyTorch gives it once per process: one given before graphed_step's first steps is
-        not seen again, and verification against eager DDP is then what stands between a mismatch and a graph."""
-        if not self._groups or self._eager_reason is not None:
-            yield
-            return
-        caught: list[warnings.WarningMessage] = []
-        switch = getattr(torch._C, "_warn_on_accumulate_grad_stream_mismatch", None)
-        was_on = switch() if switch is not None else None
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.filterwarnings("always", message=f"The {ACCUMULATOR_STREAM_WARNING}")
-                if was_on is False:
-                    torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(True)
-                yield
-        finally:
-            if was_on is False:
-                torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)
-            mismatched, others = split_accumulator_stream_warnings(caught)
-            for w in others:
-                warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
-            self._accumulators_elsewhere = self._accumulators_elsewhere or mismatched
+    def _watching_accumulator_streams(self) -> contextlib.AbstractContextManager[None]:
+        """Under DDP, until the run trains eager: PyTorch's warning about the gradient accumulators' stream noted."""
+        if self._ddp is None or self._eager_reason is not None:
+            return contextlib.nullcontext()
+        return self._ddp.watching_accumulator_streams()
 
     def _accumulator_streams_agreed(self) -> bool:
-        """Before a DDP capture: whether every rank's warm-up ran its gradient accumulators on the step's stream;
-        where any rank's did not, every rank trains eager from now on, with the fix named."""
-        if not self._groups:
-            return True
-        agreement = agree(
-            self._groups, ok=not self._accumulators_elsewhere, reason=DDP_STREAM_REASON, what="gradient accumulators"
-        )
-        if agreement.all_agree:
+        """Before a DDP capture: where any rank's warm-up ran its gradient accumulators on another stream than the
+        step's, every rank trains eager from now on, with the fix named."""
+        if self._ddp is None or self._ddp.accumulator_streams_agreed():
             return True
         self._eager_reason = DDP_STREAM_REASON
         self._cache.drop_all()
@@ -359,26 +291,10 @@ class GraphedStep:
             scheduler.step()
         return out
 
-    def _reducer_interrupted(self) -> bool:
-        """Whether a failed capture stopped DDP's reducer mid-iteration on some rank (a failure inside the backward;
-        one after it, at the optimizer, leaves it finished). Every rank gets the same answer."""
-        reducer = getattr(self.model, "reducer", None)
-        try:
-            if reducer is not None:
-                reducer._check_reducer_finalized()
-            finished = True
-        except RuntimeError:
-            finished = False
-        return not agree(self._groups, ok=finished, reason="", what="reducer check").all_agree
-
     def _reset_reducer(self) -> None:
-        """A DDP step whose capture failed inside the backward (on any rank: all agreed) left DDP's reducer
-        mid-iteration, and its next forward would raise "Expected to have finished reduction in the prior
-        iteration". Every rank resets it -- which makes DDP rebuild its gradient buckets within the next two eager
-        steps, all ranks together, freeing the buckets every graph captured so far reads: those graphs go too."""
-        reducer = getattr(self.model, "reducer", None)
-        if reducer is not None and hasattr(reducer, "_reset_state"):
-            reducer._reset_state()
+        """DDP's reducer reset on every rank (``DdpSteps.reset_reducer``): the buckets every graph captured so far
+        reads are rebuilt, so those graphs go too."""
+        cast(DdpSteps, self._ddp).reset_reducer()
         self._cache.drop_all()
         self._params, self._grads_owner = [], None
 
@@ -401,21 +317,6 @@ class GraphedStep:
         )
         return self._eager(flat)
 
-    def _average_gradients(self) -> None:
-        """DistributedDataParallel's all-reduce, eager after a replay of the local backward: every gradient divided
-        by the world size, then summed over the ranks (what DDP's default communication hook does), in one flat
-        buffer. A step whose DDP reduces otherwise (another hook, clipping before the optimizer) differs from eager
-        DDP and fails verification."""
-        grads = [p.grad for p in self._params if p.grad is not None]
-        if not grads:
-            return
-        group = cast(_DDP, self.model).process_group  # called for a DDP model only
-        flat = torch._utils._flatten_dense_tensors(grads)
-        flat.div_(torch.distributed.get_world_size(group))
-        torch.distributed.all_reduce(flat, group=group)
-        for grad, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
-            grad.copy_(reduced)
-
     # ---- capture and verification --------------------------------------------------------------------
     def _capture(self, sig: Signature, flat: FlatInputs) -> Any:
         if not self._accumulator_streams_agreed():
@@ -425,7 +326,7 @@ class GraphedStep:
             if not self._params:
                 self._params = [p for p in self.model.parameters() if p.requires_grad]
             whole_reason = self._whole_step_refused.pop(sig, "")
-            levels = DDP_LEVELS if self._groups else LEVELS
+            levels = DDP_LEVELS if self._ddp is not None else LEVELS
             start = self._next_level.pop(sig, 0)
             for index, level in enumerate(levels[start:], start):
                 entry, outcome = self._try_level(level, flat)
@@ -443,7 +344,7 @@ class GraphedStep:
                 if self._eager_reason:  # nothing of this run is captured (e.g. distillation)
                     self._log_once(f"launchless: training runs eager: {self._eager_reason}")
                     return self._eager(flat)
-                if outcome.get("capture_failed") and self._reducer_interrupted():
+                if outcome.get("capture_failed") and self._ddp is not None and self._ddp.reducer_interrupted():
                     self._reset_reducer()
                     if index + 1 < len(levels):
                         return self._defer_next_level(sig, flat, levels[index + 1], whole_reason, outcome)
@@ -496,12 +397,12 @@ class GraphedStep:
                 "reason": describe_failure(fail.cause, str(fail)),
                 "transient": _capture.out_of_memory(fail.cause),
             }
-            if self._groups:  # the other ranks must not verify (its collectives would wait for this one)
-                agree(self._groups, ok=False, reason=failed["reason"], what=f"capture of the {level}")
+            if self._ddp is not None:  # the other ranks must not verify (its collectives would wait for this one)
+                self._ddp.agree_failed(failed["reason"], f"capture of the {level}")
                 failed["capture_failed"] = True
             return None, failed
-        if self._groups:
-            others = self._others_refused(ok=True, reason="", what=f"capture of the {level}")
+        if self._ddp is not None:
+            others = self._ddp.others_refused(ok=True, reason="", what=f"capture of the {level}")
             if others is not None:
                 before.restore()
                 del graph
@@ -520,7 +421,8 @@ class GraphedStep:
             return None, {"reason": self._eager_reason}
         entry = _Graph(graph, list(dict.fromkeys(schedulers)), level, deferred)
         if level == LOCAL_BACKWARD:
-            entry.before_optimizer = [self._average_gradients]
+            ddp = cast(DdpSteps, self._ddp)
+            entry.before_optimizer = [lambda: ddp.average_gradients(self._params)]
         entry.grads_in, entry.grads_out = grads_in, [p.grad for p in self._params]
         entry.reads = [i for i, g in enumerate(grads_in) if g is not None and writes.was_read(g)]
         entry.spot = spread(len(self._params))
@@ -544,8 +446,8 @@ class GraphedStep:
                 return None, {"reason": describe_failure(exc, str(exc)), "transient": True}
         else:
             report, out = {"status": VerifyStatus.SKIPPED, "passed": True}, self._replay(entry, flat)
-        if self._groups:
-            others = self._others_refused(
+        if self._ddp is not None:
+            others = self._ddp.others_refused(
                 ok=report["passed"], reason=report.get("detail", ""), what=f"verification of the {level}"
             )
             if others is not None and report["passed"]:  # the step it applied is taken back, as the others do
@@ -560,65 +462,15 @@ class GraphedStep:
             return None, {"reason": f"verification failed ({report['detail']})"}
         return entry, {**report, "_out": out}
 
-    def _others_refused(self, *, ok: bool, reason: str, what: str) -> dict | None:
-        """The ranks of a distributed step agree on this rank's ``what``; the outcome to return when another rank
-        refused (every rank then tries the next level, or trains eager)."""
-        agreement = agree(self._groups, ok=ok, reason=reason, what=what)
-        me = torch.distributed.get_rank()
-        others = {rank: why for rank, why in agreement.refusals.items() if rank != me}
-        if not others:
-            return None
-        said = "; ".join(f"rank {rank}: {why}" for rank, why in sorted(others.items()))
-        return {"reason": f"another rank's {what} failed ({said})", "transient": agreement.transient}
-
     def _verify(self, entry: _Graph, flat: FlatInputs, before: Snapshot) -> tuple[dict, Any]:
-        """Graph step and eager step from the same state on the same batch must agree."""
-        eager_out = self._eager(flat)
-        eager_state = before.current()
-        before.restore()
-        graph_out = self._replay(entry, flat)
-        report = {"status": VerifyStatus.BIT_IDENTICAL, "passed": True, "max_abs_diff": 0.0}
-        live = before.live()  # compared in place: no third copy of the model and optimizer state
-        same = identical(eager_out, graph_out) and identical(eager_state, live)
-        lockstep = bool(self._groups)  # every rank makes the same eager steps, whatever its replay showed
-        if same and not lockstep:
-            return report, graph_out
-        diff = 0.0 if same else max(difference(eager_state, live, 0.0)[0], difference(eager_out, graph_out, 0.0)[0])
-        if diff == 0.0 and self.verify != "strict" and not lockstep:  # equal values; only the sign of a zero differs
-            report["status"] = VerifyStatus.IDENTICAL_VALUES
-            return report, graph_out
-        del live
-        noise, runs = 0.0, 0
-        # nondeterministic kernels (atomics in backward) differ by a random amount each run, spread over an order
-        # of magnitude (resnet18 on an H200: 1.5e-08 to 1.8e-07); two runs can land low while the replay landed
-        # high, so up to NOISE_RUNS are taken until the replay is within the bound (a stale graph is far outside)
-        while (runs < LOCKSTEP_RUNS) if lockstep else (runs < 2 or (runs < NOISE_RUNS and diff > NOISE_FACTOR * noise)):
-            runs += 1
-            before.restore()
-            again_out = self._eager(flat)
-            noise = max(noise, difference(eager_state, before.live(), 0.0)[0], difference(eager_out, again_out, 0.0)[0])
-            if noise == 0.0 and runs >= 2 and not lockstep:  # deterministic: more runs will not differ either
-                break
-        before.restore()  # the step kept is a replay: compared in place above, so no copy of its state is held
-        graph_out = self._replay(entry, flat)
-        report.update(max_abs_diff=diff, eager_noise=noise)
-        if same:
-            return report, graph_out
-        if diff == 0.0 and self.verify != "strict":
-            report["status"] = VerifyStatus.IDENTICAL_VALUES
-            return report, graph_out
-        if noise > 0 and diff <= NOISE_FACTOR * noise and self.verify != "strict":
-            report.update(
-                status=VerifyStatus.EAGER_NOISE, detail=f"eager runs differ by up to {noise:.3g} ({runs + 1} runs)"
-            )
-        else:
-            strict = "; verify='strict' demands bit identity" if self.verify == "strict" else ""
-            report.update(
-                passed=False,
-                status=VerifyStatus.FAILED,
-                detail=f"replay differs from eager by {diff:.3g}, eager from eager by {noise:.3g}{strict}",
-            )
-        return report, graph_out
+        """The graph step against eager steps from the same state on the same batch (``verification``)."""
+        return verified_step(
+            lambda: self._eager(flat),
+            lambda: self._replay(entry, flat),
+            before,
+            mode=self.verify,
+            lockstep=self._ddp is not None,
+        )
 
     def _log_once(self, message: str) -> None:
         self._cache.log_once(message, logging.INFO, message)
