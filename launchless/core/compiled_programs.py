@@ -14,7 +14,7 @@ tensors: weights updated in place are seen as in eager, and no weight can be fol
 replaced or moved is not seen, so whoever holds a program drops it where graphs are dropped; a program that is no
 longer wanted while it compiles is stopped by ending the child process.
 
-A program is keyed by what decides its code -- the source of every module class in the model, the names, shapes,
+A program is keyed by what decides its code -- the file defining each module class of the model, the names, shapes,
 dtypes and devices of its parameters and buffers, the call's input signature, the torch and triton versions and the
 GPU's architecture -- so a second process finds it without compiling again. Where nothing can be compiled (a class
 the child cannot import, an export or a compile that fails), the job fails with one line saying why; it never
@@ -24,6 +24,7 @@ touches the calls.
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import inspect
 import io
@@ -69,8 +70,7 @@ def program_key(model: torch.nn.Module, signature: str) -> str:
     the weights' values are not in it: the program reads the model's own tensors)."""
     digest = hashlib.sha256()
     for cls in sorted({type(m) for m in model.modules()}, key=lambda c: f"{c.__module__}.{c.__qualname__}"):
-        digest.update(f"{cls.__module__}.{cls.__qualname__}\n".encode())
-        digest.update(_source_of(cls).encode())
+        digest.update(f"{cls.__module__}.{cls.__qualname__}:{_code_of(cls)}\n".encode())
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:{tensor.device.type}\n".encode())
     digest.update(f"{signature}\ntorch {torch.__version__}\ntriton {_triton_version()}\n".encode())
@@ -231,11 +231,21 @@ def _zeros_like_sent(
     return tensor.requires_grad_(requires_grad)
 
 
-def _source_of(cls: type) -> str:
+def _code_of(cls: type) -> str:
+    """A digest of the file that defines ``cls`` (any change to it makes another program), read once per file
+    version: a class's own source would need Python to parse its whole module (tens of milliseconds a class, on the
+    call that starts the compile)."""
     try:
-        return inspect.getsource(cls)
-    except (OSError, TypeError):  # defined where no source is kept (a notebook cell, C++): its qualified name stands
+        path = inspect.getsourcefile(cls) or ""
+        stat = os.stat(path)
+    except (OSError, TypeError):  # defined where no file is kept (a notebook cell, C++): its qualified name stands
         return ""
+    return _file_digest(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=512)
+def _file_digest(path: str, mtime_ns: int, size: int) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
 def _triton_version() -> str:
