@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 
 from .status import Label
@@ -50,7 +49,7 @@ from .status import Label
 class JobState(Label):
     """Where a compile stands."""
 
-    COMPILING = "compiling"  # exporting here, or compiling in the child process
+    COMPILING = "compiling"  # the child process exports and compiles
     READY = "ready"  # a program on disk, loadable
     FAILED = "failed"  # the export or the compile failed: ``reason`` says why
     CANCELLED = "cancelled"  # no longer wanted (the model changed): the child was ended
@@ -317,6 +316,8 @@ def plan_of(program: Path) -> Path:
 def _compile(sent: str, program: str) -> None:
     """The child process: the model's structure in, the compiled program and its plan out. The export runs under
     ``no_grad`` (an inference program); every weight is an input of the program, none a constant of its code."""
+    from torch.export.graph_signature import InputKind
+
     search_path, structure = pickle.loads(Path(sent).read_bytes())
     sys.path[:] = search_path  # the model's classes are imported from where the calls' process found them
     model, args, kwargs = pickle.loads(structure)
