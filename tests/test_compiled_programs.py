@@ -221,3 +221,22 @@ def test_a_program_is_called_as_the_model_is_keywords_in_any_order_and_outputs_i
         got, want = program(x, extra=None, k=3, mask=mask), model(x, mask=mask, k=3)
     assert set(got) == {"y", "s"}
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_compiler
+def test_a_transformers_forward_compiles_and_returns_its_model_output(tmp_path) -> None:
+    """A model of a library, not ours: its classes imported in the child from where this process found them, a
+    keyword flag among the inputs, and a ``ModelOutput`` rebuilt from the program's outputs."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=100, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    ids = torch.randint(0, 100, (1, 8))
+    job = compile_in_background(model, (ids,), {"use_cache": False}, signature="gpt2", directory=tmp_path)
+    assert job.wait(COMPILE_S) is JobState.READY, job.reason
+    program = job.load(model)
+    with torch.no_grad():
+        ids = torch.randint(0, 100, (1, 8))  # a fresh call
+        got, want = program(ids, use_cache=False), model(ids, use_cache=False)
+    assert type(got) is type(want)
+    torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
