@@ -5,6 +5,7 @@ a compile that fails saying why."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 
@@ -125,7 +126,12 @@ def test_cancelling_while_the_child_compiles_ends_that_process(tmp_path) -> None
     deadline = time.monotonic() + COMPILE_S
     while job._child is None and job.state is JobState.COMPILING and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert job._child is not None, job.reason  # the export is done and the compiler process runs
+    assert job._child is not None, job.reason  # the compiler process runs
+    if hasattr(os, "getpriority"):  # below the calls, its compile workers on all cores but the calls' two
+        with job._lock:  # set under the lock the child is started under
+            assert os.getpriority(os.PRIO_PROCESS, job._child.pid) >= compiled_programs.COMPILER_NICENESS
+    threads = compiled_programs._compiler_environment()["TORCHINDUCTOR_COMPILE_THREADS"]
+    assert int(threads) == max(1, len(os.sched_getaffinity(0)) - compiled_programs.CALLS_CORES)
     job.cancel("the model was moved to another device")
     assert job._child.wait(30) != 0  # ended, not finished
     assert job.wait(COMPILE_S) is JobState.CANCELLED and not job.program.exists()

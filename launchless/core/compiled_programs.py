@@ -24,6 +24,7 @@ touches the calls.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -138,7 +139,9 @@ class CompileJob:
                         stdout=subprocess.DEVNULL,
                         stderr=subprocess.PIPE,
                         text=True,
+                        env=_compiler_environment(),
                     )
+                    _yield_to_the_calls(self._child.pid)
                 _, errors = self._child.communicate()
                 with self._lock:
                     if self.state is not JobState.COMPILING:
@@ -161,6 +164,24 @@ class CompileJob:
 
 
 _LIVE: weakref.WeakSet[CompileJob] = weakref.WeakSet()
+CALLS_CORES = 2  # cores the compiler leaves to the calls' process (its host work between replays)
+COMPILER_NICENESS = 10  # the compiler runs at a lower priority than the calls
+
+
+def _compiler_environment() -> dict[str, str]:
+    """The child's environment: Inductor's compile workers on all cores but ``CALLS_CORES``, so that the calls
+    beside it keep their host time (a caller's own setting stands)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    env = dict(os.environ)
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, cores - CALLS_CORES)))
+    return env
+
+
+def _yield_to_the_calls(pid: int) -> None:
+    """The compiler at a lower priority than the calls (set right after it starts, before it starts its compile
+    workers, which inherit it); where the system does not allow it, it runs as it is."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, pid, COMPILER_NICENESS)
 
 
 def compile_in_background(
