@@ -5,7 +5,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from launchless.core.accuracy import as_accurate_as_eager, float64_copy, widened
+from launchless.core.accuracy import (
+    FLOAT32,
+    TF32,
+    allowed_float32_precision,
+    as_accurate_as_eager,
+    float64_copy,
+    widened,
+)
 
 
 class Net(nn.Module):
@@ -64,3 +71,38 @@ def test_the_float64_copy_widens_floats_shares_the_rest_and_leaves_the_model_alo
     assert model.lin.weight.dtype == torch.float32
     assert wide.ids is model.ids  # an index buffer is the same in float64
     assert wide.lin.weight.data_ptr() != model.lin.weight.data_ptr()
+
+
+def test_the_floor_is_counted_in_the_precision_the_settings_allow() -> None:
+    previous = torch.get_float32_matmul_precision()
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten())
+    try:
+        # PyTorch's defaults: convolutions may use TF32, matrix products may not
+        assert torch.get_float32_matmul_precision() == "highest"
+        assert allowed_float32_precision(Net()) is FLOAT32
+        if torch.backends.cudnn.allow_tf32:
+            precision = allowed_float32_precision(conv)
+            assert precision.eps == TF32.eps and "cudnn.allow_tf32" in precision.name
+        torch.set_float32_matmul_precision("high")
+        assert allowed_float32_precision(Net()).eps == TF32.eps
+        torch.set_float32_matmul_precision("medium")
+        assert allowed_float32_precision(Net()).eps == torch.finfo(torch.bfloat16).eps
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def test_a_tf32_rounding_passes_where_the_settings_allow_it_and_fails_where_they_do_not() -> None:
+    torch.manual_seed(0)
+    model = Net().eval()
+    x = torch.randn(8, 64)
+    with torch.no_grad():
+        eager = model(x)
+        reference = float64_copy(model)(*widened((x,)))
+    rounded = {**eager, "y": eager["y"] * (1 + 2.0**-11)}  # half a TF32 unit off: what a TF32 kernel may round to
+    strict = as_accurate_as_eager(eager, rounded, reference)
+    assert not strict.passed and "units of torch.float32 precision" in strict.detail
+    allowed = as_accurate_as_eager(eager, rounded, reference, float32_precision=TF32)
+    assert allowed.passed, allowed.detail
+    way_off = {**eager, "y": eager["y"] + 0.1}
+    report = as_accurate_as_eager(eager, way_off, reference, float32_precision=TF32)
+    assert not report.passed and "units of TF32 precision" in report.detail

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import launchless
-from launchless.core.accuracy import as_accurate_as_eager, float64_copy, widened
+from launchless.core.accuracy import allowed_float32_precision, as_accurate_as_eager, float64_copy, widened
 
 pytestmark = pytest.mark.cuda
 
@@ -45,7 +45,8 @@ def _fresh(generator: torch.Generator) -> torch.Tensor:
 
 
 def _accurate(model: nn.Module, x: torch.Tensor, got: torch.Tensor) -> bool:
-    report = as_accurate_as_eager(model(x), got, float64_copy(model)(*widened((x,))))
+    reference = float64_copy(model)(*widened((x,)))
+    report = as_accurate_as_eager(model(x), got, reference, float32_precision=allowed_float32_precision(model))
     return report.passed
 
 

@@ -9,6 +9,12 @@ round exactly to the float64 result). This is the check PyTorch's own benchmark 
 (``torch._dynamo.utils.same`` with an ``fp64_ref``). Outputs that are not floating point (indices, counts, masks)
 must equal eager's.
 
+The floor is counted in the coarsest precision PyTorch's settings let the model's float32 kernels use: TF32 where
+convolutions may use it (``torch.backends.cudnn.allow_tf32``, on by default) and the model has convolutions, or where
+matrix products may (``torch.set_float32_matmul_precision("high")``); bfloat16 under ``"medium"``. A compiled
+program may pick a TF32 kernel where eager's happened not to (Inductor lays a convolution out channels-last, and
+cuDNN then takes a tensor-core kernel): that is a rounding the settings allow eager too, not an error.
+
 The float64 copy shares the model's non-floating tensors and is made tensor by tensor (at most the float64 copy
 in memory besides the model); it is dropped after the check.
 """
@@ -26,6 +32,41 @@ from .output_tree import see_into
 
 MULTIPLIER = 3.0  # the compiled error may be this many times eager's error (PyTorch's benchmarks: 2 to 3)
 FLOOR_ULPS = 8.0  # plus this many units of the output dtype's precision at the output's largest magnitude
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """The coarsest rounding float32 kernels are allowed: its unit and the setting that allows it."""
+
+    eps: float
+    name: str
+
+
+FLOAT32 = Precision(torch.finfo(torch.float32).eps, "float32")
+TF32 = Precision(2.0**-10, "TF32")  # 10 explicit mantissa bits
+BFLOAT16 = Precision(torch.finfo(torch.bfloat16).eps, "bfloat16")
+
+
+def allowed_float32_precision(model: torch.nn.Module) -> Precision:
+    """What PyTorch's settings, as they are now, let ``model``'s float32 convolutions and matrix products round to."""
+    matmul = torch.get_float32_matmul_precision()
+    if matmul == "medium":
+        return Precision(BFLOAT16.eps, 'bfloat16 (torch.set_float32_matmul_precision("medium"))')
+    if matmul == "high":
+        return Precision(TF32.eps, 'TF32 (torch.set_float32_matmul_precision("high"))')
+    if _convolutions_may_use_tf32() and any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()):
+        return Precision(TF32.eps, "TF32 (torch.backends.cudnn.allow_tf32, on by default, for convolutions)")
+    return FLOAT32
+
+
+def _convolutions_may_use_tf32() -> bool:
+    conv = getattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision", None)  # torch >= 2.9's setting
+    if conv in ("tf32", "ieee"):
+        return conv == "tf32"
+    try:
+        return bool(torch.backends.cudnn.allow_tf32)
+    except RuntimeError:  # the legacy and the new settings were mixed: TF32 is allowed somewhere
+        return True
 
 
 @dataclasses.dataclass
@@ -61,9 +102,12 @@ def widened(tree: Any) -> Any:
     return pytree.tree_map_only(torch.Tensor, lambda t: t.to(torch.float64) if t.is_floating_point() else t, tree)
 
 
-def as_accurate_as_eager(eager: Any, compiled: Any, reference: Any) -> AccuracyReport:
+def as_accurate_as_eager(
+    eager: Any, compiled: Any, reference: Any, *, float32_precision: Precision = FLOAT32
+) -> AccuracyReport:
     """Judge ``compiled`` against ``eager``, both against the float64 ``reference`` (the same forward in float64
-    on the same inputs)."""
+    on the same inputs). ``float32_precision``: the unit of the floor for float32 outputs
+    (``allowed_float32_precision``)."""
     for tree in (eager, compiled, reference):
         see_into(tree)
     if not pytree.tree_structure(eager) == pytree.tree_structure(compiled) == pytree.tree_structure(reference):
@@ -84,7 +128,7 @@ def as_accurate_as_eager(eager: Any, compiled: Any, reference: Any) -> AccuracyR
             if not torch.equal(e, c):
                 return AccuracyReport(False, detail=f"a {e.dtype} output differs from eager's")
             continue
-        report = _judged(e, c, r)
+        report = _judged(e, c, r, float32_precision)
         if not report.passed:
             return report
         if report.compiled_error - report.bound > worst_excess:
@@ -92,12 +136,17 @@ def as_accurate_as_eager(eager: Any, compiled: Any, reference: Any) -> AccuracyR
     return worst
 
 
-def _judged(eager: torch.Tensor, compiled: torch.Tensor, reference: torch.Tensor) -> AccuracyReport:
+def _judged(
+    eager: torch.Tensor, compiled: torch.Tensor, reference: torch.Tensor, float32_precision: Precision
+) -> AccuracyReport:
     ref = reference.detach().to(torch.complex128 if reference.is_complex() else torch.float64)
     eager_error, compiled_error = _error(eager, ref), _error(compiled, ref)
     finite = ref[ref.isfinite()].abs()
     scale = float(finite.max()) if finite.numel() else 0.0
-    eps = torch.finfo(eager.real.dtype if eager.is_complex() else eager.dtype).eps
+    dtype = eager.real.dtype if eager.is_complex() else eager.dtype
+    eps, unit = torch.finfo(dtype).eps, str(dtype)
+    if dtype == torch.float32 and float32_precision.eps > eps:
+        eps, unit = float32_precision.eps, float32_precision.name
     bound = MULTIPLIER * eager_error + FLOOR_ULPS * eps * scale
     if compiled_error <= bound:
         return AccuracyReport(True, compiled_error, eager_error, bound)
@@ -107,7 +156,7 @@ def _judged(eager: torch.Tensor, compiled: torch.Tensor, reference: torch.Tensor
         eager_error,
         bound,
         detail=f"its error against float64 ({compiled_error:.3g}) exceeds {MULTIPLIER:g} times eager's "
-        f"({eager_error:.3g}) plus {FLOOR_ULPS:g} units of {eager.dtype} precision",
+        f"({eager_error:.3g}) plus {FLOOR_ULPS:g} units of {unit} precision",
     )
 
 

@@ -29,7 +29,7 @@ from typing import Any, cast
 import torch
 
 from ..core import capture as _capture
-from ..core.accuracy import AccuracyReport, as_accurate_as_eager, float64_copy, widened
+from ..core.accuracy import AccuracyReport, allowed_float32_precision, as_accurate_as_eager, float64_copy, widened
 from ..core.cache import GraphCache
 from ..core.compiled_programs import CompileJob, JobState, compile_in_background
 from ..core.signature import FlatInputs, Signature
@@ -156,6 +156,7 @@ class CompiledKernels:
         if not report.passed:
             return f"its graph does not replay the compiled program ({report.status}: {report.detail})"
         wide = float64_copy(model)  # the reference: the same forward in float64
+        precision = allowed_float32_precision(model)  # eager itself may round so under the process's settings
         for probe in make_probes(flat.leaves, from_call=graph.index_inputs):
             args, kwargs = flat.rebuild(probe)
             wide_args, wide_kwargs = widened((args, kwargs))
@@ -164,7 +165,9 @@ class CompiledKernels:
             except Exception as exc:  # an operation without a float64 kernel, say: nothing to prove against
                 why = one_line(exc)
                 return f"the forward does not run in float64, the reference the program is proven against ({why})"
-            entry.accuracy = as_accurate_as_eager(model(*args, **kwargs), program(*args, **kwargs), reference)
+            entry.accuracy = as_accurate_as_eager(
+                model(*args, **kwargs), program(*args, **kwargs), reference, float32_precision=precision
+            )
             if not entry.accuracy.passed:
                 return f"the compiled program is not as accurate as eager: {entry.accuracy.detail}"
         del wide
