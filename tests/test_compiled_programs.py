@@ -87,6 +87,9 @@ def test_a_program_compiled_in_a_child_reads_the_models_own_weights_and_is_found
     assert job.state is JobState.COMPILING  # returned at once
     assert job.wait(COMPILE_S) is JobState.READY, job.reason
     assert job.program.exists() and job.seconds > 0
+    assert set(job.phases) == {"start", "build", "export", "compile", "save"} and all(
+        s >= 0 for s in job.phases.values()
+    )
     program = job.load(model)
     with torch.inference_mode():
         for _ in range(3):

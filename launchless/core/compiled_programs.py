@@ -27,6 +27,7 @@ import atexit
 import contextlib
 import functools
 import hashlib
+import importlib.metadata
 import inspect
 import io
 import json
@@ -87,6 +88,7 @@ class CompileJob:
         self.state = JobState.READY if program.exists() and plan_of(program).exists() else JobState.COMPILING
         self.reason = "found on disk" if self.state is JobState.READY else ""
         self.seconds = 0.0  # export and compile, wall time
+        self.phases: dict[str, float] = {}  # the child's seconds per phase: start, build, export, compile, save
         self._done = threading.Event()
         self._child: subprocess.Popen | None = None
         self._lock = threading.Lock()
@@ -135,7 +137,7 @@ class CompileJob:
                     if self.state is not JobState.COMPILING:
                         return
                     self._child = subprocess.Popen(
-                        [sys.executable, "-m", __name__, str(sent), str(built)],
+                        [sys.executable, "-m", __name__, str(sent), str(built), repr(time.time())],
                         stdout=subprocess.DEVNULL,
                         stderr=subprocess.PIPE,
                         text=True,
@@ -146,11 +148,12 @@ class CompileJob:
                 with self._lock:
                     if self.state is not JobState.COMPILING:
                         return
-                    if self._child.returncode != 0 or not built.exists():
+                    if self._child.returncode != 0 or not built.exists() or not plan_of(built).exists():
                         self.state, self.reason = JobState.FAILED, _last_line(errors, self._child.returncode)
                         return
                     self.program.parent.mkdir(parents=True, exist_ok=True)
                     # whole or not at all, its plan first: a reader never sees half a program
+                    self.phases = json.loads(plan_of(built).read_text()).get("phases", {})
                     os.replace(plan_of(built), plan_of(self.program))
                     os.replace(built, self.program)
                     self.state, self.reason = JobState.READY, "compiled"
@@ -268,12 +271,13 @@ def _file_digest(path: str, mtime_ns: int, size: int) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=1)
 def _triton_version() -> str:
+    """Read from the installed package's metadata: importing triton would cost the call that starts a compile
+    tens of milliseconds."""
     try:
-        import triton
-
-        return str(triton.__version__)
-    except ImportError:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
         return "none"
 
 
@@ -334,16 +338,28 @@ def plan_of(program: Path) -> Path:
     return program.with_suffix(".plan.json")
 
 
-def _compile(sent: str, program: str) -> None:
+def _compile(sent: str, program: str, started: float) -> None:
     """The child process: the model's structure in, the compiled program and its plan out. The export runs under
-    ``no_grad`` (an inference program); every weight is an input of the program, none a constant of its code."""
+    ``no_grad`` (an inference program); every weight is an input of the program, none a constant of its code.
+    ``started``: the wall time the parent started it at; the plan keeps the seconds of each phase."""
     from torch.export.graph_signature import InputKind
+
+    phases = {"start": time.time() - started}  # the interpreter and torch imported
+    mark = time.perf_counter()
+
+    def phase(name: str) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        phases[name] = now - mark
+        mark = now
 
     search_path, structure = pickle.loads(Path(sent).read_bytes())
     sys.path[:] = search_path  # the model's classes are imported from where the calls' process found them
     model, args, kwargs = pickle.loads(structure)
+    phase("build")
     with torch.no_grad():
         exported = torch.export.export(model, args, kwargs, strict=False)
+    phase("export")
     flat = pytree.tree_leaves((args, kwargs))
     inputs: list[list[Any]] = []
     examples: list[Any] = []
@@ -365,14 +381,17 @@ def _compile(sent: str, program: str) -> None:
         compiled = torch._inductor.standalone_compile(
             exported.graph_module, examples, dynamic_shapes="from_example_inputs"
         )
+    phase("compile")
+    compiled.save(path=program, format="binary")
+    phase("save")
     plan = {
         "inputs": inputs,
         "in_spec": pytree.treespec_dumps(exported.call_spec.in_spec),
         "out_spec": pytree.treespec_dumps(exported.call_spec.out_spec),
+        "phases": {name: round(seconds, 3) for name, seconds in phases.items()},
     }
     plan_of(Path(program)).write_text(json.dumps(plan))
-    compiled.save(path=program, format="binary")
 
 
 if __name__ == "__main__":
-    _compile(sys.argv[1], sys.argv[2])
+    _compile(sys.argv[1], sys.argv[2], float(sys.argv[3]))

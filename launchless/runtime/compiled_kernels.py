@@ -70,6 +70,7 @@ class _Entry:
             "kernels": str(self.state),
             "reason": self.reason,
             "compile_s": round(self.job.seconds, 2) if self.job.seconds else None,
+            "compile_phases": dict(self.job.phases),  # the compiler process's seconds: start, build, export, ...
             "swap_s": None if self.swap_s is None else round(self.swap_s, 2),
             "accuracy": None if self.accuracy is None else self.accuracy.as_dict(),
             "speed": None if self.speed is None else self.speed.row(),

@@ -60,7 +60,7 @@ def early_calls(prepared: modes.Prepared, start: float) -> dict:
     """The calls after the first, each waited for, as (seconds since the first call began, ms): ``EARLY_CALLS`` of
     them, or for a mode that changes while it runs, until it decides (at most ``SETTLE_S``) and ``AFTER_SETTLED``
     more. Such a mode's row adds when it decided (``swap_s``), its calls' median latency until then
-    (``during_compile_ms``) and what it decided (``kernels``, ``kernels_reason``, ``compile_s``)."""
+    (``during_compile_ms``) and what it decided (``kernels``, ``kernels_reason``, ``compile_s`` and the compiler's ``compile_phases``)."""
     points: list[tuple[float, float]] = [(0.0, (time.perf_counter() - start) * 1e3)]  # the first call
     decided: dict | None = None
     decided_at = after = 0
@@ -92,6 +92,7 @@ def early_calls(prepared: modes.Prepared, start: float) -> dict:
         row["kernels"] = None if decided is None else decided["kernels"]
         row["kernels_reason"] = "not decided within the bench's wait" if decided is None else decided["reason"]
         row["compile_s"] = None if decided is None else decided.get("compile_s")
+        row["compile_phases"] = None if decided is None else decided.get("compile_phases")
     return row
 
 
