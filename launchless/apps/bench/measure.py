@@ -60,7 +60,8 @@ def early_calls(prepared: modes.Prepared, start: float) -> dict:
     """The calls after the first, each waited for, as (seconds since the first call began, ms): ``EARLY_CALLS`` of
     them, or for a mode that changes while it runs, until it decides (at most ``SETTLE_S``) and ``AFTER_SETTLED``
     more. Such a mode's row adds when it decided (``swap_s``), its calls' median latency until then
-    (``during_compile_ms``) and what it decided (``kernels``, ``kernels_reason``, ``compile_s`` and the compiler's ``compile_phases``)."""
+    (``during_compile_ms``) and what it decided (``kernels``, ``kernels_reason``, ``compile_s``, and the
+    compiler's ``compile_phases``)."""
     points: list[tuple[float, float]] = [(0.0, (time.perf_counter() - start) * 1e3)]  # the first call
     decided: dict | None = None
     decided_at = after = 0
