@@ -249,3 +249,56 @@ def test_a_transformers_forward_compiles_and_returns_its_model_output(tmp_path) 
         got, want = program(ids, use_cache=False), model(ids, use_cache=False)
     assert type(got) is type(want)
     torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
+
+
+class Dropping(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.lin(x))
+
+
+@needs_compiler
+def test_a_training_program_is_differentiated_by_autograd_and_updates_the_running_statistics(tmp_path) -> None:
+    """A training program: Inductor's forward and backward, called through autograd as the model is; its gradients
+    and the batch norm's running statistics (updated in place in the model's own buffers) as eager's, within
+    rounding."""
+    torch.manual_seed(0)
+    model = Net(width=6).train()
+    x = torch.randn(2, 3, 8, 8)
+    job = compile_in_background(model, (x,), signature="(float32[2x3x8x8]@cpu)", training=True, directory=tmp_path)
+    inference = compiled_programs.program_key(model, "(float32[2x3x8x8]@cpu)")
+    assert job.key != inference  # an inference program is another program
+    assert job.wait(COMPILE_S) is JobState.READY, job.reason
+    program = job.load(model)
+    assert program.training and program.random_operations == []
+    x = torch.randn(2, 3, 8, 8)
+    stats = model.norm.running_mean.clone()
+    out = program(x)
+    assert out.requires_grad
+    cotangent = torch.randn_like(out)
+    out.backward(cotangent)
+    compiled_grads = [p.grad.clone() for p in model.parameters()]
+    compiled_stats = model.norm.running_mean.clone()
+    assert not torch.equal(compiled_stats, stats)
+    model.zero_grad(set_to_none=True)
+    model.norm.running_mean.copy_(stats)
+    model.norm.num_batches_tracked.sub_(1)
+    want = model(x)
+    want.backward(cotangent)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.norm.running_mean, compiled_stats, rtol=1e-5, atol=1e-6)
+    for got, p in zip(compiled_grads, model.parameters(), strict=True):
+        torch.testing.assert_close(got, p.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_the_operations_that_draw_random_numbers_are_named() -> None:
+    exported = torch.export.export(Dropping().train(), (torch.randn(2, 4),), strict=False)
+    assert any(
+        "dropout" in name or "bernoulli" in name for name in compiled_programs.random_operations(exported.graph_module)
+    )
+    quiet = torch.export.export(Dropping().eval(), (torch.randn(2, 4),), strict=False)
+    assert compiled_programs.random_operations(quiet.graph_module) == []

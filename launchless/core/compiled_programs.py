@@ -126,12 +126,12 @@ class CompileJob:
         return CompiledProgram(compiled, plan, model)
 
     # ---- the worker thread ----------------------------------------------------------------------------------
-    def _run(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    def _run(self, model: torch.nn.Module, args: tuple, kwargs: dict, training: bool) -> None:
         began = time.perf_counter()
         try:
             with tempfile.TemporaryDirectory() as scratch:
                 sent = Path(scratch) / "model.pickle"
-                sent.write_bytes(structure_of(model, args, kwargs))
+                sent.write_bytes(structure_of(model, args, kwargs, training=training))
                 built = Path(scratch) / "program.bin"
                 with self._lock:
                     if self.state is not JobState.COMPILING:
@@ -188,18 +188,28 @@ def _yield_to_the_calls(pid: int) -> None:
 
 
 def compile_in_background(
-    model: torch.nn.Module, args: tuple, kwargs: dict | None = None, *, signature: str, directory: Path | None = None
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: dict | None = None,
+    *,
+    signature: str,
+    training: bool = False,
+    directory: Path | None = None,
 ) -> CompileJob:
     """Start compiling ``model`` for calls like ``(args, kwargs)`` (input signature ``signature``) and return at
     once: a program already on disk is ``READY``; otherwise a thread sends the model's structure to a child process,
-    which exports and compiles it, and waits for it. The calls never wait for either."""
-    key = program_key(model, signature)
+    which exports and compiles it, and waits for it. The calls never wait for either. ``training``: a program that
+    autograd differentiates (Inductor's compiled backward), for a training step; else an inference program."""
+    key = program_key(model, signature + (" training" if training else ""))
     job = CompileJob(key, (directory or cache_dir()) / f"{key}.bin")
     if job.state is JobState.READY:
         return job
     _LIVE.add(job)
     worker = threading.Thread(
-        target=job._run, args=(model, args, kwargs or {}), name=f"launchless-compile-{key[:8]}", daemon=True
+        target=job._run,
+        args=(model, args, kwargs or {}, training),
+        name=f"launchless-compile-{key[:8]}",
+        daemon=True,
     )
     worker.start()
     return job
@@ -223,7 +233,7 @@ class _StructurePickler(pickle.Pickler):
         return NotImplemented
 
 
-def structure_of(model: torch.nn.Module, args: tuple, kwargs: dict) -> bytes:
+def structure_of(model: torch.nn.Module, args: tuple, kwargs: dict, *, training: bool = False) -> bytes:
     """What the child process rebuilds the model and the call from: the module search path (the model's classes are
     imported there as here) and the pickled structure. A class defined in ``__main__`` cannot be imported by
     another process: that is said here, before a process is started."""
@@ -235,7 +245,7 @@ def structure_of(model: torch.nn.Module, args: tuple, kwargs: dict) -> bytes:
         )
     buffer = io.BytesIO()
     _StructurePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump((model, args, kwargs))
-    return pickle.dumps((list(sys.path), buffer.getvalue()))
+    return pickle.dumps((list(sys.path), buffer.getvalue(), training))
 
 
 def _zeros_like_sent(
@@ -292,6 +302,8 @@ class CompiledProgram:
 
     def __init__(self, compiled: Any, plan: dict[str, Any], model: torch.nn.Module) -> None:
         self.compiled = compiled
+        self.training = bool(plan.get("training"))  # autograd differentiates it (Inductor's compiled backward)
+        self.random_operations: list[str] = list(plan.get("random", []))  # drawn otherwise than eager draws them
         self.in_spec = pytree.treespec_loads(plan["in_spec"])
         self.out_spec = pytree.treespec_loads(plan["out_spec"])
         _, keywords = pytree.tree_unflatten(
@@ -332,6 +344,24 @@ def _attribute(model: torch.nn.Module, target: str) -> torch.Tensor:
     return value
 
 
+def random_operations(graph_module: torch.fx.GraphModule) -> list[str]:
+    """The operations of ``graph_module`` that draw random numbers (PyTorch tags them ``nondeterministic_seeded``;
+    a dropout told ``train=False`` draws none)."""
+    found = set()
+    for node in graph_module.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or torch.Tag.nondeterministic_seeded not in getattr(target, "tags", ()):
+            continue
+        arguments = [argument.name for argument in target._schema.arguments]
+        if "train" in arguments:
+            index = arguments.index("train")
+            train = node.args[index] if index < len(node.args) else node.kwargs.get("train", True)
+            if train is False:
+                continue
+        found.add(str(target))
+    return sorted(found)
+
+
 def plan_of(program: Path) -> Path:
     """Beside a program: the order of its inputs (a model tensor by name, or a call's flattened argument by index)
     and the structure of the call's arguments and of its outputs."""
@@ -339,9 +369,12 @@ def plan_of(program: Path) -> Path:
 
 
 def _compile(sent: str, program: str, started: float) -> None:
-    """The child process: the model's structure in, the compiled program and its plan out. The export runs under
-    ``no_grad`` (an inference program); every weight is an input of the program, none a constant of its code.
-    ``started``: the wall time the parent started it at; the plan keeps the seconds of each phase."""
+    """The child process: the model's structure in, the compiled program and its plan out. An inference program is
+    exported and compiled under ``no_grad``; a training program with autograd on, so that Inductor compiles its
+    backward too (AOTAutograd's forward and backward, called through autograd as the model is). Every weight is an
+    input of the program, none a constant of its code. The plan names the operations that draw random numbers
+    (dropout in training): Inductor draws them otherwise than eager. ``started``: the wall time the parent started
+    it at; the plan keeps the seconds of each phase."""
     from torch.export.graph_signature import InputKind
 
     phases = {"start": time.time() - started}  # the interpreter and torch imported
@@ -353,11 +386,12 @@ def _compile(sent: str, program: str, started: float) -> None:
         phases[name] = now - mark
         mark = now
 
-    search_path, structure = pickle.loads(Path(sent).read_bytes())
+    search_path, structure, training = pickle.loads(Path(sent).read_bytes())
     sys.path[:] = search_path  # the model's classes are imported from where the calls' process found them
     model, args, kwargs = pickle.loads(structure)
     phase("build")
-    with torch.no_grad():
+    grad_mode = torch.enable_grad if training else torch.no_grad
+    with grad_mode():
         exported = torch.export.export(model, args, kwargs, strict=False)
     phase("export")
     flat = pytree.tree_leaves((args, kwargs))
@@ -377,7 +411,7 @@ def _compile(sent: str, program: str, started: float) -> None:
                 f"the exported forward takes a {spec.kind.name.lower()} input ({spec.target}), which a "
                 "compiled program is not given"
             )
-    with torch.no_grad():
+    with grad_mode():
         compiled = torch._inductor.standalone_compile(
             exported.graph_module, examples, dynamic_shapes="from_example_inputs"
         )
@@ -389,6 +423,8 @@ def _compile(sent: str, program: str, started: float) -> None:
         "in_spec": pytree.treespec_dumps(exported.call_spec.in_spec),
         "out_spec": pytree.treespec_dumps(exported.call_spec.out_spec),
         "phases": {name: round(seconds, 3) for name, seconds in phases.items()},
+        "training": training,
+        "random": random_operations(exported.graph_module),
     }
     plan_of(Path(program)).write_text(json.dumps(plan))
 
