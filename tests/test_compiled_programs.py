@@ -32,15 +32,19 @@ class Net(nn.Module):
 
 
 class Keywords(nn.Module):
-    """Keyword arguments, a tensor constant (not a buffer) and a dict of outputs."""
+    """Keyword arguments (a flag among them), a tensor constant (not a buffer) and a dict of outputs."""
 
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(4, 4)
         self.scale = torch.tensor(2.0)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, k: int = 2, extra: None = None) -> dict:
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, k: int = 2, extra: None = None, flag: bool = False
+    ) -> dict:
         y = self.lin(x) * self.scale * k
+        if flag:  # a flag of the call (transformers' use_cache, return_dict): specialized, no input of the program
+            y = y + 1
         if mask is not None:
             y = y * mask
         return {"y": y, "s": y.sum(-1)}
@@ -221,13 +225,13 @@ def test_a_program_is_called_as_the_model_is_keywords_in_any_order_and_outputs_i
     model = Keywords().eval()
     x, mask = torch.randn(3, 4), torch.rand(3, 4)
     job = compile_in_background(
-        model, (x,), {"mask": mask, "k": 3, "extra": None}, signature="keywords", directory=tmp_path
+        model, (x,), {"mask": mask, "k": 3, "extra": None, "flag": True}, signature="keywords", directory=tmp_path
     )
     assert job.wait(COMPILE_S) is JobState.READY, job.reason
     program = job.load(model)
     with torch.no_grad():
         x, mask = torch.randn(3, 4), torch.rand(3, 4)
-        got, want = program(x, extra=None, k=3, mask=mask), model(x, mask=mask, k=3)
+        got, want = program(x, flag=True, extra=None, k=3, mask=mask), model(x, mask=mask, k=3, flag=True)
     assert set(got) == {"y", "s"}
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 

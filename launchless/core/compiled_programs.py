@@ -375,7 +375,7 @@ def _compile(sent: str, program: str, started: float) -> None:
     input of the program, none a constant of its code. The plan names the operations that draw random numbers
     (dropout in training): Inductor draws them otherwise than eager. ``started``: the wall time the parent started
     it at; the plan keeps the seconds of each phase."""
-    from torch.export.graph_signature import InputKind
+    from torch.export.graph_signature import ConstantArgument, InputKind
 
     phases = {"start": time.time() - started}  # the interpreter and torch imported
     mark = time.perf_counter()
@@ -395,11 +395,19 @@ def _compile(sent: str, program: str, started: float) -> None:
         exported = torch.export.export(model, args, kwargs, strict=False)
     phase("export")
     flat = pytree.tree_leaves((args, kwargs))
+    graph_module = exported.graph_module
+    placeholders = {node.name: node for node in graph_module.graph.nodes if node.op == "placeholder"}
     inputs: list[list[Any]] = []
     examples: list[Any] = []
     user = 0
     for spec in exported.graph_signature.input_specs:
-        if spec.kind is InputKind.USER_INPUT:
+        node = placeholders[spec.arg.name]
+        if spec.kind is InputKind.USER_INPUT and isinstance(spec.arg, ConstantArgument) and not node.users:
+            # a flag or a number of the call, specialized into the code (the signature holds its value): no input
+            # of the program (Inductor takes no booleans)
+            graph_module.graph.erase_node(node)
+            user += 1
+        elif spec.kind is InputKind.USER_INPUT:
             inputs.append(["input", user])
             examples.append(flat[user])
             user += 1
@@ -411,10 +419,9 @@ def _compile(sent: str, program: str, started: float) -> None:
                 f"the exported forward takes a {spec.kind.name.lower()} input ({spec.target}), which a "
                 "compiled program is not given"
             )
+    graph_module.recompile()
     with grad_mode():
-        compiled = torch._inductor.standalone_compile(
-            exported.graph_module, examples, dynamic_shapes="from_example_inputs"
-        )
+        compiled = torch._inductor.standalone_compile(graph_module, examples, dynamic_shapes="from_example_inputs")
     phase("compile")
     compiled.save(path=program, format="binary")
     phase("save")
