@@ -61,7 +61,7 @@ def _setup(monkeypatch, tmp_path, *, faster: bool = True) -> Setup:
     cache: GraphCache = GraphCache(name="Mlp.forward", capture_after=1, max_graphs=4, guards=[])
     eager_graph = recorded_capture([])(model, flat, device=torch.device("cpu"), pool=None)
     cache.keep(sig, eager_graph, None, flat.leaves)
-    kernels = CompiledKernels(name="Mlp.forward", cache=cache, warmup=1)
+    kernels = CompiledKernels(model=model, name="Mlp.forward", cache=cache, warmup=1)
     return Setup(model, flat, sig, cache, eager_graph, kernels)
 
 

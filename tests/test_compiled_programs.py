@@ -306,3 +306,38 @@ def test_the_operations_that_draw_random_numbers_are_named() -> None:
     )
     quiet = torch.export.export(Dropping().eval(), (torch.randn(2, 4),), strict=False)
     assert compiled_programs.random_operations(quiet.graph_module) == []
+
+
+@needs_compiler
+def test_a_spare_compiler_started_ahead_takes_the_first_job_and_a_later_one_starts_its_own(tmp_path) -> None:
+    """The spare loads torch, the model's modules and Inductor while the calls warm up; the first compile is given
+    to it (no interpreter started then); the next starts a process of its own, as does a job whose spare has
+    ended."""
+    torch.manual_seed(0)
+    model = Net(width=4).eval()
+    spare = compiled_programs.SpareCompiler(model)
+    waiting = spare._child
+    assert waiting is not None and waiting.poll() is None
+    x = torch.randn(1, 3, 8, 8)
+    job = compile_in_background(model, (x,), signature="(float32[1x3x8x8]@cpu)", directory=tmp_path, spare=spare)
+    assert job.wait(COMPILE_S) is JobState.READY, job.reason
+    assert job._child is waiting and spare._child is None  # the spare did the job
+    assert spare.take(["a", "b", "0"]) is None  # taken once
+    ended = compiled_programs.SpareCompiler(model)
+    ended.end()
+    other = compile_in_background(
+        model, (x,), signature="(float32[1x3x8x8]@cpu) again", directory=tmp_path, spare=ended
+    )
+    assert other.wait(COMPILE_S) is JobState.READY, other.reason
+    assert other._child is not None and other._child is not waiting
+
+
+def test_a_spare_dropped_unused_ends_its_process() -> None:
+    spare = compiled_programs.SpareCompiler(Net(width=4))
+    child = spare._child
+    assert child is not None and child.poll() is None
+    del spare
+    import gc
+
+    gc.collect()
+    assert child.wait(30) != 0  # ended, not finished

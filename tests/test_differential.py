@@ -636,10 +636,11 @@ def test_a_difference_that_eager_on_the_capture_path_reproduces_is_the_capture_p
     with pretend_capturing():
         got = forward(x)  # what the graph captured
     assert not torch.equal(want, got)
-    result, bound, named = on_capture_path(forward, want, got, 0, (x,), {})
-    assert (result, named) == (Result.BOUNDED, CAPTURE_PATH) and bound is not None and bound > 0
-    other = got + 1e-6  # not what the capture path computes
-    assert on_capture_path(forward, want, other, 0, (x,), {}) == (Result.DIFFERS, None, None)
+    result, bound, named, off_path = on_capture_path(forward, want, got, 0, (x,), {})
+    assert (result, named, off_path) == (Result.BOUNDED, CAPTURE_PATH, 0.0) and bound is not None and bound > 0
+    other = got + 1e-6  # not what the capture path computes: how far it is, kept for the report
+    result, bound, named, off_path = on_capture_path(forward, want, other, 0, (x,), {})
+    assert (result, bound, named) == (Result.DIFFERS, None, None) and off_path == pytest.approx(1e-6, rel=0.1)
     far = want * 1.01  # beyond the rounding bound whatever explains it
     assert on_capture_path(lambda t: far, want, far, 0, (x,), {})[0] is Result.DIFFERS
 

@@ -27,6 +27,7 @@ import atexit
 import contextlib
 import functools
 import hashlib
+import importlib
 import importlib.metadata
 import inspect
 import io
@@ -126,7 +127,9 @@ class CompileJob:
         return CompiledProgram(compiled, plan, model)
 
     # ---- the worker thread ----------------------------------------------------------------------------------
-    def _run(self, model: torch.nn.Module, args: tuple, kwargs: dict, training: bool) -> None:
+    def _run(
+        self, model: torch.nn.Module, args: tuple, kwargs: dict, training: bool, spare: SpareCompiler | None
+    ) -> None:
         began = time.perf_counter()
         try:
             with tempfile.TemporaryDirectory() as scratch:
@@ -136,14 +139,10 @@ class CompileJob:
                 with self._lock:
                     if self.state is not JobState.COMPILING:
                         return
-                    self._child = subprocess.Popen(
-                        [sys.executable, "-m", __name__, str(sent), str(built), repr(time.time())],
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.PIPE,
-                        text=True,
-                        env=_compiler_environment(),
-                    )
-                    _yield_to_the_calls(self._child.pid)
+                    job = [str(sent), str(built), repr(time.time())]
+                    self._child = spare.take(job) if spare is not None else None
+                    if self._child is None:  # no spare, or it has ended: a process of its own
+                        self._child = _start_compiler([*job])
                 _, errors = self._child.communicate()
                 with self._lock:
                     if self.state is not JobState.COMPILING:
@@ -180,6 +179,100 @@ def _compiler_environment() -> dict[str, str]:
     return env
 
 
+def _start_compiler(arguments: list[str]) -> subprocess.Popen:
+    """A compiler process, at a lower priority than the calls: ``[sent, built, started]`` compiles at once;
+    ``["--spare"]`` loads what it can and waits for its job on its standard input."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", __name__, *arguments],
+        stdin=subprocess.PIPE if arguments == [SPARE] else subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_compiler_environment(),
+    )
+    _yield_to_the_calls(child.pid)
+    return child
+
+
+SPARE = "--spare"
+
+
+class SpareCompiler:
+    """A compiler process started ahead of its job -- when a model is wrapped to get compiled kernels -- so that
+    the interpreter, torch, the GPU's context, the model's modules and Inductor's compile workers are loaded while
+    the calls warm up, and a compile begins with the export (seconds sooner). It serves one job; ``end()`` (or the
+    process exiting) stops it if none came."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        modules = sorted({type(m).__module__ for m in model.modules()} - {"__main__"})
+        self._child: subprocess.Popen | None = _start_compiler([SPARE])
+        weakref.finalize(self, _end_waiting, self._child)  # dropped unused (its model released): it goes too
+        try:
+            self._send({"path": list(sys.path), "modules": modules})
+        except OSError:  # it could not start (nothing to warm): a job starts its own process
+            self.end()
+        _SPARES.add(self)
+
+    def _send(self, message: Any) -> None:
+        child = self._child
+        if child is None or child.stdin is None:
+            raise OSError("the spare compiler has ended")
+        child.stdin.write(json.dumps(message) + "\n")
+        child.stdin.flush()
+
+    def take(self, job: list[str]) -> subprocess.Popen | None:
+        """The process, given ``job``; None where it has ended (or was taken)."""
+        child, self._child = self._child, None
+        if child is None or child.poll() is not None or child.stdin is None:
+            return None
+        try:
+            child.stdin.write(json.dumps(job) + "\n")
+            child.stdin.close()
+        except OSError:  # it ended meanwhile
+            child.kill()
+            return None
+        child.stdin = None  # given: ``communicate()`` then reads its errors only
+        return child
+
+    def end(self) -> None:
+        child, self._child = self._child, None
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+_SPARES: weakref.WeakSet[SpareCompiler] = weakref.WeakSet()
+
+
+def _end_waiting(child: subprocess.Popen) -> None:
+    """A spare that still waits for its job is ended (one that was given a job finishes it)."""
+    if child.poll() is None and child.stdin is not None:
+        child.kill()
+        child.wait()
+
+
+def _serve_as_spare() -> None:
+    """The spare's side: load what the job will need, then wait for it (or for the end of the input)."""
+    warm = json.loads(sys.stdin.readline() or "null")
+    if warm is None:
+        return
+    sys.path[:] = warm["path"]
+    for module in warm["modules"]:
+        with contextlib.suppress(Exception):  # a module that fails to import fails the job, with its own error
+            importlib.import_module(module)
+    with contextlib.suppress(Exception):
+        if torch.cuda.is_available():
+            torch.cuda.init()
+        importlib.import_module("torch._inductor.compile_fx")  # Inductor itself: seconds of imports
+        from torch._inductor.async_compile import AsyncCompile
+
+        AsyncCompile.warm_pool()  # its compile workers
+    line = sys.stdin.readline()
+    if line:
+        sent, program, started = json.loads(line)
+        _compile(sent, program, float(started))
+
+
 def _yield_to_the_calls(pid: int) -> None:
     """The compiler at a lower priority than the calls (set right after it starts, before it starts its compile
     workers, which inherit it); where the system does not allow it, it runs as it is."""
@@ -195,11 +288,13 @@ def compile_in_background(
     signature: str,
     training: bool = False,
     directory: Path | None = None,
+    spare: SpareCompiler | None = None,
 ) -> CompileJob:
     """Start compiling ``model`` for calls like ``(args, kwargs)`` (input signature ``signature``) and return at
     once: a program already on disk is ``READY``; otherwise a thread sends the model's structure to a child process,
     which exports and compiles it, and waits for it. The calls never wait for either. ``training``: a program that
-    autograd differentiates (Inductor's compiled backward), for a training step; else an inference program."""
+    autograd differentiates (Inductor's compiled backward), for a training step; else an inference program.
+    ``spare``: a compiler process started ahead (``SpareCompiler``), used if it is still waiting."""
     key = program_key(model, signature + (" training" if training else ""))
     job = CompileJob(key, (directory or cache_dir()) / f"{key}.bin")
     if job.state is JobState.READY:
@@ -207,7 +302,7 @@ def compile_in_background(
     _LIVE.add(job)
     worker = threading.Thread(
         target=job._run,
-        args=(model, args, kwargs or {}, training),
+        args=(model, args, kwargs or {}, training, spare),
         name=f"launchless-compile-{key[:8]}",
         daemon=True,
     )
@@ -220,6 +315,8 @@ def _end_children() -> None:
     """A process that exits while compiling leaves no compiler running behind it."""
     for job in list(_LIVE):
         job.cancel("the process is exiting")
+    for spare in list(_SPARES):
+        spare.end()
 
 
 class _StructurePickler(pickle.Pickler):
@@ -437,4 +534,7 @@ def _compile(sent: str, program: str, started: float) -> None:
 
 
 if __name__ == "__main__":
-    _compile(sys.argv[1], sys.argv[2], float(sys.argv[3]))
+    if sys.argv[1:] == [SPARE]:
+        _serve_as_spare()
+    else:
+        _compile(sys.argv[1], sys.argv[2], float(sys.argv[3]))

@@ -31,7 +31,7 @@ import torch
 from ..core import capture as _capture
 from ..core.accuracy import AccuracyReport, allowed_float32_precision, as_accurate_as_eager, float64_copy, widened
 from ..core.cache import GraphCache
-from ..core.compiled_programs import CompileJob, JobState, compile_in_background
+from ..core.compiled_programs import CompileJob, JobState, SpareCompiler, compile_in_background
 from ..core.signature import FlatInputs, Signature
 from ..core.status import Label
 from ..core.verify import make_probes, verify
@@ -83,9 +83,18 @@ class CompiledKernels:
     path reads nothing else of this."""
 
     def __init__(
-        self, *, name: str, cache: GraphCache[_capture.CapturedGraph], warmup: int, verify: str = "on"
+        self,
+        *,
+        model: torch.nn.Module,
+        name: str,
+        cache: GraphCache[_capture.CapturedGraph],
+        warmup: int,
+        verify: str = "on",
     ) -> None:
         self.name, self.cache, self.warmup, self.verify = name, cache, warmup, verify
+        self._spare: SpareCompiler | None = SpareCompiler(
+            model
+        )  # loads while the calls warm up; the first compile takes it
         self._entries: dict[Signature, _Entry] = {}
         self.pending = 0
         self._swapping = threading.Lock()  # one swap at a time: threads calling at once swap once
@@ -98,7 +107,8 @@ class CompiledKernels:
         if entry is not None and entry.state is not KernelState.SWAPPED:
             return
         args, kwargs = flat.rebuild(flat.leaves)
-        job = compile_in_background(model, args, kwargs, signature=sig.describe())
+        job = compile_in_background(model, args, kwargs, signature=sig.describe(), spare=self._spare)
+        self._spare = None  # taken (or not needed: the program was on disk)
         self._entries[sig] = _Entry(job, started=time.perf_counter())
         self.pending += 1
 

@@ -159,7 +159,9 @@ class GraphedModule(torch.nn.Module):
         )
         self._decode: DecodeGraphs | None = None  # generate()'s decode steps, made at its first call
         self._compiled = (  # Inductor's programs compiled beside the calls, swapped in once proven
-            CompiledKernels(name=self._name(), cache=self._cache, warmup=self.warmup, verify=self.verify)
+            CompiledKernels(
+                model=self.model, name=self._name(), cache=self._cache, warmup=self.warmup, verify=self.verify
+            )
             if self.kernels == "compiled"
             else None
         )

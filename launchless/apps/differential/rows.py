@@ -70,6 +70,7 @@ ROW_KEYS = (
     "bound",
     "bound_class",
     "first_differing_call",
+    "capture_path_max_abs",
     "mismatch",
     "reason",
     "source",

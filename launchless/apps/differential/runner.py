@@ -191,19 +191,20 @@ def judge_mismatch(want: Any, got: Any, info: Any) -> tuple[Result, float, float
 
 def on_capture_path(
     reference: Callable[..., Any], want: Any, got: Any, seed: int, args: tuple, kwargs: dict
-) -> tuple[Result, float | None, str | None]:
+) -> tuple[Result, float | None, str | None, float | None]:
     """A call whose graph differs from eager within the rounding bound, where eager told it is capturing returns the
     graph's outputs bit for bit: library code took another branch for this input's values than while capturing
     (transformers skips an all-ones attention mask, a host check it cannot make under capture) -- the capture-path
-    class, confirmed on this call, as verification confirms it on its probes. Otherwise it differs."""
+    class, confirmed on this call, as verification confirms it on its probes. Otherwise it differs; the last value
+    is how far eager on the capture path is from the graph (None where it was not run)."""
     max_abs, _, bound = difference(want, got, ULPS)  # the rounding bound at the outputs' magnitude
     if max_abs > bound:
-        return Result.DIFFERS, None, None
+        return Result.DIFFERS, None, None, None
     with pretend_capturing():
         forced = seeded(reference, seed, *args, **kwargs)
     if identical(forced, got):
-        return Result.BOUNDED, bound, CAPTURE_PATH
-    return Result.DIFFERS, None, None
+        return Result.BOUNDED, bound, CAPTURE_PATH, 0.0
+    return Result.DIFFERS, None, None, difference(forced, got, ULPS)[0]
 
 
 def reference_noise(reference: Callable[..., Any], want: Any, seed: int, args: tuple, kwargs: dict) -> float:
@@ -294,7 +295,9 @@ def forward_row(
                     row.update(first_differing_call=call + 1, mismatch=mismatch(want, got).value)
                 result, max_abs, bound, named = judge_mismatch(want, got, graph_info(accelerated, entry))
                 if result is Result.DIFFERS and max_abs < float("inf") and entry is not Entry.COMPILE:
-                    result, bound, named = on_capture_path(reference, want, got, seed + call, args, kwargs)
+                    result, bound, named, off_path = on_capture_path(reference, want, got, seed + call, args, kwargs)
+                    if off_path:  # kept for the report: how far eager on the capture path is from the graph
+                        row["capture_path_max_abs"] = max(row["capture_path_max_abs"] or 0.0, off_path)
                 if result is Result.DIFFERS and max_abs < float("inf"):
                     noise = reference_noise(reference, want, seed + call, args, kwargs)
                     if 0.0 < noise < float("inf") and max_abs <= NOISE_FACTOR * noise:
