@@ -6,6 +6,8 @@ Every value is checked where it is given, and a wrong one raises ``ConfigError``
 - ``max_graphs``: graphs kept, least recently used evicted.
 - ``verify``: ``"on"`` proves every graph against eager before it is used (bit-identical, or a named class of
   non-determinism within its bound), ``"strict"`` demands bit identity, ``"off"`` skips the proof (unsafe).
+- ``kernels``: ``"eager"`` replays eager's kernels; ``"compiled"`` replays them until Inductor's program, compiled
+  beside the calls in another process, is proven as accurate as eager and faster, then replays that.
 - ``tolerance_ulps``: the rounding bound for the named classes, in units of the dtype's epsilon at the
   output's magnitude (inference; training measures eager's own noise instead).
 """
@@ -22,6 +24,12 @@ VERIFY_MODES: Mapping[str, str] = {
     "on": "bit-identical, or a named eager-noise/capture-path class within the rounding bound",
     "strict": "bit identity only",
     "off": "no proof (unsafe)",
+}
+
+KernelsMode = Literal["eager", "compiled"]
+KERNELS: Mapping[str, str] = {
+    "eager": "the graphs replay eager's kernels",
+    "compiled": "Inductor's program, compiled beside the calls, replaces them once proven as accurate and faster",
 }
 
 

@@ -39,11 +39,6 @@ from ..errors import one_line
 from ..timing import SpeedVerdict, judge_speed
 from .split import copies
 
-KERNELS = {
-    "eager": "the graphs replay eager's kernels",
-    "compiled": "Inductor's program, compiled beside the calls, replaces them once proven as accurate and faster",
-}
-
 
 class KernelState(Label):
     """Where the compiled kernels of one signature stand."""
@@ -217,4 +212,4 @@ class CompiledKernels:
         return [entry.row(describe(sig)) for sig, entry in self._entries.items()]
 
 
-__all__ = ["KERNELS", "CompiledKernels", "KernelState"]
+__all__ = ["CompiledKernels", "KernelState"]

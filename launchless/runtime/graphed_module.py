@@ -33,11 +33,11 @@ from ..core.relocation import RelocationWatch
 from ..core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
 from ..core.status import Admission, SplitStatus, Stage
 from ..errors import ConfigError
-from ..options import VerifyMode, check_choice, check_int, check_number, check_verify
+from ..options import KERNELS, KernelsMode, VerifyMode, check_choice, check_int, check_number, check_verify
 from . import state_keys
 from .batch_buckets import AUTO, BatchBucketing, BucketPlan
 from .capture_flow import CaptureFlow, add_note
-from .compiled_kernels import KERNELS, CompiledKernels
+from .compiled_kernels import CompiledKernels
 from .decode_graphs import DecodeGraphs
 from .split import SPLITTABLE, ModelSplit
 
@@ -86,7 +86,7 @@ class GraphedModule(torch.nn.Module):
         address_check: Literal["events", "full"] = "events",
         batch_buckets: Sequence[int] | Literal["auto"] | None = None,
         memory_pool: Literal["own", "shared"] = "own",
-        kernels: Literal["eager", "compiled"] = "eager",
+        kernels: KernelsMode = "eager",
     ) -> None:
         mode = _check_mode(cuda_graph)
         if batch_buckets is not None and not (isinstance(batch_buckets, str) and batch_buckets == AUTO):
@@ -604,7 +604,7 @@ def wrap(
     address_check: Literal["events", "full"] = "events",
     batch_buckets: Sequence[int] | Literal["auto"] | None = None,
     memory_pool: Literal["own", "shared"] = "own",
-    kernels: Literal["eager", "compiled"] = "eager",
+    kernels: KernelsMode = "eager",
 ) -> GraphedModule:
     """Wrap ``model`` so inference replays verified CUDA graphs, one per input signature.
 
