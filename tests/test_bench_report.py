@@ -520,3 +520,39 @@ def test_the_compiled_kernels_section_reads_its_targets_off_the_rows(tmp_path) -
     paths = report.write_all(tmp_path, ENV, "kernels", rows)
     assert paths["timeline"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "timeline" not in report.write_all(tmp_path / "quick", ENV, "quick", rows)
+
+
+def test_a_training_steps_compiled_kernels_are_held_to_compiles_kernel_floor() -> None:
+    """``graphed_step(kernels="compiled")``: no launchless-compile row for a training step; its own target is the
+    kernel floor of compile's step, in its own column of the targets table."""
+    from launchless.apps.bench import kernels_report
+
+    rows = [
+        {**row("timm:resnet18", "launchless-compile", 0.291, floor=0.27), "latency_ms": 0.3},
+        {**row("timm:resnet18", "launchless-compiled-kernels", 0.300, floor=0.27), "kernels": "compiled"},
+        {**row("train:resnet18", "compile", 2.2, floor=1.34), "kind": "training"},
+        {**row("train:resnet18", "launchless", 1.55, floor=1.5), "kind": "training"},
+        {
+            **row("train:resnet18", "launchless-compiled-kernels", 1.40, floor=1.33),
+            "kind": "training",
+            "kernels": "compiled",
+        },
+    ]
+    by_key = stats.index(rows)
+    met = kernels_report.targets("train:resnet18", by_key)
+    assert met["vs_compiled_floor"] == pytest.approx(1.40 / 1.34)
+    assert met["targets"]["training step within 1.05x compile's kernel floor"] is (1.40 / 1.34 <= 1.05)
+    assert met["targets"]["steady within 1.05x launchless-compile"] is None  # not a mode of training steps
+    assert (
+        "training step within 1.05x compile's kernel floor"
+        not in kernels_report.targets("timm:resnet18", by_key)["targets"]
+    )
+    table = "\n".join(kernels_report.markdown_lines(rows))
+    header = next(line for line in table.splitlines() if line.startswith("| workload | steady within"))
+    assert header.endswith("| training step within 1.05x compile's kernel floor |")
+    resnet = next(
+        line
+        for line in table.splitlines()
+        if line.startswith("| `timm:resnet18` | yes") or line.startswith("| `timm:resnet18` | **no**")
+    )
+    assert resnet.count("|") == header.count("|")  # the inference row has a cell for the training target too

@@ -350,5 +350,5 @@ def test_compiled_kernels_run_in_their_own_suite_unless_asked_for() -> None:
     assert modes.COMPILED_KERNELS in modes.default_modes(workloads.KERNELS)
     assert modes.COMPILED_KERNELS not in modes.default_modes(workloads.STANDARD)
     assert [w.name for w in workloads.suite(workloads.KERNELS)] == [
-        "timm:resnet18", "timm:efficientnet_b0", "hf:gpt2", "hf:t5-small"
+        "timm:resnet18", "timm:efficientnet_b0", "hf:gpt2", "hf:t5-small", "train:resnet18"
     ]  # fmt: skip

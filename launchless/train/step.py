@@ -47,8 +47,10 @@ from ..core.status import Admission, Stage, VerifyStatus
 from ..core.streams import side_stream
 from ..diagnose.blockers import describe_failure
 from ..errors import ConfigError
-from ..options import VerifyMode, check_instance, check_int, check_verify
+from ..options import KERNELS, KernelsMode, VerifyMode, check_choice, check_instance, check_int, check_verify
+from ..timing import SpeedVerdict, judge_speed
 from . import hooks
+from .compiled_kernels import ModelCall, StepKernels, recorded_call
 from .ddp import DDP_STREAM_REASON, DDP_WARMUP_STEPS, DdpSteps, ddp_refusal
 from .optim import CapturableOptimizer, OptimizerNotCapturable
 from .snapshot import Snapshot, state_tensors
@@ -82,6 +84,7 @@ class _Graph:
         self.spot: list[int] = []  # parameters checked to tell whether .grad was changed since the last replay
         self.whole_step_refused = ""  # why the whole step was not captured, when this graph is a lower level
         self.before_optimizer: list[Callable[[], Any]] = []  # eager work between the replay and the deferred calls
+        self.model_call: ModelCall | None = None  # how the step called the model (kernels="compiled")
 
 
 class GraphedStep:
@@ -97,8 +100,10 @@ class GraphedStep:
         capture_after: int = 3,
         max_graphs: int = 8,
         verify: VerifyMode = "on",
+        kernels: KernelsMode = "eager",
     ) -> None:
         _check_arguments(fn, model, optimizer, scaler)
+        check_choice("kernels", kernels, KERNELS)
         check_int(
             "capture_after",
             capture_after,
@@ -128,13 +133,19 @@ class GraphedStep:
         self._ddp: DdpSteps | None = None  # DistributedDataParallel: its ranks capture and verify alike
         self._next_level: dict[Signature, int] = {}  # DDP: the level a signature's next capture starts at
         self._whole_step_refused: dict[Signature, str] = {}  # DDP: why the whole step failed, for that next capture
+        self.kernels = kernels
+        self._kernels: StepKernels | None = (  # Inductor's forward and backward compiled beside the steps
+            StepKernels(model) if kernels == "compiled" and not isinstance(model, _DDP) else None
+        )
 
     def _state_changed(self, why: str) -> None:
         """A validity check dropped the graphs: the optimizer is prepared again for the state now in use (a loaded
         checkpoint brings ``capturable=False``, host step counters, number learning rates), and the parameters
-        and gradients are read again at the next capture."""
+        and gradients are read again at the next capture. A compile in flight is cancelled."""
         self._params = []
         self._grads_owner = None
+        if self._kernels is not None:
+            self._kernels.cancel(why)
         if self._optim is not None:
             try:
                 self._optim = CapturableOptimizer(self.optimizer, self._device())
@@ -147,6 +158,8 @@ class GraphedStep:
         self._cache.drop_all()
         self._params = []
         self._grads_owner = None
+        if self._kernels is not None:
+            self._kernels.cancel(why)
         self._log_once(f"launchless: {why}")
 
     # ---- the call --------------------------------------------------------------------------------
@@ -191,6 +204,11 @@ class GraphedStep:
         if entry is not None:
             changed = self._optim.sync() if self._optim else None
             if changed is None:
+                kernels = self._kernels
+                if kernels is not None and kernels.pending and kernels.ready(sig):  # between two steps
+                    applied, out = self._swap_kernels(kernels, sig, flat, entry)
+                    if applied:
+                        return out
                 return self._replay(entry, flat)
             cache.drop_all()
             self._eager_reason = changed
@@ -199,6 +217,36 @@ class GraphedStep:
         if cache.admit(sig) is not Admission.CAPTURE:
             return self._eager(flat)
         return self._capture(sig, flat)
+
+    def _swap_kernels(self, kernels: StepKernels, sig: Signature, flat: FlatInputs, entry: _Graph) -> tuple[bool, Any]:
+        """``sig``'s compiled program, ready: proven, captured into a step graph that applies this step's batch,
+        timed against ``entry`` (the training state put back after) and kept if faster (``StepKernels.decide``).
+        Returns whether this step was applied, and its output."""
+        cache = self._cache
+
+        def capture() -> tuple[_Graph, dict] | None:
+            with cache.capturing(sig):
+                new, outcome = self._try_level(entry.level, flat)
+            return None if new is None else (new, outcome)
+
+        def time_both(new: _Graph) -> SpeedVerdict:
+            state = Snapshot(state_tensors(self.model, self.optimizer), device=self._device(), params=self._params)
+            try:  # raw replays: no scheduler steps, no deferred calls; the state they trained goes back after
+                return judge_speed(
+                    lambda: entry.graph.replay_cloned(flat.leaves), lambda: new.graph.replay_cloned(flat.leaves)
+                )
+            finally:
+                state.restore()
+                entry.graph.replays = new.graph.replays = 0
+
+        def keep(new: _Graph, outcome: dict) -> None:
+            cache.keep(sig, new, outcome, flat.leaves)
+
+        def drop(new: _Graph) -> None:
+            self._grads_owner = None  # .grad points at the dropped graph's tensors until the next replay
+            cache.discard()
+
+        return kernels.decide(sig, capture=capture, time_both=time_both, keep=keep, drop=drop)
 
     def _whole_run_reason(self) -> str | None:
         ddp = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
@@ -333,6 +381,8 @@ class GraphedStep:
                 if entry is not None:
                     out = outcome.pop("_out")
                     cache.keep(sig, entry, outcome, flat.leaves)
+                    if self._kernels is not None and entry.model_call is not None and level != LOCAL_BACKWARD:
+                        self._kernels.start(sig, entry.model_call)
                     if level != WHOLE_STEP:
                         entry.whole_step_refused = whole_reason
                         self._log_once(
@@ -373,8 +423,11 @@ class GraphedStep:
         scalers: set[torch.amp.GradScaler] = set()
         grads_in = [p.grad for p in self._params]
         writes = hooks.MutationLog(watch=[g for g in grads_in if g is not None])
+        model_call = ModelCall()
         try:
             with contextlib.ExitStack() as patches:
+                if self._kernels is not None:
+                    patches.enter_context(recorded_call(self.model, model_call))
                 patches.enter_context(hooks.deferred_schedulers(schedulers))
                 patches.enter_context(hooks.watch_scalers(scalers))
                 if level == WHOLE_STEP:
@@ -420,6 +473,7 @@ class GraphedStep:
             self._cache.discard()
             return None, {"reason": self._eager_reason}
         entry = _Graph(graph, list(dict.fromkeys(schedulers)), level, deferred)
+        entry.model_call = model_call if self._kernels is not None else None
         if level == LOCAL_BACKWARD:
             ddp = cast(DdpSteps, self._ddp)
             entry.before_optimizer = [lambda: ddp.average_gradients(self._params)]
@@ -502,6 +556,8 @@ class GraphedStep:
             "graphs": cache.rows(self._row),
             "fallbacks": fallbacks,
             "extra_state_tensors": self._extra_state,
+            # kernels="compiled": per batch signature, Inductor's program compiling, swapped in, or why eager's stay
+            "compiled_kernels": None if self._kernels is None else self._kernels.info(),
         }
 
 
@@ -542,6 +598,7 @@ def graphed_step(
     capture_after: int = 3,
     max_graphs: int = 8,
     verify: VerifyMode = "on",
+    kernels: KernelsMode = "eager",
 ) -> GraphedStep | Callable[[Callable[..., Any]], GraphedStep]:
     """Capture the whole training step ``fn(*batch)``; also usable as ``@graphed_step(model=..., optimizer=...)``.
 
@@ -551,6 +608,10 @@ def graphed_step(
     verify="on" | "strict" | "off": each graph is proven against an eager step from the same state (bit-identical,
         or within 4x eager's own run-to-run difference where the backward is non-deterministic); "strict" demands
         bit identity; "off" skips the proof (unsafe).
+    kernels="eager" | "compiled": the step graphs replay eager's kernels; or (``"compiled"``) they do until
+        Inductor's forward and backward of the model, compiled beside the steps in another process, is proven as
+        accurate as eager (against float64) and faster, then the step graph over it replays (optimizer and the rest
+        of the step as before). Not under DistributedDataParallel.
     """
 
     def make(f: Callable[..., Any]) -> GraphedStep:
@@ -562,6 +623,7 @@ def graphed_step(
             capture_after=capture_after,
             max_graphs=max_graphs,
             verify=verify,
+            kernels=kernels,
         )
 
     if fn is None:

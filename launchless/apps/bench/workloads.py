@@ -43,7 +43,7 @@ _ALL = [
     BenchWorkload(
         "tv:fasterrcnn_mobilenet_v3_large_fpn", "tv:fasterrcnn_mobilenet_v3_large_fpn", suites=(STANDARD, COMPILER)
     ),
-    BenchWorkload("train:resnet18", "timm:resnet18", kind="training", suites=(QUICK, STANDARD, TRAINING)),
+    BenchWorkload("train:resnet18", "timm:resnet18", kind="training", suites=(QUICK, STANDARD, TRAINING, KERNELS)),
     BenchWorkload("train:mobilenetv3_small_100", "timm:mobilenetv3_small_100", kind="training", suites=()),
     BenchWorkload("train:resnet50@b8", "timm:resnet50", kind="training", batch=8, suites=()),
     BenchWorkload(
