@@ -80,3 +80,26 @@ def test_a_training_program_is_proven_on_outputs_gradients_and_statistics_and_a_
     skewed.training = True  # type: ignore[attr-defined]
     report = training_accuracy(model, skewed, call)  # type: ignore[arg-type]
     assert not report.passed and "error against float64" in report.detail
+
+
+def test_graphed_step_takes_the_kernels_option_and_a_cpu_run_says_it_trains_eager() -> None:
+    import launchless as ll
+    from launchless.errors import ConfigError
+
+    model = Net().train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    with pytest.raises(ConfigError, match=r"kernels='fast' is not accepted; use 'eager' .*'compiled'"):
+        ll.graphed_step(step, model=model, optimizer=opt, kernels="fast")  # type: ignore[arg-type]
+    graphed = ll.graphed_step(step, model=model, optimizer=opt, kernels="compiled")
+    for _ in range(4):
+        graphed(torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3]))
+    info = graphed.graph_info()
+    assert info["level"] == "eager" and info["compiled_kernels"] == []  # nothing captured: nothing compiled
