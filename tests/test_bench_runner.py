@@ -331,9 +331,12 @@ def test_a_mode_that_changes_while_it_runs_is_called_until_it_decides(monkeypatc
     assert row["kernels"] == "compiled" and row["compile_s"] == 1.5
     assert calls["n"] == 40 + measure.AFTER_SETTLED
     assert row["during_compile_ms"] >= 2.0 and 0 < row["swap_s"] < row["timeline"][-1][0]
-    assert len(row["timeline"]) == calls["n"] + 1  # the first call, then every later one
+    assert len(row["timeline"]) == calls["n"] + 1 and row["early_calls"] == calls["n"]  # the first call, then these
     undecided = measure.early_calls(modes.Prepared(call), time.perf_counter())
-    assert set(undecided) == {"timeline"} and len(undecided["timeline"]) == measure.EARLY_CALLS + 1
+    assert set(undecided) == {"timeline", "early_calls"} and len(undecided["timeline"]) == measure.EARLY_CALLS + 1
+    began = time.perf_counter()  # a training step's calls pause after each (fewer steps for eager to repeat)
+    paused = measure.early_calls(modes.Prepared(call), began, pause_s=0.01)
+    assert time.perf_counter() - began >= paused["early_calls"] * 0.01
 
 
 def test_a_long_timeline_keeps_the_first_call_and_the_median_of_each_span() -> None:

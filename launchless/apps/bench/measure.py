@@ -24,6 +24,7 @@ EARLY_CALLS = 30  # calls after the first whose latency is recorded against wall
 SETTLE_S = 240.0  # how long a mode that changes while it runs (compiled kernels) is called until it decides
 AFTER_SETTLED = 30  # calls recorded after it decided
 TIMELINE_POINTS = 300  # a longer timeline is kept as the median of each of this many spans of time
+TRAINING_PAUSE_S = 0.02  # between a training step's early calls: fewer steps for the eager reference to repeat
 
 
 def kernel_floor_ms(call: Any, calls: int = PROFILE_CALLS) -> float | None:
@@ -56,12 +57,13 @@ def clone_outputs(tree: Any) -> Any:
     return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, tree)
 
 
-def early_calls(prepared: modes.Prepared, start: float) -> dict:
+def early_calls(prepared: modes.Prepared, start: float, *, pause_s: float = 0.0) -> dict:
     """The calls after the first, each waited for, as (seconds since the first call began, ms): ``EARLY_CALLS`` of
     them, or for a mode that changes while it runs, until it decides (at most ``SETTLE_S``) and ``AFTER_SETTLED``
     more. Such a mode's row adds when it decided (``swap_s``), its calls' median latency until then
     (``during_compile_ms``) and what it decided (``kernels``, ``kernels_reason``, ``compile_s``, and the
-    compiler's ``compile_phases``)."""
+    compiler's ``compile_phases``). ``pause_s``: idle time after each call (training steps, each of which the
+    correctness check repeats eager); ``early_calls`` counts the calls made."""
     points: list[tuple[float, float]] = [(0.0, (time.perf_counter() - start) * 1e3)]  # the first call
     decided: dict | None = None
     decided_at = after = 0
@@ -70,6 +72,8 @@ def early_calls(prepared: modes.Prepared, start: float) -> dict:
         prepared.call()
         torch.cuda.synchronize()
         points.append((began - start, (time.perf_counter() - began) * 1e3))
+        if pause_s:
+            time.sleep(pause_s)
         if prepared.settled is None:
             if len(points) > EARLY_CALLS:
                 break
@@ -83,7 +87,7 @@ def early_calls(prepared: modes.Prepared, start: float) -> dict:
             after += 1
             if after >= AFTER_SETTLED:
                 break
-    row: dict[str, Any] = {"timeline": thinned(points)}
+    row: dict[str, Any] = {"timeline": thinned(points), "early_calls": len(points) - 1}
     if prepared.settled is not None:
         during = (
             sorted(ms for _, ms in points[1:decided_at]) if decided is not None else sorted(ms for _, ms in points[1:])
@@ -134,8 +138,10 @@ def measure(w: BenchWorkload, mode: str, iters: int) -> dict:
         prepared.call()
         torch.cuda.synchronize()
         row["first_call_ms"] = (time.perf_counter() - start) * 1e3
-        if w.kind == "inference":  # a training step's calls change its state: the correctness check counts them
+        if w.kind == "inference":
             row.update(early_calls(prepared, start))
+        elif prepared.settled is not None:  # a training step that changes while it runs: the check counts its steps
+            row.update(early_calls(prepared, start, pause_s=TRAINING_PAUSE_S))
         output = clone_outputs(prepared.call())
         timing = cuda_time(prepared.call, warmup=5, iters=iters)
         row.update(median_ms=timing.median_ms, min_ms=timing.min_ms, calls=timing.calls)
@@ -150,5 +156,6 @@ def measure(w: BenchWorkload, mode: str, iters: int) -> dict:
             {"status": "reference", "max_abs_diff": 0.0} if mode == "eager" else compare_outputs(reference, output)
         )
     else:
-        row["correctness"] = compare_outputs(training.eager_loss_after(w, prepared.steps_in_prepare + 2), output)
+        steps = prepared.steps_in_prepare + 2 + row.get("early_calls", 0)  # the first call, early ones, this one
+        row["correctness"] = compare_outputs(training.eager_loss_after(w, steps), output)
     return row
