@@ -341,3 +341,24 @@ def test_a_spare_dropped_unused_ends_its_process() -> None:
 
     gc.collect()
     assert child.wait(30) != 0  # ended, not finished
+
+
+def test_the_spare_sees_a_job_waiting_even_when_it_came_with_the_warm_up_line() -> None:
+    """Both lines in the pipe at once (the job came before the spare read its warm-up line): the job is seen waiting,
+    so the spare stops warming up and compiles at once; the end of the input ends it."""
+    read, write = os.pipe()
+    try:
+        lines = compiled_programs._Lines(read)
+        assert not lines.waiting()
+        os.write(write, b'{"path": [], "modules": []}\n["sent", "program", "1.0"]\n')
+        assert lines.read() == '{"path": [], "modules": []}'
+        assert lines.waiting()  # held from the same read: a buffered reader would hide it from select
+        assert json.loads(lines.read()) == ["sent", "program", "1.0"]
+        assert not lines.waiting()
+        os.close(write)
+        write = -1
+        assert lines.waiting() and lines.read() == ""  # the end of the input
+    finally:
+        os.close(read)
+        if write >= 0:
+            os.close(write)

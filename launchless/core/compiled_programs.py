@@ -34,12 +34,14 @@ import io
 import json
 import os
 import pickle
+import select
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -251,23 +253,63 @@ def _end_waiting(child: subprocess.Popen) -> None:
         child.wait()
 
 
+class _Lines:
+    """Lines of the standard input read straight off its file descriptor, so that whether one is waiting can be
+    asked without blocking (Python's buffered reader may hold a line that ``select`` no longer sees)."""
+
+    def __init__(self, fd: int = 0) -> None:
+        self._fd, self._held = fd, b""
+
+    def waiting(self) -> bool:
+        if b"\n" in self._held:
+            return True
+        ready, _, _ = select.select([self._fd], [], [], 0)
+        return bool(ready)
+
+    def read(self) -> str:
+        while b"\n" not in self._held:
+            chunk = os.read(self._fd, 65536)
+            if not chunk:  # the end of the input: what is held is the last line
+                line, self._held = self._held, b""
+                return line.decode()
+            self._held += chunk
+        line, _, self._held = self._held.partition(b"\n")
+        return line.decode()
+
+
+def _warm_steps(modules: list[str]) -> list[Callable[[], Any]]:
+    """What a compile will load, in the order it needs it: the GPU's context, the model's modules, Inductor, and
+    Inductor's compile workers (started, not waited for)."""
+
+    def gpu() -> None:
+        if torch.cuda.is_available():
+            torch.cuda.init()
+
+    def workers() -> None:
+        from torch._inductor.async_compile import AsyncCompile
+
+        AsyncCompile.warm_pool()
+        AsyncCompile.use_process_pool()  # the workers start; the compile finds them ready or starting
+
+    imports = [functools.partial(importlib.import_module, module) for module in modules]
+    return [gpu, *imports, functools.partial(importlib.import_module, "torch._inductor.compile_fx"), workers]
+
+
 def _serve_as_spare() -> None:
-    """The spare's side: load what the job will need, then wait for it (or for the end of the input)."""
-    warm = json.loads(sys.stdin.readline() or "null")
+    """The spare's side: load what the job will need, step by step, until the job comes (a job that comes early
+    starts at once: what is not loaded yet, the compile loads as it would have), then compile it; nothing if the
+    input ends first."""
+    lines = _Lines()
+    warm = json.loads(lines.read() or "null")
     if warm is None:
         return
     sys.path[:] = warm["path"]
-    for module in warm["modules"]:
-        with contextlib.suppress(Exception):  # a module that fails to import fails the job, with its own error
-            importlib.import_module(module)
-    with contextlib.suppress(Exception):
-        if torch.cuda.is_available():
-            torch.cuda.init()
-        importlib.import_module("torch._inductor.compile_fx")  # Inductor itself: seconds of imports
-        from torch._inductor.async_compile import AsyncCompile
-
-        AsyncCompile.warm_pool()  # its compile workers
-    line = sys.stdin.readline()
+    for step in _warm_steps(warm["modules"]):
+        if lines.waiting():
+            break
+        with contextlib.suppress(Exception):  # what fails here fails the compile, with its own error
+            step()
+    line = lines.read()
     if line:
         sent, program, started = json.loads(line)
         _compile(sent, program, float(started))
