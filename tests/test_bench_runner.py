@@ -188,6 +188,7 @@ def test_merge_partial_runs(tmp_path) -> None:
     assert (tmp_path / "merged" / "bench.md").read_text().count("`train:resnet18`") >= 1
     assert merged["environment"]["wall_s"] == 201.0  # the run's time is the sum of its parts
     assert "run took 201 s" in (tmp_path / "merged" / "bench.md").read_text()
+    assert "merged from 2 runs (part0, part1)" in (tmp_path / "merged" / "bench.md").read_text()
     other = dict(full, environment=dict(full["environment"], gpu="Other GPU"))
     halves[1].write_text(json.dumps(other))
     with pytest.raises(ValueError, match="different GPUs"):

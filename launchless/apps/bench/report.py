@@ -76,6 +76,9 @@ def header_line(environment: Mapping[str, Any]) -> str:
         parts.append(f"run took {float(environment['wall_s']):.0f} s")
     if environment.get("gpus_at_once"):
         parts.append(f"workloads dealt over {environment['gpus_at_once']} GPUs run at once (CPU cores split)")
+    merged = environment.get("merged_from") or []
+    if len(merged) > 1:  # each workload's modes ran side by side in one of these runs; the date is the first's
+        parts.append(f"merged from {len(merged)} runs ({', '.join(Path(str(m)).stem for m in merged)})")
     return " · ".join(parts)
 
 
