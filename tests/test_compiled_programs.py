@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from launchless.core import compiled_programs
+from launchless.core import compiled_programs, compiler_process
 from launchless.core.compiled_programs import JobState, cache_dir, compile_in_background, program_key
 
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="Inductor's CPU kernels need a C++ compiler")
@@ -302,10 +302,10 @@ def test_a_training_program_is_differentiated_by_autograd_and_updates_the_runnin
 def test_the_operations_that_draw_random_numbers_are_named() -> None:
     exported = torch.export.export(Dropping().train(), (torch.randn(2, 4),), strict=False)
     assert any(
-        "dropout" in name or "bernoulli" in name for name in compiled_programs.random_operations(exported.graph_module)
+        "dropout" in name or "bernoulli" in name for name in compiler_process.random_operations(exported.graph_module)
     )
     quiet = torch.export.export(Dropping().eval(), (torch.randn(2, 4),), strict=False)
-    assert compiled_programs.random_operations(quiet.graph_module) == []
+    assert compiler_process.random_operations(quiet.graph_module) == []
 
 
 @needs_compiler
@@ -348,7 +348,7 @@ def test_the_spare_sees_a_job_waiting_even_when_it_came_with_the_warm_up_line() 
     so the spare stops warming up and compiles at once; the end of the input ends it."""
     read, write = os.pipe()
     try:
-        lines = compiled_programs._Lines(read)
+        lines = compiler_process._Lines(read)
         assert not lines.waiting()
         os.write(write, b'{"path": [], "modules": []}\n["sent", "program", "1.0"]\n')
         assert lines.read() == '{"path": [], "modules": []}'

@@ -1,0 +1,183 @@
+"""The compiler process's side of ``core.compiled_programs``: the model's structure in, an Inductor program and its
+plan out.
+
+The calls' process starts this module (``python -m launchless.core.compiler_process``) with a job -- the pickled
+structure, where to write the program, when it was started -- or as a spare (``--spare``) that loads what a compile
+needs while the calls warm up and then waits for its job on its standard input. Nothing here runs in the calls'
+process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import json
+import os
+import pickle
+import select
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .compiled_programs import SPARE, _attribute, plan_of
+
+
+class _Lines:
+    """Lines of the standard input read straight off its file descriptor, so that whether one is waiting can be
+    asked without blocking (Python's buffered reader may hold a line that ``select`` no longer sees)."""
+
+    def __init__(self, fd: int = 0) -> None:
+        self._fd, self._held = fd, b""
+
+    def waiting(self) -> bool:
+        if b"\n" in self._held:
+            return True
+        ready, _, _ = select.select([self._fd], [], [], 0)
+        return bool(ready)
+
+    def read(self) -> str:
+        while b"\n" not in self._held:
+            chunk = os.read(self._fd, 65536)
+            if not chunk:  # the end of the input: what is held is the last line
+                line, self._held = self._held, b""
+                return line.decode()
+            self._held += chunk
+        line, _, self._held = self._held.partition(b"\n")
+        return line.decode()
+
+
+def _warm_steps(modules: list[str]) -> list[Callable[[], Any]]:
+    """What a compile will load, in the order it needs it: the GPU's context, the model's modules, Inductor, and
+    Inductor's compile workers (started, not waited for)."""
+
+    def gpu() -> None:
+        if torch.cuda.is_available():
+            torch.cuda.init()
+
+    def workers() -> None:
+        from torch._inductor.async_compile import AsyncCompile
+
+        AsyncCompile.warm_pool()
+        AsyncCompile.use_process_pool()  # the workers start; the compile finds them ready or starting
+
+    imports = [functools.partial(importlib.import_module, module) for module in modules]
+    return [gpu, *imports, functools.partial(importlib.import_module, "torch._inductor.compile_fx"), workers]
+
+
+def serve_as_spare() -> None:
+    """The spare's side: load what the job will need, step by step, until the job comes (a job that comes early
+    starts at once: what is not loaded yet, the compile loads as it would have), then compile it; nothing if the
+    input ends first."""
+    lines = _Lines()
+    warm = json.loads(lines.read() or "null")
+    if warm is None:
+        return
+    sys.path[:] = warm["path"]
+    for step in _warm_steps(warm["modules"]):
+        if lines.waiting():
+            break
+        with contextlib.suppress(Exception):  # what fails here fails the compile, with its own error
+            step()
+    line = lines.read()
+    if line:
+        sent, program, started = json.loads(line)
+        compile_program(sent, program, float(started))
+
+
+def random_operations(graph_module: torch.fx.GraphModule) -> list[str]:
+    """The operations of ``graph_module`` that draw random numbers (PyTorch tags them ``nondeterministic_seeded``;
+    a dropout told ``train=False`` draws none)."""
+    found = set()
+    for node in graph_module.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or torch.Tag.nondeterministic_seeded not in getattr(target, "tags", ()):
+            continue
+        arguments = [argument.name for argument in target._schema.arguments]
+        if "train" in arguments:
+            index = arguments.index("train")
+            train = node.args[index] if index < len(node.args) else node.kwargs.get("train", True)
+            if train is False:
+                continue
+        found.add(str(target))
+    return sorted(found)
+
+
+def compile_program(sent: str, program: str, started: float) -> None:
+    """The child process: the model's structure in, the compiled program and its plan out. An inference program is
+    exported and compiled under ``no_grad``; a training program with autograd on, so that Inductor compiles its
+    backward too (AOTAutograd's forward and backward, called through autograd as the model is). Every weight is an
+    input of the program, none a constant of its code. The plan names the operations that draw random numbers
+    (dropout in training): Inductor draws them otherwise than eager. ``started``: the wall time the parent started
+    it at; the plan keeps the seconds of each phase."""
+    from torch.export.graph_signature import ConstantArgument, InputKind
+
+    phases = {"start": time.time() - started}  # the interpreter and torch imported
+    mark = time.perf_counter()
+
+    def phase(name: str) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        phases[name] = now - mark
+        mark = now
+
+    search_path, structure, training = pickle.loads(Path(sent).read_bytes())
+    sys.path[:] = search_path  # the model's classes are imported from where the calls' process found them
+    model, args, kwargs = pickle.loads(structure)
+    phase("build")
+    grad_mode = torch.enable_grad if training else torch.no_grad
+    with grad_mode():
+        exported = torch.export.export(model, args, kwargs, strict=False)
+    phase("export")
+    flat = pytree.tree_leaves((args, kwargs))
+    graph_module = exported.graph_module
+    placeholders = {node.name: node for node in graph_module.graph.nodes if node.op == "placeholder"}
+    inputs: list[list[Any]] = []
+    examples: list[Any] = []
+    user = 0
+    for spec in exported.graph_signature.input_specs:
+        node = placeholders[spec.arg.name]
+        if spec.kind is InputKind.USER_INPUT and isinstance(spec.arg, ConstantArgument) and not node.users:
+            # a flag or a number of the call, specialized into the code (the signature holds its value): no input
+            # of the program (Inductor takes no booleans)
+            graph_module.graph.erase_node(node)
+            user += 1
+        elif spec.kind is InputKind.USER_INPUT:
+            inputs.append(["input", user])
+            examples.append(flat[user])
+            user += 1
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            inputs.append(["tensor", spec.target])
+            examples.append(_attribute(model, str(spec.target)))
+        else:
+            raise TypeError(
+                f"the exported forward takes a {spec.kind.name.lower()} input ({spec.target}), which a "
+                "compiled program is not given"
+            )
+    graph_module.recompile()
+    with grad_mode():
+        compiled = torch._inductor.standalone_compile(graph_module, examples, dynamic_shapes="from_example_inputs")
+    phase("compile")
+    compiled.save(path=program, format="binary")
+    phase("save")
+    plan = {
+        "inputs": inputs,
+        "in_spec": pytree.treespec_dumps(exported.call_spec.in_spec),
+        "out_spec": pytree.treespec_dumps(exported.call_spec.out_spec),
+        "phases": {name: round(seconds, 3) for name, seconds in phases.items()},
+        "training": training,
+        "random": random_operations(exported.graph_module),
+    }
+    plan_of(Path(program)).write_text(json.dumps(plan))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == [SPARE]:
+        serve_as_spare()
+    else:
+        compile_program(sys.argv[1], sys.argv[2], float(sys.argv[3]))
