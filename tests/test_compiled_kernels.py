@@ -17,8 +17,9 @@ from torch import nn
 
 import launchless.runtime.compiled_kernels as compiled_kernels
 from launchless.core.cache import GraphCache
+from launchless.core.kernel_swaps import KernelState
 from launchless.core.signature import flatten_inputs, signature_of
-from launchless.runtime.compiled_kernels import CompiledKernels, KernelState
+from launchless.runtime.compiled_kernels import CompiledKernels
 from launchless.timing import SpeedVerdict
 
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="Inductor's CPU kernels need a C++ compiler")

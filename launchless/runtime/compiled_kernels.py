@@ -19,7 +19,6 @@ no program is ever swapped in onto weights it was not loaded with.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -29,47 +28,15 @@ from typing import Any, cast
 import torch
 
 from ..core import capture as _capture
-from ..core.accuracy import AccuracyReport, allowed_float32_precision, as_accurate_as_eager, float64_copy, widened
+from ..core.accuracy import allowed_float32_precision, as_accurate_as_eager, float64_copy, widened
 from ..core.cache import GraphCache
-from ..core.compiled_programs import CompileJob, JobState, SpareCompiler, compile_in_background
+from ..core.compiled_programs import JobState, SpareCompiler, compile_in_background
+from ..core.kernel_swaps import KernelDecision, KernelState
 from ..core.signature import FlatInputs, Signature
-from ..core.status import Label
 from ..core.verify import make_probes, verify
 from ..errors import one_line
 from ..timing import SpeedVerdict, judge_speed
 from .split import copies
-
-
-class KernelState(Label):
-    """Where the compiled kernels of one signature stand."""
-
-    COMPILING = "compiling"  # the child process compiles; the eager-kernel graph replays
-    SWAPPED = "compiled"  # the compiled program's graph replays
-    KEPT_EAGER = "eager"  # the program failed, is not as accurate as eager or not faster: eager kernels stay
-    CANCELLED = "cancelled"  # the graphs were dropped while compiling
-
-
-@dataclasses.dataclass
-class _Entry:
-    job: CompileJob
-    started: float  # perf_counter when the compile was started
-    state: KernelState = KernelState.COMPILING
-    reason: str = ""
-    swap_s: float | None = None  # from the start of the compile to the swap
-    accuracy: AccuracyReport | None = None
-    speed: SpeedVerdict | None = None
-
-    def row(self, signature: str) -> dict[str, Any]:
-        return {
-            "signature": signature,
-            "kernels": str(self.state),
-            "reason": self.reason,
-            "compile_s": round(self.job.seconds, 2) if self.job.seconds else None,
-            "compile_phases": dict(self.job.phases),  # the compiler process's seconds: start, build, export, ...
-            "swap_s": None if self.swap_s is None else round(self.swap_s, 2),
-            "accuracy": None if self.accuracy is None else self.accuracy.as_dict(),
-            "speed": None if self.speed is None else self.speed.row(),
-        }
 
 
 class CompiledKernels:
@@ -90,7 +57,7 @@ class CompiledKernels:
         self._spare: SpareCompiler | None = SpareCompiler(
             model
         )  # loads while the calls warm up; the first compile takes it
-        self._entries: dict[Signature, _Entry] = {}
+        self._entries: dict[Signature, KernelDecision] = {}
         self.pending = 0
         self._swapping = threading.Lock()  # one swap at a time: threads calling at once swap once
 
@@ -104,7 +71,7 @@ class CompiledKernels:
         args, kwargs = flat.rebuild(flat.leaves)
         job = compile_in_background(model, args, kwargs, signature=sig.describe(), spare=self._spare)
         self._spare = None  # taken (or not needed: the program was on disk)
-        self._entries[sig] = _Entry(job, started=time.perf_counter())
+        self._entries[sig] = KernelDecision(job, started=time.perf_counter())
         self.pending += 1
 
     def swap(
@@ -112,7 +79,7 @@ class CompiledKernels:
     ) -> _capture.CapturedGraph:
         """The graph to replay for this call: the compiled program's, once ready and proven, else ``graph``."""
         entry = self._entries.get(sig)
-        if entry is None or entry.state is not KernelState.COMPILING or not entry.job.done:
+        if entry is None or entry.state is not KernelState.COMPILING or not entry.compile.done:
             return graph
         if not self._swapping.acquire(blocking=False):  # another thread swaps it: this call replays what is held
             return graph
@@ -124,11 +91,16 @@ class CompiledKernels:
             self._swapping.release()
 
     def _decide(
-        self, sig: Signature, entry: _Entry, flat: FlatInputs, graph: _capture.CapturedGraph, model: torch.nn.Module
+        self,
+        sig: Signature,
+        entry: KernelDecision,
+        flat: FlatInputs,
+        graph: _capture.CapturedGraph,
+        model: torch.nn.Module,
     ) -> _capture.CapturedGraph:
         self.pending -= 1
-        if entry.job.state is not JobState.READY:
-            return self._keep_eager(sig, entry, f"the compile {entry.job.state}: {entry.job.reason}", graph)
+        if entry.compile.state is not JobState.READY:
+            return self._keep_eager(sig, entry, f"the compile {entry.compile.state}: {entry.compile.reason}", graph)
         try:
             compiled = self._proven(sig, entry, flat, graph, model)
         except Exception as exc:  # loading, capturing or proving the program failed: the calls never see it
@@ -143,15 +115,20 @@ class CompiledKernels:
             logging.INFO,
             f"launchless: {self.name} {sig.describe()} replays Inductor's compiled kernels from now on "
             f"({speed.candidate_ms:.3f} ms against {speed.eager_ms:.3f} ms a call with eager's kernels; compiled in "
-            f"{entry.job.seconds:.1f} s beside the calls; as accurate as eager against float64)",
+            f"{entry.compile.seconds:.1f} s beside the calls; as accurate as eager against float64)",
         )
         return compiled
 
     def _proven(
-        self, sig: Signature, entry: _Entry, flat: FlatInputs, graph: _capture.CapturedGraph, model: torch.nn.Module
+        self,
+        sig: Signature,
+        entry: KernelDecision,
+        flat: FlatInputs,
+        graph: _capture.CapturedGraph,
+        model: torch.nn.Module,
     ) -> _capture.CapturedGraph | str:
         """The program's graph, captured and proven; or why it is not used."""
-        program = entry.job.load(model)
+        program = entry.compile.load(model)
         tensors = [x for x in flat.leaves if isinstance(x, torch.Tensor)]
         device = next((x.device for x in tensors if x.is_cuda), tensors[0].device)
         with self.cache.capturing(sig) as pool:
@@ -188,7 +165,7 @@ class CompiledKernels:
         return compiled
 
     def _keep_eager(
-        self, sig: Signature, entry: _Entry, why: str, graph: _capture.CapturedGraph
+        self, sig: Signature, entry: KernelDecision, why: str, graph: _capture.CapturedGraph
     ) -> _capture.CapturedGraph:
         entry.state, entry.reason = KernelState.KEPT_EAGER, why
         self.cache.discard()
@@ -204,7 +181,7 @@ class CompiledKernels:
         the next captures start again (a finished program is found on disk)."""
         for entry in self._entries.values():
             if entry.state is KernelState.COMPILING:
-                entry.job.cancel(why)
+                entry.compile.cancel(why)
         self._entries.clear()
         self.pending = 0
 
@@ -212,4 +189,4 @@ class CompiledKernels:
         return [entry.row(describe(sig)) for sig, entry in self._entries.items()]
 
 
-__all__ = ["CompiledKernels", "KernelState"]
+__all__ = ["CompiledKernels"]

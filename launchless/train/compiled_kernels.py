@@ -41,22 +41,13 @@ from ..core.accuracy import (
     float64_copy,
     widened,
 )
-from ..core.compiled_programs import CompiledProgram, CompileJob, JobState, SpareCompiler, compile_in_background
+from ..core.compiled_programs import CompiledProgram, JobState, SpareCompiler, compile_in_background
+from ..core.kernel_swaps import KernelDecision, KernelState
 from ..core.signature import Signature
-from ..core.status import Label
 from ..errors import one_line
 from ..timing import SpeedVerdict
 
 log = logging.getLogger("launchless")
-
-
-class StepKernelState(Label):
-    """Where the compiled kernels of one batch signature's step stand."""
-
-    COMPILING = "compiling"  # the child process compiles the model's training program; eager kernels replay
-    SWAPPED = "compiled"  # the step graph over the compiled program replays
-    KEPT_EAGER = "eager"  # failed, not as accurate as eager, not faster, or not usable: eager kernels stay
-    CANCELLED = "cancelled"  # the step graphs were dropped while compiling
 
 
 @dataclasses.dataclass
@@ -106,27 +97,8 @@ def forward_replaced(model: torch.nn.Module, program: CompiledProgram) -> Iterat
 
 
 @dataclasses.dataclass
-class _Entry:
-    job: CompileJob | None  # None: decided before a compile was started
-    call: ModelCall
-    started: float
-    state: StepKernelState = StepKernelState.COMPILING
-    reason: str = ""
-    swap_s: float | None = None
-    accuracy: AccuracyReport | None = None
-    speed: SpeedVerdict | None = None
-
-    def row(self, signature: str) -> dict[str, Any]:
-        return {
-            "signature": signature,
-            "kernels": str(self.state),
-            "reason": self.reason,
-            "compile_s": round(self.job.seconds, 2) if self.job and self.job.seconds else None,
-            "compile_phases": dict(self.job.phases) if self.job else {},
-            "swap_s": None if self.swap_s is None else round(self.swap_s, 2),
-            "accuracy": None if self.accuracy is None else self.accuracy.as_dict(),
-            "speed": None if self.speed is None else self.speed.row(),
-        }
+class _Entry(KernelDecision):
+    call: ModelCall = dataclasses.field(default_factory=ModelCall)  # the model's call the program stands for
 
 
 class StepKernels:
@@ -148,22 +120,20 @@ class StepKernels:
             return
         why = call.refusal()
         if why is not None:
-            self._entries[sig] = _Entry(None, call, time.perf_counter(), StepKernelState.KEPT_EAGER, why)
+            self._entries[sig] = _Entry(None, time.perf_counter(), KernelState.KEPT_EAGER, why, call=call)
             return
         job = compile_in_background(
             self.model, call.args, call.kwargs, signature=f"{sig.describe()} {_call_signature(call)}", training=True,
             spare=self._spare,
         )  # fmt: skip
         self._spare = None
-        self._entries[sig] = _Entry(job, call, started=time.perf_counter())
+        self._entries[sig] = _Entry(job, started=time.perf_counter(), call=call)
         self.pending += 1
 
     def ready(self, sig: Signature) -> bool:
         """Whether ``sig``'s program has finished compiling and is not decided yet: a flag read, per step."""
         entry = self._entries.get(sig)
-        return (
-            entry is not None and entry.state is StepKernelState.COMPILING and entry.job is not None and entry.job.done
-        )
+        return entry is not None and entry.state is KernelState.COMPILING and entry.job is not None and entry.job.done
 
     def decide(
         self,
@@ -211,7 +181,7 @@ class StepKernels:
                 )
                 return True, out
             keep(new, outcome)
-            entry.state, entry.swap_s = StepKernelState.SWAPPED, time.perf_counter() - entry.started
+            entry.state, entry.swap_s = KernelState.SWAPPED, time.perf_counter() - entry.started
             log.info(
                 "launchless: training step %s replays Inductor's compiled forward and backward from now on (%.3f ms "
                 "against %.3f ms a step with eager's kernels; compiled in %.1f s beside the steps; as accurate as "
@@ -240,13 +210,13 @@ class StepKernels:
         return None
 
     def _keep_eager(self, entry: _Entry, why: str) -> None:
-        entry.state, entry.reason = StepKernelState.KEPT_EAGER, why
+        entry.state, entry.reason = KernelState.KEPT_EAGER, why
         log.info("launchless: the training step keeps eager's kernels: %s", why)
 
     def cancel(self, why: str) -> None:
         """The step graphs were dropped: every compile in flight is ended; the next captures start again."""
         for entry in self._entries.values():
-            if entry.state is StepKernelState.COMPILING and entry.job is not None:
+            if entry.state is KernelState.COMPILING and entry.job is not None:
                 entry.job.cancel(why)
         self._entries.clear()
         self.pending = 0
@@ -308,4 +278,4 @@ def _call_signature(call: ModelCall) -> str:
     )
 
 
-__all__ = ["ModelCall", "StepKernelState", "StepKernels", "forward_replaced", "recorded_call", "training_accuracy"]
+__all__ = ["ModelCall", "StepKernels", "forward_replaced", "recorded_call", "training_accuracy"]

@@ -1,0 +1,57 @@
+"""Where one signature's compiled kernels stand on their way to a swap: the compile, the decision and why, as every
+policy that swaps Inductor's program into its graphs (``wrap``, ``graphed_step``) records and reports it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..timing import SpeedVerdict
+from .accuracy import AccuracyReport
+from .compiled_programs import CompileJob
+from .status import Label
+
+
+class KernelState(Label):
+    """Where the compiled kernels of one signature stand."""
+
+    COMPILING = "compiling"  # the child process compiles; the eager-kernel graph replays
+    SWAPPED = "compiled"  # the compiled program's graph replays
+    KEPT_EAGER = "eager"  # the program failed, is not as accurate as eager, not faster or not usable: eager's stay
+    CANCELLED = "cancelled"  # the graphs were dropped while compiling
+
+
+@dataclasses.dataclass
+class KernelDecision:
+    """One signature's compile and what was decided (``row()``: its line of ``graph_info()["compiled_kernels"]``)."""
+
+    job: CompileJob | None  # None: decided before a compile was started
+    started: float  # perf_counter when the compile was started
+    state: KernelState = KernelState.COMPILING
+    reason: str = ""
+    swap_s: float | None = None  # from the start of the compile to the swap
+    accuracy: AccuracyReport | None = None
+    speed: SpeedVerdict | None = None
+
+    @property
+    def compile(self) -> CompileJob:
+        """The compile of a decision that started one."""
+        if self.job is None:
+            raise RuntimeError(f"launchless: no compile was started ({self.reason})")
+        return self.job
+
+    def row(self, signature: str) -> dict[str, Any]:
+        job = self.job
+        return {
+            "signature": signature,
+            "kernels": str(self.state),
+            "reason": self.reason,
+            "compile_s": round(job.seconds, 2) if job is not None and job.seconds else None,
+            "compile_phases": {} if job is None else dict(job.phases),  # the compiler's seconds per phase
+            "swap_s": None if self.swap_s is None else round(self.swap_s, 2),
+            "accuracy": None if self.accuracy is None else self.accuracy.as_dict(),
+            "speed": None if self.speed is None else self.speed.row(),
+        }
+
+
+__all__ = ["KernelDecision", "KernelState"]
