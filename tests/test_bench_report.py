@@ -517,6 +517,8 @@ def test_the_compiled_kernels_section_reads_its_targets_off_the_rows(tmp_path) -
     text = report.markdown(ENV, "kernels", rows)
     assert "## Compiled kernels without the compile wait" in text
     assert "eager (the compiled program is not as accurate as eager" in text
+    rows[3] = {**rows[3], "program": "found on disk"}  # a second process: the program another one compiled
+    assert "| `timm:resnet18` | compiled (program from disk) |" in report.markdown(ENV, "kernels", rows)
     paths = report.write_all(tmp_path, ENV, "kernels", rows)
     assert paths["timeline"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "timeline" not in report.write_all(tmp_path / "quick", ENV, "quick", rows)

@@ -84,6 +84,7 @@ def test_a_proven_faster_program_replaces_the_eager_kernel_graph_between_two_cal
         swapped = s.kernels.swap(s.sig, s.flat, s.eager_graph, s.model)
     row = s.kernels.info(str)[0]
     assert row["kernels"] == "compiled", row["reason"]
+    assert row["program"] == "compiled"  # by this process's compiler
     assert swapped is not s.eager_graph and s.cache.graphs[s.sig] is swapped and s.kernels.pending == 0
     assert row["accuracy"]["passed"] and row["accuracy"]["compiled_error"] <= row["accuracy"]["bound"]
     assert row["speed"]["speedup"] == 2.0 and row["swap_s"] >= row["compile_s"] > 0
@@ -170,3 +171,4 @@ def test_a_graph_captured_again_gets_its_program_again_from_disk_and_one_thread_
         swapped = s.kernels.swap(s.sig, s.flat, again, s.model)
     assert swapped is not again and swapped is not first and s.cache.graphs[s.sig] is swapped
     assert s.kernels.info(str)[0]["kernels"] == "compiled"
+    assert s.kernels.info(str)[0]["program"] == "found on disk"  # what a second process reports

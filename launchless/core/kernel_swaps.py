@@ -8,7 +8,7 @@ from typing import Any
 
 from ..timing import SpeedVerdict
 from .accuracy import AccuracyReport
-from .compiled_programs import CompileJob
+from .compiled_programs import CompileJob, JobState
 from .status import Label
 
 
@@ -47,6 +47,8 @@ class KernelDecision:
             "kernels": str(self.state),
             "reason": self.reason,
             "compile_s": round(job.seconds, 2) if job is not None and job.seconds else None,
+            # "found on disk": another process compiled it (no compile here); "compiled": this process's child did
+            "program": None if job is None or job.state is not JobState.READY else job.reason,
             "compile_phases": {} if job is None else dict(job.phases),  # the compiler's seconds per phase
             "swap_s": None if self.swap_s is None else round(self.swap_s, 2),
             "accuracy": None if self.accuracy is None else self.accuracy.as_dict(),

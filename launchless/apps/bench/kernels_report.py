@@ -60,6 +60,7 @@ def targets(workload: str, by_key: Mapping[tuple[str, str], Row]) -> dict[str, A
         "swap_s": _ok(kernels, "swap_s"),
         "compile_s": _ok(kernels, "compile_s"),
         "kernels": None if kernels is None else kernels.get("kernels"),
+        "from_disk": kernels is not None and kernels.get("program") == "found on disk",
         "reason": None if kernels is None else kernels.get("kernels_reason"),
     }
     first_ll, first_ro = _ok(launchless, "first_call_ms"), _ok(reduce_overhead, "first_call_ms")
@@ -120,6 +121,8 @@ def markdown_lines(rows: Sequence[Row]) -> list[str]:
     for w in workloads:
         f = targets(w, by_key)
         decided = f["kernels"] or "—"
+        if f["from_disk"]:  # a second process: the program another one compiled, loaded at the first capture
+            decided += " (program from disk)"
         if f["kernels"] != "compiled" and f["reason"]:
             decided += f" ({f['reason']})"
         lines.append(
