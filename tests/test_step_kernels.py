@@ -103,3 +103,28 @@ def test_graphed_step_takes_the_kernels_option_and_a_cpu_run_says_it_trains_eage
         graphed(torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3]))
     info = graphed.graph_info()
     assert info["level"] == "eager" and info["compiled_kernels"] == []  # nothing captured: nothing compiled
+
+
+def test_a_step_that_cannot_use_a_program_keeps_eager_kernels_saying_why_and_nothing_is_compiled(tmp_path, monkeypatch):
+    from launchless.core.signature import flatten_inputs, signature_of
+    from launchless.train.compiled_kernels import StepKernels
+
+    monkeypatch.setenv("LAUNCHLESS_CACHE_DIR", str(tmp_path))
+    model = Net().train()
+    kernels = StepKernels(model)
+    x = torch.randn(2, 3, 8, 8)
+    sig = signature_of(flatten_inputs((x,), {}))
+    twice = ModelCall(args=(x,), calls=2)
+    kernels.start(sig, twice)
+    row = kernels.info()[0]
+    assert row["kernels"] == "eager" and "calls the model 2 times" in row["reason"] and row["compile_s"] is None
+    assert kernels.pending == 0 and not kernels.ready(sig)
+    other = signature_of(flatten_inputs((torch.randn(4, 3, 8, 8),), {}))
+    kernels.start(other, ModelCall(args=(torch.randn(4, 3, 8, 8),), calls=1))  # a compile starts
+    assert kernels.pending == 1
+    job = kernels._entries[other].job
+    kernels.refuse(other, "the step writes state outside the model and optimizer")
+    assert kernels.pending == 0 and kernels.info()[1]["reason"].startswith("the step writes state")
+    assert job is not None and job.wait(60).value == "cancelled"  # its compile ended with it
+    kernels.cancel("the graphs were dropped")
+    assert kernels.info() == []

@@ -195,6 +195,15 @@ class StepKernels:
         finally:
             self._swapping.release()
 
+    def refuse(self, sig: Signature, why: str) -> None:
+        """``sig``'s program is not tried: the step keeps eager's kernels, saying why."""
+        entry = self._entries[sig]
+        if entry.state is KernelState.COMPILING:
+            self.pending -= 1
+            if entry.job is not None:
+                entry.job.cancel(why)  # its compile, if still running, is not wanted
+        self._keep_eager(entry, why)
+
     def _unusable(self, entry: _Entry, program: CompiledProgram) -> str | None:
         """Why ``program`` may not stand for the model's forward in the step (None: it may)."""
         if not program.training:

@@ -223,6 +223,15 @@ class GraphedStep:
         timed against ``entry`` (the training state put back after) and kept if faster (``StepKernels.decide``).
         Returns whether this step was applied, and its output."""
         cache = self._cache
+        if (
+            self._extra_state
+        ):  # an EMA of the weights, say: the timing replays would change it, and no snapshot knows it
+            kernels.refuse(
+                sig,
+                "the step writes state outside the model and optimizer, which the replays that time the compiled "
+                "kernels would change",
+            )
+            return False, None
 
         def capture() -> tuple[_Graph, dict] | None:
             with cache.capturing(sig):
@@ -230,7 +239,10 @@ class GraphedStep:
             return None if new is None else (new, outcome)
 
         def time_both(new: _Graph) -> SpeedVerdict:
-            state = Snapshot(state_tensors(self.model, self.optimizer), device=self._device(), params=self._params)
+            scaler = hooks.scaler_tensors(self.scaler) if self.scaler is not None else []
+            state = Snapshot(
+                [*state_tensors(self.model, self.optimizer), *scaler], device=self._device(), params=self._params
+            )
             try:  # raw replays: no scheduler steps, no deferred calls; the state they trained goes back after
                 return judge_speed(
                     lambda: entry.graph.replay_cloned(flat.leaves), lambda: new.graph.replay_cloned(flat.leaves)
