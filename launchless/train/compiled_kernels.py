@@ -123,9 +123,13 @@ class StepKernels:
             self._entries[sig] = _Entry(None, time.perf_counter(), KernelState.KEPT_EAGER, why, call=call)
             return
         job = compile_in_background(
-            self.model, call.args, call.kwargs, signature=f"{sig.describe()} {_call_signature(call)}", training=True,
+            self.model,
+            call.args,
+            call.kwargs,
+            signature=f"{sig.describe()} {_call_signature(call)}",
+            training=True,
             spare=self._spare,
-        )  # fmt: skip
+        )
         self._spare = None
         self._entries[sig] = _Entry(job, started=time.perf_counter(), call=call)
         self.pending += 1
@@ -139,13 +143,14 @@ class StepKernels:
         self,
         sig: Signature,
         *,
-        capture: Callable[[], tuple[Any, dict] | None],
+        capture: Callable[[], tuple[Any | None, dict]],
         time_both: Callable[[Any], SpeedVerdict],
         keep: Callable[[Any, dict], None],
         drop: Callable[[Any], None],
     ) -> tuple[bool, Any]:
         """Prove ``sig``'s program and swap it in. ``capture()`` captures the step with the model's forward replaced
-        (it applies this step's batch, as a capturing step does) and returns (graph entry, outcome) or None;
+        (it applies this step's batch, as a capturing step does) and returns the graph entry (None where it failed,
+        the step not applied) and the outcome (its ``reason`` where it failed);
         ``time_both(new)`` times it against the eager-kernel graph, the training state put back after; ``keep`` and
         ``drop`` keep or free the new graph. Returns (whether this step was applied, its output)."""
         entry = self._entries[sig]
@@ -167,11 +172,10 @@ class StepKernels:
                 self._keep_eager(entry, why)
                 return False, None
             with forward_replaced(self.model, program):
-                captured = capture()
-            if captured is None:
-                self._keep_eager(entry, "the step over the compiled program could not be captured or verified")
+                new, outcome = capture()
+            if new is None:
+                self._keep_eager(entry, f"the step over the compiled program: {outcome.get('reason', 'not captured')}")
                 return False, None
-            new, outcome = captured
             out = outcome.pop("_out")
             entry.speed = time_both(new)
             if not entry.speed.faster:

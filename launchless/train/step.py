@@ -233,10 +233,9 @@ class GraphedStep:
             )
             return False, None
 
-        def capture() -> tuple[_Graph, dict] | None:
+        def capture() -> tuple[_Graph | None, dict]:
             with cache.capturing(sig):
-                new, outcome = self._try_level(entry.level, flat)
-            return None if new is None else (new, outcome)
+                return self._try_level(entry.level, flat)
 
         def time_both(new: _Graph) -> SpeedVerdict:
             scaler = hooks.scaler_tensors(self.scaler) if self.scaler is not None else []
