@@ -17,8 +17,9 @@ At the first step of that signature after the program is ready, between two step
 Then it replaces that graph, with one log line; otherwise the eager-kernel graph stays and ``graph_info()`` says why.
 A program whose forward draws random numbers (dropout in training) is not used: Inductor draws them otherwise than
 eager, so nothing can prove it. A step that calls the model more than once, or under autocast, keeps eager's
-kernels (the program is one call of the model, in its own precision). Whatever drops the step graphs (a checkpoint
-resumed, parameters moved) cancels a compile in flight.
+kernels (the program is one call of the model, in its own precision), as does one that writes state outside the
+model and optimizer (an EMA: the replays that time the program would change it). Whatever drops the step graphs (a
+checkpoint resumed, parameters moved) cancels a compile in flight.
 """
 
 from __future__ import annotations
