@@ -125,6 +125,25 @@ def test_a_program_less_accurate_than_eager_is_not_used(monkeypatch, tmp_path) -
     assert row["kernels"] == "eager" and "not as accurate as eager" in row["reason"]
 
 
+@needs_compiler
+def test_a_float64_reference_that_does_not_fit_keeps_eager_kernels_saying_so(monkeypatch, tmp_path) -> None:
+    """The proof needs the forward in float64 (8 bytes a parameter while it lasts): where that copy does not fit on
+    the GPU, eager's kernels stay and the row says why; the calls go on."""
+    s = _setup(monkeypatch, tmp_path)
+
+    def too_large(model):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 56.00 GiB")
+
+    monkeypatch.setattr(compiled_kernels, "float64_copy", too_large)
+    with torch.no_grad():
+        s.kernels.start(s.sig, s.model, s.flat)
+        _until_done(s.kernels, s.sig)
+        assert s.kernels.swap(s.sig, s.flat, s.eager_graph, s.model) is s.eager_graph
+    row = s.kernels.info(str)[0]
+    assert row["kernels"] == "eager" and "OutOfMemoryError" in row["reason"] and "56.00 GiB" in row["reason"]
+    assert s.cache.graphs[s.sig] is s.eager_graph
+
+
 def test_a_compile_in_flight_is_cancelled_with_the_graphs(monkeypatch, tmp_path) -> None:
     s = _setup(monkeypatch, tmp_path)
     s.kernels.start(s.sig, s.model, s.flat)
