@@ -362,3 +362,31 @@ def test_the_spare_sees_a_job_waiting_even_when_it_came_with_the_warm_up_line() 
         os.close(read)
         if write >= 0:
             os.close(write)
+
+
+class Made(nn.Module):
+    """A forward that makes a tensor of its own (export lifts it as a constant the model does not hold)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * torch.tensor([0.5, 1.0, 2.0, 4.0])
+
+
+@needs_compiler
+def test_a_tensor_the_forward_makes_is_part_of_the_program_and_the_weights_stay_inputs(tmp_path) -> None:
+    torch.manual_seed(0)
+    model = Made().eval()
+    x = torch.randn(3, 4)
+    job = compile_in_background(model, (x,), signature="(float32[3x4]@cpu)", directory=tmp_path)
+    assert job.wait(COMPILE_S) is JobState.READY, job.reason
+    program = job.load(model)
+    inputs = json.loads(compiled_programs.plan_of(job.program).read_text())["inputs"]
+    assert ["tensor", "lin.weight"] in inputs and ["made", 0] in inputs  # the made tensor kept beside the program
+    assert compiled_programs.constants_of(job.program).exists()
+    with torch.no_grad():
+        model.lin.weight.mul_(3.0)  # the weights are still read from the model
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(program(x), model(x), rtol=1e-5, atol=1e-5)

@@ -43,6 +43,7 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -126,8 +127,10 @@ class CompileJob:
         from torch._inductor import CompiledArtifact
 
         plan = json.loads(plan_of(self.program).read_text())
+        made_path = constants_of(self.program)
+        made = torch.load(made_path, weights_only=True) if made_path.exists() else []
         compiled = CompiledArtifact.load(path=str(self.program), format="binary")
-        return CompiledProgram(compiled, plan, model)
+        return CompiledProgram(compiled, plan, model, made=made)
 
     # ---- the worker thread ----------------------------------------------------------------------------------
     def _run(
@@ -157,6 +160,8 @@ class CompileJob:
                     # whole or not at all, its plan first: a reader never sees half a program
                     self.phases = json.loads(plan_of(built).read_text()).get("phases", {})
                     os.replace(plan_of(built), plan_of(self.program))
+                    if constants_of(built).exists():
+                        os.replace(constants_of(built), constants_of(self.program))
                     os.replace(built, self.program)
                     self.state, self.reason = JobState.READY, "compiled"
         except Exception as exc:
@@ -379,7 +384,9 @@ class CompiledProgram:
     """A compiled forward, called as the model is: the call's arguments flattened as at the export, the model's
     tensors put in the places the plan gives them, the outputs rebuilt into the model's structure."""
 
-    def __init__(self, compiled: Any, plan: dict[str, Any], model: torch.nn.Module) -> None:
+    def __init__(
+        self, compiled: Any, plan: dict[str, Any], model: torch.nn.Module, *, made: Sequence[torch.Tensor] = ()
+    ) -> None:
         self.compiled = compiled
         self.training = bool(plan.get("training"))  # autograd differentiates it (Inductor's compiled backward)
         self.random_operations: list[str] = list(plan.get("random", []))  # drawn otherwise than eager draws them
@@ -389,10 +396,13 @@ class CompiledProgram:
             [None] * self.in_spec.num_leaves, self.in_spec
         )  # the export's (args, kwargs)
         self.kwarg_names = list(keywords)
-        self.slots: list[torch.Tensor | int] = []  # a model tensor, or the index of a call's flattened argument
+        self.slots: list[torch.Tensor | int] = []  # a tensor (the model's, or made), or a call argument's index
         for kind, target in plan["inputs"]:
             if kind == "input":
                 self.slots.append(int(target))
+                continue
+            if kind == "made":  # a tensor the forward makes itself, kept beside the program
+                self.slots.append(made[int(target)])
                 continue
             try:
                 tensor = _attribute(model, target)
@@ -421,6 +431,11 @@ def _attribute(model: torch.nn.Module, target: str) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise AttributeError(target)
     return value
+
+
+def constants_of(program: Path) -> Path:
+    """Beside a program: the tensors its forward makes itself (lifted by the export), where it makes any."""
+    return program.with_suffix(".constants.pt")
 
 
 def plan_of(program: Path) -> Path:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from .compiled_programs import SPARE, _attribute, plan_of
+from .compiled_programs import SPARE, _attribute, constants_of, plan_of
 
 
 class _Lines:
@@ -108,6 +108,15 @@ def random_operations(graph_module: torch.fx.GraphModule) -> list[str]:
     return sorted(found)
 
 
+def _holds(model: torch.nn.Module, spec: Any) -> bool:
+    """Whether the model holds the tensor an input spec names (a tensor attribute, not one the forward made)."""
+    try:
+        _attribute(model, str(spec.target))
+    except AttributeError:
+        return False
+    return True
+
+
 def compile_program(sent: str, program: str, started: float) -> None:
     """The child process: the model's structure in, the compiled program and its plan out. An inference program is
     exported and compiled under ``no_grad``; a training program with autograd on, so that Inductor compiles its
@@ -139,6 +148,7 @@ def compile_program(sent: str, program: str, started: float) -> None:
     placeholders = {node.name: node for node in graph_module.graph.nodes if node.op == "placeholder"}
     inputs: list[list[Any]] = []
     examples: list[Any] = []
+    made: list[torch.Tensor] = []  # tensors the forward makes, kept beside the program
     user = 0
     for spec in exported.graph_signature.input_specs:
         node = placeholders[spec.arg.name]
@@ -151,6 +161,12 @@ def compile_program(sent: str, program: str, started: float) -> None:
             inputs.append(["input", user])
             examples.append(flat[user])
             user += 1
+        elif spec.kind is InputKind.CONSTANT_TENSOR and spec.target in exported.constants and not _holds(model, spec):
+            # a tensor the forward makes itself (``torch.tensor(0.5)``, a mask of the config's sizes): not the model's,
+            # so it is kept with the program (its value does not depend on the weights)
+            inputs.append(["made", len(made)])
+            examples.append(exported.constants[spec.target])
+            made.append(exported.constants[spec.target])
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
             inputs.append(["tensor", spec.target])
             examples.append(_attribute(model, str(spec.target)))
@@ -164,6 +180,8 @@ def compile_program(sent: str, program: str, started: float) -> None:
         compiled = torch._inductor.standalone_compile(graph_module, examples, dynamic_shapes="from_example_inputs")
     phase("compile")
     compiled.save(path=program, format="binary")
+    if made:
+        torch.save(made, constants_of(Path(program)))
     phase("save")
     plan = {
         "inputs": inputs,
