@@ -390,3 +390,31 @@ def test_a_tensor_the_forward_makes_is_part_of_the_program_and_the_weights_stay_
         model.lin.weight.mul_(3.0)  # the weights are still read from the model
         x = torch.randn(3, 4)
         torch.testing.assert_close(program(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+class Holder:
+    """An object (not a module) holding a tensor the forward reads: a cache's counter, say."""
+
+    def __init__(self) -> None:
+        self.count = torch.zeros(4)
+
+
+class ReadsHeld(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.holder = Holder()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + self.holder.count
+
+
+@needs_compiler
+def test_a_tensor_held_outside_the_models_parameters_and_buffers_fails_the_compile_saying_so(tmp_path) -> None:
+    """Its value lives in the calls' process, where no plan can name it: a program with the compiler's copy of it
+    would compute with a stale value, so the compile fails with the reason (the calls keep eager's kernels)."""
+    model = ReadsHeld().eval()
+    job = compile_in_background(model, (torch.randn(2, 4),), signature="(float32[2x4]@cpu)", directory=tmp_path)
+    assert job.wait(COMPILE_S) is JobState.FAILED
+    assert "reads a tensor held outside the model's parameters and buffers" in job.reason, job.reason
+    assert not job.program.exists()

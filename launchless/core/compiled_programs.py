@@ -343,9 +343,14 @@ def _zeros_like_sent(
     else:
         storage = torch.zeros(size, dtype=dtype, device=device)
     tensor = storage.as_strided(shape, stride)
-    if parameter:
-        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
-    return tensor.requires_grad_(requires_grad)
+    rebuilt = (
+        torch.nn.Parameter(tensor, requires_grad=requires_grad) if parameter else tensor.requires_grad_(requires_grad)
+    )
+    SENT.append(rebuilt)
+    return rebuilt
+
+
+SENT: list[torch.Tensor] = []  # in the compiler process: every tensor rebuilt from the calls' process (state, not made)
 
 
 def _code_of(cls: type) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from .compiled_programs import SPARE, _attribute, constants_of, plan_of
+from .compiled_programs import SENT, SPARE, _attribute, constants_of, plan_of
 
 
 class _Lines:
@@ -149,6 +149,13 @@ def compile_program(sent: str, program: str, started: float) -> None:
     inputs: list[list[Any]] = []
     examples: list[Any] = []
     made: list[torch.Tensor] = []  # tensors the forward makes, kept beside the program
+    owned = {
+        id(t): name
+        for name, t in [
+            *model.named_parameters(remove_duplicate=False),
+            *model.named_buffers(remove_duplicate=False),
+        ]
+    }
     user = 0
     for spec in exported.graph_signature.input_specs:
         node = placeholders[spec.arg.name]
@@ -162,11 +169,21 @@ def compile_program(sent: str, program: str, started: float) -> None:
             examples.append(flat[user])
             user += 1
         elif spec.kind is InputKind.CONSTANT_TENSOR and spec.target in exported.constants and not _holds(model, spec):
+            value = exported.constants[spec.target]
+            if id(value) in owned:  # one of the model's own tensors reached by another path (a tied weight)
+                inputs.append(["tensor", owned[id(value)]])
+                examples.append(value)
+                continue
+            if any(value is t for t in SENT):  # state the calls' process holds outside the model's modules
+                raise TypeError(
+                    f"the forward reads a tensor held outside the model's parameters and buffers ({spec.target}, "
+                    "an object's attribute): a compiled program cannot follow it"
+                )
             # a tensor the forward makes itself (``torch.tensor(0.5)``, a mask of the config's sizes): not the model's,
             # so it is kept with the program (its value does not depend on the weights)
             inputs.append(["made", len(made)])
-            examples.append(exported.constants[spec.target])
-            made.append(exported.constants[spec.target])
+            examples.append(value)
+            made.append(value)
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
             inputs.append(["tensor", spec.target])
             examples.append(_attribute(model, str(spec.target)))
