@@ -84,6 +84,7 @@ def test_the_three_entry_points_run_their_graphs_through_the_core_cache() -> Non
         "launchless.runtime.graphed_module",
         "launchless.runtime.capture_flow",
         "launchless.runtime.compiled_kernels",
+        "launchless.runtime.decode_kernels",
         "launchless.runtime.decode_steps",
         "launchless.train.step",
         "launchless.train.hooks",

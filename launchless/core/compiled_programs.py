@@ -314,7 +314,17 @@ class _StructurePickler(pickle.Pickler):
         if isinstance(obj, torch.Tensor):
             meta = (tuple(obj.shape), obj.stride(), obj.dtype, str(obj.device), obj.requires_grad)
             return _zeros_like_sent, (*meta, isinstance(obj, torch.nn.Parameter))
+        if isinstance(obj, torch.nn.Module) and getattr(obj.__dict__.get("forward"), ROUTING, False):
+            # a forward put on the instance while a wrapper routes its calls (``generate()`` decoding through
+            # graphs): the module is sent as its class defines it
+            reduced = list(obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL))
+            reduced[2] = {k: v for k, v in dict(reduced[2]).items() if k != "forward"}
+            return tuple(reduced)
         return NotImplemented
+
+
+ROUTING = "_launchless_routing"
+"""Marks a ``forward`` a wrapper puts on a module instance for a while to route its calls: not part of the model."""
 
 
 def structure_of(model: torch.nn.Module, args: tuple, kwargs: dict, *, training: bool = False) -> bytes:

@@ -117,6 +117,17 @@ def _holds(model: torch.nn.Module, spec: Any) -> bool:
     return True
 
 
+def _backward_compiled_now(training: bool) -> Any:
+    """A training program's backward compiled with its forward: AOTAutograd lowers the backward at the first
+    ``backward()`` otherwise, after ``standalone_compile`` has collected what it saves -- a program without its
+    backward cannot be saved (newer PyTorch sets this itself; older ones leave the option off)."""
+    import torch._functorch.config as config
+
+    if not training or not hasattr(config, "force_non_lazy_backward_lowering"):
+        return contextlib.nullcontext()
+    return config.patch(force_non_lazy_backward_lowering=True)
+
+
 def compile_program(sent: str, program: str, started: float) -> None:
     """The child process: the model's structure in, the compiled program and its plan out. An inference program is
     exported and compiled under ``no_grad``; a training program with autograd on, so that Inductor compiles its
@@ -193,7 +204,7 @@ def compile_program(sent: str, program: str, started: float) -> None:
                 "compiled program is not given"
             )
     graph_module.recompile()
-    with grad_mode():
+    with grad_mode(), _backward_compiled_now(training):
         compiled = torch._inductor.standalone_compile(graph_module, examples, dynamic_shapes="from_example_inputs")
     phase("compile")
     compiled.save(path=program, format="binary")

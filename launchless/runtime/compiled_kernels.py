@@ -61,6 +61,12 @@ class CompiledKernels:
         self.pending = 0
         self._swapping = threading.Lock()  # one swap at a time: threads calling at once swap once
 
+    def take_spare(self) -> SpareCompiler | None:
+        """The compiler process started with the wrapper, for another policy's first compile (decode steps), where
+        no forward's compile has taken it."""
+        spare, self._spare = self._spare, None
+        return spare
+
     def start(self, sig: Signature, model: torch.nn.Module, flat: FlatInputs) -> None:
         """Compile ``model`` for ``sig`` off the calls' path (a program on disk is ready at once). A signature whose
         program was swapped in before and whose graph was captured again (evicted, say) gets it again; one decided

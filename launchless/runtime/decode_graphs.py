@@ -61,7 +61,9 @@ from typing import Any, cast
 
 import torch
 
+from ..core.compiled_programs import ROUTING, SpareCompiler
 from ..errors import CaptureError
+from ..options import KernelsMode
 from .cache_layers import checked_writes, uneven_lengths, unfollowed_layers
 from .call_classes import (
     AsCalled,
@@ -172,6 +174,8 @@ class DecodeGraphs:
         warmup: int,
         verify: str,
         tolerance_ulps: float,
+        kernels: KernelsMode = "eager",
+        spare: SpareCompiler | None = None,
     ) -> None:
         self.name, self.explicit = name, explicit
         self.steps = DecodeSteps(  # the decode steps' graphs, routed to while generate() runs
@@ -183,6 +187,8 @@ class DecodeGraphs:
             warmup=warmup,
             verify=verify,
             tolerance_ulps=tolerance_ulps,
+            kernels=kernels,
+            spare=spare,
         )
         # the static caches generations decode on, one per decode graph at most
         self._caches = StaticCaches(limit=lambda: self.steps.graphs.max_graphs, on_drop=self.steps.forget)
@@ -366,6 +372,8 @@ class DecodeGraphs:
             if loop:
                 decode = functools.partial(self._decode, model, kind, cache, streamer)
                 call_kwargs["custom_generate"] = decoding_method(decode)
+            if self.steps.kernels is not None:  # between two generations: compiled decode steps swapped in
+                self.steps.kernels.swap_ready()
             replayed, refused = self.steps.replayed, self.steps.refused
             with self._routed(model, cache, keyword):
                 result = model.generate(*args, **call_kwargs)
@@ -489,6 +497,7 @@ class DecodeGraphs:
             calls[0] += 1
             return self.steps.step(forward, cache, keyword, calls[0] == 1, step_args, step_kwargs)
 
+        setattr(step, ROUTING, True)  # a compile of the decode step sends the model without it
         model.forward = step
         try:
             yield
@@ -639,6 +648,8 @@ class DecodeGraphs:
             "static_caches": self._caches.rows(),
             "graphs": self.steps.rows(),
             "fallbacks": self.steps.graphs.fallbacks(lambda key: key.describe()),
+            # kernels="compiled": per decode graph, Inductor's program compiling, swapped in, or why eager's stay
+            "compiled_kernels": None if self.steps.kernels is None else self.steps.kernels.info(),
         }
 
 

@@ -23,13 +23,16 @@ import torch
 
 from ..core.cache import GraphCache, Refusal
 from ..core.capture import CapturedGraph, CaptureFailed, capture, out_of_memory
+from ..core.compiled_programs import SpareCompiler
 from ..core.relocation import RelocationWatch
 from ..core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
 from ..core.status import Admission, Stage, VerifyStatus
 from ..core.verify import VerifyReport, identical, verify_step
 from ..diagnose.messages import capture_error
 from ..errors import CaptureError
+from ..options import KernelsMode
 from .cache_layers import CacheState, HostCounters
+from .decode_kernels import DecodeKernels, other_tokens_probe
 from .static_cache import cache_slots, cache_tensors, host_state
 
 
@@ -67,6 +70,8 @@ class DecodeSteps:
         warmup: int,
         verify: str,
         tolerance_ulps: float,
+        kernels: KernelsMode = "eager",
+        spare: SpareCompiler | None = None,
     ) -> None:
         self.name, self.explicit = name, explicit
         self.warmup, self.verify, self.tolerance_ulps = warmup, verify, tolerance_ulps
@@ -75,8 +80,17 @@ class DecodeSteps:
             capture_after=capture_after,
             max_graphs=max_graphs,
             guards=[RelocationWatch(model)],
+            on_invalidate=self._dropped,
         )
         self._state: dict[Signature, _Held] = {}  # per decode graph, what its replays need besides the graph
+        # kernels="compiled": per decode graph, Inductor's program of the step compiling, swapped in, or why not
+        self.kernels = (
+            DecodeKernels(
+                name=name, graphs=self.graphs, held=self._state.get, warmup=warmup, verify=verify, spare=spare
+            )
+            if kernels == "compiled"
+            else None
+        )
         self._serials: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # cache -> key number
         self._next_serial = itertools.count()
         self.prefills = self.replayed = 0
@@ -88,8 +102,19 @@ class DecodeSteps:
         """A cache dropped: the graphs captured on it go too."""
         for key, held in list(self._state.items()):
             if held.cache is cache:
-                self.graphs.forget(key)
-                del self._state[key]
+                self._forget(key, "its cache was dropped")
+
+    def _forget(self, key: Signature, why: str) -> None:
+        """A decode graph and what its replays and its compile need go (its cache dropped or re-allocated)."""
+        self.graphs.forget(key)
+        self._state.pop(key, None)
+        if self.kernels is not None:
+            self.kernels.forget(key, why)
+
+    def _dropped(self, why: str) -> None:
+        """A validity check dropped the graphs (the weights replaced, the model moved): the compiles go with them."""
+        if self.kernels is not None:
+            self.kernels.cancel(why)
 
     def step(
         self, forward: Callable[..., Any], cache: Any, keyword: str, first: bool, args: tuple, kwargs: dict[str, Any]
@@ -121,8 +146,7 @@ class DecodeSteps:
                 result = _rebuilt(held.output, graph.replay_cloned(flat.leaves), cache)
                 held.counters.advance(1)
                 return result
-            graphs.forget(key)  # captured again below, on the tensors the cache holds now
-            del self._state[key]
+            self._forget(key, "the cache holds other tensors")  # captured again below, on those the cache holds now
             graphs.log_once(
                 "cache-tensors",
                 logging.INFO,
@@ -218,7 +242,9 @@ class DecodeSteps:
         self.graphs.keep(key, graph, report, flat.leaves)
         self._state[key] = _Held(cache, cache_slots(cache), output, counters)
         for gone in [k for k in self._state if k not in self.graphs.graphs]:  # evicted: their caches let go
-            del self._state[gone]
+            self._forget(gone, "its decode graph was evicted")
+        if self.kernels is not None:
+            self.kernels.start(key, forward, cache, keyword, flat)
         self.replayed += 1
         result = _rebuilt(output, graph.replay_cloned(flat.leaves), cache)
         counters.advance(1)
@@ -263,7 +289,7 @@ class DecodeSteps:
         """The call's own step and the same step on other tokens (each id moved by one), from the same state."""
         if self.verify == "off":
             return VerifyReport(VerifyStatus.SKIPPED, True)
-        probes = [list(flat.leaves), [_other_tokens(x) if name == "input_ids" else x for name, x in _named(flat)]]
+        probes = [list(flat.leaves), other_tokens_probe(flat)]
         return verify_step(graph, fn, flat, probes, state, mode=self.verify, tolerance_ulps=self.tolerance_ulps)
 
     def _refuse(
@@ -317,15 +343,3 @@ def _rebuilt(output: _Output, tensors: Any, cache: Any) -> Any:
     if output.kind is None:
         return tensors
     return output.kind(**tensors, **dict.fromkeys(output.cache_fields, cache))
-
-
-def _named(flat: FlatInputs) -> list[tuple[str, Any]]:
-    """The leaves of keyword-only inputs, each with its keyword."""
-    _, kwargs = flat.rebuild(list(range(len(flat.leaves))))
-    names = {position: name for name, position in kwargs.items() if isinstance(position, int)}
-    return [(names.get(i, ""), x) for i, x in enumerate(flat.leaves)]
-
-
-def _other_tokens(ids: torch.Tensor) -> torch.Tensor:
-    """The same step on other tokens: every id one lower (0 one higher), so every id stays in the vocabulary."""
-    return torch.where(ids > 0, ids - 1, ids + 1)

@@ -226,6 +226,8 @@ class GraphedModule(torch.nn.Module):
                 warmup=self.warmup,
                 verify=self.verify,
                 tolerance_ulps=self.tolerance_ulps,
+                kernels=self.kernels,
+                spare=None if self._compiled is None else self._compiled.take_spare(),
             )
         return self._decode.generate(model, args, kwargs)
 

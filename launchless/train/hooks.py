@@ -136,6 +136,7 @@ class MutationLog(TorchDispatchMode):
         super().__init__()
         self.fresh: set[int] = set()  # storages created during the capture
         self.mutated: dict[int, torch.Tensor] = {}
+        self.writers: dict[int, str] = {}  # the operation that first wrote each mutated tensor
         self.watched = {_storage(t) for t in watch}  # e.g. incoming gradients: does the step read them?
         self.read: set[int] = set()
         self.parameters: dict[int, torch.Tensor] = {}  # every nn.Parameter the step uses, by storage
@@ -158,6 +159,7 @@ class MutationLog(TorchDispatchMode):
             for t in value if isinstance(value, (list, tuple)) else (value,):
                 if isinstance(t, torch.Tensor) and _storage(t) not in self.fresh:
                     self.mutated.setdefault(id(t), t)
+                    self.writers.setdefault(id(t), schema.name)
         if not any(r.alias_info is not None for r in schema.returns):
             for t in out if isinstance(out, (list, tuple)) else (out,):
                 if isinstance(t, torch.Tensor):
@@ -175,6 +177,14 @@ class MutationLog(TorchDispatchMode):
 
     def state(self) -> list[torch.Tensor]:
         return [t for t in self.mutated.values() if _storage(t) not in self.fresh]
+
+    def describe(self, tensors: list[torch.Tensor]) -> str:
+        """Tensors of ``state()`` as a reader can find them: dtype, shape and the operation that wrote each."""
+        shown = [
+            f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)} by {self.writers.get(id(t), '?')}"
+            for t in tensors[:3]
+        ]
+        return ", ".join(shown) + (f" and {len(tensors) - 3} more" if len(tensors) > 3 else "")
 
 
 def _storage(t: torch.Tensor) -> int:

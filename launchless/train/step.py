@@ -130,6 +130,7 @@ class GraphedStep:
         self._params: list[torch.Tensor] = []
         self._grads_owner: _Graph | None = None  # the graph whose gradient tensors .grad points at
         self._extra_state = 0  # tensors the step writes outside the model and optimizer (found while capturing)
+        self._extra_detail = ""  # which, and the operations that wrote them
         self._ddp: DdpSteps | None = None  # DistributedDataParallel: its ranks capture and verify alike
         self._next_level: dict[Signature, int] = {}  # DDP: the level a signature's next capture starts at
         self._whole_step_refused: dict[Signature, str] = {}  # DDP: why the whole step failed, for that next capture
@@ -229,7 +230,7 @@ class GraphedStep:
             kernels.refuse(
                 sig,
                 "the step writes state outside the model and optimizer, which the replays that time the compiled "
-                "kernels would change",
+                f"kernels would change ({self._extra_detail})",
             )
             return False, None
 
@@ -492,15 +493,21 @@ class GraphedStep:
         entry.reads = [i for i, g in enumerate(grads_in) if g is not None and writes.was_read(g)]
         entry.spot = spread(len(self._params))
         before.add_schedulers(entry.schedulers)  # not stepped yet: capture only recorded the calls
+        scaled = [t for s in {*scalers, *([self.scaler] if self.scaler else [])} for t in hooks.scaler_tensors(s)]
         known = {_key(t) for t in [*before.tensors, *(g for g in grads_in if g is not None)]}
+        # written beyond the model, the optimizer, the schedulers, the gradients and the scalers (an EMA of the
+        # weights, say): what the replays that time compiled kernels would change, with nothing to put it back
+        owned = known | {_key(t) for t in [*scaled, *(g for g in entry.grads_out if g is not None)]}
+        extra = [t for t in writes.state() if _key(t) not in owned]
         for t in [
-            *writes.state(),  # e.g. an EMA of the weights: saved too, or verification would update it twice
-            *(t for s in {*scalers, *([self.scaler] if self.scaler else [])} for t in hooks.scaler_tensors(s)),
-        ]:
+            *writes.state(),
+            *scaled,
+        ]:  # e.g. an EMA of the weights: saved too, or verification would update it twice
             if _key(t) not in known:
                 known.add(_key(t))
                 before.add_tensors([t])
-        self._extra_state = max(self._extra_state, len(before.tensors) - len(state_tensors(self.model, self.optimizer)))
+        if len(extra) > self._extra_state:
+            self._extra_state, self._extra_detail = len(extra), writes.describe(extra)
         if self.verify != "off":
             try:
                 report, out = self._verify(entry, flat, before)
