@@ -387,3 +387,23 @@ def test_the_report_names_launchless_generations_that_went_through_generates_own
     lines = [line for line in md.splitlines() if "decoded through generate()'s own loop" in line]
     why = "a cache was passed in (3 calls)"
     assert lines == [f"- `{GPT2_B1}`: launchless decoded through generate()'s own loop: {why}"]
+
+
+def test_the_report_races_compiled_decode_steps_and_says_when_they_were_swapped_in(tmp_path: Path) -> None:
+    environment = {"date": "2026-12-04T00:00:00+00:00", "gpu": "NVIDIA H200", "torch": "2.14.1", "device": "cuda"}
+    rows = _rows()
+    for row in rows:
+        if (row["workload"], row["mode"]) == (GPT2_B1, "launchless"):
+            row["interleaved_ms"] = {**GPT2_B1_INTERLEAVED, "launchless-compiled-kernels": 1.25}
+            row.update(
+                compiled_first_call_s=0.5,
+                compiled_swap_s=21.0,
+                compiled_identical=False,
+                compiled_timeline=[[0.0, 2.0], [21.0, 1.25]],
+                compiled_kernels=[{"kernels": "compiled", "reason": ""}],
+            )
+    paths = serving_report.write_all(tmp_path, environment, rows)
+    text = paths["md"].read_text()
+    ratio = GPT2_B1_INTERLEAVED["static-compile"] / 1.25
+    assert "launchless-compiled-kernels × static-compile tokens/s" in text and f"{ratio:.2f}×" in text
+    assert f"| `{GPT2_B1}` | compiled | 0.50 | 40.30 | 21.00 | **no** |" in text

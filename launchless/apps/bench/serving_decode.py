@@ -52,11 +52,20 @@ from launchless.runtime.static_cache import cache_keyword, cache_length, new_sta
 
 from .multigpu_worker import synchronize_device
 from .serving_graphs import compiled_graphs
-from .serving_workloads import DECODE_MODES, EAGER, LAUNCHLESS, STATIC_COMPILE, build_decoder, decode_workload
+from .serving_workloads import (
+    COMPILED_KERNELS,
+    DECODE_MODES,
+    EAGER,
+    LAUNCHLESS,
+    STATIC_COMPILE,
+    build_decoder,
+    decode_workload,
+)
 from .worker import one_line
 
 DECODE_RUNS = 3  # timed generate() calls after the first
 INTERLEAVED_ROUNDS = 7  # rounds of one generate() per mode, the modes in a rotating order
+SWAP_WITHIN_S = 300  # launchless with kernels="compiled" generates until its decode step is decided, this long at most
 
 
 class StaticCacheUnavailable(RuntimeError):
@@ -181,10 +190,13 @@ def measure_decode(workload: str, mode: str, *, device: torch.device) -> dict[st
     step_ms = statistics.median(decode_step_ms(g, new_tokens) for g in runs)
     generate_s = statistics.median(g.seconds for g in runs)
     divergence = first_divergence(reference, [first, *runs])
-    interleaved, interleaved_error = None, None
+    interleaved, interleaved_error, compiled = None, None, {}
     if mode == LAUNCHLESS and device.type == "cuda":
         try:
-            interleaved = interleaved_step_ms(model, mode_decoding, request, device=device)
+            compiled_decoding, compiled = compiled_kernels_decoding(model, request, reference, device=device)
+            interleaved = interleaved_step_ms(
+                model, mode_decoding, request, device=device, compiled_kernels=compiled_decoding
+            )
         except Exception as exc:  # the row measured above stands; the report names what stopped the race
             interleaved_error = one_line(exc)
     return {
@@ -203,6 +215,7 @@ def measure_decode(workload: str, mode: str, *, device: torch.device) -> dict[st
         "interleaved_ms": interleaved,
         "interleaved_rounds": INTERLEAVED_ROUNDS if interleaved else None,
         "interleaved_error": interleaved_error,
+        **compiled,
     }
 
 
@@ -211,15 +224,56 @@ def decode_step_ms(generation: Generation, new_tokens: int) -> float:
     return (generation.seconds - generation.first_token_s) / (new_tokens - 1) * 1e3
 
 
+def compiled_kernels_decoding(
+    model: torch.nn.Module, request: dict[str, Any], reference: torch.Tensor, *, device: torch.device
+) -> tuple[Decoding, dict[str, Any]]:
+    """``launchless.wrap(model, kernels="compiled")``, driven until its decode step's compiled program is decided
+    (``SWAP_WITHIN_S`` at most): the decoding, and the row's ``compiled_*`` fields -- its first call, when the swap
+    came (from the first call's start), each call's decode step against that time (the timeline), the decisions, and
+    whether every call's tokens were the reference's."""
+    wrapped = launchless.wrap(model, kernels="compiled")
+    began = time.perf_counter()
+    timeline: list[list[float]] = []
+    rows: list[dict[str, Any]] = []
+    identical, swap_at, first_call_s = True, None, None
+    while time.perf_counter() < began + SWAP_WITHIN_S:
+        started = time.perf_counter() - began
+        generation = generate_once(wrapped.generate, request, device=device)
+        first_call_s = generation.seconds if first_call_s is None else first_call_s
+        identical = identical and torch.equal(generation.tokens, reference)
+        timeline.append([round(started, 3), round(decode_step_ms(generation, request["max_new_tokens"]), 4)])
+        rows = (wrapped.graph_info()["decode"] or {}).get("compiled_kernels") or []
+        if rows and all(r["kernels"] != "compiling" for r in rows):  # decided at this call's start
+            swap_at = started if any(r["kernels"] == "compiled" for r in rows) else None
+            break
+    runs = [generate_once(wrapped.generate, request, device=device) for _ in range(DECODE_RUNS)]
+    identical = identical and all(torch.equal(g.tokens, reference) for g in runs)
+    return Decoding(wrapped.generate, wrapped), {
+        "compiled_first_call_s": first_call_s,
+        "compiled_swap_s": swap_at,
+        "compiled_kernels": rows,
+        "compiled_identical": identical,
+        "compiled_timeline": timeline,
+    }
+
+
 def interleaved_step_ms(
-    model: torch.nn.Module, launchless_decoding: Decoding, request: dict[str, Any], *, device: torch.device
+    model: torch.nn.Module,
+    launchless_decoding: Decoding,
+    request: dict[str, Any],
+    *,
+    device: torch.device,
+    compiled_kernels: Decoding | None = None,
 ) -> dict[str, float]:
     """The median decode step of each decode mode, the modes taking turns in this process (see the module docstring):
-    {mode: ms}. Static-compile is left out where transformers cannot compile the forward per call."""
+    {mode: ms}. Static-compile is left out where transformers cannot compile the forward per call.
+    ``compiled_kernels``: launchless with ``kernels="compiled"``, its step decided, raced too."""
     generates: dict[str, Callable[..., torch.Tensor]] = {
         EAGER: model.generate,
         LAUNCHLESS: launchless_decoding.generate,
     }
+    if compiled_kernels is not None:
+        generates[COMPILED_KERNELS] = compiled_kernels.generate
     recipe = static_compile_recipe() if hasattr(transformers, "StaticCache") else None
     if recipe is not None:  # by hand (without CompileConfig) it would compile the forward eager calls too
         generates[STATIC_COMPILE] = functools.partial(model.generate, **recipe)

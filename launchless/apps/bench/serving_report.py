@@ -65,6 +65,7 @@ from .serving_workloads import (
     BUCKETS,
     BUCKETS_AUTO,
     BUCKETS_FIXED,
+    COMPILED_KERNELS,
     DECODE,
     GRAPH_PER_SIZE,
     LAUNCHLESS,
@@ -327,12 +328,14 @@ def _interleaved_table(view: _View) -> list[str]:
     if not raced:
         return []
     rounds = {(view.ok(w, LAUNCHLESS) or {}).get("interleaved_rounds") for w in raced}
-    modes = [m for m in modes_of(workloads[0]) if any(m in steps for steps in raced.values())]
-    header = ["workload", *(f"{m} ms / step" for m in modes), "launchless × static-compile tokens/s"]
+    contestants = [*modes_of(workloads[0]), COMPILED_KERNELS]
+    modes = [m for m in contestants if any(m in steps for steps in raced.values())]
+    ratios = [m for m in (LAUNCHLESS, COMPILED_KERNELS) if m in modes]
+    header = ["workload", *(f"{m} ms / step" for m in modes), *(f"{m} × static-compile tokens/s" for m in ratios)]
     body = []
     for workload, steps in raced.items():
-        ratio = _ratio(steps.get(STATIC_COMPILE), steps.get(LAUNCHLESS))
-        body.append([f"`{workload}`", *(_ms(steps.get(m)) for m in modes), _x(ratio)])
+        times = [_ms(steps.get(m)) for m in modes]
+        body.append([f"`{workload}`", *times, *(_x(_ratio(steps.get(STATIC_COMPILE), steps.get(m))) for m in ratios)])
     return [
         "",
         f"Raced in one process (the launchless worker, once its row was measured): {_rounds(rounds)} of one "
@@ -341,6 +344,44 @@ def _interleaved_table(view: _View) -> list[str]:
         "",
         *_md_table(header, body),
     ]
+
+
+def _compiled_kernels_lines(view: _View) -> list[str]:
+    """Per decode workload whose launchless worker raced ``kernels="compiled"``: what was decided for its decode
+    steps, its first call against static-compile's, when the swap came, whether its tokens were the reference's."""
+    rows = [r for r in view.part_rows(DECODE) if r["mode"] == LAUNCHLESS and r.get("compiled_timeline")]
+    if not rows:
+        return []
+    header = ["workload", "decided", "first call s", "static-compile first call s", "swapped at s", "identical"]
+    body = []
+    for row in rows:
+        decided = "; ".join(
+            f"{d['kernels']}" + (f" ({_one_line(d['reason'])})" if d.get("reason") else "")
+            for d in row.get("compiled_kernels") or []
+        )
+        static = view.ok(str(row["workload"]), STATIC_COMPILE) or {}
+        body.append(
+            [
+                f"`{row['workload']}`",
+                decided or "nothing compiled",
+                _seconds_or_dash(row.get("compiled_first_call_s")),
+                _seconds_or_dash(static.get("first_call_s")),
+                _seconds_or_dash(row.get("compiled_swap_s")),
+                "yes" if row.get("compiled_identical") else "**no**",
+            ]
+        )
+    return [
+        "",
+        f'`{COMPILED_KERNELS}`: `launchless.wrap(model, kernels="compiled")`, generating from its first call '
+        "(eager-kernel decode graphs) until its decode step's compiled program was decided (swapped in at the start "
+        "of a call once proven), then raced above. Swapped at: seconds from its first call's start.",
+        "",
+        *_md_table(header, body),
+    ]
+
+
+def _seconds_or_dash(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, (int, float)) else "—"
 
 
 def _through_generate_lines(view: _View) -> list[str]:
@@ -424,7 +465,7 @@ def markdown(environment: Mapping[str, Any], rows: Sequence[Row]) -> str:
         if view.part_rows(part):
             lines += ["", f"## {title}", "", notes[part], "", *tables[part](view)]
             if part == DECODE:
-                lines += _interleaved_table(view) + _through_generate_lines(view)
+                lines += _interleaved_table(view) + _compiled_kernels_lines(view) + _through_generate_lines(view)
     lines += ["", "## Targets", "", *_target_lines(view), "", "## Failed", ""]
     failed = [r for r in view.rows if r.get("status") != "ok"]
     lines += [f"- `{r['workload']}` · {r['mode']}: {_one_line(r.get('reason'))}" for r in failed]

@@ -41,6 +41,7 @@ STATIC_COMPILE = "static-compile"  # transformers' static KV cache with a compil
 LAUNCHLESS = "launchless"
 BUCKET_MODES = (EAGER, GRAPH_PER_SIZE, BUCKETS_FIXED, BUCKETS_AUTO, REDUCE_OVERHEAD)
 DECODE_MODES = (EAGER, STATIC_COMPILE, LAUNCHLESS)
+COMPILED_KERNELS = "launchless-compiled-kernels"  # raced in the launchless worker: wrap(model, kernels="compiled")
 MODES = tuple(dict.fromkeys((*BUCKET_MODES, *DECODE_MODES)))
 
 # --- the trace ------------------------------------------------------------------------------------------------
