@@ -15,8 +15,8 @@
 #   tests-multigpu     bench (serving); tensor parallelism and DDP, world 1, and world 2 on two GPUs (multigpu)
 #   tests-differential detectors and DETR-like models fed a fresh input each call, forwards that draw random
 #                      numbers, and the differential runner
-#   tests-compiled     wrap and graphed_step with kernels="compiled": Inductor's programs compiled in a child
-#                      process and swapped in
+#   tests-compiled     wrap, graphed_step and decode graphs with kernels="compiled": Inductor's programs compiled
+#                      in a child process and swapped in
 #   multigpu-bench     launchless bench --suite multigpu over GPUS (world size W on the first W)
 #   serving-bench      launchless bench --suite serving (SERVING="workload ..." instead of the suite's workloads,
 #                      SERVING_MODES="mode ..." only those modes: a part of it; launchless bench --merge joins parts)
@@ -138,7 +138,7 @@ for step in "$@"; do
       tests/test_cuda_buckets.py tests/test_cuda_budget.py tests/test_cuda_bench_serving.py ;;
   tests-compiled)
     run tests-compiled python3 -m pytest -m cuda -q -rA -p no:cacheprovider tests/test_cuda_compiled_kernels.py \
-      tests/test_cuda_train_compiled_kernels.py ;;
+      tests/test_cuda_train_compiled_kernels.py tests/test_cuda_decode_kernels.py ;;
   tests-differential)
     run tests-differential python3 -m pytest -m cuda -q -rA -p no:cacheprovider tests/test_cuda_fresh_inputs.py \
       tests/test_cuda_random_forwards.py tests/test_cuda_differential.py ;;

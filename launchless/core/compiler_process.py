@@ -52,9 +52,10 @@ class _Lines:
         return line.decode()
 
 
-def _warm_steps(modules: list[str]) -> list[Callable[[], Any]]:
-    """What a compile will load, in the order it needs it: the GPU's context, the model's modules, Inductor, and
-    Inductor's compile workers (started, not waited for)."""
+def _warm_steps(modules: list[str]) -> tuple[list[Callable[[], Any]], list[Callable[[], Any]]]:
+    """What a compile will load: first, whatever the job's time -- the GPU's context and Inductor's compile workers
+    (started, not waited for: they boot in processes of their own while the rest loads); then, until the job comes,
+    the model's modules and Inductor's compiler."""
 
     def gpu() -> None:
         if torch.cuda.is_available():
@@ -67,20 +68,21 @@ def _warm_steps(modules: list[str]) -> list[Callable[[], Any]]:
         AsyncCompile.use_process_pool()  # the workers start; the compile finds them ready or starting
 
     imports = [functools.partial(importlib.import_module, module) for module in modules]
-    return [gpu, *imports, functools.partial(importlib.import_module, "torch._inductor.compile_fx"), workers]
+    return [gpu, workers], [*imports, functools.partial(importlib.import_module, "torch._inductor.compile_fx")]
 
 
 def serve_as_spare() -> None:
     """The spare's side: load what the job will need, step by step, until the job comes (a job that comes early
-    starts at once: what is not loaded yet, the compile loads as it would have), then compile it; nothing if the
-    input ends first."""
+    starts at once: what is not loaded yet, the compile loads as it would have -- but the compile workers, which
+    boot beside it, are started first), then compile it; nothing if the input ends first."""
     lines = _Lines()
     warm = json.loads(lines.read() or "null")
     if warm is None:
         return
     sys.path[:] = warm["path"]
-    for step in _warm_steps(warm["modules"]):
-        if lines.waiting():
+    at_once, until_the_job = _warm_steps(warm["modules"])
+    for step in [*at_once, *until_the_job]:
+        if lines.waiting() and step not in at_once:
             break
         with contextlib.suppress(Exception):  # what fails here fails the compile, with its own error
             step()
