@@ -27,6 +27,7 @@ transformers = pytest.importorskip("transformers")
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="Inductor's CPU kernels need a C++ compiler")
 COMPILE_S = 600
 PROMPT = 4
+CACHE_LENGTH = 16
 
 
 @dataclasses.dataclass
@@ -51,12 +52,18 @@ def _setup(monkeypatch, tmp_path, *, faster: bool = True) -> Setup:
     monkeypatch.setenv("LAUNCHLESS_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(decode_kernels, "capture", recorded_capture([]))
     verdict = SpeedVerdict(1.0, 0.5 if faster else 1.2, 1.0, 0.5 if faster else 1.2, "" if faster else "not faster")
-    monkeypatch.setattr(decode_kernels, "judge_speed", lambda eager, candidate, **_: verdict)
+
+    def judge(eager, candidate, **_):  # replays as many as the cache has positions: each replay must start afresh
+        for _ in range(2 * CACHE_LENGTH):
+            eager(), candidate()
+        return verdict
+
+    monkeypatch.setattr(decode_kernels, "judge_speed", judge)
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=32)
     model = transformers.GPT2LMHeadModel(config).eval()
     keyword = cache_keyword(model)
-    cache = new_static_cache(model, batch=1, length=16)
+    cache = new_static_cache(model, batch=1, length=CACHE_LENGTH)
     with torch.no_grad():  # the prompt fills the cache's first positions
         model(input_ids=torch.randint(0, 128, (1, PROMPT)), cache_position=torch.arange(PROMPT), **{keyword: cache})
     flat = flatten_inputs((), {"input_ids": torch.tensor([[7]]), "cache_position": torch.tensor([PROMPT])})
@@ -101,6 +108,8 @@ def test_a_compiled_decode_step_writes_the_caches_own_tensors_and_is_swapped_in_
         assert s.kernels.pending == 1 and s.kernels.info()[0]["kernels"] == "compiling"
         job = s.kernels._compiles[s.key].decision.compile
         assert job.wait(COMPILE_S) is JobState.READY, job.reason
+        for layer in s.cache.layers:  # the last generation ended at the cache's end: the proof runs from the kept step
+            layer.cumulative_length.fill_(CACHE_LENGTH - 1)
         before = [t.clone() for t in cache_tensors(s.cache)]
         s.kernels.swap_ready()
         row = s.kernels.info()[0]
@@ -110,6 +119,9 @@ def test_a_compiled_decode_step_writes_the_caches_own_tensors_and_is_swapped_in_
         assert swapped is not s.eager_graph
         for was, now in zip(before, cache_tensors(s.cache), strict=True):  # the proof put the cache back
             assert torch.equal(was, now)
+        for layer in s.cache.layers:
+            layer.cumulative_length.fill_(PROMPT)
+        before = [t.clone() for t in cache_tensors(s.cache)]
         ids = torch.tensor([[11]])
         replayed = swapped.replay_cloned([ids, torch.tensor([PROMPT])])["logits"]
         written = [t.clone() for t in cache_tensors(s.cache)]

@@ -292,6 +292,21 @@ def test_decode_steps_replay_one_verified_graph_and_give_eager_static_tokens(mon
     ]
 
 
+def test_a_step_too_near_the_caches_end_for_the_warm_up_steps_decodes_eager(monkeypatch) -> None:
+    """A prompt that nearly fills its static cache: a capture's warm-up steps would write past the cache's end (on the
+    GPU a device-side assert, fatal to the process), so that step decodes eager, saying why."""
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
+    model, _ = tiny_llama()
+    ids = torch.randint(0, 100, (1, 61), generator=torch.Generator().manual_seed(3))
+    request = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": 3}  # 64 positions
+    graphs = decode_graphs(model)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(graphs.generate(model, (), dict(request)), eager_static(model, request))
+    steps = graphs.info()["steps_eager"]
+    assert steps.get("too near the static cache's end to capture", 0) >= 2, steps
+
+
 def test_inference_mode_and_no_grad_each_get_their_own_cache(monkeypatch) -> None:
     monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
     model, request = tiny_llama()

@@ -179,6 +179,38 @@ class HostCounters:
         return [value + 1 if up else value - 1 for value in self.read()]
 
 
+class DevicePositions:
+    """Where the layers of one static cache write next, as they count it on the device: transformers' static layers
+    (a sliding window's too) hold their length in a tensor (``cumulative_length``) that each step advances, and a
+    step writes at that position (``index_copy_``). A write past a layer's end is a device-side assert on the GPU,
+    fatal to the process; steps run to capture or prove a graph (warm-up steps, timed replays) advance the lengths
+    as decoding does, so they are run from positions that hold them, and put back (``rewind``)."""
+
+    def __init__(self, cache: Any) -> None:
+        self.layers = [
+            layer
+            for layer in getattr(cache, "layers", ())
+            if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)
+            and isinstance(getattr(layer, "max_cache_len", None), int)
+        ]
+        self.tensors = [layer.cumulative_length for layer in self.layers]
+        self.saved = [t.clone() for t in self.tensors]  # the positions now: rewind() writes them back
+
+    def fits(self, tokens: int) -> bool:
+        """Whether ``tokens`` more steps of one token each, from the positions now, stay within every layer (one read
+        of the device)."""
+        if not self.tensors:
+            return True
+        room = torch.stack([t.reshape(()) for t in self.tensors]) + tokens
+        ends = torch.tensor([layer.max_cache_len for layer in self.layers], device=room.device)
+        return bool((room <= ends).all())
+
+    def rewind(self) -> None:
+        """The positions back to those at construction (one launch): between timed replays of a step's graph."""
+        if self.tensors:
+            torch._foreach_copy_(self.tensors, self.saved)
+
+
 class CacheState(Snapshot):
     """A static cache's state before a step, restorable in place: its tensors (``Snapshot``) and the lengths its
     layers count on the host (``HostCounters``) -- a capture's warm-up steps and verification's eager runs advance

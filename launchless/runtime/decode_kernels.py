@@ -39,7 +39,7 @@ from ..core.signature import FlatInputs, Signature
 from ..core.verify import verify_step
 from ..errors import one_line
 from ..timing import judge_speed
-from .cache_layers import CacheState, HostCounters
+from .cache_layers import CacheState, DevicePositions, HostCounters
 from .split import copies
 from .static_cache import cache_slots, cache_tensors
 
@@ -67,11 +67,15 @@ class DecodeStep(torch.nn.Module):
 
 @dataclasses.dataclass
 class _Compile:
-    """One decode graph's compile: the decision, the step it compiles and the call it was captured on (copied)."""
+    """One decode graph's compile: the decision, the step it compiles, the call it was captured on (copied) and the
+    cache's positions then (``positions`` on the device, ``counts`` on the host): the program is proven from them,
+    where the eager-kernel graph's own warm-up steps ran within the cache."""
 
     decision: KernelDecision
     step: DecodeStep
     flat: FlatInputs
+    positions: DevicePositions
+    counts: list[int]
 
 
 class HeldGraph(Protocol):
@@ -117,7 +121,8 @@ class DecodeKernels:
         job = compile_in_background(step, args, kwargs, signature=f"decode step {key.describe()}", spare=self._spare)
         self._spare = None  # taken (or not needed: the program was on disk)
         decision = KernelDecision(job, started=time.perf_counter())
-        self._compiles[key] = _Compile(decision, step, flat._replace(leaves=copies(flat.leaves)))
+        positions, counts = DevicePositions(cache), HostCounters.of(cache).read()
+        self._compiles[key] = _Compile(decision, step, flat._replace(leaves=copies(flat.leaves)), positions, counts)
         self.pending += 1
 
     def forget(self, key: Hashable, why: str) -> None:
@@ -178,10 +183,14 @@ class DecodeKernels:
             )
 
     def _proven(self, key: Hashable, entry: _Compile, graph: CapturedGraph, held: HeldGraph) -> CapturedGraph | str:
-        """The program's graph, captured and proven from the cache's state now (put back after); or why it is not
-        used."""
+        """The program's graph, captured and proven from the positions its decode graph was captured at (each step
+        run advances them: run from where the last generation ended, the capture's warm-up steps or the timed replays
+        would write past the cache's end), the cache put back after; or why it is not used."""
         step, flat, decision = entry.step, entry.flat, entry.decision
         program = decision.compile.load(step)
+        now, counts_now = DevicePositions(held.cache), held.counters.read()
+        entry.positions.rewind()
+        held.counters.write(entry.counts)
         state = CacheState(cache_tensors(held.cache), held.counters)
         probes = [list(flat.leaves), other_tokens_probe(flat)]
         tensors = [x for x in flat.leaves if isinstance(x, torch.Tensor)]
@@ -198,11 +207,17 @@ class DecodeKernels:
             if why:
                 return why
             leaves = copies(flat.leaves)
-            speed = judge_speed(lambda: graph.replay_cloned(leaves), lambda: compiled.replay_cloned(leaves))
+
+            def replayed(which: CapturedGraph) -> Callable[[], Any]:
+                return lambda: (entry.positions.rewind(), which.replay_cloned(leaves))  # every replay from one place
+
+            speed = judge_speed(replayed(graph), replayed(compiled))
             decision.speed = speed
             graph.replays = compiled.replays = 0  # the judge's replays are not the caller's
         finally:
             state.restore()
+            now.rewind()
+            held.counters.write(counts_now)
         if not speed.faster:
             return f"the compiled kernels' graph is {speed.detail.replace('eager', 'eager kernels')}"
         compiled.speed = graph.speed

@@ -31,7 +31,7 @@ from ..core.verify import VerifyReport, identical, verify_step
 from ..diagnose.messages import capture_error
 from ..errors import CaptureError
 from ..options import KernelsMode
-from .cache_layers import CacheState, HostCounters
+from .cache_layers import CacheState, DevicePositions, HostCounters
 from .decode_kernels import DecodeKernels, other_tokens_probe
 from .static_cache import cache_slots, cache_tensors, host_state
 
@@ -205,6 +205,8 @@ class DecodeSteps:
         counters = HostCounters.of(cache)
         if counters and not counters.fits(self.warmup + 2):  # the warm-up steps and the capture's own stay unfull
             return self._eager_step("too near a sliding window's end to capture", forward, (), kwargs)
+        if not DevicePositions(cache).fits(self.warmup + 2):  # the warm-up steps write past the cache's end
+            return self._eager_step("too near the static cache's end to capture", forward, (), kwargs)
         state = CacheState(held, counters)
         host = host_state(cache)
         # a layer no step writes (Mllama's cross-attention, text only) keeps the CPU tensors it was made with
