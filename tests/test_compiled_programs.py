@@ -81,6 +81,19 @@ def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path) -> None
     assert cache_dir() == tmp_path / "xdg" / "launchless" / "compiled"
 
 
+class RoundingChain(nn.Module):
+    """bfloat16 elementwise operations that Inductor fuses into one kernel: eager rounds after each, a fused kernel
+    computes in float32 and rounds once, unless asked for eager's numerics."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(4096, dtype=torch.bfloat16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = (x * self.a + 0.3) * 1.7 - x
+        return y / 3.0 + y * y
+
+
 @needs_compiler
 def test_a_program_compiled_in_a_child_reads_the_models_own_weights_and_is_found_again(tmp_path) -> None:
     torch.manual_seed(0)
@@ -106,6 +119,23 @@ def test_a_program_compiled_in_a_child_reads_the_models_own_weights_and_is_found
         torch.testing.assert_close(program(x), model(x), rtol=1e-5, atol=1e-5)
     again = compile_in_background(Net().eval(), (x,), signature="(float32[2x3x8x8]@cpu)", directory=tmp_path)
     assert again.state is JobState.READY and again.reason == "found on disk"  # another process: no export
+
+
+@needs_compiler
+def test_a_program_with_eager_numerics_rounds_as_eager_does_and_is_another_program(tmp_path) -> None:
+    torch.manual_seed(0)
+    model = RoundingChain().eval()
+    x = torch.randn(8, 4096, dtype=torch.bfloat16)
+    fused = compile_in_background(model, (x,), signature="bf16 chain", directory=tmp_path)
+    eager_like = compile_in_background(model, (x,), signature="bf16 chain", eager_numerics=True, directory=tmp_path)
+    assert eager_like.program != fused.program  # two programs on disk, never one taken for the other
+    assert fused.wait(COMPILE_S) is JobState.READY, fused.reason
+    assert eager_like.wait(COMPILE_S) is JobState.READY, eager_like.reason
+    with torch.no_grad():
+        x = torch.randn(8, 4096, dtype=torch.bfloat16)
+        want = model(x)
+        assert not torch.equal(fused.load(model)(x), want)  # rounded once: the test can tell the two apart
+        assert torch.equal(eager_like.load(model)(x), want)
 
 
 @needs_compiler

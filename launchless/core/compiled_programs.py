@@ -134,13 +134,19 @@ class CompileJob:
 
     # ---- the worker thread ----------------------------------------------------------------------------------
     def _run(
-        self, model: torch.nn.Module, args: tuple, kwargs: dict, training: bool, spare: SpareCompiler | None
+        self,
+        model: torch.nn.Module,
+        args: tuple,
+        kwargs: dict,
+        training: bool,
+        eager_numerics: bool,
+        spare: SpareCompiler | None,
     ) -> None:
         began = time.perf_counter()
         try:
             with tempfile.TemporaryDirectory() as scratch:
                 sent = Path(scratch) / "model.pickle"
-                sent.write_bytes(structure_of(model, args, kwargs, training=training))
+                sent.write_bytes(structure_of(model, args, kwargs, training=training, eager_numerics=eager_numerics))
                 built = Path(scratch) / "program.bin"
                 with self._lock:
                     if self.state is not JobState.COMPILING:
@@ -274,6 +280,7 @@ def compile_in_background(
     *,
     signature: str,
     training: bool = False,
+    eager_numerics: bool = False,
     directory: Path | None = None,
     spare: SpareCompiler | None = None,
 ) -> CompileJob:
@@ -281,15 +288,19 @@ def compile_in_background(
     once: a program already on disk is ``READY``; otherwise a thread sends the model's structure to a child process,
     which exports and compiles it, and waits for it. The calls never wait for either. ``training``: a program that
     autograd differentiates (Inductor's compiled backward), for a training step; else an inference program.
+    ``eager_numerics``: Inductor rounds as eager does where it fuses low-precision operations (each operation's
+    result rounded to its dtype, divisions rounded as eager's), for programs whose outputs feed a decision eager
+    made (a greedy token): closer to eager's values, not nearer to exact ones.
     ``spare``: a compiler process started ahead (``SpareCompiler``), used if it is still waiting."""
-    key = program_key(model, signature + (" training" if training else ""))
+    kind = (" training" if training else "") + (" eager numerics" if eager_numerics else "")
+    key = program_key(model, signature + kind)
     job = CompileJob(key, (directory or cache_dir()) / f"{key}.bin")
     if job.state is JobState.READY:
         return job
     _LIVE.add(job)
     worker = threading.Thread(
         target=job._run,
-        args=(model, args, kwargs or {}, training, spare),
+        args=(model, args, kwargs or {}, training, eager_numerics, spare),
         name=f"launchless-compile-{key[:8]}",
         daemon=True,
     )
@@ -327,7 +338,9 @@ ROUTING = "_launchless_routing"
 """Marks a ``forward`` a wrapper puts on a module instance for a while to route its calls: not part of the model."""
 
 
-def structure_of(model: torch.nn.Module, args: tuple, kwargs: dict, *, training: bool = False) -> bytes:
+def structure_of(
+    model: torch.nn.Module, args: tuple, kwargs: dict, *, training: bool = False, eager_numerics: bool = False
+) -> bytes:
     """What the child process rebuilds the model and the call from: the module search path (the model's classes are
     imported there as here) and the pickled structure. A class defined in ``__main__`` cannot be imported by
     another process: that is said here, before a process is started."""
@@ -339,7 +352,7 @@ def structure_of(model: torch.nn.Module, args: tuple, kwargs: dict, *, training:
         )
     buffer = io.BytesIO()
     _StructurePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump((model, args, kwargs))
-    return pickle.dumps((list(sys.path), buffer.getvalue(), training))
+    return pickle.dumps((list(sys.path), buffer.getvalue(), training, eager_numerics))
 
 
 def _zeros_like_sent(

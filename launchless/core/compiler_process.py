@@ -130,6 +130,18 @@ def _backward_compiled_now(training: bool) -> Any:
     return config.patch(force_non_lazy_backward_lowering=True)
 
 
+def _numerics_of_eager(on: bool) -> Any:
+    """Inductor's options that keep eager's rounding where it fuses (``compile_in_background``'s
+    ``eager_numerics``), those this PyTorch has (the division option's name changed between releases)."""
+    import torch._inductor.config as config
+
+    if not on:
+        return contextlib.nullcontext()
+    known = config.get_config_copy()
+    wanted = ("emulate_precision_casts", "eager_numerics.division_rounding", "emulate_divison_rounding")
+    return config.patch({name: True for name in wanted if name in known})
+
+
 def compile_program(sent: str, program: str, started: float) -> None:
     """The child process: the model's structure in, the compiled program and its plan out. An inference program is
     exported and compiled under ``no_grad``; a training program with autograd on, so that Inductor compiles its
@@ -148,7 +160,7 @@ def compile_program(sent: str, program: str, started: float) -> None:
         phases[name] = now - mark
         mark = now
 
-    search_path, structure, training = pickle.loads(Path(sent).read_bytes())
+    search_path, structure, training, eager_numerics = pickle.loads(Path(sent).read_bytes())
     sys.path[:] = search_path  # the model's classes are imported from where the calls' process found them
     model, args, kwargs = pickle.loads(structure)
     phase("build")
@@ -206,7 +218,7 @@ def compile_program(sent: str, program: str, started: float) -> None:
                 "compiled program is not given"
             )
     graph_module.recompile()
-    with grad_mode(), _backward_compiled_now(training):
+    with grad_mode(), _backward_compiled_now(training), _numerics_of_eager(eager_numerics):
         compiled = torch._inductor.standalone_compile(graph_module, examples, dynamic_shapes="from_example_inputs")
     phase("compile")
     compiled.save(path=program, format="binary")

@@ -15,9 +15,12 @@ replaces the eager-kernel graph:
   tokens and on others, the logits and the cache it leaves alike (``core.accuracy``);
 - it is faster than the eager-kernel graph (``judge_speed``).
 
-The cache is put back after each proof. Fused kernels round otherwise than eager's, so tokens are eager's within
-that rounding, not bit for bit (``kernels="eager"`` keeps them bit for bit). Whatever forgets a decode graph (its
-cache dropped or re-allocated, the weights replaced, the model moved) cancels its compile.
+The cache is put back after each proof. The step is compiled with eager's numerics (``eager_numerics``: each fused
+operation's result rounded to its dtype, as eager rounds it), so that the logits a greedy token is picked from stay
+as near eager's as fused kernels allow; reductions still add in their own order, so where two logits lie within a
+rounding of each other a token can differ from eager's (``kernels="eager"`` keeps tokens bit for bit). Whatever
+forgets a decode graph (its cache dropped or re-allocated, the weights replaced, the model moved) cancels its
+compile.
 """
 
 from __future__ import annotations
@@ -118,7 +121,9 @@ class DecodeKernels:
             return
         step = DecodeStep(model, cache, keyword)
         args, kwargs = flat.rebuild(flat.leaves)
-        job = compile_in_background(step, args, kwargs, signature=f"decode step {key.describe()}", spare=self._spare)
+        job = compile_in_background(
+            step, args, kwargs, signature=f"decode step {key.describe()}", eager_numerics=True, spare=self._spare
+        )
         self._spare = None  # taken (or not needed: the program was on disk)
         decision = KernelDecision(job, started=time.perf_counter())
         positions, counts = DevicePositions(cache), HostCounters.of(cache).read()
