@@ -116,6 +116,24 @@ def test_new_batches_each_step_and_two_shapes_share_one_pool() -> None:
     _same_state(gm, em)
 
 
+def test_a_step_captured_while_another_graph_lives_finds_no_state_beyond_its_own() -> None:
+    """Beginning a capture fills the CUDA generator's seed and offset tensors, which outlive every graph once one
+    exists: no state of the step, so neither saved by verification nor counted as state outside the model."""
+    (first, first_opt, first_step, _), _ = _pair(_mlp, SGD)
+    kept = ll.graphed_step(first_step, model=first, optimizer=first_opt)
+    for _ in range(4):
+        kept(*_batch())
+    assert kept.graph_info()["level"] == "whole-step graph"
+    (gm, gopt, gstep, _), (em, _, estep, _) = _pair(_mlp, SGD)  # the dropout of _mlp draws in both graphs
+    graphed = ll.graphed_step(gstep, model=gm, optimizer=gopt)
+    _run(graphed, estep, [_batch() for _ in range(6)])
+    info = graphed.graph_info()
+    assert info["level"] == "whole-step graph" and info["extra_state_tensors"] == 0, info
+    assert info["graphs"][0]["verification"]["status"] == "bit-identical", info
+    _same_state(gm, em)
+    kept(*_batch())  # the first graph still replays
+
+
 def test_scheduler_inside_the_step_keeps_stepping_and_replays_use_the_new_lr() -> None:
     def body(model, opt, **_):
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)

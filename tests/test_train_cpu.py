@@ -216,6 +216,28 @@ def test_mutation_log_finds_state_outside_the_model_and_optimizer() -> None:
     assert found <= allowed  # no temporary of the step is reported
 
 
+def test_mutation_log_logging_a_step_sees_the_steps_writes_not_those_around_it() -> None:
+    """Beginning a CUDA capture fills the generator's seed and offset tensors, which outlive every graph: they are
+    written around the step, not by it, and must not count as its state."""
+    model, _, step = _setup(momentum=0.9)
+    x, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    step(x, y)
+    around = torch.zeros(1, dtype=torch.int64)  # e.g. the generator's offset, filled as a capture begins
+    log = hooks.MutationLog()
+    with log:  # the whole capture watched: the fill is taken for state
+        around.fill_(7)
+        step(x, y)
+    assert any(t is around for t in log.state())
+    log = hooks.MutationLog()
+    logged = log.logging(step)
+    around.fill_(8)
+    logged(x, y)
+    around.fill_(9)
+    found = {t.untyped_storage().data_ptr() for t in log.state()}
+    assert around.untyped_storage().data_ptr() not in found
+    assert {p.untyped_storage().data_ptr() for p in model.parameters()} <= found  # the step's own writes
+
+
 def test_mutation_log_names_a_read_only_teacher_but_not_trained_or_updated_state() -> None:
     model, _, step = _setup()
     teacher = nn.Linear(4, 3).eval().requires_grad_(False)

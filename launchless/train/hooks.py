@@ -166,6 +166,16 @@ class MutationLog(TorchDispatchMode):
                     self.fresh.add(_storage(t))
         return out
 
+    def logging(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` with its writes logged: the step's own, not the capture's around it (beginning a capture fills
+        the CUDA generator's seed and offset tensors, which live across graphs: no state of the step)."""
+
+        def logged(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+
+        return logged
+
     def foreign_parameters(self, model: torch.nn.Module) -> list[torch.Tensor]:
         """Parameters the step reads but neither holds in ``model`` nor writes: e.g. a distillation teacher."""
         own = {_storage(p) for p in model.parameters()}

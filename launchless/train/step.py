@@ -448,10 +448,9 @@ class GraphedStep:
                     patches.enter_context(hooks.deferred_optimizer(self.optimizer, deferred))
                 if level == LOCAL_BACKWARD:  # the gradients stay local in the graph; averaged eager after it
                     patches.enter_context(cast(_DDP, self.model).no_sync())
-                with writes:
-                    graph = _capture.capture(
-                        self.fn, flat, device=device, pool=pool.handle(), warmup=0, stream=self._stream
-                    )
+                graph = _capture.capture(
+                    writes.logging(self.fn), flat, device=device, pool=pool.handle(), warmup=0, stream=self._stream
+                )
         except _capture.CaptureFailed as fail:
             if fail.stage == Stage.CAPTURE:
                 pool.retire()  # a capture that failed midway leaves its pool unusable
