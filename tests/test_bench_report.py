@@ -517,8 +517,16 @@ def test_the_compiled_kernels_section_reads_its_targets_off_the_rows(tmp_path) -
     text = report.markdown(ENV, "kernels", rows)
     assert "## Compiled kernels without the compile wait" in text
     assert "eager (the compiled program is not as accurate as eager" in text
-    rows[3] = {**rows[3], "program": "found on disk"}  # a second process: the program another one compiled
-    assert "| `timm:resnet18` | compiled (program from disk) |" in report.markdown(ENV, "kernels", rows)
+    second = {**rows[3], "mode": "launchless-compiled-kernels-on-disk", "program": "found on disk", "swap_s": 0.4}
+    text = report.markdown(ENV, "kernels", [*rows, second])
+    assert "| `timm:resnet18` second process | compiled (program from disk) |" in text
+    met = kernels_report.targets("timm:resnet18", stats.index([*rows, second]))
+    assert met["second_process"]["swap_s"] == 0.4
+    assert met["targets"]["a second process replays compiled kernels within 1 s"] is True
+    compiled_again = {**second, "program": "compiled"}  # nothing found on disk: the target is missed
+    met = kernels_report.targets("timm:resnet18", stats.index([*rows, compiled_again]))
+    assert met["targets"]["a second process replays compiled kernels within 1 s"] is False
+    assert "a second process" not in str(kernels_report.targets("hf:gpt2", by_key)["targets"])  # not run there
     paths = report.write_all(tmp_path, ENV, "kernels", rows)
     assert paths["timeline"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "timeline" not in report.write_all(tmp_path / "quick", ENV, "quick", rows)

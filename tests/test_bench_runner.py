@@ -280,6 +280,37 @@ def test_each_mode_compiles_into_fresh_caches_that_are_gone_afterwards(tmp_path,
     assert a != b and "/shared/cache" not in (a, b)
 
 
+def test_the_second_process_mode_runs_on_the_caches_its_first_left_then_they_are_gone(tmp_path) -> None:
+    """``launchless-compiled-kernels-on-disk`` measures a user's next process: its workers find the programs (and
+    Inductor's and Triton's caches) the compiled-kernels mode's process left; every other mode starts empty."""
+    caches = runner.CacheRoots()
+    seen = {}
+    for mode in ("launchless", modes.COMPILED_KERNELS, modes.COMPILED_KERNELS_ON_DISK):
+        (row,) = run_mode(mode, ["timm:resnet18"], 3, 20, tmp_path, worker=_worker(env=True), caches=caches)
+        seen[mode] = row["caches"]
+        if mode == modes.COMPILED_KERNELS:
+            assert os.path.isdir(row["caches"]["root"])  # kept for the second process
+        else:
+            assert not os.path.exists(row["caches"]["root"])  # nothing comes for it later
+    first, second = seen[modes.COMPILED_KERNELS], seen[modes.COMPILED_KERNELS_ON_DISK]
+    assert second == first and seen["launchless"]["root"] != first["root"]
+    (row,) = run_mode(
+        modes.COMPILED_KERNELS, ["timm:resnet18"], 3, 20, tmp_path, worker=_worker(env=True), caches=caches
+    )
+    assert os.path.isdir(row["caches"]["root"])
+    caches.close()  # the suite ended without its second process: nothing is left behind
+    assert not os.path.exists(row["caches"]["root"])
+
+
+def test_the_second_process_mode_needs_its_first_before_it(capsys) -> None:
+    for named in ([modes.COMPILED_KERNELS_ON_DISK], [modes.COMPILED_KERNELS_ON_DISK, modes.COMPILED_KERNELS]):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["bench", "--suite", "kernels", "--modes", *named])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and "measures a second process" in err
+        assert f"--modes ... {modes.COMPILED_KERNELS} {modes.COMPILED_KERNELS_ON_DISK}" in err
+
+
 def test_serving_runs_split_by_mode_merge_into_the_serving_report_with_its_targets(tmp_path) -> None:
     import json
     from pathlib import Path
@@ -352,7 +383,10 @@ def test_a_long_timeline_keeps_the_first_call_and_the_median_of_each_span() -> N
 
 def test_compiled_kernels_run_in_their_own_suite_unless_asked_for() -> None:
     assert modes.COMPILED_KERNELS in modes.default_modes(workloads.KERNELS)
-    assert modes.COMPILED_KERNELS not in modes.default_modes(workloads.STANDARD)
+    kernels = list(modes.default_modes(workloads.KERNELS))
+    assert kernels.index(modes.COMPILED_KERNELS) < kernels.index(modes.COMPILED_KERNELS_ON_DISK)
+    assert modes.order_problem(kernels) is None
+    assert not set(modes.KERNEL_MODES) & set(modes.default_modes(workloads.STANDARD))
     assert [w.name for w in workloads.suite(workloads.KERNELS)] == [
         "timm:resnet18", "timm:efficientnet_b0", "hf:gpt2", "hf:t5-small", "train:resnet18"
     ]  # fmt: skip

@@ -4,8 +4,13 @@ and faster; fresh inputs on every call, both grad modes, weights loaded in place
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -132,3 +137,54 @@ def test_a_model_defined_in_the_script_run_keeps_eager_kernels_saying_why(tmp_pa
     assert row["kernels"] == "eager"
     assert "ScriptBlocks is defined in the script being run (__main__)" in row["reason"]
     assert wrapped.graph_info()["graphs"][0]["replays"] > 0
+
+
+SECOND_PROCESS = """
+import json, sys, time
+import torch
+import launchless
+from test_cuda_compiled_kernels import Blocks
+
+torch.manual_seed(4)
+model = Blocks(width=48, depth=3).cuda().eval()
+wrapped = launchless.wrap(model, kernels="compiled")
+began, calls, row = time.perf_counter(), 0, None
+with torch.inference_mode():
+    while calls < 50 and row is None:
+        x = torch.randn(2, 3, 32, 32, device="cuda")
+        out = wrapped(x)
+        calls += 1
+        rows = wrapped.graph_info()["compiled_kernels"]
+        row = rows[0] if rows and rows[0]["kernels"] != "compiling" else None
+        if row is None:
+            time.sleep(0.01)  # a compile, were one started here, would be given time; a program on disk needs none
+    torch.cuda.synchronize()
+    accurate = bool(torch.allclose(wrapped(x), model(x), rtol=1e-3, atol=1e-3))
+print(json.dumps({"row": row, "calls": calls, "seconds": time.perf_counter() - began, "accurate": accurate}))
+"""
+
+
+def test_a_second_process_finds_the_program_on_disk_and_swaps_it_in_at_its_first_graph(tmp_path, monkeypatch) -> None:
+    """The programs are kept on disk, keyed by the model's code and the call's signature: another process running the
+    same model (other weights) loads the program the first compiled and replays compiled kernels from the call after
+    its eager-kernel graph is kept, with no compile of its own."""
+    monkeypatch.setenv("LAUNCHLESS_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    model = Blocks(width=48, depth=3).cuda().eval()
+    wrapped = launchless.wrap(model, kernels="compiled")
+    generator = torch.Generator().manual_seed(5)
+    with torch.inference_mode():
+        first = _until_decided(wrapped, lambda: wrapped(_fresh(generator)))
+    assert first["kernels"] == "compiled" and first["program"] == "compiled", first
+    tests = str(Path(__file__).parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", SECOND_PROCESS], env=env, capture_output=True, text=True, timeout=COMPILE_S
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    second = json.loads(done.stdout.strip().splitlines()[-1])
+    row = second["row"]
+    assert row is not None and row["program"] == "found on disk", second
+    assert row["kernels"] == "compiled", row["reason"]
+    assert second["calls"] <= 4 and second["accurate"], second  # decided at the first call after the graph is kept
+    print(f"second process: compiled kernels decided {second['seconds']:.2f} s after its first call")

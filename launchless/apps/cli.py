@@ -492,7 +492,7 @@ def _check_before_launch(parser: argparse.ArgumentParser, args: argparse.Namespa
 
 def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .bench import workloads
-    from .bench.modes import MODES, default_modes
+    from .bench.modes import MODES, default_modes, order_problem
 
     if args.merge:
         from .bench.runner import merge
@@ -524,6 +524,9 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if unknown:
         parser.error(f"unknown mode(s) {', '.join(unknown)}; choose from: {', '.join(MODES)}")
     modes = list(args.modes or default_modes(args.suite))
+    problem = order_problem(modes)
+    if problem:
+        parser.error(problem)
     weights = None
     if args.balance_from:
         from .bench.runner import BalanceFileUnreadable, balance_weights

@@ -5,8 +5,10 @@ against wall time (the timeline chart).
 Targets, each read from rows of one run: steady state within 1.05x of ``launchless-compile`` and within 1.10x of
 the best kernel floor; first call within 1.2x of ``launchless``'s and at most 1/20 of reduce-overhead's; calls while
 compiling at most 10 % slower than ``launchless``'s waited-for call; the swap no later than reduce-overhead's
-first call ends (its compile). A training step (``graphed_step(kernels="compiled")``; no ``launchless-compile``
-there) within 1.05x of the kernel floor of ``compile``'s step.
+first call ends (its compile); a second process (``launchless-compiled-kernels-on-disk``, on the programs the first
+left on disk) replaying compiled kernels within a second of its first call. A training step
+(``graphed_step(kernels="compiled")``; no ``launchless-compile`` there) within 1.05x of the kernel floor of
+``compile``'s step.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import stats
-from .modes import COMPILED_KERNELS
+from .modes import COMPILED_KERNELS, COMPILED_KERNELS_ON_DISK, KERNEL_MODES
 
 Row = Mapping[str, Any]
 
@@ -26,6 +28,7 @@ FIRST_CALL_VS_LAUNCHLESS = 1.2
 FIRST_CALL_VS_REDUCE_OVERHEAD = 1 / 20
 DURING_COMPILE_VS_LAUNCHLESS = 1.10
 TRAINING_VS_COMPILED_FLOOR = 1.05
+SECOND_PROCESS_SWAP_S = 1.0
 
 
 def _ok(row: Row | None, key: str) -> float | None:
@@ -39,30 +42,36 @@ def _fmt(value: float | None, unit: str = "") -> str:
     return "—" if value is None else f"{value:.3g}{unit}"
 
 
-def targets(workload: str, by_key: Mapping[tuple[str, str], Row]) -> dict[str, Any]:
-    """The compiled-kernels figures of one workload and each target met or not (None where a figure is missing)."""
-    kernels = by_key.get((workload, COMPILED_KERNELS))
-    launchless = by_key.get((workload, "launchless"))
+def figures_of(workload: str, row: Row | None, by_key: Mapping[tuple[str, str], Row]) -> dict[str, Any]:
+    """One compiled-kernels row's figures: its steady state against ``launchless-compile`` and the best kernel
+    floor of the workload's modes, its first calls, its compile and swap, and what it decided."""
     compiled = by_key.get((workload, "launchless-compile"))
-    reduce_overhead = by_key.get((workload, stats.REDUCE_OVERHEAD))
     floors = [
         f
         for m in stats.ordered_modes(list(by_key.values()))
         if (f := _ok(by_key.get((workload, m)), "kernel_floor_ms"))
     ]
-    steady, compiled_ms = _ok(kernels, "median_ms"), _ok(compiled, "median_ms")
-    figures = {
+    steady, compiled_ms = _ok(row, "median_ms"), _ok(compiled, "median_ms")
+    return {
         "steady_ms": steady,
         "vs_launchless_compile": None if steady is None or not compiled_ms else steady / compiled_ms,
         "vs_best_floor": None if steady is None or not floors else steady / min(floors),
-        "first_call_ms": _ok(kernels, "first_call_ms"),
-        "during_compile_ms": _ok(kernels, "during_compile_ms"),
-        "swap_s": _ok(kernels, "swap_s"),
-        "compile_s": _ok(kernels, "compile_s"),
-        "kernels": None if kernels is None else kernels.get("kernels"),
-        "from_disk": kernels is not None and kernels.get("program") == "found on disk",
-        "reason": None if kernels is None else kernels.get("kernels_reason"),
+        "first_call_ms": _ok(row, "first_call_ms"),
+        "during_compile_ms": _ok(row, "during_compile_ms"),
+        "swap_s": _ok(row, "swap_s"),
+        "compile_s": _ok(row, "compile_s"),
+        "kernels": None if row is None else row.get("kernels"),
+        "from_disk": row is not None and row.get("program") == "found on disk",
+        "reason": None if row is None else row.get("kernels_reason"),
     }
+
+
+def targets(workload: str, by_key: Mapping[tuple[str, str], Row]) -> dict[str, Any]:
+    """The compiled-kernels figures of one workload and each target met or not (None where a figure is missing)."""
+    kernels = by_key.get((workload, COMPILED_KERNELS))
+    launchless = by_key.get((workload, "launchless"))
+    reduce_overhead = by_key.get((workload, stats.REDUCE_OVERHEAD))
+    figures = figures_of(workload, kernels, by_key)
     first_ll, first_ro = _ok(launchless, "first_call_ms"), _ok(reduce_overhead, "first_call_ms")
     latency_ll = _ok(launchless, "latency_ms")
     figures["targets"] = {
@@ -81,8 +90,17 @@ def targets(workload: str, by_key: Mapping[tuple[str, str], Row]) -> dict[str, A
             figures["swap_s"], None if first_ro is None else first_ro / 1e3
         ),
     }
+    second = by_key.get((workload, COMPILED_KERNELS_ON_DISK))
+    if second is not None:  # compiled again (nothing found on disk) misses the target whatever its swap
+        figures["second_process"] = later = figures_of(workload, second, by_key)
+        figures["targets"]["a second process replays compiled kernels within 1 s"] = (
+            None
+            if second.get("status") != "ok"
+            else later["from_disk"] and bool(_check(later["swap_s"], SECOND_PROCESS_SWAP_S))
+        )
     if kernels is not None and kernels.get("kind") == "training":
         compiled_floor = _ok(by_key.get((workload, "compile")), "kernel_floor_ms")
+        steady = figures["steady_ms"]
         figures["vs_compiled_floor"] = None if steady is None or not compiled_floor else steady / compiled_floor
         figures["targets"]["training step within 1.05x compile's kernel floor"] = _check(
             figures["vs_compiled_floor"], TRAINING_VS_COMPILED_FLOOR
@@ -111,7 +129,8 @@ def markdown_lines(rows: Sequence[Row]) -> list[str]:
         f'`{COMPILED_KERNELS}`: `wrap(model, kernels="compiled")` (a training step: `graphed_step(..., '
         'kernels="compiled")`). Eager-kernel graphs from the first call while Inductor compiles the forward (and '
         "backward) in a child process; its graph swapped in once proven (as accurate as eager against float64, "
-        "faster).",
+        f"faster). A second process (`{COMPILED_KERNELS_ON_DISK}`) runs the same on the caches the first left: its "
+        "programs found on disk.",
         "",
         "| workload | decided | steady ms | × launchless-compile | × best floor | first call ms | ms while compiling "
         "| compiled in s | swapped at s |",
@@ -119,18 +138,24 @@ def markdown_lines(rows: Sequence[Row]) -> list[str]:
     ]
     verdicts = []
     for w in workloads:
-        f = targets(w, by_key)
-        decided = f["kernels"] or "—"
-        if f["from_disk"]:  # a second process: the program another one compiled, loaded at the first capture
-            decided += " (program from disk)"
-        if f["kernels"] != "compiled" and f["reason"]:
-            decided += f" ({f['reason']})"
-        lines.append(
-            f"| `{w}` | {decided} | {_fmt(f['steady_ms'])} | {_fmt(f['vs_launchless_compile'], '×')} | "
-            f"{_fmt(f['vs_best_floor'], '×')} | {_fmt(f['first_call_ms'])} | {_fmt(f['during_compile_ms'])} | "
-            f"{_fmt(f['compile_s'])} | {_fmt(f['swap_s'])} |"
-        )
-        verdicts.append((w, f["targets"]))
+        met = targets(w, by_key)
+        for mode in KERNEL_MODES:
+            row = by_key.get((w, mode))
+            if row is None:
+                continue
+            f = figures_of(w, row, by_key)
+            decided = f["kernels"] or "—"
+            if f["from_disk"]:  # a second process: the program another one compiled, loaded at the first capture
+                decided += " (program from disk)"
+            if f["kernels"] != "compiled" and f["reason"]:
+                decided += f" ({f['reason']})"
+            name = f"`{w}`" + (" second process" if mode == COMPILED_KERNELS_ON_DISK else "")
+            lines.append(
+                f"| {name} | {decided} | {_fmt(f['steady_ms'])} | {_fmt(f['vs_launchless_compile'], '×')} | "
+                f"{_fmt(f['vs_best_floor'], '×')} | {_fmt(f['first_call_ms'])} | {_fmt(f['during_compile_ms'])} | "
+                f"{_fmt(f['compile_s'])} | {_fmt(f['swap_s'])} |"
+            )
+        verdicts.append((w, met["targets"]))
     names = list(dict.fromkeys(name for _, met in verdicts for name in met))  # a training step adds its own
     lines += ["", "Targets met (yes / **no** / — not measured):", "", "| workload | " + " | ".join(names) + " |"]
     lines.append("|---|" + "---|" * len(names))

@@ -19,7 +19,21 @@ from torch.utils import _pytree as pytree
 from ...core.workspaces import own_blas_workspaces
 
 COMPILED_KERNELS = "launchless-compiled-kernels"  # wrap(kernels="compiled"): compiles in a child while it replays
-MODES = ("eager", "compile", "reduce-overhead", "hand-graph", "launchless", "launchless-compile", COMPILED_KERNELS)
+COMPILED_KERNELS_ON_DISK = "launchless-compiled-kernels-on-disk"  # the same in a second process: programs on disk
+KERNEL_MODES = (COMPILED_KERNELS, COMPILED_KERNELS_ON_DISK)
+MODES = (
+    "eager",
+    "compile",
+    "reduce-overhead",
+    "hand-graph",
+    "launchless",
+    "launchless-compile",
+    COMPILED_KERNELS,
+    COMPILED_KERNELS_ON_DISK,
+)
+CACHES_OF = {COMPILED_KERNELS_ON_DISK: COMPILED_KERNELS}
+"""A mode that measures a second process: it runs on the compile caches (Inductor's, Triton's, launchless's
+programs) that the named mode's process left, as a user's next process finds them."""
 
 
 def default_modes(suite: str) -> tuple[str, ...]:
@@ -27,7 +41,19 @@ def default_modes(suite: str) -> tuple[str, ...]:
     kernels, whose compile in a child process per workload belongs to the suite that measures it."""
     from .workloads import KERNELS
 
-    return MODES if suite == KERNELS else tuple(m for m in MODES if m != COMPILED_KERNELS)
+    return MODES if suite == KERNELS else tuple(m for m in MODES if m not in KERNEL_MODES)
+
+
+def order_problem(modes: list[str]) -> str | None:
+    """Why ``modes`` cannot run in this order (None: they can): a second process's mode needs the first's run before
+    it, or it would find nothing on disk and measure a first process."""
+    for later, first in CACHES_OF.items():
+        if later in modes and (first not in modes or modes.index(first) > modes.index(later)):
+            return (
+                f"mode {later} measures a second process on the programs that {first} compiled: name {first} "
+                f"before it (--modes ... {first} {later})"
+            )
+    return None
 
 
 class ModeUnavailable(Exception):
@@ -107,7 +133,7 @@ def inference(mode: str, model: torch.nn.Module, args: tuple, kwargs: dict) -> P
 
         wrapped = launchless.wrap(model, cuda_graph="auto", capture_after=1)
         return Prepared(lambda: wrapped(*args, **kwargs), details=lambda: runtime_summary(wrapped.graph_info()))
-    if mode == COMPILED_KERNELS:  # eager-kernel graphs at once; Inductor's swapped in once compiled and proven
+    if mode in KERNEL_MODES:  # eager-kernel graphs at once; Inductor's swapped in once compiled and proven
         import launchless
 
         from .graphs import runtime_summary

@@ -2,7 +2,9 @@
 
 Each mode's workers get their own, new compile caches (Inductor, Triton, launchless's decisions): on disk
 they would otherwise outlive the process, so a mode would find kernels another mode compiled and its
-first call would not show its own compile time.
+first call would not show its own compile time. The one exception measures exactly that: the
+compiled-kernels mode's second process (``launchless-compiled-kernels-on-disk``) runs on the caches its
+first process left, as a user's next process would find them.
 
 With several GPUs (``--gpus 0 1``) the workloads are dealt out over them and the parts run at once:
 each workload still runs every mode on one GPU, and each part's workers are pinned to their own CPU
@@ -28,6 +30,7 @@ from rich.progress import Progress
 from ..environment import describe
 from ..workers import run_workers
 from . import report
+from .modes import CACHES_OF
 from .worker import empty_row
 
 WORKER = [sys.executable, "-m", "launchless.apps.bench.worker"]
@@ -43,29 +46,35 @@ def run_mode(
     worker: list[str] = WORKER,
     gpu: int | None = None,
     cores: set[int] | None = None,
+    caches: CacheRoots | None = None,
 ) -> list[dict]:
     """Measure ``names`` under ``mode``; a worker that hangs or dies costs only the workload it was on.
 
-    ``gpu`` makes the worker see only that GPU; ``cores`` pins it to those CPU cores."""
+    ``gpu`` makes the worker see only that GPU; ``cores`` pins it to those CPU cores; ``caches``: the suite's
+    compile caches (``CacheRoots``; without, this mode's own, removed after it)."""
     part = "" if gpu is None else f"-gpu{gpu}"
 
     def command(remaining: list[str], jsonl: Path) -> list[str]:
         return [*worker, "--mode", mode, "--iters", str(iters), "--out", str(jsonl), "--workloads", *remaining]
 
-    visible = None if gpu is None else str(gpu)
-    with fresh_cache_env(f"launchless-bench-{mode}{part}-", visible_gpus=visible) as env:
-        return run_workers(
-            names,
-            command=command,
-            out=out,
-            label=f"-{mode}{part}",
-            key="workload",
-            failed_row=lambda name, why: empty_row(name, mode, "error", why),
-            timeout_s=timeout_s,
-            env=env,
-            cores=cores,
-            on_row=lambda row: advance(),
-        )
+    roots = caches or CacheRoots()
+    try:
+        with roots.env(mode, gpu) as env:
+            return run_workers(
+                names,
+                command=command,
+                out=out,
+                label=f"-{mode}{part}",
+                key="workload",
+                failed_row=lambda name, why: empty_row(name, mode, "error", why),
+                timeout_s=timeout_s,
+                env=env,
+                cores=cores,
+                on_row=lambda row: advance(),
+            )
+    finally:
+        if caches is None:
+            roots.close()
 
 
 def fresh_caches(root: Path) -> dict[str, str]:
@@ -89,6 +98,44 @@ def fresh_cache_env(prefix: str, *, visible_gpus: str | None = None) -> Iterator
         yield env
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+class CacheRoots:
+    """The compile caches (Inductor's, Triton's, launchless's programs) of a suite's modes, each in a temporary
+    folder of its own: on disk they outlive a process, and one mode must not find another's kernels. A mode that
+    measures a second process (``CACHES_OF``) runs on the caches its first process left instead. A folder is removed
+    once no mode still to run needs it, and all that are left when the suite ends."""
+
+    def __init__(self) -> None:
+        self._roots: dict[tuple[str, int | None], Path] = {}
+        self._lock = threading.Lock()  # parts on several GPUs run their modes from threads of their own
+
+    @contextlib.contextmanager
+    def env(self, mode: str, gpu: int | None) -> Iterator[dict[str, str]]:
+        """The environment of ``mode``'s workers on ``gpu`` (only that GPU visible, where given)."""
+        owner = (CACHES_OF.get(mode, mode), gpu)
+        with self._lock:
+            root = self._roots.get(owner)
+            if root is None:
+                part = "" if gpu is None else f"-gpu{gpu}"
+                root = self._roots[owner] = Path(tempfile.mkdtemp(prefix=f"launchless-bench-{owner[0]}{part}-"))
+        env = {**os.environ, **fresh_caches(root)}
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        try:
+            yield env
+        finally:
+            if mode not in CACHES_OF.values():  # no second process comes for these caches
+                with self._lock:
+                    self._roots.pop(owner, None)
+                shutil.rmtree(root, ignore_errors=True)
+
+    def close(self) -> None:
+        """Remove the folders still kept (a first process whose second was not run)."""
+        with self._lock:
+            roots, self._roots = list(self._roots.values()), {}
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def deal(names: list[str], parts: int, weights: Mapping[str, float] | None = None) -> list[list[str]]:
@@ -224,12 +271,17 @@ def run_suite(
     with Progress(console=console) as progress:
         task = progress.add_task("benchmarking", total=len(names) * len(modes))
 
+        caches = CacheRoots()
+
         def run(mode: str, part: list[str], gpu: int | None, cores: set[int] | None) -> list[dict]:
             progress.update(task, description=f"mode {mode}")
             advance = lambda: progress.advance(task)  # noqa: E731
-            return run_mode(mode, part, iters, timeout_s, out, advance, gpu=gpu, cores=cores)
+            return run_mode(mode, part, iters, timeout_s, out, advance, gpu=gpu, cores=cores, caches=caches)
 
-        rows = run_parts(names, modes, gpus, run, weights)
+        try:
+            rows = run_parts(names, modes, gpus, run, weights)
+        finally:
+            caches.close()
     environment["wall_s"] = round(time.monotonic() - started, 1)
     paths = report.write_all(out, environment, suite, rows)
     console.print(report.rich_table(environment, suite, rows))

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ...core.workspaces import own_blas_workspaces
 from .. import zoo
-from .modes import COMPILED_KERNELS, ModeUnavailable, Prepared, compiled_model, kernels_decided
+from .modes import KERNEL_MODES, ModeUnavailable, Prepared, compiled_model, kernels_decided
 from .workloads import BenchWorkload
 
 LossFn = Callable[[Callable[..., Any], tuple], torch.Tensor]
@@ -140,7 +140,7 @@ def training(mode: str, s: TrainingSetup) -> Prepared:
             reasons = [info["eager_reason"], *(f["reason"] for f in info["fallbacks"])]
             raise ModeUnavailable("graphed_step runs eager: " + "; ".join(r for r in reasons if r))
         return Prepared(lambda: graphed(*s.batch), steps_in_prepare=graphed.capture_after)
-    if mode == COMPILED_KERNELS:  # the step graph at once; Inductor's forward and backward swapped in once proven
+    if mode in KERNEL_MODES:  # the step graph at once; Inductor's forward and backward swapped in once proven
         import launchless
 
         graphed = launchless.graphed_step(
