@@ -146,7 +146,7 @@ import launchless
 from test_cuda_compiled_kernels import Blocks
 
 torch.manual_seed(4)
-model = Blocks(width=48, depth=3).cuda().eval()
+model = Blocks().cuda().eval()
 wrapped = launchless.wrap(model, kernels="compiled")
 began, calls, row = time.perf_counter(), 0, None
 with torch.inference_mode():
@@ -170,7 +170,7 @@ def test_a_second_process_finds_the_program_on_disk_and_swaps_it_in_at_its_first
     its eager-kernel graph is kept, with no compile of its own."""
     monkeypatch.setenv("LAUNCHLESS_CACHE_DIR", str(tmp_path))
     torch.manual_seed(0)
-    model = Blocks(width=48, depth=3).cuda().eval()
+    model = Blocks().cuda().eval()
     wrapped = launchless.wrap(model, kernels="compiled")
     generator = torch.Generator().manual_seed(5)
     with torch.inference_mode():

@@ -14,7 +14,8 @@ import launchless as ll
 from launchless.train import hooks
 from launchless.train.ddp import DdpSteps
 from launchless.train.optim import CapturableOptimizer, OptimizerNotCapturable, UnfrozenMomentumUnsupported
-from launchless.train.snapshot import Snapshot, state_tensors
+from launchless.train.snapshot import Snapshot, state_labels, state_tensors
+from launchless.train.verification import verified_step
 
 CPU = torch.device("cpu")
 
@@ -474,3 +475,43 @@ def test_a_users_filter_that_ignores_the_accumulator_warning_does_not_hide_it() 
             warnings.warn(MISMATCH, UserWarning, stacklevel=1)
     assert graphed._ddp.accumulators_elsewhere is True
     assert not [w for w in shown if "AccumulateGrad" in str(w.message)]  # still silent for the user
+
+
+@pytest.mark.parametrize(
+    ("skew", "where"),
+    [
+        ("momentum", "in optimizer state 'momentum_buffer' of 3.weight"),
+        ("statistics", "in buffer 1.running_mean"),
+        ("gradient", "in the gradient of 0.bias"),
+        ("loss", "in the step's output"),
+    ],
+)
+def test_a_failed_verification_names_the_state_where_the_replay_differs_most(skew: str, where: str) -> None:
+    """A step graph that leaves other values than eager's is refused with the place: a parameter's optimizer state,
+    a buffer, a gradient or the step's output, named as the model and the optimizer name them."""
+    model, opt, step = _setup(momentum=0.9)
+    x, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    step(x, y)  # the momentum buffers exist
+    before = Snapshot(state_tensors(model, opt), params=list(model.parameters()))
+
+    def replay() -> torch.Tensor:  # a stand-in for a graph whose replay goes wrong in one place
+        loss = step(x, y)
+        with torch.no_grad():
+            if skew == "momentum":
+                opt.state[model[3].weight]["momentum_buffer"].add_(0.5)
+            elif skew == "statistics":
+                model[1].running_mean.add_(0.5)
+            elif skew == "gradient":
+                model[0].bias.grad.add_(0.5)
+        return loss + 0.5 if skew == "loss" else loss
+
+    report, _ = verified_step(
+        lambda: step(x, y),
+        replay,
+        before,
+        mode="auto",
+        lockstep=False,
+        labels=state_labels(model, opt, before),
+    )
+    assert not report["passed"] and report["detail"].startswith("replay differs from eager by 0.5")
+    assert where in report["detail"], report["detail"]

@@ -185,13 +185,19 @@ def difference(reference: Any, other: Any, ulps: float) -> tuple[float, float, f
     """(max abs diff, max rel diff, bound): the bound is ``ulps`` eps at each output's largest magnitude.
 
     A pair whose exceedance of its own bound is largest sets all three numbers."""
+    return worst_pair(reference, other, ulps)[1]
+
+
+def worst_pair(reference: Any, other: Any, ulps: float) -> tuple[int | None, tuple[float, float, float]]:
+    """``difference`` and which pair of tensors (their index among the trees' tensors) set it: None where none
+    differs."""
     see_into(reference)
     see_into(other)
-    worst = (0.0, 0.0, 0.0)
+    worst: tuple[int | None, tuple[float, float, float]] = (None, (0.0, 0.0, 0.0))
     worst_excess = float("-inf")
-    for r, o in zip(_tensors(reference), _tensors(other), strict=True):
+    for i, (r, o) in enumerate(zip(_tensors(reference), _tensors(other), strict=True)):
         if r.shape != o.shape:
-            return float("inf"), float("inf"), 0.0
+            return i, (float("inf"), float("inf"), 0.0)
         rd, od = _real(r), _real(o)
         same = (rd == od) | (rd.isnan() & od.isnan())  # matching infinities and NaNs differ by nothing
         diff = torch.where(same, 0.0, (rd - od).abs()).nan_to_num(nan=float("inf"))
@@ -201,7 +207,8 @@ def difference(reference: Any, other: Any, ulps: float) -> tuple[float, float, f
         bound = ulps * _eps(r.dtype) * scale
         rel = abs_diff / scale if scale else (0.0 if abs_diff == 0 else float("inf"))
         if abs_diff - bound > worst_excess:
-            worst_excess, worst = abs_diff - bound, (abs_diff, rel, bound)
+            worst_excess = abs_diff - bound
+            worst = (i if abs_diff > 0 else None, (abs_diff, rel, bound))
     return worst
 
 

@@ -3,11 +3,13 @@ restored in place by ``core.snapshot.Snapshot`` around verification."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..core.snapshot import Snapshot
 
-__all__ = ["Snapshot", "state_tensors"]
+__all__ = ["Snapshot", "state_labels", "state_tensors"]
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -18,3 +20,26 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """Every tensor a training step updates in place: parameters, buffers, optimizer state."""
     return [*model.parameters(), *model.buffers(), *_optimizer_tensors(optimizer)]
+
+
+def state_labels(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: Snapshot) -> Callable[[int], str]:
+    """What the ``i``-th tensor of ``saved.live()`` is, as a reader finds it in the model or the optimizer: a failed
+    verification names the state where the replay differs most."""
+    parameters = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
+    names: dict[int, str] = {}
+    for name, p in model.named_parameters():
+        names.setdefault(id(p), f"parameter {name}")
+    for name, b in model.named_buffers():
+        names.setdefault(id(b), f"buffer {name}")
+    for p, state in optimizer.state.items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                names.setdefault(id(value), f"optimizer state {key!r} of {parameters.get(id(p), 'a parameter')}")
+
+    def label(i: int) -> str:
+        if i < len(saved.tensors):
+            t = saved.tensors[i]
+            return names.get(id(t), f"a {str(t.dtype).removeprefix('torch.')}{list(t.shape)} tensor the step writes")
+        return f"the gradient of {parameters.get(id(saved.params[i - len(saved.tensors)]), 'a parameter')}"
+
+    return label

@@ -53,7 +53,7 @@ from . import hooks
 from .compiled_kernels import ModelCall, StepKernels, recorded_call
 from .ddp import DDP_STREAM_REASON, DDP_WARMUP_STEPS, DdpSteps, ddp_refusal
 from .optim import CapturableOptimizer, OptimizerNotCapturable
-from .snapshot import Snapshot, state_tensors
+from .snapshot import Snapshot, state_labels, state_tensors
 from .validity import TrainingState
 from .verification import verified_step
 
@@ -541,6 +541,7 @@ class GraphedStep:
             before,
             mode=self.verify,
             lockstep=self._ddp is not None,
+            labels=state_labels(self.model, self.optimizer, before),
         )
 
     def _log_once(self, message: str) -> None:

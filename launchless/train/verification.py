@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.status import VerifyStatus
-from ..core.verify import difference, identical
+from ..core.verify import difference, identical, worst_pair
 from .snapshot import Snapshot
 
 NOISE_FACTOR = 4.0  # a replay may differ from eager by this multiple of the largest eager-vs-eager difference
@@ -19,9 +19,16 @@ LOCKSTEP_RUNS = 3  # eager reruns every rank of a distributed step makes, whatev
 
 
 def verified_step(
-    eager: Callable[[], Any], replay: Callable[[], Any], before: Snapshot, *, mode: str, lockstep: bool
+    eager: Callable[[], Any],
+    replay: Callable[[], Any],
+    before: Snapshot,
+    *,
+    mode: str,
+    lockstep: bool,
+    labels: Callable[[int], str] | None = None,
 ) -> tuple[dict, Any]:
-    """Graph step and eager step from the same state on the same batch must agree."""
+    """Graph step and eager step from the same state on the same batch must agree. ``labels(i)`` names the ``i``-th
+    tensor of ``before.live()``: a failure says where the replay differs most."""
     eager_out = eager()
     eager_state = before.current()
     before.restore()
@@ -31,7 +38,15 @@ def verified_step(
     same = identical(eager_out, graph_out) and identical(eager_state, live)
     if same and not lockstep:
         return report, graph_out
-    diff = 0.0 if same else max(difference(eager_state, live, 0.0)[0], difference(eager_out, graph_out, 0.0)[0])
+    diff, where = 0.0, ""
+    if not same:
+        at, (state_diff, _, _) = worst_pair(eager_state, live, 0.0)
+        out_diff = difference(eager_out, graph_out, 0.0)[0]
+        diff = max(state_diff, out_diff)
+        if out_diff >= state_diff:
+            where = " in the step's output"
+        elif at is not None and labels is not None:
+            where = f" in {labels(at)}"
     if diff == 0.0 and mode != "strict" and not lockstep:  # equal values; only the sign of a zero differs
         report["status"] = VerifyStatus.IDENTICAL_VALUES
         return report, graph_out
@@ -64,6 +79,6 @@ def verified_step(
         report.update(
             passed=False,
             status=VerifyStatus.FAILED,
-            detail=f"replay differs from eager by {diff:.3g}, eager from eager by {noise:.3g}{strict}",
+            detail=f"replay differs from eager by {diff:.3g}{where}, eager from eager by {noise:.3g}{strict}",
         )
     return report, graph_out
