@@ -119,6 +119,21 @@ def test_a_program_compiled_in_a_child_reads_the_models_own_weights_and_is_found
         torch.testing.assert_close(program(x), model(x), rtol=1e-5, atol=1e-5)
     again = compile_in_background(Net().eval(), (x,), signature="(float32[2x3x8x8]@cpu)", directory=tmp_path)
     assert again.state is JobState.READY and again.reason == "found on disk"  # another process: no export
+    assert again.wait(COMPILE_S) is JobState.READY and again.done and again.load_seconds > 0  # read in its thread
+    assert job.load_seconds > 0  # a compiled one is read there too, before it is done
+
+
+def test_a_program_on_disk_that_cannot_be_read_fails_its_job_saying_so(tmp_path) -> None:
+    model = Net().eval()
+    x = torch.randn(2, 3, 8, 8)
+    key = compiled_programs.program_key(model, "(float32[2x3x8x8]@cpu)")
+    (tmp_path / f"{key}.bin").write_bytes(b"not a program")  # a file cut short, or of another torch
+    compiled_programs.plan_of(tmp_path / f"{key}.bin").write_text("{}")
+    job = compile_in_background(model, (x,), signature="(float32[2x3x8x8]@cpu)", directory=tmp_path)
+    assert job.wait(COMPILE_S) is JobState.FAILED and job.done
+    assert job.reason.startswith("the compiled program could not be read:"), job.reason
+    with pytest.raises(RuntimeError, match="nothing to load"):
+        job.load(model)
 
 
 @needs_compiler

@@ -86,23 +86,26 @@ def program_key(model: torch.nn.Module, signature: str) -> str:
 
 
 class CompileJob:
-    """One program being compiled for one model and input signature; ``load()`` once it is ``READY``."""
+    """One program being compiled for one model and input signature; ``load()`` once it is ``READY``.
+
+    A ready program is read from disk in the job's thread too (Inductor imported, its kernels loaded: seconds of
+    host work), so that the call that swaps it in finds it in memory: ``done`` is set once it is."""
 
     def __init__(self, key: str, program: Path) -> None:
         self.key, self.program = key, program
         self.state = JobState.READY if program.exists() and plan_of(program).exists() else JobState.COMPILING
         self.reason = "found on disk" if self.state is JobState.READY else ""
         self.seconds = 0.0  # export and compile, wall time
+        self.load_seconds = 0.0  # reading the ready program into memory, in the job's thread
         self.phases: dict[str, float] = {}  # the child's seconds per phase: start, build, export, compile, save
         self._done = threading.Event()
         self._child: subprocess.Popen | None = None
         self._lock = threading.Lock()
-        if self.state is JobState.READY:
-            self._done.set()
+        self._read: tuple[Any, dict[str, Any], list[torch.Tensor]] | None = None  # (artifact, plan, made tensors)
 
     @property
     def done(self) -> bool:
-        """The job has ended (ready, failed or cancelled): a flag read, for the calls' path."""
+        """The job has ended (ready and read into memory, failed or cancelled): a flag read, for the calls' path."""
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> JobState:
@@ -121,16 +124,31 @@ class CompileJob:
         self._done.set()
 
     def load(self, model: torch.nn.Module) -> CompiledProgram:
-        """The compiled program, called with ``model``'s own parameters, buffers and tensor constants."""
-        if self.state is not JobState.READY:
+        """The compiled program, called with ``model``'s own parameters, buffers and tensor constants (waits for
+        the job's thread to have read it, where it has not yet)."""
+        self._done.wait()
+        if self.state is not JobState.READY or self._read is None:
             raise RuntimeError(f"launchless: the compiled program is {self.state} ({self.reason}); nothing to load")
-        from torch._inductor import CompiledArtifact
-
-        plan = json.loads(plan_of(self.program).read_text())
-        made_path = constants_of(self.program)
-        made = torch.load(made_path, weights_only=True) if made_path.exists() else []
-        compiled = CompiledArtifact.load(path=str(self.program), format="binary")
+        compiled, plan, made = self._read
         return CompiledProgram(compiled, plan, model, made=made)
+
+    def _read_program(self) -> None:
+        """In the job's thread: the ready program into memory; a program that cannot be read fails the job."""
+        began = time.perf_counter()
+        try:
+            from torch._inductor import CompiledArtifact
+
+            plan = json.loads(plan_of(self.program).read_text())
+            made_path = constants_of(self.program)
+            made = torch.load(made_path, weights_only=True) if made_path.exists() else []
+            self._read = (CompiledArtifact.load(path=str(self.program), format="binary"), plan, made)
+        except Exception as exc:
+            with self._lock:
+                self.state = JobState.FAILED
+                self.reason = f"the compiled program could not be read: {type(exc).__name__}: {exc}".splitlines()[0]
+        finally:
+            self.load_seconds = time.perf_counter() - began
+            self._done.set()
 
     # ---- the worker thread ----------------------------------------------------------------------------------
     def _run(
@@ -176,7 +194,10 @@ class CompileJob:
                     self.state, self.reason = JobState.FAILED, f"{type(exc).__name__}: {exc}".splitlines()[0]
         finally:
             self.seconds = time.perf_counter() - began
-            self._done.set()
+            if self.state is JobState.READY:
+                self._read_program()  # sets done once read
+            else:
+                self._done.set()
 
 
 _LIVE: weakref.WeakSet[CompileJob] = weakref.WeakSet()
@@ -295,7 +316,8 @@ def compile_in_background(
     kind = (" training" if training else "") + (" eager numerics" if eager_numerics else "")
     key = program_key(model, signature + kind)
     job = CompileJob(key, (directory or cache_dir()) / f"{key}.bin")
-    if job.state is JobState.READY:
+    if job.state is JobState.READY:  # read into memory beside the calls, as a compiled one is
+        threading.Thread(target=job._read_program, name=f"launchless-read-{key[:8]}", daemon=True).start()
         return job
     _LIVE.add(job)
     worker = threading.Thread(

@@ -98,6 +98,7 @@ def early_calls(prepared: modes.Prepared, start: float, *, pause_s: float = 0.0)
         row["kernels_reason"] = "not decided within the bench's wait" if decided is None else decided["reason"]
         row["compile_s"] = None if decided is None else decided.get("compile_s")
         row["compile_phases"] = None if decided is None else decided.get("compile_phases")
+        row["read_s"] = None if decided is None else decided.get("read_s")  # the program read into memory
         row["program"] = None if decided is None else decided.get("program")  # "found on disk": a second process
     return row
 
