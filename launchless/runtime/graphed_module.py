@@ -27,6 +27,7 @@ import torch
 from ..core import capture as _capture
 from ..core.buckets import check_buckets
 from ..core.cache import GraphCache, Refusal
+from ..core.compiled_programs import SpareCompiler
 from ..core.junctions import JunctionShapeChanged, SegmentedGraph
 from ..core.pool import SHARED
 from ..core.relocation import RelocationWatch
@@ -227,9 +228,19 @@ class GraphedModule(torch.nn.Module):
                 verify=self.verify,
                 tolerance_ulps=self.tolerance_ulps,
                 kernels=self.kernels,
-                spare=None if self._compiled is None else self._compiled.take_spare(),
+                spare=self._decode_spare(model),
             )
         return self._decode.generate(model, args, kwargs)
+
+    def _decode_spare(self, model: torch.nn.Module) -> SpareCompiler | None:
+        """The compiler process for the first decode step's compile: the wrapper's, where no forward's compile took
+        it, else one started now -- it loads while the first generations decode through eager-kernel graphs, so
+        that the decode step's compile begins with its export rather than with imports (seconds for a
+        transformers model)."""
+        if self.kernels != "compiled":
+            return None
+        spare = None if self._compiled is None else self._compiled.take_spare()
+        return spare if spare is not None else SpareCompiler(model)
 
     # ---- the call -----------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
