@@ -44,6 +44,7 @@ _KV_HEADS = re.compile(
     r"^(num_key_value_heads|n_kv_heads|num_kv_heads|multi_query_group_num|kv_heads|n_head_kv|"
     r"num_key_value_attention_heads)$"
 )
+_INDEX_HEADS = re.compile(r"^(index_num_heads|index_n_heads)$")  # a sparse attention's indexer (DeepSeek V3.2's)
 _HEAD_DIM = re.compile(r"^(head_dim|attention_head_dim|d_kv|d_head|kv_channels|head_size|attention_head_size)$")
 _ROTARY_DIM = re.compile(r"^(rotary_dim|rotary_emb_base_dim|rope_dim)$")
 _LAYERS = re.compile(
@@ -178,9 +179,12 @@ def _per_layer_lists(config: dict[str, Any], layers: int | None) -> list[list[An
 
 
 def _heads(key: str, value: int, old_heads: int) -> int | None:
-    """Heads divide the width, key/value heads divide the heads (one stays one: multi-query attention)."""
+    """Heads divide the width, key/value heads divide the heads (one stays one: multi-query attention); a sparse
+    attention's indexer heads stay within the query heads of one key head."""
     if _HEADS.match(key):
         return HEADS
+    if _INDEX_HEADS.match(key):
+        return min(value, HEADS // 2)
     if _KV_HEADS.match(key):
         return 1 if value == 1 else (HEADS if value >= old_heads else 2)
     if _HEAD_DIM.match(key) or _ROTARY_DIM.match(key):
@@ -312,12 +316,24 @@ def _sections(section: list[int], old: int | None, new: int | None) -> list[int]
 
 
 def _select_layers(value: list[Any], old_layers: int | None, chosen: list[int]) -> list[Any] | None:
-    """A per-layer list cut to the chosen layers, or an index list renumbered to them; None: not a layer list."""
+    """A per-layer list cut to the chosen layers; None: not a layer list. Where each layer names a layer (its
+    own index, or an earlier layer's whose keys and values it reads), the names are renumbered: a layer whose
+    named layer was cut names itself."""
     if old_layers is None or not chosen:
         return None
-    if len(value) == old_layers:
-        return [value[i] for i in chosen]
-    return None
+    if len(value) != old_layers:
+        return None
+    picked = [value[i] for i in chosen]
+    if _names_layers(value):
+        return [chosen.index(v) if v in chosen else j for j, v in enumerate(picked)]
+    return picked
+
+
+def _names_layers(value: list[Any]) -> bool:
+    """A per-layer list of layer indices: mostly each layer's own (``kv_source_layers``), not kinds or sizes."""
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    own = sum(v == i for i, v in enumerate(value))
+    return ints and all(0 <= v < len(value) for v in value) and 2 * own >= len(value)
 
 
 def shrink_config(
