@@ -124,8 +124,9 @@ class CompileJob:
         self._done.set()
 
     def load(self, model: torch.nn.Module) -> CompiledProgram:
-        """The compiled program, called with ``model``'s own parameters, buffers and tensor constants (waits for
-        the job's thread to have read it, where it has not yet)."""
+        """The compiled program, called with ``model``'s own parameters, buffers and tensor constants. The calls
+        load a job once ``done``; before, this waits for the job's thread to have read it (never while holding the
+        capture lock, which the read takes)."""
         self._done.wait()
         if self.state is not JobState.READY or self._read is None:
             raise RuntimeError(f"launchless: the compiled program is {self.state} ({self.reason}); nothing to load")
@@ -136,12 +137,16 @@ class CompileJob:
         """In the job's thread: the ready program into memory; a program that cannot be read fails the job."""
         began = time.perf_counter()
         try:
-            from torch._inductor import CompiledArtifact
+            from torch._inductor import CompiledArtifact  # the bulk of the time: beside the calls, captures too
+
+            from .capture import CAPTURE_LOCK
 
             plan = json.loads(plan_of(self.program).read_text())
             made_path = constants_of(self.program)
             made = torch.load(made_path, weights_only=True) if made_path.exists() else []
-            self._read = (CompiledArtifact.load(path=str(self.program), format="binary"), plan, made)
+            with CAPTURE_LOCK:  # loading kernels touches the GPU: never while the calls' thread captures a graph
+                artifact = CompiledArtifact.load(path=str(self.program), format="binary")
+            self._read = (artifact, plan, made)
         except Exception as exc:
             with self._lock:
                 self.state = JobState.FAILED
