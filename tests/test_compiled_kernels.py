@@ -191,3 +191,31 @@ def test_a_graph_captured_again_gets_its_program_again_from_disk_and_one_thread_
     assert swapped is not again and swapped is not first and s.cache.graphs[s.sig] is swapped
     assert s.kernels.info(str)[0]["kernels"] == "compiled"
     assert s.kernels.info(str)[0]["program"] == "found on disk"  # what a second process reports
+
+
+def test_the_decode_steps_compile_gets_a_spare_compiler_whether_or_not_a_forwards_compile_took_the_wrappers() -> None:
+    """A transformers model's forward graph is often kept first (a prefill, a scoring call): its compile takes the
+    spare started with the wrapper, and the decode step's compile would start a process from nothing (torch, the
+    model's modules: seconds). The first generation gets one of its own then."""
+    import launchless
+
+    model = Mlp().eval()
+    wrapped = launchless.wrap(model, kernels="compiled")
+    compiled = wrapped._compiled
+    assert compiled is not None
+    started = compiled.take_spare()  # as a forward's compile takes it
+    assert started is not None
+    try:
+        spare = wrapped._decode_spare(model)
+        assert spare is not None and spare is not started
+        child = spare._child
+        assert child is not None and child.poll() is None  # loading, waiting for the decode step's job
+        spare.end()
+        assert child.poll() is not None
+    finally:
+        started.end()
+    untaken = launchless.wrap(model, kernels="compiled")
+    first = untaken._compiled._spare if untaken._compiled is not None else None
+    assert first is not None and untaken._decode_spare(model) is first  # the wrapper's, where no forward took it
+    first.end()
+    assert launchless.wrap(model)._decode_spare(model) is None  # eager kernels: nothing compiles
