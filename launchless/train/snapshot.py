@@ -3,6 +3,7 @@ restored in place by ``core.snapshot.Snapshot`` around verification."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -24,22 +25,27 @@ def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> l
 
 def state_labels(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: Snapshot) -> Callable[[int], str]:
     """What the ``i``-th tensor of ``saved.live()`` is, as a reader finds it in the model or the optimizer: a failed
-    verification names the state where the replay differs most."""
-    parameters = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
-    names: dict[int, str] = {}
-    for name, p in model.named_parameters():
-        names.setdefault(id(p), f"parameter {name}")
-    for name, b in model.named_buffers():
-        names.setdefault(id(b), f"buffer {name}")
-    for p, state in optimizer.state.items():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor):
-                names.setdefault(id(value), f"optimizer state {key!r} of {parameters.get(id(p), 'a parameter')}")
+    verification names the state where the replay differs most (the names are looked up then, not per capture)."""
+
+    @functools.cache
+    def names() -> tuple[dict[int, str], dict[int, str]]:
+        parameters = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
+        found: dict[int, str] = {}
+        for name, p in model.named_parameters():
+            found.setdefault(id(p), f"parameter {name}")
+        for name, b in model.named_buffers():
+            found.setdefault(id(b), f"buffer {name}")
+        for p, state in optimizer.state.items():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    found.setdefault(id(value), f"optimizer state {key!r} of {parameters.get(id(p), 'a parameter')}")
+        return parameters, found
 
     def label(i: int) -> str:
+        parameters, found = names()
         if i < len(saved.tensors):
             t = saved.tensors[i]
-            return names.get(id(t), f"a {str(t.dtype).removeprefix('torch.')}{list(t.shape)} tensor the step writes")
+            return found.get(id(t), f"a {str(t.dtype).removeprefix('torch.')}{list(t.shape)} tensor the step writes")
         return f"the gradient of {parameters.get(id(saved.params[i - len(saved.tensors)]), 'a parameter')}"
 
     return label
