@@ -91,8 +91,9 @@ class CompileJob:
     A ready program is read from disk in the job's thread too (Inductor imported, its kernels loaded: seconds of
     host work), so that the call that swaps it in finds it in memory: ``done`` is set once it is."""
 
-    def __init__(self, key: str, program: Path) -> None:
+    def __init__(self, key: str, program: Path, device: torch.device | None = None) -> None:
         self.key, self.program = key, program
+        self.device = device  # the model's GPU: the program's kernels are loaded there, whichever thread reads it
         self.state = JobState.READY if program.exists() and plan_of(program).exists() else JobState.COMPILING
         self.reason = "found on disk" if self.state is JobState.READY else ""
         self.seconds = 0.0  # export and compile, wall time
@@ -144,7 +145,8 @@ class CompileJob:
             plan = json.loads(plan_of(self.program).read_text())
             made_path = constants_of(self.program)
             made = torch.load(made_path, weights_only=True) if made_path.exists() else []
-            with CAPTURE_LOCK:  # loading kernels touches the GPU: never while the calls' thread captures a graph
+            on_device = torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext()
+            with CAPTURE_LOCK, on_device:  # it touches the GPU: never while the calls' thread captures a graph
                 artifact = CompiledArtifact.load(path=str(self.program), format="binary")
             self._read = (artifact, plan, made)
         except Exception as exc:
@@ -320,7 +322,8 @@ def compile_in_background(
     ``spare``: a compiler process started ahead (``SpareCompiler``), used if it is still waiting."""
     kind = (" training" if training else "") + (" eager numerics" if eager_numerics else "")
     key = program_key(model, signature + kind)
-    job = CompileJob(key, (directory or cache_dir()) / f"{key}.bin")
+    device = next((t.device for t in [*model.parameters(), *model.buffers()] if t.is_cuda), None)
+    job = CompileJob(key, (directory or cache_dir()) / f"{key}.bin", device)
     if job.state is JobState.READY:  # read into memory beside the calls, as a compiled one is
         threading.Thread(target=job._read_program, name=f"launchless-read-{key[:8]}", daemon=True).start()
         return job
