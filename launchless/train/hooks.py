@@ -170,6 +170,7 @@ class MutationLog(TorchDispatchMode):
         """``fn`` with its writes logged: the step's own, not the capture's around it (beginning a capture fills
         the CUDA generator's seed and offset tensors, which live across graphs: no state of the step)."""
 
+        @functools.wraps(fn)  # named as the step, in what a failed capture says
         def logged(*args: Any, **kwargs: Any) -> Any:
             with self:
                 return fn(*args, **kwargs)
