@@ -400,10 +400,17 @@ def test_the_report_races_compiled_decode_steps_and_says_when_they_were_swapped_
                 compiled_swap_s=21.0,
                 compiled_identical=False,
                 compiled_timeline=[[0.0, 2.0], [21.0, 1.25]],
-                compiled_kernels=[{"kernels": "compiled", "reason": ""}],
+                compiled_kernels=[
+                    {
+                        "kernels": "compiled",
+                        "reason": "",
+                        "compile_phases": {"start": 0.0, "build": 0.12, "export": 2.3, "compile": 9.74},
+                    }
+                ],
             )
     paths = serving_report.write_all(tmp_path, environment, rows)
     text = paths["md"].read_text()
     ratio = GPT2_B1_INTERLEAVED["static-compile"] / 1.25
     assert "launchless-compiled-kernels × static-compile tokens/s" in text and f"{ratio:.2f}×" in text
-    assert f"| `{GPT2_B1}` | compiled | 0.50 | 40.30 | 21.00 | **no** |" in text
+    phases = "start 0.0, build 0.1, export 2.3, compile 9.7"
+    assert f"| `{GPT2_B1}` | compiled | 0.50 | 40.30 | 21.00 | {phases} | **no** |" in text

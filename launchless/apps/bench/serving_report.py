@@ -352,12 +352,25 @@ def _compiled_kernels_lines(view: _View) -> list[str]:
     rows = [r for r in view.part_rows(DECODE) if r["mode"] == LAUNCHLESS and r.get("compiled_timeline")]
     if not rows:
         return []
-    header = ["workload", "decided", "first call s", "static-compile first call s", "swapped at s", "identical"]
+    header = [
+        "workload",
+        "decided",
+        "first call s",
+        "static-compile first call s",
+        "swapped at s",
+        "compiler's phases s",
+        "identical",
+    ]
     body = []
     for row in rows:
+        decisions = row.get("compiled_kernels") or []
         decided = "; ".join(
-            f"{d['kernels']}" + (f" ({_one_line(d['reason'])})" if d.get("reason") else "")
-            for d in row.get("compiled_kernels") or []
+            f"{d['kernels']}" + (f" ({_one_line(d['reason'])})" if d.get("reason") else "") for d in decisions
+        )
+        phases = "; ".join(  # where the time to the swap went: a process started for it, imports, export, compile
+            ", ".join(f"{name} {seconds:.1f}" for name, seconds in (d.get("compile_phases") or {}).items())
+            for d in decisions
+            if d.get("compile_phases")
         )
         static = view.ok(str(row["workload"]), STATIC_COMPILE) or {}
         body.append(
@@ -367,6 +380,7 @@ def _compiled_kernels_lines(view: _View) -> list[str]:
                 _seconds_or_dash(row.get("compiled_first_call_s")),
                 _seconds_or_dash(static.get("first_call_s")),
                 _seconds_or_dash(row.get("compiled_swap_s")),
+                phases or "—",
                 "yes" if row.get("compiled_identical") else "**no**",
             ]
         )
@@ -374,7 +388,9 @@ def _compiled_kernels_lines(view: _View) -> list[str]:
         "",
         f'`{COMPILED_KERNELS}`: `launchless.wrap(model, kernels="compiled")`, generating from its first call '
         "(eager-kernel decode graphs) until its decode step's compiled program was decided (swapped in at the start "
-        "of a call once proven), then raced above. Swapped at: seconds from its first call's start.",
+        "of a call once proven), then raced above. Swapped at: seconds from its first call's start. The compiler's "
+        "phases: `start` (a process to begin in, none where a spare was waiting), `build` (the model's modules "
+        "imported, its tensors made), `export`, `compile`, `save`.",
         "",
         *_md_table(header, body),
     ]
