@@ -156,6 +156,7 @@ def markdown_lines(rows: Sequence[Row]) -> list[str]:
                 f"{_fmt(f['compile_s'])} | {_fmt(f['swap_s'])} |"
             )
         verdicts.append((w, met["targets"]))
+    lines += _time_to_swap_lines(workloads, by_key)
     names = list(dict.fromkeys(name for _, met in verdicts for name in met))  # a training step adds its own
     lines += ["", "Targets met (yes / **no** / — not measured):", "", "| workload | " + " | ".join(names) + " |"]
     lines.append("|---|" + "---|" * len(names))
@@ -163,6 +164,25 @@ def markdown_lines(rows: Sequence[Row]) -> list[str]:
         cells = ["—" if met.get(n) is None else ("yes" if met[n] else "**no**") for n in names]
         lines.append(f"| `{w}` | " + " | ".join(cells) + " |")
     return lines
+
+
+def _time_to_swap_lines(workloads: Sequence[str], by_key: Mapping[tuple[str, str], Row]) -> list[str]:
+    """Where each compiled-kernels row's time to its swap went: the compiler's phases (``start``: a process to begin
+    in, none where a spare was waiting; ``build``: the model's modules imported and its tensors made; ``export``,
+    ``compile``, ``save``) and the program's read into memory beside the calls."""
+    lines = []
+    for w in workloads:
+        for mode in KERNEL_MODES:
+            row = by_key.get((w, mode))
+            if row is None:
+                continue
+            parts = [f"{name} {seconds:.1f}" for name, seconds in (row.get("compile_phases") or {}).items()]
+            if isinstance(row.get("read_s"), (int, float)):
+                parts.append(f"read {row['read_s']:.1f}")
+            if parts:
+                process = " (second process)" if mode == COMPILED_KERNELS_ON_DISK else ""
+                lines.append(f"- `{w}`{process}: " + ", ".join(parts) + " s")
+    return ["", "Time to the swap (compiler phases, then the program read into memory):", "", *lines] if lines else []
 
 
 def has_timelines(rows: Sequence[Row]) -> bool:
