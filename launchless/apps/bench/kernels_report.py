@@ -166,6 +166,11 @@ def markdown_lines(rows: Sequence[Row]) -> list[str]:
     return lines
 
 
+def phases_text(phases: Mapping[str, float] | None) -> str:
+    """A compile's seconds per phase, in their order ("start 0.0, build 0.4, export 1.3, compile 8.4"; "" if none)."""
+    return ", ".join(f"{name} {seconds:.1f}" for name, seconds in (phases or {}).items())
+
+
 def _time_to_swap_lines(workloads: Sequence[str], by_key: Mapping[tuple[str, str], Row]) -> list[str]:
     """Where each compiled-kernels row's time to its swap went: the compiler's phases (``start``: a process to begin
     in, none where a spare was waiting; ``build``: the model's modules imported and its tensors made; ``export``,
@@ -176,12 +181,12 @@ def _time_to_swap_lines(workloads: Sequence[str], by_key: Mapping[tuple[str, str
             row = by_key.get((w, mode))
             if row is None:
                 continue
-            parts = [f"{name} {seconds:.1f}" for name, seconds in (row.get("compile_phases") or {}).items()]
-            if isinstance(row.get("read_s"), (int, float)):
-                parts.append(f"read {row['read_s']:.1f}")
-            if parts:
+            read = row.get("read_s")
+            parts = [phases_text(row.get("compile_phases"))]
+            parts.append(f"read {read:.1f}" if isinstance(read, (int, float)) else "")
+            if any(parts):
                 process = " (second process)" if mode == COMPILED_KERNELS_ON_DISK else ""
-                lines.append(f"- `{w}`{process}: " + ", ".join(parts) + " s")
+                lines.append(f"- `{w}`{process}: " + ", ".join(p for p in parts if p) + " s")
     return ["", "Time to the swap (compiler phases, then the program read into memory):", "", *lines] if lines else []
 
 

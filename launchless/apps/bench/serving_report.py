@@ -49,6 +49,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .kernels_report import phases_text
 from .report import (
     _MISSING,
     BarPanel,
@@ -367,11 +368,8 @@ def _compiled_kernels_lines(view: _View) -> list[str]:
         decided = "; ".join(
             f"{d['kernels']}" + (f" ({_one_line(d['reason'])})" if d.get("reason") else "") for d in decisions
         )
-        phases = "; ".join(  # where the time to the swap went: a process started for it, imports, export, compile
-            ", ".join(f"{name} {seconds:.1f}" for name, seconds in (d.get("compile_phases") or {}).items())
-            for d in decisions
-            if d.get("compile_phases")
-        )
+        # where the time to the swap went: a process started for it, imports, export, compile
+        phases = "; ".join(phases_text(d["compile_phases"]) for d in decisions if d.get("compile_phases"))
         static = view.ok(str(row["workload"]), STATIC_COMPILE) or {}
         body.append(
             [
