@@ -134,6 +134,22 @@ def test_a_step_captured_while_another_graph_lives_finds_no_state_beyond_its_own
     kept(*_batch())  # the first graph still replays
 
 
+def test_memory_compiled_code_allocates_inside_the_step_is_not_state_the_step_writes() -> None:
+    """Inductor's code allocates its buffers without the dispatcher seeing it, then fills them with ``out=``
+    operations: those buffers are the step's own, while a tensor that existed before and is written with
+    ``out=`` (an EMA) is state verification must save."""
+    from launchless.train.hooks import MutationLog
+
+    weights, ema = torch.randn(8, 8, device="cuda"), torch.zeros(8, 8, device="cuda")
+    log = MutationLog()
+    with log:
+        scratch = torch._C._dynamo.guards._empty_strided_cuda((8, 8), (8, 1), torch.float32)  # as Inductor does
+        torch.mm(weights, weights, out=scratch)
+        torch.mm(scratch, weights, out=ema)
+    assert [id(t) for t in log.state()] == [id(ema)]
+    assert log.writers[id(ema)] == "aten::mm"
+
+
 def test_scheduler_inside_the_step_keeps_stepping_and_replays_use_the_new_lr() -> None:
     def body(model, opt, **_):
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)

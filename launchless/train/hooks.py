@@ -135,6 +135,10 @@ class MutationLog(TorchDispatchMode):
     def __init__(self, watch: list[torch.Tensor] = ()) -> None:
         super().__init__()
         self.fresh: set[int] = set()  # storages created during the capture
+        # GPU memory in use before the step: compiled code (Inductor's) allocates its buffers without passing the
+        # dispatcher and then writes them with ``out=`` operations, so "not made by an operation seen here" does
+        # not mean "existed before"; a block the allocator handed out during the step is the step's own
+        self._blocks_before = _active_blocks()
         self.mutated: dict[int, torch.Tensor] = {}
         self.writers: dict[int, str] = {}  # the operation that first wrote each mutated tensor
         self.watched = {_storage(t) for t in watch}  # e.g. incoming gradients: does the step read them?
@@ -187,7 +191,12 @@ class MutationLog(TorchDispatchMode):
         return _storage(t) in self.read
 
     def state(self) -> list[torch.Tensor]:
-        return [t for t in self.mutated.values() if _storage(t) not in self.fresh]
+        """The tensors that existed before the step and that it writes in place."""
+        written = [t for t in self.mutated.values() if _storage(t) not in self.fresh]
+        if self._blocks_before is None or not any(t.is_cuda for t in written):
+            return written
+        now = _active_blocks() or set()
+        return [t for t in written if not _handed_out_since(t, self._blocks_before, now)]
 
     def describe(self, tensors: list[torch.Tensor]) -> str:
         """Tensors of ``state()`` as a reader can find them: dtype, shape and the operation that wrote each."""
@@ -196,6 +205,28 @@ class MutationLog(TorchDispatchMode):
             for t in tensors[:3]
         ]
         return ", ".join(shown) + (f" and {len(tensors) - 3} more" if len(tensors) > 3 else "")
+
+
+def _active_blocks() -> set[tuple[int, int]] | None:
+    """(device, address) of every block PyTorch's CUDA allocator has handed out and not taken back (None where CUDA
+    is not in use: nothing to tell apart)."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return {
+        (segment["device"], block["address"])
+        for segment in torch.cuda.memory_snapshot()
+        for block in segment["blocks"]
+        if block["state"] == "active_allocated"
+    }
+
+
+def _handed_out_since(t: torch.Tensor, before: set[tuple[int, int]], now: set[tuple[int, int]]) -> bool:
+    """Whether ``t``'s storage is a block the allocator handed out after ``before`` was taken (memory from
+    elsewhere -- another allocator, a DLPack import -- is in neither set and counts as existing before)."""
+    if not t.is_cuda:
+        return False
+    block = (t.device.index, _storage(t))
+    return block in now and block not in before
 
 
 def _storage(t: torch.Tensor) -> int:

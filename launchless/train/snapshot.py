@@ -4,7 +4,7 @@ restored in place by ``core.snapshot.Snapshot`` around verification."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -23,9 +23,17 @@ def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> l
     return [*model.parameters(), *model.buffers(), *_optimizer_tensors(optimizer)]
 
 
-def state_labels(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: Snapshot) -> Callable[[int], str]:
+def state_labels(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    saved: Snapshot,
+    *,
+    writers: Mapping[int, str] | None = None,
+) -> Callable[[int], str]:
     """What the ``i``-th tensor of ``saved.live()`` is, as a reader finds it in the model or the optimizer: a failed
-    verification names the state where the replay differs most (the names are looked up then, not per capture)."""
+    verification names the state where the replay differs most (the names are looked up then, not per capture).
+    A tensor of neither is named by the operation that wrote it (``writers``, by ``id``) and by what it is a view
+    of, where it shares a named tensor's memory."""
 
     @functools.cache
     def names() -> tuple[dict[int, str], dict[int, str]]:
@@ -45,7 +53,17 @@ def state_labels(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved
         parameters, found = names()
         if i < len(saved.tensors):
             t = saved.tensors[i]
-            return found.get(id(t), f"a {str(t.dtype).removeprefix('torch.')}{list(t.shape)} tensor the step writes")
+            if id(t) in found:
+                return found[id(t)]
+            what = f"a {str(t.dtype).removeprefix('torch.')}{list(t.shape)} tensor the step writes"
+            if writers and id(t) in writers:
+                what += f" (by {writers[id(t)]})"
+            owner = next((found[id(o)] for o in saved.tensors if id(o) in found and _shares_memory(o, t)), None)
+            return what + (f", a view of {owner}" if owner else "")
         return f"the gradient of {parameters.get(id(saved.params[i - len(saved.tensors)]), 'a parameter')}"
 
     return label
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.device == b.device and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import torch
@@ -509,7 +509,7 @@ class GraphedStep:
             self._extra_state, self._extra_detail = len(extra), writes.describe(extra)
         if self.verify != "off":
             try:
-                report, out = self._verify(entry, flat, before)
+                report, out = self._verify(entry, flat, before, writers=writes.writers)
             except torch.cuda.OutOfMemoryError as exc:
                 before.restore()
                 del entry, graph
@@ -533,15 +533,18 @@ class GraphedStep:
             return None, {"reason": f"verification failed ({report['detail']})"}
         return entry, {**report, "_out": out}
 
-    def _verify(self, entry: _Graph, flat: FlatInputs, before: Snapshot) -> tuple[dict, Any]:
-        """The graph step against eager steps from the same state on the same batch (``verification``)."""
+    def _verify(
+        self, entry: _Graph, flat: FlatInputs, before: Snapshot, *, writers: Mapping[int, str] | None = None
+    ) -> tuple[dict, Any]:
+        """The graph step against eager steps from the same state on the same batch (``verification``);
+        ``writers``: the operation that wrote each tensor the capture saw written, by ``id``, to name it."""
         return verified_step(
             lambda: self._eager(flat),
             lambda: self._replay(entry, flat),
             before,
             mode=self.verify,
             lockstep=self._ddp is not None,
-            labels=state_labels(self.model, self.optimizer, before),
+            labels=state_labels(self.model, self.optimizer, before, writers=writers),
         )
 
     def _log_once(self, message: str) -> None:
