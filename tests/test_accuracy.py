@@ -10,6 +10,7 @@ from launchless.core.accuracy import (
     TF32,
     allowed_float32_precision,
     as_accurate_as_eager,
+    channels_last_copy,
     float64_copy,
     widened,
 )
@@ -106,3 +107,33 @@ def test_a_tf32_rounding_passes_where_the_settings_allow_it_and_fails_where_they
     way_off = {**eager, "y": eager["y"] + 0.1}
     report = as_accurate_as_eager(eager, way_off, reference, float32_precision=TF32)
     assert not report.passed and "units of TF32 precision" in report.detail
+
+
+def test_eager_laid_out_channels_last_counts_where_convolutions_may_use_tf32(monkeypatch) -> None:
+    """A compiled program whose convolutions round as eager's channels-last layout does (cuDNN's TF32 kernels) is
+    as accurate as eager, though eager's own layout happened to take exact kernels; a worse one is still not."""
+    torch.manual_seed(0)
+    convolutional = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)).eval()
+    laid_out = channels_last_copy(convolutional)
+    assert laid_out is not None and laid_out is not convolutional
+    assert laid_out[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert not convolutional[0].weight.is_contiguous(memory_format=torch.channels_last)  # the model is left alone
+    assert channels_last_copy(Net()) is None  # no convolution: one layout
+    monkeypatch.setattr("launchless.core.accuracy._convolutions_may_use_tf32", lambda: False)
+    assert channels_last_copy(convolutional) is None  # exact kernels in every layout
+
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        eager = convolutional(x)
+        reference = float64_copy(convolutional)(*widened((x,)))
+    scale = float(reference.abs().max())
+    other_layout = eager + 40 * TF32.eps * scale  # TF32 rounding through a deep backward: beyond the floor
+    like_it = other_layout + TF32.eps * scale
+    alone = as_accurate_as_eager(eager, like_it, reference, float32_precision=TF32)
+    assert not alone.passed
+    both = as_accurate_as_eager(eager, like_it, reference, float32_precision=TF32, eager_other_layout=other_layout)
+    assert both.passed, both.detail
+    assert both.eager_error >= float((other_layout.double() - reference).abs().max()) * 0.999
+    far = eager + 400 * TF32.eps * scale
+    worse = as_accurate_as_eager(eager, far, reference, float32_precision=TF32, eager_other_layout=other_layout)
+    assert not worse.passed

@@ -15,8 +15,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import launchless as ll
-from launchless.core.accuracy import allowed_float32_precision, as_accurate_as_eager, float64_copy
-from launchless.train.optim import CapturableOptimizer
+from launchless.core.accuracy import (
+    allowed_float32_precision,
+    as_accurate_as_eager,
+    channels_last_copy,
+    float64_copy,
+)
 
 pytestmark = pytest.mark.cuda
 COMPILE_S = 300
@@ -57,6 +61,14 @@ def _step_of(model: nn.Module, opt: torch.optim.Optimizer):
     return step
 
 
+def _loss_and_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """One eager forward and backward of ``model`` (a copy, in training mode): the loss and the gradients."""
+    model.zero_grad(set_to_none=True)  # a copy carries the gradients of what it copied
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    return loss.detach(), [p.grad for p in model.parameters()]
+
+
 def _until_decided(step: ll.GraphedStep, call) -> dict:
     deadline = time.monotonic() + COMPILE_S
     while time.monotonic() < deadline:
@@ -92,30 +104,19 @@ def test_the_step_over_compiled_kernels_swaps_in_and_trains_as_eager_does(optimi
     assert row["kernels"] == "compiled", row["reason"]
     assert row["accuracy"]["passed"] and row["speed"]["speedup"] > 1.0
     assert [r for r in caplog.records if "replays Inductor's compiled forward and backward" in r.message]
-    # fresh batches through the compiled step graph: each step's loss as accurate as eager's against float64 from
-    # the same state (fused kernels round otherwise, and TF32 convolutions differ by their layout: a trajectory
-    # compared after several steps would measure the training's sensitivity, not the kernels)
+    # fresh batches through the compiled step graph: each step's loss and the gradients it leaves as accurate as
+    # eager's against float64 from the same state (fused kernels round otherwise, and a convolution laid out
+    # channels-last by Inductor rounds as eager's channels-last layout does, to TF32)
     precision = allowed_float32_precision(model)
     for _ in range(5):
         x, y = _batch(generator)
-        reference, wide = copy.deepcopy(model), float64_copy(model)
-        want, exact = F.cross_entropy(reference(x), y), F.cross_entropy(wide(x.double()), y)
-        got = graphed(x, y)
-        report = as_accurate_as_eager(want, got, exact, float32_precision=precision)
+        before = copy.deepcopy(model)
+        got = graphed(x, y).detach().clone(), [p.grad.clone() for p in model.parameters()]
+        want, exact = _loss_and_gradients(before, x, y), _loss_and_gradients(float64_copy(before), x.double(), y)
+        laid_out = channels_last_copy(before)
+        other = _loss_and_gradients(laid_out, x, y) if laid_out is not None else None
+        report = as_accurate_as_eager(want, got, exact, float32_precision=precision, eager_other_layout=other)
         assert report.passed, report.detail
-    # one step from one state, the compiled step graph and an eager step (the same prepared optimizer) update the
-    # weights alike
-    reference = copy.deepcopy(model)
-    reference_opt = optimizer(reference)
-    reference_opt.load_state_dict(opt.state_dict())
-    CapturableOptimizer(reference_opt, torch.device("cuda"))
-    x, y = _batch(generator)
-    graphed(x, y), _step_of(reference, reference_opt)(x, y)
-    if isinstance(opt, torch.optim.SGD):  # linear in the gradients: their rounding stays as small in the weights
-        for a, b in zip(model.parameters(), reference.parameters(), strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
-    # (Adam divides by the root of the second moment: a gradient near zero rounded otherwise can move a weight by up
-    # to the learning rate; the losses above are what must agree)
     assert len(graphed.graph_info()["graphs"]) == 1
 
 

@@ -13,7 +13,10 @@ The floor is counted in the coarsest precision PyTorch's settings let the model'
 convolutions may use it (``torch.backends.cudnn.allow_tf32``, on by default) and the model has convolutions, or where
 matrix products may (``torch.set_float32_matmul_precision("high")``); bfloat16 under ``"medium"``. A compiled
 program may pick a TF32 kernel where eager's happened not to (Inductor lays a convolution out channels-last, and
-cuDNN then takes a tensor-core kernel): that is a rounding the settings allow eager too, not an error.
+cuDNN then takes a tensor-core kernel): that is a rounding the settings allow eager too, not an error. Through a
+whole backward those roundings add up beyond any few units, so where convolutions may use TF32 eager is also run
+laid out channels-last (``channels_last_copy``): the same model in eager, as a user may lay it out, under the same
+settings; eager's error is the larger of its two layouts'.
 
 The float64 copy shares the model's non-floating tensors and is made tensor by tensor (at most the float64 copy
 in memory besides the model); it is dropped after the check.
@@ -97,24 +100,49 @@ def float64_copy(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model, memo)
 
 
+def channels_last_copy(model: torch.nn.Module) -> torch.nn.Module | None:
+    """Eager's other layout, where it may round otherwise: a copy of ``model`` laid out channels-last, where the
+    settings let convolutions use TF32 and the model has 2-D or 3-D convolutions (None elsewhere: one layout, one
+    rounding). cuDNN picks its kernels per layout -- measured on an H200, resnet18's gradients from the NCHW layout
+    came out of exact float32 kernels and those of the channels-last one out of TF32 ones, 25 times further from
+    float64 -- and a convolution takes the channels-last layout of its weight."""
+    convolutions = [m for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d))]
+    if not convolutions or not _convolutions_may_use_tf32():
+        return None
+    copied = copy.deepcopy(model)
+    for module in copied.modules():
+        if isinstance(module, torch.nn.Conv2d):
+            module.to(memory_format=torch.channels_last)
+        elif isinstance(module, torch.nn.Conv3d):
+            module.to(memory_format=torch.channels_last_3d)
+    return copied
+
+
 def widened(tree: Any) -> Any:
     """The inputs with floating point tensors in float64."""
     return pytree.tree_map_only(torch.Tensor, lambda t: t.to(torch.float64) if t.is_floating_point() else t, tree)
 
 
 def as_accurate_as_eager(
-    eager: Any, compiled: Any, reference: Any, *, float32_precision: Precision = FLOAT32
+    eager: Any,
+    compiled: Any,
+    reference: Any,
+    *,
+    float32_precision: Precision = FLOAT32,
+    eager_other_layout: Any = None,
 ) -> AccuracyReport:
     """Judge ``compiled`` against ``eager``, both against the float64 ``reference`` (the same forward in float64
     on the same inputs). ``float32_precision``: the unit of the floor for float32 outputs
-    (``allowed_float32_precision``)."""
-    for tree in (eager, compiled, reference):
+    (``allowed_float32_precision``). ``eager_other_layout``: the same eager run in its other layout
+    (``channels_last_copy``), whose error per output counts as eager's where it is larger."""
+    for tree in (eager, compiled, reference, eager_other_layout):
         see_into(tree)
     if not pytree.tree_structure(eager) == pytree.tree_structure(compiled) == pytree.tree_structure(reference):
         return AccuracyReport(False, detail="the outputs' structure differs from eager's")
+    others = pytree.tree_leaves(eager_other_layout) if eager_other_layout is not None else None
     worst, worst_excess = AccuracyReport(True), float("-inf")
-    for e, c, r in zip(
-        pytree.tree_leaves(eager), pytree.tree_leaves(compiled), pytree.tree_leaves(reference), strict=True
+    for i, (e, c, r) in enumerate(
+        zip(pytree.tree_leaves(eager), pytree.tree_leaves(compiled), pytree.tree_leaves(reference), strict=True)
     ):
         if not isinstance(e, torch.Tensor):
             if e != c:
@@ -128,7 +156,8 @@ def as_accurate_as_eager(
             if not torch.equal(e, c):
                 return AccuracyReport(False, detail=f"a {e.dtype} output differs from eager's")
             continue
-        report = _judged(e, c, r, float32_precision)
+        other = others[i] if others is not None and i < len(others) else None
+        report = _judged(e, c, r, float32_precision, other if isinstance(other, torch.Tensor) else None)
         if not report.passed:
             return report
         if report.compiled_error - report.bound > worst_excess:
@@ -137,10 +166,16 @@ def as_accurate_as_eager(
 
 
 def _judged(
-    eager: torch.Tensor, compiled: torch.Tensor, reference: torch.Tensor, float32_precision: Precision
+    eager: torch.Tensor,
+    compiled: torch.Tensor,
+    reference: torch.Tensor,
+    float32_precision: Precision,
+    eager_other_layout: torch.Tensor | None,
 ) -> AccuracyReport:
     ref = reference.detach().to(torch.complex128 if reference.is_complex() else torch.float64)
     eager_error, compiled_error = _error(eager, ref), _error(compiled, ref)
+    if eager_other_layout is not None and eager_other_layout.shape == eager.shape:
+        eager_error = max(eager_error, _error(eager_other_layout, ref))
     finite = ref[ref.isfinite()].abs()
     scale = float(finite.max()) if finite.numel() else 0.0
     dtype = eager.real.dtype if eager.is_complex() else eager.dtype

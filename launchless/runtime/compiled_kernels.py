@@ -28,7 +28,13 @@ from typing import Any, cast
 import torch
 
 from ..core import capture as _capture
-from ..core.accuracy import allowed_float32_precision, as_accurate_as_eager, float64_copy, widened
+from ..core.accuracy import (
+    allowed_float32_precision,
+    as_accurate_as_eager,
+    channels_last_copy,
+    float64_copy,
+    widened,
+)
 from ..core.cache import GraphCache
 from ..core.compiled_programs import JobState, SpareCompiler, compile_in_background
 from ..core.kernel_swaps import KernelDecision, KernelState
@@ -146,6 +152,7 @@ class CompiledKernels:
             return f"its graph does not replay the compiled program ({report.status}: {report.detail})"
         wide = float64_copy(model)  # the reference: the same forward in float64
         precision = allowed_float32_precision(model)  # eager itself may round so under the process's settings
+        laid_out = channels_last_copy(model)  # eager's other layout, where its convolutions may round otherwise
         for probe in make_probes(flat.leaves, from_call=graph.index_inputs):
             args, kwargs = flat.rebuild(probe)
             wide_args, wide_kwargs = widened((args, kwargs))
@@ -155,11 +162,15 @@ class CompiledKernels:
                 why = one_line(exc)
                 return f"the forward does not run in float64, the reference the program is proven against ({why})"
             entry.accuracy = as_accurate_as_eager(
-                model(*args, **kwargs), program(*args, **kwargs), reference, float32_precision=precision
+                model(*args, **kwargs),
+                program(*args, **kwargs),
+                reference,
+                float32_precision=precision,
+                eager_other_layout=laid_out(*args, **kwargs) if laid_out is not None else None,
             )
             if not entry.accuracy.passed:
                 return f"the compiled program is not as accurate as eager: {entry.accuracy.detail}"
-        del wide
+        del wide, laid_out
         leaves = copies(flat.leaves)
         try:
             entry.speed = judge_speed(lambda: graph.replay_cloned(leaves), lambda: compiled.replay_cloned(leaves))

@@ -39,6 +39,7 @@ from ..core.accuracy import (
     AccuracyReport,
     allowed_float32_precision,
     as_accurate_as_eager,
+    channels_last_copy,
     float64_copy,
     widened,
 )
@@ -241,7 +242,8 @@ class StepKernels:
 
 def training_accuracy(model: torch.nn.Module, program: CompiledProgram, call: ModelCall) -> AccuracyReport:
     """The program's outputs and parameter gradients against eager's, both against the same forward and backward in
-    float64, on the call's inputs and one cotangent, and the running statistics each forward left. The model's
+    float64, on the call's inputs and one cotangent, and the running statistics each forward left (eager also laid
+    out channels-last where its convolutions may use TF32: ``core.accuracy``). The model's
     buffers are put back after each run and no ``.grad`` is touched (gradients taken with
     ``torch.autograd.grad``)."""
     buffers = [b for b in model.buffers()]
@@ -265,9 +267,18 @@ def training_accuracy(model: torch.nn.Module, program: CompiledProgram, call: Mo
 
     eager = run(model, model, call.args, call.kwargs)
     compiled = run(program, model, call.args, call.kwargs)
+    laid_out = channels_last_copy(model)  # eager's other layout, where its convolutions may round otherwise
+    other_layout = run(laid_out, laid_out, call.args, call.kwargs) if laid_out is not None else None
+    del laid_out
     wide = float64_copy(model)
     reference = run(wide, wide, *widened((call.args, call.kwargs)))
-    return as_accurate_as_eager(eager, compiled, reference, float32_precision=allowed_float32_precision(model))
+    return as_accurate_as_eager(
+        eager,
+        compiled,
+        reference,
+        float32_precision=allowed_float32_precision(model),
+        eager_other_layout=other_layout,
+    )
 
 
 def _cotangent(output: torch.Tensor, index: int) -> torch.Tensor:
