@@ -212,9 +212,13 @@ def _active_blocks() -> set[tuple[int, int]] | None:
     is not in use: nothing to tell apart)."""
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return None
+    try:
+        segments = torch.cuda.memory_snapshot()
+    except RuntimeError:  # an allocator backend that keeps no blocks (cudaMallocAsync): every write counts as state
+        return None
     return {
         (segment["device"], block["address"])
-        for segment in torch.cuda.memory_snapshot()
+        for segment in segments
         for block in segment["blocks"]
         if block["state"] == "active_allocated"
     }
