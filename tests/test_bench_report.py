@@ -576,3 +576,19 @@ def test_a_training_steps_compiled_kernels_are_held_to_compiles_kernel_floor() -
         if line.startswith("| `timm:resnet18` | yes") or line.startswith("| `timm:resnet18` | **no**")
     )
     assert resnet.count("|") == header.count("|")  # the inference row has a cell for the training target too
+
+
+def test_the_report_says_where_each_workload_comes_from_where_its_entry_says() -> None:
+    """The grace suite marks each workload GraCE's own or a stand-in: the report lists that, and nothing for
+    workloads that say nothing."""
+    from launchless.apps.bench import workloads
+
+    grace = [w for w in workloads.suite(workloads.GRACE)]
+    assert grace and all(w.origin for w in grace)
+    rows = [row(w.name, mode, 1.0) for w in grace for mode in ("eager", "launchless")]
+    md = report.markdown(ENV, workloads.GRACE, rows)
+    section = md.split("## Where the workloads come from", 1)[1]
+    for w in grace:
+        assert f"- `{w.name}`: {w.origin}" in section
+    assert sum("GraCE's own" in w.origin for w in grace) >= 4
+    assert "## Where the workloads come from" not in report.markdown(ENV, SUITE, make_rows())

@@ -186,6 +186,7 @@ TASK_FLOORS = {
     "vision": 7,
     "audio": 3,
     "diffusion": 3,
+    "recommendation": 1,
 }
 
 ORIGINAL_TASKS = {
@@ -213,7 +214,13 @@ ORIGINAL_TASKS = {
 
 # Called with explicit flags that drop caches / mems: they keep that behaviour (benchmarks rely on it).
 NO_CACHE = {"hf:gpt2", "hf:mistral-tiny", "hf:t5-small"}
-PREFIX_FAMILY = {"timm": "timm", "tv": "torchvision", "hf": "transformers", "diffusers": "diffusers"}
+PREFIX_FAMILY = {
+    "timm": "timm",
+    "tv": "torchvision",
+    "hf": "transformers",
+    "diffusers": "diffusers",
+    "grace": "grace",
+}
 
 
 def test_tasks_cover_every_workload_once() -> None:

@@ -323,12 +323,22 @@ def markdown(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) ->
 
     lines += kernels_report.markdown_lines(rows)
     lines += graphs.markdown_lines(rows)
+    lines += _origin_lines(view.workloads)
     lines += ["", "## Skipped and failed", ""]
     problems = view.problems()
     lines += [
         f"- `{r['workload']}` · {r['mode']} · {r.get('status')}: {_one_line(r.get('reason'))}" for r in problems
     ] or ["- none: every listed workload ran in every listed mode"]
     return "\n".join(lines) + "\n"
+
+
+def _origin_lines(names: Sequence[str]) -> list[str]:
+    """Where each workload comes from, for the workloads that say (GraCE's own, or a stand-in and why)."""
+    known = [(name, workloads.WORKLOADS[name].origin) for name in names if name in workloads.WORKLOADS]
+    said = [(name, origin) for name, origin in known if origin]
+    if not said:
+        return []
+    return ["", "## Where the workloads come from", "", *(f"- `{name}`: {origin}" for name, origin in said)]
 
 
 # --- rich -----------------------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ STANDARD = "standard"
 TRAINING = "training"  # the per-step training comparison: SGD, AdamW, bf16, a scheduled BERT fine-tune
 COMPILER = "compiler"  # torch.compile backends: the inference workloads plus models blocked by host copies
 KERNELS = "kernels"  # compiled kernels without the compile wait: every mode, and when the compiled graph swaps in
-SUITES = (QUICK, STANDARD, TRAINING, COMPILER, KERNELS)
+GRACE = "grace"  # GraCE's workloads, in the configurations PyTorch's benchmark runners give them
+SUITES = (QUICK, STANDARD, TRAINING, COMPILER, KERNELS, GRACE)
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class BenchWorkload:
     task: str = "image-classification"  # training only: or "sequence-classification" (BERT, seq tokens)
     seq: int = 128
     suites: tuple[str, ...] = (STANDARD,)
+    origin: str = ""  # where the workload and its configuration come from (GraCE's own, or a stand-in and why)
 
 
 _ALL = [
@@ -66,8 +68,19 @@ _ALL = [
         suites=(TRAINING,),
     ),
 ]
+MASK_RCNN = "tv:maskrcnn_resnet50_fpn"
 _ALL += [  # plain capture fails on a host->device copy in each (DESIGN.md): CGCT's cases
-    BenchWorkload(name, name, suites=(COMPILER,))
+    BenchWorkload(
+        name,
+        name,
+        suites=(COMPILER, GRACE) if name == MASK_RCNN else (COMPILER,),
+        origin=(
+            "GraCE's own model: TorchBench's vision_maskrcnn is torchvision's maskrcnn_resnet50_fpn at batch 1 "
+            "(there on a COCO image with trained weights, here on a random image and weights)"
+            if name == MASK_RCNN
+            else ""
+        ),
+    )
     for name in (
         "tv:fasterrcnn_resnet50_fpn",
         "tv:retinanet_resnet50_fpn",
@@ -79,6 +92,40 @@ _ALL += [  # plain capture fails on a host->device copy in each (DESIGN.md): CGC
         "hf:rt-detr",
         "hf:mask2former",
     )
+]
+_ALL += [  # GraCE's evaluation names these; batch sizes and lengths as PyTorch's benchmark runners set them
+    BenchWorkload(
+        "grace:xlnet@b8",
+        "grace:xlnet",
+        batch=8,
+        suites=(GRACE,),
+        origin="GraCE's own (XLNet inference): XLNetLMHeadModel's default config, batch 8 of 512 tokens, its "
+        "positional encoding built on the host at every call as transformers 4.x built it",
+    ),
+    BenchWorkload(
+        "grace:deep-recommender@b256",
+        "grace:deep-recommender",
+        batch=256,
+        suites=(GRACE,),
+        origin="GraCE's own (Deep Recommender inference): TorchBench's nvidia_deeprecommender, 197951 items by "
+        "512-512-1024, batch 256 (a 203 MB input a call), as model code of our own",
+    ),
+    BenchWorkload(
+        "grace:blenderbot-small@b64",
+        "grace:blenderbot-small",
+        batch=64,
+        suites=(GRACE,),
+        origin="GraCE's own (BlenderbotSmall for conditional generation): the default config, batch 64 of 128 "
+        "tokens, inference (which mode GraCE ran it in is not stated in what we read)",
+    ),
+    BenchWorkload(
+        "grace:mobilebert@b128",
+        "grace:mobilebert",
+        batch=128,
+        suites=(GRACE,),
+        origin="stand-in: MobileBertForMaskedLM of the Hugging Face suite GraCE draws from (batch 128 of 128 "
+        "tokens): thousands of small kernels a call",
+    ),
 ]
 WORKLOADS: dict[str, BenchWorkload] = {w.name: w for w in _ALL}
 

@@ -26,12 +26,13 @@ TASKS = (
     "vision",
     "audio",
     "diffusion",
+    "recommendation",
 )
 
 
 @dataclass(frozen=True)
 class _Spec:
-    family: str  # the package family: timm, torchvision, transformers, diffusers
+    family: str  # the package family: timm, torchvision, transformers, diffusers; grace: GraCE's workloads
     package: str  # import name whose absence makes the workload unavailable
     builder: Builder
     task: str  # one of TASKS

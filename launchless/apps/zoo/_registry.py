@@ -12,6 +12,7 @@ from typing import Any
 
 from ._common import _Spec
 from ._diffusers import _diffusers, _dit, _flux, _image, _pixart, _sd3, _unet
+from ._grace import deep_recommender, xlnet_host_positions
 from ._transformers import (
     MakeKwargs,
     _clip,
@@ -646,6 +647,27 @@ _DIFFUSION: dict[str, _Spec] = {
     ),
 }
 
+# GraCE's workloads (``_grace``): the models its evaluation names, as PyTorch's benchmark runners configure them.
+_GRACE = {
+    "grace:xlnet": _Spec("grace", "transformers", xlnet_host_positions, "encoder"),
+    "grace:deep-recommender": _Spec("grace", "torch", deep_recommender, "recommendation"),
+    "grace:blenderbot-small": _Spec(
+        "grace",
+        "transformers",
+        partial(
+            _hf,
+            "BlenderbotSmallForConditionalGeneration",
+            "BlenderbotSmallConfig",
+            128,
+            ids=("input_ids", "decoder_input_ids"),
+        ),
+        "encoder-decoder",
+    ),
+    "grace:mobilebert": _Spec(
+        "grace", "transformers", partial(_hf, "MobileBertForMaskedLM", "MobileBertConfig", 128), "encoder"
+    ),
+}
+
 _REGISTRY: dict[str, _Spec] = {
     **_ORIGINAL,
     **_CLASSIFICATION,
@@ -660,4 +682,5 @@ _REGISTRY: dict[str, _Spec] = {
     **_VISION,
     **_AUDIO,
     **_DIFFUSION,
+    **_GRACE,
 }
