@@ -106,8 +106,8 @@ def channels_last_copy(model: torch.nn.Module) -> torch.nn.Module | None:
     rounding). cuDNN picks its kernels per layout -- measured on an H200, resnet18's gradients from the NCHW layout
     came out of exact float32 kernels and those of the channels-last one out of TF32 ones, 25 times further from
     float64 -- and a convolution takes the channels-last layout of its weight."""
-    convolutions = [m for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d))]
-    if not convolutions or not _convolutions_may_use_tf32():
+    convolutional = any(isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)) for m in model.modules())
+    if not convolutional or not _convolutions_may_use_tf32():
         return None
     copied = copy.deepcopy(model)
     for module in copied.modules():
@@ -139,7 +139,8 @@ def as_accurate_as_eager(
         see_into(tree)
     if not pytree.tree_structure(eager) == pytree.tree_structure(compiled) == pytree.tree_structure(reference):
         return AccuracyReport(False, detail="the outputs' structure differs from eager's")
-    others = pytree.tree_leaves(eager_other_layout) if eager_other_layout is not None else None
+    laid_out_alike = pytree.tree_structure(eager_other_layout) == pytree.tree_structure(eager)
+    others = pytree.tree_leaves(eager_other_layout) if eager_other_layout is not None and laid_out_alike else None
     worst, worst_excess = AccuracyReport(True), float("-inf")
     for i, (e, c, r) in enumerate(
         zip(pytree.tree_leaves(eager), pytree.tree_leaves(compiled), pytree.tree_leaves(reference), strict=True)
@@ -156,7 +157,7 @@ def as_accurate_as_eager(
             if not torch.equal(e, c):
                 return AccuracyReport(False, detail=f"a {e.dtype} output differs from eager's")
             continue
-        other = others[i] if others is not None and i < len(others) else None
+        other = others[i] if others is not None else None
         report = _judged(e, c, r, float32_precision, other if isinstance(other, torch.Tensor) else None)
         if not report.passed:
             return report

@@ -139,6 +139,7 @@ class MutationLog(TorchDispatchMode):
         # dispatcher and then writes them with ``out=`` operations, so "not made by an operation seen here" does
         # not mean "existed before"; a block the allocator handed out during the step is the step's own
         self._blocks_before = _active_blocks()
+        self._blocks_after: set[tuple[int, int]] | None = None
         self.mutated: dict[int, torch.Tensor] = {}
         self.writers: dict[int, str] = {}  # the operation that first wrote each mutated tensor
         self.watched = {_storage(t) for t in watch}  # e.g. incoming gradients: does the step read them?
@@ -195,8 +196,9 @@ class MutationLog(TorchDispatchMode):
         written = [t for t in self.mutated.values() if _storage(t) not in self.fresh]
         if self._blocks_before is None or not any(t.is_cuda for t in written):
             return written
-        now = _active_blocks() or set()
-        return [t for t in written if not _handed_out_since(t, self._blocks_before, now)]
+        if self._blocks_after is None:  # read once the step has run (the allocator's listing is not free)
+            self._blocks_after = _active_blocks() or set()
+        return [t for t in written if not _handed_out_since(t, self._blocks_before, self._blocks_after)]
 
     def describe(self, tensors: list[torch.Tensor]) -> str:
         """Tensors of ``state()`` as a reader can find them: dtype, shape and the operation that wrote each."""
