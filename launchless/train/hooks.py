@@ -142,7 +142,7 @@ class MutationLog(TorchDispatchMode):
         self._blocks_after: set[tuple[int, int]] | None = None
         self.mutated: dict[int, torch.Tensor] = {}
         self.writers: dict[int, str] = {}  # the operation that first wrote each mutated tensor
-        self.watched = {_storage(t) for t in watch}  # e.g. incoming gradients: does the step read them?
+        self.watched = {storage_address(t) for t in watch}  # e.g. incoming gradients: does the step read them?
         self.read: set[int] = set()
         self.parameters: dict[int, torch.Tensor] = {}  # every nn.Parameter the step uses, by storage
 
@@ -150,8 +150,8 @@ class MutationLog(TorchDispatchMode):
         kwargs = kwargs or {}
         for t in pytree.tree_leaves((args, kwargs)):
             if isinstance(t, torch.nn.Parameter):
-                self.parameters.setdefault(_storage(t), t)
-            if self.watched and isinstance(t, torch.Tensor) and (ptr := _storage(t)) in self.watched:
+                self.parameters.setdefault(storage_address(t), t)
+            if self.watched and isinstance(t, torch.Tensor) and (ptr := storage_address(t)) in self.watched:
                 self.read.add(ptr)
         out = func(*args, **kwargs)
         schema = func._schema
@@ -162,13 +162,13 @@ class MutationLog(TorchDispatchMode):
                 continue
             value = args[i] if i < len(args) else kwargs.get(arg.name)
             for t in value if isinstance(value, (list, tuple)) else (value,):
-                if isinstance(t, torch.Tensor) and _storage(t) not in self.fresh:
+                if isinstance(t, torch.Tensor) and storage_address(t) not in self.fresh:
                     self.mutated.setdefault(id(t), t)
                     self.writers.setdefault(id(t), schema.name)
         if not any(r.alias_info is not None for r in schema.returns):
             for t in out if isinstance(out, (list, tuple)) else (out,):
                 if isinstance(t, torch.Tensor):
-                    self.fresh.add(_storage(t))
+                    self.fresh.add(storage_address(t))
         return out
 
     def logging(self, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -184,16 +184,16 @@ class MutationLog(TorchDispatchMode):
 
     def foreign_parameters(self, model: torch.nn.Module) -> list[torch.Tensor]:
         """Parameters the step reads but neither holds in ``model`` nor writes: e.g. a distillation teacher."""
-        own = {_storage(p) for p in model.parameters()}
-        written = {_storage(t) for t in self.mutated.values()}
+        own = {storage_address(p) for p in model.parameters()}
+        written = {storage_address(t) for t in self.mutated.values()}
         return [t for ptr, t in self.parameters.items() if ptr not in own and ptr not in written]
 
     def was_read(self, t: torch.Tensor) -> bool:
-        return _storage(t) in self.read
+        return storage_address(t) in self.read
 
     def state(self) -> list[torch.Tensor]:
         """The tensors that existed before the step and that it writes in place."""
-        written = [t for t in self.mutated.values() if _storage(t) not in self.fresh]
+        written = [t for t in self.mutated.values() if storage_address(t) not in self.fresh]
         if self._blocks_before is None or not any(t.is_cuda for t in written):
             return written
         if self._blocks_after is None:  # read once the step has run (the allocator's listing is not free)
@@ -231,11 +231,13 @@ def _handed_out_since(t: torch.Tensor, before: set[tuple[int, int]], now: set[tu
     elsewhere -- another allocator, a DLPack import -- is in neither set and counts as existing before)."""
     if not t.is_cuda:
         return False
-    block = (t.device.index, _storage(t))
+    block = (t.device.index, storage_address(t))
     return block in now and block not in before
 
 
-def _storage(t: torch.Tensor) -> int:
+def storage_address(t: torch.Tensor) -> int:
+    """The address of the memory ``t`` is a view of: tensors sharing it share their storage (-1 where there is no
+    plain storage)."""
     try:
         return t.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):  # no plain storage (sparse, nested): not tracked

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from ..core.snapshot import Snapshot
+from .hooks import storage_address
 
 __all__ = ["Snapshot", "state_labels", "state_tensors"]
 
@@ -66,4 +67,4 @@ def state_labels(
 
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.device == b.device and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    return a.device == b.device and storage_address(a) == storage_address(b) != -1
