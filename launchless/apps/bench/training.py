@@ -15,11 +15,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils import _pytree as pytree
 
+from ...core.output_tree import see_into
 from ...core.workspaces import own_blas_workspaces
 from .. import zoo
 from .modes import KERNEL_MODES, ModeUnavailable, Prepared, compiled_model, kernels_decided
-from .workloads import BenchWorkload
+from .workloads import MEAN_OF_OUTPUTS, MODEL_LOSS, BenchWorkload
 
 LossFn = Callable[[Callable[..., Any], tuple], torch.Tensor]
 
@@ -44,29 +46,66 @@ def _sequence_loss(model: Callable[..., Any], batch: tuple) -> torch.Tensor:
     return model(input_ids=ids, attention_mask=mask, labels=labels).loss
 
 
+class RunnersLoss:
+    """The losses PyTorch's benchmark runners train zoo-style models on: a model with labels among its inputs
+    returns its own loss (``MODEL_LOSS``: transformers' ``loss``); otherwise the loss is the mean of each floating
+    output's mean, whatever the outputs' structure (``MEAN_OF_OUTPUTS``). The batch is the model call's tensors in
+    order: its positional arguments, then its keyword arguments' tensors by ``names``; ``flags`` are the call's
+    other keyword arguments."""
+
+    def __init__(self, task: str, positional: int, names: list[str], flags: dict[str, Any]) -> None:
+        self.task, self.positional, self.names, self.flags = task, positional, names, flags
+
+    def __call__(self, model: Callable[..., Any], batch: tuple) -> torch.Tensor:
+        keywords = dict(zip(self.names, batch[self.positional :], strict=True))
+        out = model(*batch[: self.positional], **keywords, **self.flags)
+        if self.task == MODEL_LOSS:
+            return out["loss"]
+        see_into(out)
+        floats = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        return torch.stack([t.float().mean() for t in floats]).mean()
+
+
 def _optimizer(model: torch.nn.Module, name: str, lr: float) -> torch.optim.Optimizer:
     if name == "sgd":
         return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    if name == "adam":  # PyTorch's benchmark runners' training optimizer (capturable on the GPU, as they set it)
+        on_gpu = next(model.parameters()).is_cuda
+        return torch.optim.Adam(model.parameters(), lr=lr, capturable=on_gpu, foreach=True)
     # a float lr: a scheduler built on a tensor lr reads its base value back with .item() every step
     return torch.optim.AdamW(model.parameters(), lr=lr, capturable=True)
 
 
-def setup(w: BenchWorkload) -> TrainingSetup:
+def setup(w: BenchWorkload, *, device: str = "cuda") -> TrainingSetup:
     """Seeded: every mode (and the eager reference) starts from the same state on the same batch."""
     torch.manual_seed(0)
     generator = torch.Generator(device="cpu").manual_seed(1)
+    if w.task in (MEAN_OF_OUTPUTS, MODEL_LOSS):  # the zoo model's own call, the runners' loss
+        built = zoo.build(w.zoo, batch=w.batch, device=device)
+        keywords = dict(built.kwargs)
+        if w.task == MODEL_LOSS:  # random next tokens: the model computes its own loss on them
+            ids = keywords["input_ids"]
+            keywords["labels"] = torch.randint(built.model.config.vocab_size, ids.shape, generator=generator).to(
+                ids.device
+            )
+        names = [k for k, v in keywords.items() if isinstance(v, torch.Tensor)]
+        flags = {k: v for k, v in keywords.items() if not isinstance(v, torch.Tensor)}
+        batch = (*built.args, *(keywords[k] for k in names))
+        loss = RunnersLoss(w.task, len(built.args), names, flags)
+        model = built.model.train()
+        return TrainingSetup(model, _optimizer(model, w.optimizer, 0.01), batch, loss, None, w.amp)
     if w.task == "sequence-classification":
         import transformers
 
         config = transformers.BertConfig(attn_implementation="sdpa", num_labels=2)
-        model = transformers.BertForSequenceClassification(config).cuda().train()
-        ids = torch.randint(config.vocab_size, (w.batch, w.seq), generator=generator).cuda()
-        labels = torch.randint(2, (w.batch,), generator=generator).cuda()
+        model = transformers.BertForSequenceClassification(config).to(device).train()
+        ids = torch.randint(config.vocab_size, (w.batch, w.seq), generator=generator).to(device)
+        labels = torch.randint(2, (w.batch,), generator=generator).to(device)
         batch: tuple = (ids, torch.ones_like(ids), labels)
         opt = _optimizer(model, w.optimizer, 2e-5)
         scheduler = transformers.get_linear_schedule_with_warmup(opt, num_warmup_steps=100, num_training_steps=10_000)
         return TrainingSetup(model, opt, batch, _sequence_loss, scheduler, w.amp)
-    built = zoo.build(w.zoo, batch=w.batch, device="cuda")
+    built = zoo.build(w.zoo, batch=w.batch, device=device)
     model = built.model.train()
     (x,) = built.args
     y = torch.randint(0, 1000, (x.shape[0],), generator=generator).to(x.device)

@@ -13,6 +13,9 @@ STANDARD = "standard"
 TRAINING = "training"  # the per-step training comparison: SGD, AdamW, bf16, a scheduled BERT fine-tune
 COMPILER = "compiler"  # torch.compile backends: the inference workloads plus models blocked by host copies
 KERNELS = "kernels"  # compiled kernels without the compile wait: every mode, and when the compiled graph swaps in
+# training tasks on a zoo model's own call, as PyTorch's benchmark runners train it (``training.RunnersLoss``)
+MEAN_OF_OUTPUTS = "mean-of-outputs"  # the mean of its outputs is the loss (TorchBench's models)
+MODEL_LOSS = "model-loss"  # random labels for its input ids; the model's own loss (the Hugging Face suite)
 GRACE = "grace"  # GraCE's workloads, in the configurations PyTorch's benchmark runners give them
 SUITES = (QUICK, STANDARD, TRAINING, COMPILER, KERNELS, GRACE)
 
@@ -23,9 +26,10 @@ class BenchWorkload:
     zoo: str
     kind: str = "inference"  # "inference" | "training"
     batch: int = 1
-    optimizer: str = "sgd"  # training only: "sgd" (momentum 0.9) | "adamw"
+    optimizer: str = "sgd"  # training only: "sgd" (momentum 0.9) | "adamw" | "adam" (capturable, foreach)
     amp: str | None = None  # training only: "bf16" autocast
-    task: str = "image-classification"  # training only: or "sequence-classification" (BERT, seq tokens)
+    # training only: "image-classification", "sequence-classification" (BERT, seq tokens), MEAN_OF_OUTPUTS, MODEL_LOSS
+    task: str = "image-classification"
     seq: int = 128
     suites: tuple[str, ...] = (STANDARD,)
     origin: str = ""  # where the workload and its configuration come from (GraCE's own, or a stand-in and why)
@@ -117,6 +121,39 @@ _ALL += [  # GraCE's evaluation names these; batch sizes and lengths as PyTorch'
         suites=(GRACE,),
         origin="GraCE's own (BlenderbotSmall for conditional generation): the default config, batch 64 of 128 "
         "tokens, inference (which mode GraCE ran it in is not stated in what we read)",
+    ),
+    BenchWorkload(
+        "grace:xlnet-train@b8",
+        "grace:xlnet",
+        kind="training",
+        batch=8,
+        optimizer="adam",
+        task=MODEL_LOSS,
+        suites=(GRACE,),
+        origin="GraCE's own model, training (that GraCE trained it is our reading of its XLNet-I's inference "
+        "mark): as grace:xlnet@b8, its own loss on random labels, Adam at 0.01 as PyTorch's runners train",
+    ),
+    BenchWorkload(
+        "grace:deep-recommender-train@b256",
+        "grace:deep-recommender",
+        kind="training",
+        batch=256,
+        optimizer="adam",
+        task=MEAN_OF_OUTPUTS,
+        suites=(GRACE,),
+        origin="GraCE's own model, training (a variant we infer): as grace:deep-recommender@b256, the mean of its "
+        "output the loss and Adam at 0.01, as PyTorch's runners train TorchBench's models",
+    ),
+    BenchWorkload(
+        "grace:mt5-train@b16",
+        "grace:mt5",
+        kind="training",
+        batch=16,
+        optimizer="adam",
+        task=MODEL_LOSS,
+        suites=(GRACE,),
+        origin="GraCE's own (MT5 for conditional generation, training): mt5-small's default config, untied "
+        "embeddings as transformers 4.x had them, batch 16 of 128 tokens, its own loss, Adam at 0.01",
     ),
     BenchWorkload(
         "grace:mobilebert@b128",

@@ -663,6 +663,19 @@ _GRACE = {
         ),
         "encoder-decoder",
     ),
+    "grace:mt5": _Spec(
+        "grace",
+        "transformers",
+        partial(
+            _hf,
+            "MT5ForConditionalGeneration",
+            "MT5Config",
+            128,
+            ids=("input_ids", "decoder_input_ids"),
+            tie_word_embeddings=False,  # transformers 4.x's default for MT5, as the benchmark runners built it
+        ),
+        "encoder-decoder",
+    ),
     "grace:mobilebert": _Spec(
         "grace", "transformers", partial(_hf, "MobileBertForMaskedLM", "MobileBertConfig", 128), "encoder"
     ),
