@@ -115,6 +115,15 @@ _ALL += [  # GraCE's evaluation names these; batch sizes and lengths as PyTorch'
         "512-512-1024, batch 256 (a 203 MB input a call), as model code of our own",
     ),
     BenchWorkload(
+        "grace:clip@b32",
+        "grace:clip",
+        batch=32,
+        suites=(GRACE,),
+        origin="GraCE's own (MMC: TorchBench's torch_multimodal_clip): CLIP ViT-B/32 at batch 32, as model code of "
+        "our own with the host tensors torchmultimodal has (its causal mask, the row index picking each text's "
+        "last token)",
+    ),
+    BenchWorkload(
         "grace:blenderbot-small@b64",
         "grace:blenderbot-small",
         batch=64,

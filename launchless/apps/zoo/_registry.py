@@ -12,7 +12,7 @@ from typing import Any
 
 from ._common import _Spec
 from ._diffusers import _diffusers, _dit, _flux, _image, _pixart, _sd3, _unet
-from ._grace import deep_recommender, xlnet_host_positions
+from ._grace import clip, deep_recommender, xlnet_host_positions
 from ._transformers import (
     MakeKwargs,
     _clip,
@@ -651,6 +651,7 @@ _DIFFUSION: dict[str, _Spec] = {
 _GRACE = {
     "grace:xlnet": _Spec("grace", "transformers", xlnet_host_positions, "encoder"),
     "grace:deep-recommender": _Spec("grace", "torch", deep_recommender, "recommendation"),
+    "grace:clip": _Spec("grace", "torch", clip, "vision"),
     "grace:blenderbot-small": _Spec(
         "grace",
         "transformers",
