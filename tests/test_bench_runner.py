@@ -8,6 +8,7 @@ import sys
 import weakref
 
 import pytest
+import torch
 
 from launchless.apps import cli, zoo
 from launchless.apps.bench import modes, runner, stats, workloads
@@ -47,9 +48,9 @@ def _worker(crash: str = "", hang: str = "", env: bool = False) -> list[str]:
 def test_suites_and_registry() -> None:
     assert [w.name for w in workloads.suite("quick")] == ["timm:resnet18", "train:resnet18"]
     standard = workloads.suite("standard")
-    assert len(standard) == 14 and len(workloads.WORKLOADS) == 34  # plain-SGD training variants run by name
+    assert len(standard) == 14 and len(workloads.WORKLOADS) == 35  # plain-SGD training variants run by name
     grace = workloads.suite("grace")  # GraCE's workloads: each says whether it is GraCE's own or a stand-in
-    assert len(grace) == 9 and all(w.origin for w in grace) and {w.zoo for w in grace} <= set(zoo.names())
+    assert len(grace) == 10 and all(w.origin for w in grace) and {w.zoo for w in grace} <= set(zoo.names())
     compiler = workloads.suite("compiler")  # inference workloads plus the models host copies keep out of capture
     assert {w.kind for w in compiler} == {"inference"} and len(compiler) == 20
     assert {w.zoo for w in compiler} <= set(zoo.names())
@@ -392,3 +393,12 @@ def test_compiled_kernels_run_in_their_own_suite_unless_asked_for() -> None:
     assert [w.name for w in workloads.suite(workloads.KERNELS)] == [
         "timm:resnet18", "timm:efficientnet_b0", "hf:gpt2", "hf:t5-small", "train:resnet18"
     ]  # fmt: skip
+
+
+def test_a_workload_builds_in_its_own_dtype() -> None:
+    """pyhpc's models compute in float64: the workload says so and its inputs are built so (others stay float32)."""
+    ocean = workloads.get("grace:ocean-equation-of-state")
+    assert ocean.torch_dtype is torch.float64 and workloads.get("timm:resnet18").torch_dtype is torch.float32
+    built = zoo.build(ocean.zoo, batch=ocean.batch, dtype=ocean.torch_dtype)
+    assert all(x.dtype is torch.float64 for x in built.args)
+    assert built.model(*built.args).dtype is torch.float64

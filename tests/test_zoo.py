@@ -187,6 +187,7 @@ TASK_FLOORS = {
     "audio": 3,
     "diffusion": 3,
     "recommendation": 1,
+    "scientific": 1,
 }
 
 ORIGINAL_TASKS = {

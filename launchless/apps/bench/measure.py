@@ -42,7 +42,7 @@ def kernel_floor_ms(call: Any, calls: int = PROFILE_CALLS) -> float | None:
 
 
 def _build(w: BenchWorkload) -> zoo.Workload:
-    return zoo.build(w.zoo, batch=w.batch, device="cuda")
+    return zoo.build(w.zoo, batch=w.batch, device="cuda", dtype=w.torch_dtype)
 
 
 def compare_outputs(reference: Any, output: Any) -> dict:

@@ -81,7 +81,7 @@ def setup(w: BenchWorkload, *, device: str = "cuda") -> TrainingSetup:
     torch.manual_seed(0)
     generator = torch.Generator(device="cpu").manual_seed(1)
     if w.task in (MEAN_OF_OUTPUTS, MODEL_LOSS):  # the zoo model's own call, the runners' loss
-        built = zoo.build(w.zoo, batch=w.batch, device=device)
+        built = zoo.build(w.zoo, batch=w.batch, device=device, dtype=w.torch_dtype)
         keywords = dict(built.kwargs)
         if w.task == MODEL_LOSS:  # random next tokens: the model computes its own loss on them
             ids = keywords["input_ids"]
@@ -105,7 +105,7 @@ def setup(w: BenchWorkload, *, device: str = "cuda") -> TrainingSetup:
         opt = _optimizer(model, w.optimizer, 2e-5)
         scheduler = transformers.get_linear_schedule_with_warmup(opt, num_warmup_steps=100, num_training_steps=10_000)
         return TrainingSetup(model, opt, batch, _sequence_loss, scheduler, w.amp)
-    built = zoo.build(w.zoo, batch=w.batch, device=device)
+    built = zoo.build(w.zoo, batch=w.batch, device=device, dtype=w.torch_dtype)
     model = built.model.train()
     (x,) = built.args
     y = torch.randint(0, 1000, (x.shape[0],), generator=generator).to(x.device)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 QUICK = "quick"  # meant to finish within 3 minutes on an H200 with all five modes
 STANDARD = "standard"
 TRAINING = "training"  # the per-step training comparison: SGD, AdamW, bf16, a scheduled BERT fine-tune
@@ -33,6 +35,11 @@ class BenchWorkload:
     seq: int = 128
     suites: tuple[str, ...] = (STANDARD,)
     origin: str = ""  # where the workload and its configuration come from (GraCE's own, or a stand-in and why)
+    dtype: str = "float32"  # the parameters' and floating inputs' dtype (a torch dtype's name)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
 
 
 _ALL = [
@@ -122,6 +129,15 @@ _ALL += [  # GraCE's evaluation names these; batch sizes and lengths as PyTorch'
         origin="GraCE's own (MMC: TorchBench's torch_multimodal_clip): CLIP ViT-B/32 at batch 32, as model code of "
         "our own with the host tensors torchmultimodal has (its causal mask, the row index picking each text's "
         "last token)",
+    ),
+    BenchWorkload(
+        "grace:ocean-equation-of-state",
+        "grace:ocean-equation-of-state",
+        dtype="float64",
+        suites=(GRACE,),
+        origin="stand-in for GraCE's EOS (TorchBench's pyhpc_equation_of_state): a float64 polynomial of the same "
+        "shape, about 300 elementwise operations over pyhpc's default grid of 204 x 204 x 26 points (one kernel "
+        "once compiled, where GraCE turns the graph off)",
     ),
     BenchWorkload(
         "grace:blenderbot-small@b64",

@@ -27,6 +27,7 @@ TASKS = (
     "audio",
     "diffusion",
     "recommendation",
+    "scientific",
 )
 
 

@@ -162,3 +162,59 @@ def clip(batch: int) -> Built:
         return (torch.rand(batch, 3, CLIP_IMAGE, CLIP_IMAGE), torch.randint(CLIP_VOCAB, (batch, CLIP_CONTEXT))), {}
 
     return model, make
+
+
+OCEAN_GRID = (204, 204, 26)  # TorchBench's pyhpc models at their default size (2**20 points): x, y, depth levels
+
+
+class OceanEquationOfState(nn.Module):
+    """A stand-in of the same shape as the seawater equation of state TorchBench's pyhpc_equation_of_state
+    evaluates: one float64 polynomial in the square root of salinity, temperature and pressure, term by term --
+    about 300 elementwise operations over the ocean grid in eager, one fused kernel once compiled. The
+    coefficients are fixed pseudo-random numbers (the timings and the graphs do not depend on them)."""
+
+    SALINITY_POWERS, TEMPERATURE_POWERS, PRESSURE_POWERS = 4, 6, 3
+
+    def __init__(self) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(0xE05)
+        shape = (self.SALINITY_POWERS, self.TEMPERATURE_POWERS, self.PRESSURE_POWERS)
+        self.coefficients = torch.randn(shape, generator=generator, dtype=torch.float64).tolist()  # Python floats
+
+    def forward(self, salinity: torch.Tensor, temperature: torch.Tensor, pressure: torch.Tensor) -> torch.Tensor:
+        x = torch.sqrt(salinity * 0.0248826675584615 + 0.5)
+        y = temperature * 0.025
+        z = pressure * 1e-4
+        xs, ys, zs = (
+            _powers(x, self.SALINITY_POWERS),
+            _powers(y, self.TEMPERATURE_POWERS),
+            _powers(z, self.PRESSURE_POWERS),
+        )
+        density = torch.zeros_like(x)
+        for i, by_temperature in enumerate(self.coefficients):
+            for j, by_pressure in enumerate(by_temperature):
+                for k, coefficient in enumerate(by_pressure):
+                    density = density + coefficient * xs[i] * ys[j] * zs[k]
+        return density
+
+
+def _powers(x: torch.Tensor, count: int) -> list[torch.Tensor]:
+    """``[1, x, x**2, ...]``, ``count`` of them, each from the last (as a hand-written polynomial computes them)."""
+    powers = [torch.ones_like(x), x]
+    while len(powers) < count:
+        powers.append(powers[-1] * x)
+    return powers[:count]
+
+
+def ocean_equation_of_state(batch: int) -> Built:
+    """The stand-in on the pyhpc grid: salinity and temperature per point, pressure per depth level (``batch`` grids
+    stacked along x; pyhpc computes in float64: the bench workload builds it so)."""
+    nx, ny, nz = OCEAN_GRID
+
+    def make() -> Inputs:
+        salinity = 30.0 + 10.0 * torch.rand(batch * nx, ny, nz)
+        temperature = 25.0 * torch.rand(batch * nx, ny, nz)
+        pressure = torch.linspace(0.0, 5000.0, nz).reshape(1, 1, nz)
+        return (salinity, temperature, pressure), {}
+
+    return OceanEquationOfState(), make
