@@ -515,3 +515,30 @@ def test_a_failed_verification_names_the_state_where_the_replay_differs_most(ske
     )
     assert not report["passed"] and report["detail"].startswith("replay differs from eager by 0.5")
     assert where in report["detail"], report["detail"]
+
+
+def test_the_allocators_active_blocks_are_read_with_or_without_their_addresses(monkeypatch) -> None:
+    """The mutation log tells the step's own memory by the blocks PyTorch's allocator had handed out before it:
+    a block's address is given, or is its segment's address plus the sizes of the blocks before it."""
+    segments = [
+        {
+            "device": 0,
+            "address": 1000,
+            "blocks": [
+                {"size": 100, "state": "active_allocated"},
+                {"size": 50, "state": "inactive"},
+                {"size": 30, "state": "active_allocated"},
+            ],
+        },
+        {"device": 1, "address": 5000, "blocks": [{"size": 8, "state": "active_allocated", "address": 5000}]},
+    ]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: segments)
+    assert hooks._active_blocks() == {(0, 1000), (0, 1150), (1, 5000)}
+
+    def no_blocks() -> list:
+        raise RuntimeError("memory_snapshot is not supported with the cudaMallocAsync backend")
+
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", no_blocks)
+    assert hooks._active_blocks() is None  # every write then counts as state, as before

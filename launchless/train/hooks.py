@@ -218,12 +218,14 @@ def _active_blocks() -> set[tuple[int, int]] | None:
         segments = torch.cuda.memory_snapshot()
     except RuntimeError:  # an allocator backend that keeps no blocks (cudaMallocAsync): every write counts as state
         return None
-    return {
-        (segment["device"], block["address"])
-        for segment in segments
-        for block in segment["blocks"]
-        if block["state"] == "active_allocated"
-    }
+    active: set[tuple[int, int]] = set()
+    for segment in segments:
+        address = segment["address"]  # blocks lie end to end in their segment (a release without their address)
+        for block in segment["blocks"]:
+            if block["state"] == "active_allocated":
+                active.add((segment["device"], block.get("address", address)))
+            address += block["size"]
+    return active
 
 
 def _handed_out_since(t: torch.Tensor, before: set[tuple[int, int]], now: set[tuple[int, int]]) -> bool:
