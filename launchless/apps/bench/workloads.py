@@ -181,6 +181,18 @@ _ALL += [  # GraCE's evaluation names these; batch sizes and lengths as PyTorch'
         "embeddings as transformers 4.x had them, batch 16 of 128 tokens, its own loss, Adam at 0.01",
     ),
     BenchWorkload(
+        "grace:speaker-encoder-train@b64",
+        "grace:speaker-encoder",
+        kind="training",
+        batch=64,
+        optimizer="adam",
+        task=MEAN_OF_OUTPUTS,
+        suites=(GRACE,),
+        origin="stand-in: TorchBench's tts_angular (a member of the suite GraCE draws from), its speaker encoder "
+        "trained on 64 utterances of 50 x 40 mel frames as PyTorch's runner trains it -- which turns graphs off "
+        "for it (speed-up 0.05 to 1.05): a graph that may not pay",
+    ),
+    BenchWorkload(
         "grace:mobilebert@b128",
         "grace:mobilebert",
         batch=128,

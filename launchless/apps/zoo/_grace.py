@@ -218,3 +218,28 @@ def ocean_equation_of_state(batch: int) -> Built:
         return (salinity, temperature, pressure), {}
 
     return OceanEquationOfState(), make
+
+
+class SpeakerEncoder(nn.Module):
+    """The speaker encoder TorchBench's tts_angular trains (a Coqui TTS model): three LSTMs of 768 units, each
+    followed by a projection to 256 without bias, the last frame's embedding normalized to unit length. PyTorch's
+    benchmark runner turns CUDA graphs off for it (its speed-up under them swung from 0.05 to 1.05): a graph that
+    may not pay, where a selective capture must say no."""
+
+    def __init__(self, mels: int = 40, hidden: int = 768, projected: int = 256, layers: int = 3) -> None:
+        super().__init__()
+        widths = [mels, *([projected] * (layers - 1))]
+        self.lstms = nn.ModuleList(nn.LSTM(width, hidden, batch_first=True) for width in widths)
+        self.projections = nn.ModuleList(nn.Linear(hidden, projected, bias=False) for _ in widths)
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        x = frames
+        for lstm, projection in zip(self.lstms, self.projections, strict=True):
+            lstm.flatten_parameters()  # as the original calls it, at every forward
+            x = projection(lstm(x)[0])
+        return F.normalize(x[:, -1], p=2, dim=1)
+
+
+def speaker_encoder(batch: int, *, frames: int = 50, mels: int = 40) -> Built:
+    """The encoder on ``batch`` utterances of ``frames`` frames of ``mels`` mel bands (TorchBench: 64 x 50 x 40)."""
+    return SpeakerEncoder(mels), lambda: ((torch.rand(batch, frames, mels),), {})

@@ -12,7 +12,7 @@ from typing import Any
 
 from ._common import _Spec
 from ._diffusers import _diffusers, _dit, _flux, _image, _pixart, _sd3, _unet
-from ._grace import clip, deep_recommender, ocean_equation_of_state, xlnet_host_positions
+from ._grace import clip, deep_recommender, ocean_equation_of_state, speaker_encoder, xlnet_host_positions
 from ._transformers import (
     MakeKwargs,
     _clip,
@@ -653,6 +653,7 @@ _GRACE = {
     "grace:deep-recommender": _Spec("grace", "torch", deep_recommender, "recommendation"),
     "grace:clip": _Spec("grace", "torch", clip, "vision"),
     "grace:ocean-equation-of-state": _Spec("grace", "torch", ocean_equation_of_state, "scientific"),
+    "grace:speaker-encoder": _Spec("grace", "torch", speaker_encoder, "audio"),
     "grace:blenderbot-small": _Spec(
         "grace",
         "transformers",
