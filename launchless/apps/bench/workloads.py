@@ -140,6 +140,15 @@ _ALL += [  # GraCE's evaluation names these; batch sizes and lengths as PyTorch'
         "once compiled, where GraCE turns the graph off)",
     ),
     BenchWorkload(
+        "grace:ocean-turbulence",
+        "grace:ocean-turbulence",
+        dtype="float64",
+        suites=(GRACE,),
+        origin="stand-in for GraCE's TKE (TorchBench's pyhpc_turbulent_kinetic_energy), of the same shape as model "
+        "code of our own: an implicit vertical solve looped over 26 depth levels and superbee advection along three "
+        "axes on pyhpc's default 204 x 204 x 26 float64 grid, small constants made on the device at every call",
+    ),
+    BenchWorkload(
         "grace:blenderbot-small@b64",
         "grace:blenderbot-small",
         batch=64,

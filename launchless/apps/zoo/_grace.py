@@ -243,3 +243,82 @@ class SpeakerEncoder(nn.Module):
 def speaker_encoder(batch: int, *, frames: int = 50, mels: int = 40) -> Built:
     """The encoder on ``batch`` utterances of ``frames`` frames of ``mels`` mel bands (TorchBench: 64 x 50 x 40)."""
     return SpeakerEncoder(mels), lambda: ((torch.rand(batch, frames, mels),), {})
+
+
+class OceanTurbulence(nn.Module):
+    """A stand-in of the same shape as the turbulent kinetic energy step TorchBench's pyhpc_turbulent_kinetic_energy
+    integrates (from the Veros ocean model), as model code of our own: on a float64 ocean grid, an implicit vertical
+    diffusion solved level by level (the Thomas algorithm, a Python loop over the depth levels writing slices in
+    place), then flux-limited (superbee) advection along the three axes, its limiter's bounds made as small tensors
+    on the device at every call as the original makes them -- hundreds of small kernels and host-made constants."""
+
+    def __init__(self, dt: float = 1.0) -> None:
+        super().__init__()
+        self.dt = dt
+
+    def forward(
+        self,
+        velocity: torch.Tensor,  # [3, nx, ny, nz]: u, v, w
+        energy: torch.Tensor,  # [nx, ny, nz]
+        diffusivity: torch.Tensor,  # [nx, ny, nz]
+        forcing: torch.Tensor,  # [nx, ny, nz]
+        water: torch.Tensor,  # [nx, ny, nz]: 1 in water, 0 on land
+        thickness: torch.Tensor,  # [nz]: each level's thickness
+    ) -> torch.Tensor:
+        above = -self.dt * diffusivity / (thickness * thickness)
+        below = torch.roll(above, 1, dims=2)
+        diagonal = 1.0 - above - below
+        solved = _thomas(below * water, diagonal, above * water, (energy + self.dt * forcing) * water)
+        tendency = torch.zeros_like(solved)
+        for axis in range(3):
+            flux = _superbee_flux(velocity[axis], solved, water, axis, self.dt)
+            tendency = tendency - (flux - torch.roll(flux, 1, dims=axis))
+        return (solved + self.dt * tendency) * water
+
+
+def _thomas(lower: torch.Tensor, diagonal: torch.Tensor, upper: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """The tridiagonal systems along the last axis, solved by elimination and back substitution, level by level."""
+    diagonal, right = diagonal.clone(), right.clone()
+    levels = diagonal.shape[-1]
+    for k in range(1, levels):
+        factor = lower[..., k] / diagonal[..., k - 1]
+        diagonal[..., k] -= factor * upper[..., k - 1]
+        right[..., k] -= factor * right[..., k - 1]
+    out = torch.empty_like(right)
+    out[..., -1] = right[..., -1] / diagonal[..., -1]
+    for k in range(levels - 2, -1, -1):
+        out[..., k] = (right[..., k] - upper[..., k] * out[..., k + 1]) / diagonal[..., k]
+    return out
+
+
+def _superbee_flux(
+    velocity: torch.Tensor, field: torch.Tensor, water: torch.Tensor, axis: int, dt: float
+) -> torch.Tensor:
+    """The superbee-limited upwind flux of ``field`` through each cell's face along ``axis``."""
+    ahead, behind = torch.roll(field, -1, dims=axis), torch.roll(field, 1, dims=axis)
+    jump_ahead, jump, jump_behind = (
+        (ahead - field) * water,
+        (field - behind) * water,
+        (behind - torch.roll(behind, 1, dims=axis)) * water,
+    )
+    upwind = torch.where(velocity > 0.0, jump_behind, jump_ahead)
+    ratio = upwind / torch.where(torch.abs(jump) < 1e-20, 1e-20, jump)
+    zero, one, two = (torch.tensor([value], dtype=field.dtype, device=field.device) for value in (0.0, 1.0, 2.0))
+    limited = torch.maximum(zero, torch.maximum(torch.minimum(one, 2 * ratio), torch.minimum(two, ratio)))
+    courant = torch.abs(velocity * dt)
+    return velocity * (field + behind) * 0.5 - torch.abs(velocity) * ((1.0 - limited) + courant * limited) * jump * 0.5
+
+
+def ocean_turbulence(batch: int) -> Built:
+    """The stand-in on pyhpc's default grid (``batch`` grids stacked along x; float64 as pyhpc computes, set by the
+    bench workload)."""
+    nx, ny, nz = OCEAN_GRID
+
+    def make() -> Inputs:
+        shape = (batch * nx, ny, nz)
+        velocity = 0.1 * torch.randn(3, *shape)
+        water = (torch.rand(shape) < 0.8).float()
+        thickness = 1.0 + torch.rand(nz)
+        return (velocity, torch.rand(shape), 0.1 * torch.rand(shape), torch.randn(shape), water, thickness), {}
+
+    return OceanTurbulence(), make

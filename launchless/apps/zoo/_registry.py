@@ -12,7 +12,14 @@ from typing import Any
 
 from ._common import _Spec
 from ._diffusers import _diffusers, _dit, _flux, _image, _pixart, _sd3, _unet
-from ._grace import clip, deep_recommender, ocean_equation_of_state, speaker_encoder, xlnet_host_positions
+from ._grace import (
+    clip,
+    deep_recommender,
+    ocean_equation_of_state,
+    ocean_turbulence,
+    speaker_encoder,
+    xlnet_host_positions,
+)
 from ._transformers import (
     MakeKwargs,
     _clip,
@@ -654,6 +661,7 @@ _GRACE = {
     "grace:clip": _Spec("grace", "torch", clip, "vision"),
     "grace:ocean-equation-of-state": _Spec("grace", "torch", ocean_equation_of_state, "scientific"),
     "grace:speaker-encoder": _Spec("grace", "torch", speaker_encoder, "audio"),
+    "grace:ocean-turbulence": _Spec("grace", "torch", ocean_turbulence, "scientific"),
     "grace:blenderbot-small": _Spec(
         "grace",
         "transformers",
