@@ -149,6 +149,27 @@ _ALL += [  # GraCE's evaluation names these; batch sizes and lengths as PyTorch'
         "axes on pyhpc's default 204 x 204 x 26 float64 grid, small constants made on the device at every call",
     ),
     BenchWorkload(
+        "grace:speech-transformer@b10",
+        "grace:speech-transformer",
+        batch=10,
+        suites=(GRACE,),
+        origin="GraCE's own (Speech Transformer: TorchBench's speech_transformer), as model code of our own: 6+6 "
+        "layers of width 512 on a minibatch shaped as TorchBench's first (10 utterances of up to 204 x 320 "
+        "features, up to 21 tokens), its per-row padding mask and target unpadding kept; inference (GraCE's mode "
+        "is not stated in what we read)",
+    ),
+    BenchWorkload(
+        "grace:speech-transformer-train@b10",
+        "grace:speech-transformer",
+        kind="training",
+        batch=10,
+        optimizer="adam",
+        task=MEAN_OF_OUTPUTS,
+        suites=(GRACE,),
+        origin="GraCE's own model, training (a mode we infer): as grace:speech-transformer@b10, trained as "
+        "PyTorch's runner trains TorchBench's models (the mean of its outputs, Adam at 0.01)",
+    ),
+    BenchWorkload(
         "grace:blenderbot-small@b64",
         "grace:blenderbot-small",
         batch=64,

@@ -322,3 +322,82 @@ def ocean_turbulence(batch: int) -> Built:
         return (velocity, torch.rand(shape), 0.1 * torch.rand(shape), torch.randn(shape), water, thickness), {}
 
     return OceanTurbulence(), make
+
+
+SPEECH_FEATURES = 320  # 80 filterbank channels, four frames stacked (low frame rate)
+SPEECH_VOCAB = 1014
+SPEECH_PADDING = -1  # a target's padding, dropped before decoding
+
+
+class SpeechTransformer(nn.Module):
+    """The Speech-Transformer (Dong et al., 2018) as TorchBench's speech_transformer configures it, as model code of
+    our own: 6 encoder and 6 decoder layers of width 512 (8 heads, 2048 inner, dropout 0.1), sinusoidal positions,
+    the output projection sharing the target embedding. What makes it a graph workload is kept: the encoder's
+    padding mask is written row by row at each input's length (a device scalar read on the host), and the targets
+    lose their padding row by row and gain start and end tokens (shapes that depend on the values)."""
+
+    def __init__(self, width: int = 512, layers: int = 6, heads: int = 8, inner: int = 2048, max_len: int = 5000):
+        super().__init__()
+        self.input = nn.Linear(SPEECH_FEATURES, width)
+        self.input_norm = nn.LayerNorm(width)
+        self.register_buffer("positions", _sinusoids(max_len, width), persistent=False)
+        self.encoder = nn.ModuleList(
+            nn.TransformerEncoderLayer(width, heads, inner, dropout=0.1, batch_first=True) for _ in range(layers)
+        )
+        self.embedding = nn.Embedding(SPEECH_VOCAB, width)
+        self.decoder = nn.ModuleList(
+            nn.TransformerDecoderLayer(width, heads, inner, dropout=0.1, batch_first=True) for _ in range(layers)
+        )
+        self.projection = nn.Linear(width, SPEECH_VOCAB, bias=False)
+        self.projection.weight = self.embedding.weight
+        self.dropout = nn.Dropout(0.1)
+        self.scale = width**-0.5
+        self.start, self.end = SPEECH_VOCAB - 2, SPEECH_VOCAB - 1
+
+    def forward(
+        self, features: torch.Tensor, lengths: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        frames = torch.ones(features.shape[:2], dtype=features.dtype, device=features.device)
+        for row in range(features.shape[0]):
+            frames[row, lengths[row] :] = 0  # the original's loop: each length read on the host
+        padding = frames == 0
+        x = self.dropout(self.input_norm(self.input(features)) + self.positions[: features.shape[1]])
+        for layer in self.encoder:
+            x = layer(x, src_key_padding_mask=padding) * frames[..., None]
+        rows = [row[row != SPEECH_PADDING] for row in targets]
+        start, end = rows[0].new([self.start]), rows[0].new([self.end])
+        given = nn.utils.rnn.pad_sequence([torch.cat([start, row]) for row in rows], True, self.end)
+        expected = nn.utils.rnn.pad_sequence([torch.cat([row, end]) for row in rows], True, SPEECH_PADDING)
+        steps = given.shape[1]
+        causal = torch.ones(steps, steps, dtype=torch.bool, device=given.device).triu(1)
+        y = self.dropout(self.embedding(given) + self.positions[:steps])
+        for layer in self.decoder:
+            y = layer(y, x, tgt_mask=causal, tgt_key_padding_mask=given == self.end, memory_key_padding_mask=padding)
+        return self.projection(y) * self.scale, expected
+
+
+def _sinusoids(length: int, width: int) -> torch.Tensor:
+    position = torch.arange(length, dtype=torch.float32)[:, None]
+    frequency = torch.exp(torch.arange(0, width, 2, dtype=torch.float32) * (-math.log(10000.0) / width))
+    table = torch.zeros(length, width)
+    table[:, 0::2], table[:, 1::2] = torch.sin(position * frequency), torch.cos(position * frequency)
+    return table
+
+
+def speech_transformer(batch: int, *, frames: int = 204, tokens: int = 21) -> Built:
+    """The model on a minibatch as TorchBench's first one is shaped (10 utterances of up to 204 stacked frames, up to
+    21 target tokens; ``batch`` utterances here): random features, lengths and targets, the first the longest."""
+
+    def make() -> Inputs:
+        lengths = torch.randint(frames // 2, frames + 1, (batch,))
+        lengths[0] = frames
+        features = torch.randn(batch, frames, SPEECH_FEATURES) * (
+            torch.arange(frames)[None, :, None] < lengths[:, None, None]
+        )
+        sizes = torch.randint(tokens // 2, tokens + 1, (batch,))
+        sizes[0] = tokens
+        targets = torch.randint(SPEECH_VOCAB - 2, (batch, tokens))
+        targets[torch.arange(tokens)[None, :] >= sizes[:, None]] = SPEECH_PADDING
+        return (features, lengths, targets), {}
+
+    return SpeechTransformer(), make

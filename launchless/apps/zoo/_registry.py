@@ -18,6 +18,7 @@ from ._grace import (
     ocean_equation_of_state,
     ocean_turbulence,
     speaker_encoder,
+    speech_transformer,
     xlnet_host_positions,
 )
 from ._transformers import (
@@ -662,6 +663,7 @@ _GRACE = {
     "grace:ocean-equation-of-state": _Spec("grace", "torch", ocean_equation_of_state, "scientific"),
     "grace:speaker-encoder": _Spec("grace", "torch", speaker_encoder, "audio"),
     "grace:ocean-turbulence": _Spec("grace", "torch", ocean_turbulence, "scientific"),
+    "grace:speech-transformer": _Spec("grace", "torch", speech_transformer, "audio"),
     "grace:blenderbot-small": _Spec(
         "grace",
         "transformers",
