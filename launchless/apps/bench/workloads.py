@@ -223,6 +223,14 @@ _ALL += [  # GraCE's evaluation names these; batch sizes and lengths as PyTorch'
         "for it (speed-up 0.05 to 1.05): a graph that may not pay",
     ),
     BenchWorkload(
+        "grace:lcnet_050@b256",
+        "timm:lcnet_050",
+        batch=256,
+        suites=(GRACE,),
+        origin="stand-in: lcnet_050, a member of the TIMM suite GraCE draws from, at that suite's batch 256 of "
+        "224-pixel images: narrow channels, short kernels",
+    ),
+    BenchWorkload(
         "grace:mobilebert@b128",
         "grace:mobilebert",
         batch=128,

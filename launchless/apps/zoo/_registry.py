@@ -689,6 +689,7 @@ _GRACE = {
         ),
         "encoder-decoder",
     ),
+    "timm:lcnet_050": _tm("lcnet_050"),  # a member of the TIMM suite GraCE draws from
     "grace:mobilebert": _Spec(
         "grace", "transformers", partial(_hf, "MobileBertForMaskedLM", "MobileBertConfig", 128), "encoder"
     ),
