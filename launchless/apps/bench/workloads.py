@@ -7,6 +7,7 @@ optimizer -- on one fixed batch; an inference workload runs the zoo model's forw
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -104,137 +105,125 @@ _ALL += [  # plain capture fails on a host->device copy in each (DESIGN.md): CGC
         "hf:mask2former",
     )
 ]
+
+
+def _grace(name: str, zoo_name: str, *, origin: str, **settings: Any) -> BenchWorkload:
+    """A workload of the grace suite, saying where it comes from."""
+    return BenchWorkload(name, zoo_name, suites=(GRACE,), origin=origin, **settings)
+
+
+def _grace_trained(name: str, zoo_name: str, *, batch: int, task: str, origin: str) -> BenchWorkload:
+    """A grace training workload, trained as PyTorch's benchmark runners train: Adam, the runners' loss (``task``)."""
+    return _grace(name, zoo_name, kind="training", batch=batch, optimizer="adam", task=task, origin=origin)
+
+
 _ALL += [  # GraCE's evaluation names these; batch sizes and lengths as PyTorch's benchmark runners set them
-    BenchWorkload(
+    _grace(
         "grace:xlnet@b8",
         "grace:xlnet",
         batch=8,
-        suites=(GRACE,),
         origin="GraCE's own (XLNet inference): XLNetLMHeadModel's default config, batch 8 of 512 tokens, its "
         "positional encoding built on the host at every call as transformers 4.x built it",
     ),
-    BenchWorkload(
+    _grace(
         "grace:deep-recommender@b256",
         "grace:deep-recommender",
         batch=256,
-        suites=(GRACE,),
         origin="GraCE's own (Deep Recommender inference): TorchBench's nvidia_deeprecommender, 197951 items by "
         "512-512-1024, batch 256 (a 203 MB input a call), as model code of our own",
     ),
-    BenchWorkload(
+    _grace(
         "grace:clip@b32",
         "grace:clip",
         batch=32,
-        suites=(GRACE,),
         origin="GraCE's own (MMC: TorchBench's torch_multimodal_clip): CLIP ViT-B/32 at batch 32, as model code of "
         "our own with the host tensors torchmultimodal has (its causal mask, the row index picking each text's "
         "last token)",
     ),
-    BenchWorkload(
+    _grace(
         "grace:ocean-equation-of-state",
         "grace:ocean-equation-of-state",
         dtype="float64",
-        suites=(GRACE,),
         origin="stand-in for GraCE's EOS (TorchBench's pyhpc_equation_of_state): a float64 polynomial of the same "
         "shape, about 300 elementwise operations over pyhpc's default grid of 204 x 204 x 26 points (one kernel "
         "once compiled, where GraCE turns the graph off)",
     ),
-    BenchWorkload(
+    _grace(
         "grace:ocean-turbulence",
         "grace:ocean-turbulence",
         dtype="float64",
-        suites=(GRACE,),
         origin="stand-in for GraCE's TKE (TorchBench's pyhpc_turbulent_kinetic_energy), of the same shape as model "
         "code of our own: an implicit vertical solve looped over 26 depth levels and superbee advection along three "
         "axes on pyhpc's default 204 x 204 x 26 float64 grid, small constants made on the device at every call",
     ),
-    BenchWorkload(
+    _grace(
         "grace:speech-transformer@b10",
         "grace:speech-transformer",
         batch=10,
-        suites=(GRACE,),
         origin="GraCE's own (Speech Transformer: TorchBench's speech_transformer), as model code of our own: 6+6 "
         "layers of width 512 on a minibatch shaped as TorchBench's first (10 utterances of up to 204 x 320 "
         "features, up to 21 tokens), its per-row padding mask and target unpadding kept; inference (GraCE's mode "
         "is not stated in what we read)",
     ),
-    BenchWorkload(
+    _grace_trained(
         "grace:speech-transformer-train@b10",
         "grace:speech-transformer",
-        kind="training",
         batch=10,
-        optimizer="adam",
         task=MEAN_OF_OUTPUTS,
-        suites=(GRACE,),
         origin="GraCE's own model, training (a mode we infer): as grace:speech-transformer@b10, trained as "
         "PyTorch's runner trains TorchBench's models (the mean of its outputs, Adam at 0.01)",
     ),
-    BenchWorkload(
+    _grace(
         "grace:blenderbot-small@b64",
         "grace:blenderbot-small",
         batch=64,
-        suites=(GRACE,),
         origin="GraCE's own (BlenderbotSmall for conditional generation): the default config, batch 64 of 128 "
         "tokens, inference (which mode GraCE ran it in is not stated in what we read)",
     ),
-    BenchWorkload(
+    _grace_trained(
         "grace:xlnet-train@b8",
         "grace:xlnet",
-        kind="training",
         batch=8,
-        optimizer="adam",
         task=MODEL_LOSS,
-        suites=(GRACE,),
         origin="GraCE's own model, training (that GraCE trained it is our reading of its XLNet-I's inference "
         "mark): as grace:xlnet@b8, its own loss on random labels, Adam at 0.01 as PyTorch's runners train",
     ),
-    BenchWorkload(
+    _grace_trained(
         "grace:deep-recommender-train@b256",
         "grace:deep-recommender",
-        kind="training",
         batch=256,
-        optimizer="adam",
         task=MEAN_OF_OUTPUTS,
-        suites=(GRACE,),
         origin="GraCE's own model, training (a variant we infer): as grace:deep-recommender@b256, the mean of its "
         "output the loss and Adam at 0.01, as PyTorch's runners train TorchBench's models",
     ),
-    BenchWorkload(
+    _grace_trained(
         "grace:mt5-train@b16",
         "grace:mt5",
-        kind="training",
         batch=16,
-        optimizer="adam",
         task=MODEL_LOSS,
-        suites=(GRACE,),
         origin="GraCE's own (MT5 for conditional generation, training): mt5-small's default config, untied "
         "embeddings as transformers 4.x had them, batch 16 of 128 tokens, its own loss, Adam at 0.01",
     ),
-    BenchWorkload(
+    _grace_trained(
         "grace:speaker-encoder-train@b64",
         "grace:speaker-encoder",
-        kind="training",
         batch=64,
-        optimizer="adam",
         task=MEAN_OF_OUTPUTS,
-        suites=(GRACE,),
         origin="stand-in: TorchBench's tts_angular (a member of the suite GraCE draws from), its speaker encoder "
         "trained on 64 utterances of 50 x 40 mel frames as PyTorch's runner trains it -- which turns graphs off "
         "for it (speed-up 0.05 to 1.05): a graph that may not pay",
     ),
-    BenchWorkload(
+    _grace(
         "grace:lcnet_050@b256",
         "timm:lcnet_050",
         batch=256,
-        suites=(GRACE,),
         origin="stand-in: lcnet_050, a member of the TIMM suite GraCE draws from, at that suite's batch 256 of "
         "224-pixel images: narrow channels, short kernels",
     ),
-    BenchWorkload(
+    _grace(
         "grace:mobilebert@b128",
         "grace:mobilebert",
         batch=128,
-        suites=(GRACE,),
         origin="stand-in: MobileBertForMaskedLM of the Hugging Face suite GraCE draws from (batch 128 of 128 "
         "tokens): thousands of small kernels a call",
     ),
