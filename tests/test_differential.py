@@ -618,6 +618,30 @@ def test_mismatches_that_are_equal_numbers_are_named_and_bounded_by_zero() -> No
     assert mismatch({"n": 1, "t": want}, {"n": 2, "t": want}) is Mismatch.OTHER_LEAVES
 
 
+def test_a_graph_whose_library_branches_on_capture_is_held_to_verifications_rule_on_every_call() -> None:
+    """Verification names the capture-path class from the branch it recorded when its probes show a difference; a
+    later call whose inputs show one is judged by the same rule, whichever probes verification drew -- and only
+    within the rounding bound, and only where a branch was recorded."""
+    from launchless.apps.differential.report import _bounded
+    from launchless.apps.differential.runner import CAPTURE_PATH, judge_mismatch
+
+    want = torch.linspace(1, 2, 8)
+    near = want.clone()
+    near[3] = torch.nextafter(near[3], torch.tensor(3.0))  # one ulp
+    report = {"status": "bit-identical", "passed": True, "capture_branches": ["masking_utils.py:330"]}
+    info = {"graphs": [{"verification": report}]}
+    result, max_abs, bound, named = judge_mismatch(want, near, info)
+    assert (result, named) == (Result.BOUNDED, CAPTURE_PATH) and 0 < max_abs <= bound
+    assert judge_mismatch(want, near, {"graphs": [{"verification": {**report, "capture_branches": []}}]})[0] is (
+        Result.DIFFERS
+    )
+    assert judge_mismatch(want, near, {"graphs": [{"verification": {**report, "passed": False}}]})[0] is Result.DIFFERS
+    assert judge_mismatch(want, want * 1.01, info)[0] is Result.DIFFERS  # beyond the bound whatever branched
+    row = {"bound_class": CAPTURE_PATH, "max_abs_diff": max_abs, "bound": bound, "capture_path_max_abs": max_abs}
+    assert "named by the capture branch alone" in _bounded(row)
+    assert "alone" not in _bounded({**row, "capture_path_max_abs": None})
+
+
 def test_a_difference_that_eager_on_the_capture_path_reproduces_is_the_capture_path_class(monkeypatch) -> None:
     """transformers skips an all-ones attention mask where it may read the mask on the host, and builds it while
     capturing: a graph then differs from eager in the last bits on calls whose mask is all ones. Eager told it is

@@ -326,7 +326,13 @@ def _not_accelerated(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _bounded(row: dict[str, Any]) -> str:
-    return f"{row['bound_class']}: max diff {row['max_abs_diff']:.3g} within bound {row['bound']:.3g}"
+    text = f"{row['bound_class']}: max diff {row['max_abs_diff']:.3g} within bound {row['bound']:.3g}"
+    if row["bound_class"] == "capture-path" and row.get("capture_path_max_abs"):
+        text += (
+            f"; named by the capture branch alone: eager forced onto the capture path is "
+            f"{row['capture_path_max_abs']:.3g} from the graph"
+        )
+    return text
 
 
 def chart(rows: list[dict[str, Any]], path: Path) -> None:
