@@ -829,6 +829,24 @@ def test_rows_not_accelerated_are_counted_by_cause() -> None:
     assert section.count("| 1 |") >= 3 and "| d |" not in section.split("##")[1]
 
 
+def test_a_decoding_row_names_why_no_step_replays_before_the_steps_that_waited() -> None:
+    """The steps run eager before a decode shape is captured are not a cause: the row's reason starts with why none
+    replays (the blocker and its line), and the report counts it under that cause."""
+    from launchless.apps.differential.generate import _decode_status
+
+    blocker = "host sync `aten._local_scalar_dense` at modeling_xglm.py:99 in forward: `if max_pos > n:`"
+    info = {"decode": {"steps_replayed": 0, "steps_eager": {"captured once seen 3 times": 2, blocker: 28}}}
+    status, reason = _decode_status(info)
+    assert status is Status.EAGER and reason == f"{blocker}; captured once seen 3 times"
+    waited = "captured once seen 3 times; the forward writes into its input"
+    rows = [_row("x", Status.EAGER, Result.IDENTICAL, None, reason=reason)]
+    rows.append(_row("y", Status.EAGER, Result.IDENTICAL, None, reason=waited))
+    assert [report.cause_of(r) for r in rows] == [
+        "decoding: a decode step syncs with the host",
+        "the forward writes into its input",
+    ]
+
+
 def test_a_compile_row_without_a_graph_names_the_backends_first_refusal_and_its_line() -> None:
     from launchless.apps.differential.runner import status_of
 

@@ -34,6 +34,7 @@ PROMPT = 12
 NEW_TOKENS = 16
 LEFT_PADS = (0, 3, 5, 1)  # pads per row of the batch-4 request
 SAMPLING = {"do_sample": True, "top_k": 50, "temperature": 0.9}
+WAITING = "captured once seen"  # the steps run eager before a decode shape is captured: not why none replays
 REQUESTS: tuple[tuple[Entry, GradMode], ...] = (
     (Entry.GENERATE_GREEDY_B1, GradMode.INFERENCE_MODE),
     (Entry.GENERATE_GREEDY_B1, GradMode.NO_GRAD),
@@ -141,6 +142,7 @@ def _decode_status(info: dict[str, Any]) -> tuple[Status, str | None]:
     if decode.get("steps_replayed"):
         return (Status.SPLIT if decode.get("steps_eager") else Status.GRAPH), None
     reasons = list((decode.get("generations_eager") or {}) | (decode.get("steps_eager") or {}))
+    reasons.sort(key=lambda why: str(why).startswith(WAITING))  # the cause first, the steps that waited after it
     return Status.EAGER, "; ".join(map(str, reasons)) or "no decode step replayed"
 
 

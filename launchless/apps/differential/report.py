@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..workers import read_rows
+from .generate import WAITING
 from .rows import VERIFIED, Entry, Result, Status
 
 SLOWER_LIMIT = 0.97  # a speed-up below this is slower than eager by more than 3 %
@@ -283,8 +284,11 @@ CAUSES: tuple[tuple[str, str], ...] = (  # (what a reason says, the cause it is 
     ("static-cache reference dropped", "decoding: transformers' own static-cache generate() raises for the model"),
     ("whose update a decode graph cannot replay", "decoding: cache layers a decode graph cannot follow"),
     ("decoding through graphs raised", "decoding: decoding through graphs raised; generate() as called"),
+    ("operation not permitted when stream is capturing", "decoding: a decode step syncs with the host"),
+    ("Cannot copy between CPU and CUDA tensors", "decoding: a decode step copies between CPU and GPU"),
     ("eager-noise", "eager differs from itself beyond the rounding bound"),
     ("not faster than eager", "a forward that cannot be one graph, and no split of it faster than eager"),
+    ("host sync", "decoding: a decode step syncs with the host"),
     ("no verified graph", "the compiler backend kept no verified graph"),
 )
 
@@ -298,7 +302,8 @@ def cause_of(row: dict[str, Any]) -> str:
     for says, cause in CAUSES:
         if says in reason:
             return cause
-    return reason.split(":", 1)[0][:80] or "other"
+    causes = [part for part in reason.split("; ") if not part.startswith(WAITING)] or [reason]
+    return causes[0].split(":", 1)[0][:80] or "other"
 
 
 def _lost_by_cause(rows: list[dict[str, Any]]) -> list[str]:
