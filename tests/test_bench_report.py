@@ -592,3 +592,37 @@ def test_the_report_says_where_each_workload_comes_from_where_its_entry_says() -
         assert f"- `{w.name}`: {w.origin}" in section
     assert sum("GraCE's own" in w.origin for w in grace) >= 4
     assert "## Where the workloads come from" not in report.markdown(ENV, SUITE, make_rows())
+
+
+def test_a_trace_says_which_kernels_ran_inside_graphs_and_what_the_copies_moved() -> None:
+    """Kernels the host launched itself ran outside graphs; the rest came from graph launches. Copies count their
+    bytes whoever launched them."""
+    from launchless.apps.bench.measure import trace_counts
+
+    events = [
+        {"cat": "kernel", "name": "gemm"},
+        {"cat": "kernel", "name": "relu"},
+        {"cat": "kernel", "name": "triton_poi"},
+        {"cat": "kernel", "name": "softmax"},
+        {"cat": "cuda_runtime", "name": "cudaGraphLaunch"},
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel"},  # one kernel outside the graph
+        {"cat": "cuda_runtime", "name": "cudaMemcpyAsync"},
+        {"cat": "gpu_memcpy", "name": "Memcpy DtoD", "args": {"bytes": 4096}},
+        {"cat": "gpu_memset", "name": "Memset", "args": {"bytes": 64}},
+    ]
+    assert trace_counts(events, calls=2) == (0.75, 2048.0)
+    driver = [*events, {"cat": "cuda_driver", "name": "cuLaunchKernelEx"}]  # Triton launches through the driver
+    assert trace_counts(driver, calls=2)[0] == 0.5
+    hosted = [*events, {"cat": "cuda_runtime", "name": "cudaLaunchHostFunc"}]  # no kernel
+    assert trace_counts(hosted, calls=2)[0] == 0.75
+    assert trace_counts([], calls=1) == (None, 0.0)
+
+
+def test_the_report_shows_kernels_inside_graphs_and_bytes_copied_where_measured() -> None:
+    rows = [row("timm:resnet18", "eager", 2.0), row("timm:resnet18", "launchless", 0.7)]
+    assert "Kernels inside graphs" not in report.markdown(ENV, SUITE, rows)
+    rows[0].update(graph_coverage=0.0, copy_bytes=0.0)
+    rows[1].update(graph_coverage=0.994, copy_bytes=602112.0)
+    text = report.markdown(ENV, SUITE, rows)
+    section = text[text.index("## Kernels inside graphs and bytes copied") :]
+    assert "| `timm:resnet18` | 0% / 0 B | 99% / 602 kB |" in section

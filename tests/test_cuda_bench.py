@@ -24,6 +24,10 @@ def test_inference_rows(mode: str) -> None:
     assert row["kernel_floor_ms"] is not None and 0 < row["kernel_floor_ms"] < 3 * row["median_ms"]
     expected = "reference" if mode == "eager" else "bit-identical"
     assert row["correctness"]["status"] == expected
+    # eager launches every kernel itself; a replay launches none of its kernels and copies the 1x3x224x224 input in
+    assert row["graph_coverage"] == pytest.approx(0.0 if mode == "eager" else 1.0, abs=0.02)
+    assert row["copy_bytes"] >= (0 if mode == "eager" else 3 * 224 * 224 * 4)
+    assert ("compile_s" in row) is False  # none of these modes compiles
     assert row["latency_ms"] >= 0.9 * row["median_ms"]  # a waited-for call never hides work the other shows
 
 

@@ -1,14 +1,19 @@
 """Measure one (workload, mode) pair in this process and return its report row.
 
-Per pair: first-call latency (capture or compile plus the first run), the median and min per-call
-time with CUDA events after warm-up, peak GPU memory, the kernel floor (summed GPU time of the
-kernels, copies and memsets one call launches, from ``torch.profiler``) and correctness against eager
-on the same weights and inputs: bit-identical, or the measured maximum difference.
+Per pair: first-call latency (capture or compile plus the first run; ``compile_s`` for the modes that compile),
+the median and min per-call time with CUDA events after warm-up, peak GPU memory, the kernel floor (summed GPU
+time of the kernels, copies and memsets one call launches, from ``torch.profiler``), the share of its kernels
+that ran inside CUDA graphs and the bytes its copies moved (``DeviceProfile``), and correctness against eager on
+the same weights and inputs: bit-identical, or the measured maximum difference.
 """
 
 from __future__ import annotations
 
+import json
+import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +25,7 @@ from . import modes, training
 from .workloads import BenchWorkload
 
 PROFILE_CALLS = 10
+COMPILING = ("compile", "reduce-overhead", "launchless-compile")  # the modes whose first call compiles
 EARLY_CALLS = 30  # calls after the first whose latency is recorded against wall time (the timeline)
 SETTLE_S = 240.0  # how long a mode that changes while it runs (compiled kernels) is called until it decides
 AFTER_SETTLED = 30  # calls recorded after it decided
@@ -27,8 +33,38 @@ TIMELINE_POINTS = 300  # a longer timeline is kept as the median of each of this
 TRAINING_PAUSE_S = 0.02  # between a training step's early calls: fewer steps for the eager reference to repeat
 
 
-def kernel_floor_ms(call: Any, calls: int = PROFILE_CALLS) -> float | None:
-    """Summed device time per call of everything ``call`` runs on the GPU; None if the profiler saw none."""
+@dataclass(frozen=True)
+class DeviceProfile:
+    """What one call runs on the GPU, from ``torch.profiler`` over ``PROFILE_CALLS`` calls.
+
+    ``floor_ms``: summed device time of its kernels, copies and memsets (the launch-free limit).
+    ``graph_coverage``: the share of its kernels that ran inside CUDA graphs -- every kernel the host launched
+    itself (a runtime or driver launch call) ran outside one, the rest came from graph launches.
+    ``copy_bytes``: bytes its memory copies moved (a replay's input copies; a copy made by a kernel, such as a
+    strided one, is not counted)."""
+
+    floor_ms: float | None
+    graph_coverage: float | None
+    copy_bytes: float | None
+
+
+KERNEL_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeKernel", "cuLaunchCooperativeKernel")
+"""How the host's own kernel launches are named (with their ``Ex``/``ExC`` and per-thread-stream ``_ptsz`` forms);
+``cudaGraphLaunch`` is not one of them."""
+HOST_API = ("cuda_runtime", "cuda_driver")  # the trace categories of the host's CUDA calls
+
+
+def trace_counts(events: list[dict[str, Any]], calls: int) -> tuple[float | None, float | None]:
+    """(graph coverage, copy bytes per call) from a chrome trace's events (``torch.profiler`` export)."""
+    kernels = sum(1 for e in events if e.get("cat") == "kernel")
+    launched = sum(1 for e in events if e.get("cat") in HOST_API and str(e.get("name", "")).startswith(KERNEL_LAUNCHES))
+    copied = sum(float((e.get("args") or {}).get("bytes", 0)) for e in events if e.get("cat") == "gpu_memcpy")
+    coverage = max(0.0, 1.0 - launched / kernels) if kernels else None
+    return coverage, copied / calls
+
+
+def device_profile(call: Any, calls: int = PROFILE_CALLS) -> DeviceProfile:
+    """``DeviceProfile`` of ``call``; None in a field the profiler saw nothing for."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -38,7 +74,12 @@ def kernel_floor_ms(call: Any, calls: int = PROFILE_CALLS) -> float | None:
             call()
         torch.cuda.synchronize()
     total_us = sum(e.device_time_total for e in prof.events() if e.device_type == DeviceType.CUDA)
-    return total_us / 1e3 / calls if total_us > 0 else None
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    coverage, copy_bytes = trace_counts(events, calls)
+    return DeviceProfile(total_us / 1e3 / calls if total_us > 0 else None, coverage, copy_bytes)
 
 
 def _build(w: BenchWorkload) -> zoo.Workload:
@@ -149,8 +190,12 @@ def measure(w: BenchWorkload, mode: str, iters: int) -> dict:
         row.update(median_ms=timing.median_ms, min_ms=timing.min_ms, calls=timing.calls)
         row["latency_ms"] = cuda_latency(prepared.call, warmup=0, iters=iters).median_ms
         row["peak_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
-        floor = row["kernel_floor_ms"] = kernel_floor_ms(prepared.call)
+        profiled = device_profile(prepared.call)
+        floor = row["kernel_floor_ms"] = profiled.floor_ms
         row["floor_ratio"] = timing.median_ms / floor if floor else None
+        row.update(graph_coverage=profiled.graph_coverage, copy_bytes=profiled.copy_bytes)
+        if mode in COMPILING:
+            row["compile_s"] = row["first_call_ms"] / 1e3  # Dynamo, Inductor (and the capture) with the first run
         if prepared.details is not None:
             row["graphs"] = prepared.details()
     if w.kind == "inference":

@@ -6,7 +6,8 @@ A row is one (workload, mode) result from its own subprocess::
     {"workload": str, "mode": str, "kind": "inference" | "training",
      "status": "ok" | "skipped" | "error", "reason": str | None,
      "median_ms", "min_ms", "latency_ms", "first_call_ms", "peak_mem_mb", "kernel_floor_ms": float | None,
-     "calls": int | None,
+     "graph_coverage": float | None (share of kernels inside graphs), "copy_bytes": float | None (per call),
+     "compile_s": float (modes that compile: their first call), "calls": int | None,
      "correctness": {"status": "bit-identical" | "differs" | "reference" | "n/a", "max_abs_diff": float | None},
      "wall_s": float}
 
@@ -256,6 +257,26 @@ def _first_call_cell(view: _View, workload: str, mode: str) -> str:
     return f"{_ms(row.get('first_call_ms'))} ms / {mem_text} MB"
 
 
+def _bytes(value: float | None) -> str:
+    """Bytes in B, kB, MB or GB (powers of 1000) with about three significant digits."""
+    if value is None:
+        return _MISSING
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= scale:
+            return f"{_ms(value / scale)} {unit}"
+    return f"{value:.0f} B"
+
+
+def _inside_graphs_cell(view: _View, workload: str, mode: str) -> str:
+    row = view.by_key.get((workload, mode))
+    word = _status_word(row)
+    if word is not None:
+        return word
+    assert row is not None
+    coverage = row.get("graph_coverage")
+    return f"{_MISSING if coverage is None else f'{coverage:.0%}'} / {_bytes(row.get('copy_bytes'))}"
+
+
 def _per_mode_section(
     view: _View, title: str, note: str, unit: str, cell: Callable[[_View, str, str], str]
 ) -> list[str]:
@@ -310,7 +331,16 @@ def markdown(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) ->
         "first ms / peak MB",
         _first_call_cell,
     )
-
+    if any(row.get("graph_coverage") is not None for row in rows):
+        lines += _per_mode_section(
+            view,
+            "Kernels inside graphs and bytes copied",
+            "Share of a call's GPU kernels that ran inside CUDA graphs (a kernel the host launched itself ran "
+            "outside one), and the bytes its memory copies moved per call (a replay's input copies), from "
+            "torch.profiler.",
+            "inside / copied",
+            _inside_graphs_cell,
+        )
     lines += [
         "",
         "## Summary",

@@ -27,6 +27,9 @@ ROW_KEYS = (
     "peak_mem_mb",
     "kernel_floor_ms",
     "floor_ratio",
+    "graph_coverage",
+    "copy_bytes",
+    "compile_s",
     "timeline",
 )
 
