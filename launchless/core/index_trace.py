@@ -18,14 +18,9 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .storage import storage_address
+
 ROI_OPS = {"roi_align", "roi_pool", "ps_roi_align", "ps_roi_pool"}  # torchvision ops reading boxes as (index, x1, ...)
-
-
-def _storage(t: torch.Tensor) -> int:
-    try:
-        return t.untyped_storage().data_ptr()
-    except RuntimeError:  # a tensor without storage (a subclass): nothing to follow
-        return 0
 
 
 def is_integer_dtype(dtype: Any) -> bool:
@@ -52,7 +47,7 @@ class IndexTrace(TorchDispatchMode):
         super().__init__()
         self.origin: dict[int, frozenset[int]] = {}
         for i, x in enumerate(leaves):
-            if isinstance(x, torch.Tensor) and x.is_floating_point() and (key := _storage(x)):
+            if isinstance(x, torch.Tensor) and x.is_floating_point() and (key := storage_address(x)):
                 self.origin[key] = self.origin.get(key, frozenset()) | {i}
         self.found: set[int] = set()
 
@@ -63,7 +58,7 @@ class IndexTrace(TorchDispatchMode):
             return out
         sources = frozenset().union(
             *(
-                self.origin.get(_storage(t), ())
+                self.origin.get(storage_address(t), ())
                 for t in pytree.tree_leaves((args, kwargs))
                 if isinstance(t, torch.Tensor)
             )
@@ -71,8 +66,8 @@ class IndexTrace(TorchDispatchMode):
         if sources:
             operand = _address_operand(func, args, kwargs)
             if operand is not None:
-                self.found |= self.origin.get(_storage(operand), frozenset())
+                self.found |= self.origin.get(storage_address(operand), frozenset())
             for t in pytree.tree_leaves(out):
-                if isinstance(t, torch.Tensor) and (key := _storage(t)):
+                if isinstance(t, torch.Tensor) and (key := storage_address(t)):
                     self.origin[key] = self.origin.get(key, frozenset()) | sources
         return out

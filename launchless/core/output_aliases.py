@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from .storage import storage_address
+
 
 @dataclasses.dataclass(frozen=True)
 class InputAlias:
@@ -38,29 +40,20 @@ class InputAlias:
         return x.as_strided(size, stride, x.storage_offset() + offset)
 
 
-def _storage_address(t: torch.Tensor) -> int:
-    """Where ``t``'s memory starts; 0 for a wrapper subclass without storage of its own (a DTensor: an output cannot
-    be a view of it that a replay would have to rebuild -- it is a parameter, copied out like any output)."""
-    try:
-        return t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):
-        return 0
-
-
 def find_input_aliases(outputs: Any, inputs: Sequence[Any]) -> list[InputAlias]:
     """The output leaves that are an input leaf or share its memory, at capture time."""
     identity = {id(x): i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)}
     storage = {}
     for i, x in enumerate(inputs):
-        if isinstance(x, torch.Tensor) and _storage_address(x):
-            storage.setdefault(_storage_address(x), i)
+        if isinstance(x, torch.Tensor) and storage_address(x):
+            storage.setdefault(storage_address(x), i)
     aliases = []
     for position, t in enumerate(pytree.tree_leaves(outputs)):
         if not isinstance(t, torch.Tensor):
             continue
         if (i := identity.get(id(t))) is not None:
             aliases.append(InputAlias(position, i, None, tuple(inputs[i].stride())))
-        elif (i := storage.get(_storage_address(t) or -1)) is not None:
+        elif (i := storage.get(storage_address(t) or -1)) is not None:
             base = inputs[i]
             view = (tuple(t.shape), tuple(t.stride()), t.storage_offset() - base.storage_offset())
             aliases.append(InputAlias(position, i, view, tuple(base.stride())))

@@ -24,6 +24,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..core import capture as _capture
+from ..core.storage import storage_address
 
 _SCALER = torch.amp.GradScaler
 
@@ -235,12 +236,3 @@ def _handed_out_since(t: torch.Tensor, before: set[tuple[int, int]], now: set[tu
         return False
     block = (t.device.index, storage_address(t))
     return block in now and block not in before
-
-
-def storage_address(t: torch.Tensor) -> int:
-    """The address of the memory ``t`` is a view of: tensors sharing it share their storage (-1 where there is no
-    plain storage)."""
-    try:
-        return t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # no plain storage (sparse, nested): not tracked
-        return -1

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from ..core.snapshot import Snapshot
-from .hooks import storage_address
+from ..core.storage import storage_address
 
 __all__ = ["Snapshot", "state_labels", "state_tensors"]
 
@@ -67,4 +67,4 @@ def state_labels(
 
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.device == b.device and storage_address(a) == storage_address(b) != -1
+    return a.device == b.device and storage_address(a) == storage_address(b) is not None
