@@ -234,11 +234,21 @@ def _latency_cell(view: _View, workload: str, mode: str) -> str:
     return text if speedup is None else f"{text} ({_x(speedup)})"
 
 
-def _waited_cell(view: _View, workload: str, mode: str) -> str:
-    row = view.by_key.get((workload, mode))
-    word = _status_word(row)
-    if word is not None:
-        return word
+def _row_cell(render: Callable[[Row], str]) -> Callable[[_View, str, str], str]:
+    """A per-mode cell that shows ``render(row)`` where the pair ran, and the status word where it did not."""
+
+    def cell(view: _View, workload: str, mode: str) -> str:
+        row = view.by_key.get((workload, mode))
+        word = _status_word(row)
+        if row is None or word is not None:
+            return word or _MISSING
+        return render(row)
+
+    return cell
+
+
+@_row_cell
+def _waited_cell(row: Row) -> str:
     latency, throughput = stats.ok_median(row, stats.LATENCY), stats.ok_median(row)
     if latency is None or throughput is None:
         return _MISSING
@@ -246,12 +256,8 @@ def _waited_cell(view: _View, workload: str, mode: str) -> str:
     return f"{_ms(latency)} ({'+' if extra >= 0 else '−'}{_ms(abs(extra))})"
 
 
-def _first_call_cell(view: _View, workload: str, mode: str) -> str:
-    row = view.by_key.get((workload, mode))
-    word = _status_word(row)
-    if word is not None:
-        return word
-    assert row is not None
+@_row_cell
+def _first_call_cell(row: Row) -> str:
     mem = row.get("peak_mem_mb")
     mem_text = _MISSING if mem is None else f"{mem:.0f}"
     return f"{_ms(row.get('first_call_ms'))} ms / {mem_text} MB"
@@ -267,12 +273,8 @@ def _bytes(value: float | None) -> str:
     return f"{value:.0f} B"
 
 
-def _inside_graphs_cell(view: _View, workload: str, mode: str) -> str:
-    row = view.by_key.get((workload, mode))
-    word = _status_word(row)
-    if word is not None:
-        return word
-    assert row is not None
+@_row_cell
+def _inside_graphs_cell(row: Row) -> str:
     coverage = row.get("graph_coverage")
     return f"{_MISSING if coverage is None else f'{coverage:.0%}'} / {_bytes(row.get('copy_bytes'))}"
 
