@@ -50,7 +50,7 @@ def test_suites_and_registry() -> None:
     standard = workloads.suite("standard")
     assert len(standard) == 14 and len(workloads.WORKLOADS) == 40  # plain-SGD training variants run by name
     grace = workloads.suite("grace")  # GraCE's workloads: each says whether it is GraCE's own or a stand-in
-    assert len(grace) == 15 and all(w.origin for w in grace) and {w.zoo for w in grace} <= set(zoo.names())
+    assert len(grace) == 16 and all(w.origin for w in grace) and {w.zoo for w in grace} <= set(zoo.names())
     compiler = workloads.suite("compiler")  # inference workloads plus the models host copies keep out of capture
     assert {w.kind for w in compiler} == {"inference"} and len(compiler) == 20
     assert {w.zoo for w in compiler} <= set(zoo.names())

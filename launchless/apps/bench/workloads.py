@@ -157,6 +157,15 @@ _ALL += [  # GraCE's evaluation names these; batch sizes and lengths as PyTorch'
         "axes on pyhpc's default 204 x 204 x 26 float64 grid, small constants made on the device at every call",
     ),
     _grace(
+        "grace:ocean-isoneutral-mixing",
+        "grace:ocean-isoneutral-mixing",
+        dtype="float64",
+        origin="stand-in: TorchBench's pyhpc_isoneutral_mixing (a member of the suite GraCE draws from, of the "
+        "EOS and TKE family), of the same shape as model code of our own: tapered density slopes at three faces of "
+        "every cell on pyhpc's default 204 x 204 x 26 float64 grid, written into the tensors the call passes in "
+        "(an input a graph must not leave stale), constants made on the device at every call, 260 MB of inputs",
+    ),
+    _grace(
         "grace:speech-transformer@b10",
         "grace:speech-transformer",
         batch=10,

@@ -324,6 +324,145 @@ def ocean_turbulence(batch: int) -> Built:
     return OceanTurbulence(), make
 
 
+class OceanIsoneutralMixing(nn.Module):
+    """A stand-in of the same shape as the isoneutral mixing coefficients TorchBench's pyhpc_isoneutral_mixing
+    computes (Griffies' isoneutral diffusion, from the Veros ocean model), as model code of our own: the slopes of
+    the density surfaces at the east, north and top faces of every cell, tapered where they are steep, each from
+    the two neighbouring cells of each of two levels (Python loops over those four), summed into the three
+    diffusivities. What makes it a graph workload is kept: it writes its results **into the tensors it is given**
+    (the diffusivities ``k`` and the slopes ``slopes``, as the original fills its K_11, K_22, K_33 and Ai_* inputs),
+    its small constants are made on the device at every call, and a call takes about 260 MB of float64 inputs."""
+
+    EPSILON = 1e-20
+    STEEP = 50.0  # the diffusivity a steep slope still gets
+    SLOPE_LIMIT, SLOPE_WIDTH = 1e-3, 1e-3  # where the taper falls off, and how fast
+
+    def forward(
+        self,
+        masks: torch.Tensor,  # [4, nx, ny, nz]: cells, east faces, north faces, top faces (1 in water)
+        widths_x: torch.Tensor,  # [2, nx]: cell and face widths
+        widths_y: torch.Tensor,  # [2, ny]
+        widths_z: torch.Tensor,  # [2, nz]
+        cosines: torch.Tensor,  # [2, ny]: the cosine of the latitude at cells and faces
+        salt: torch.Tensor,  # [nx, ny, nz, 3]: time levels
+        temperature: torch.Tensor,  # [nx, ny, nz, 3]
+        depth: torch.Tensor,  # [nz]
+        k_iso: torch.Tensor,  # [nx, ny, nz]: the isoneutral diffusivity
+        k: torch.Tensor,  # [3, nx, ny, nz]: written: the east, north and top diffusivities
+        slopes: torch.Tensor,  # [4, nx, ny, nz, 2, 2]: written: the tapered slopes by neighbour and level
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        zero, steep = (torch.tensor([v], dtype=k.dtype, device=k.device) for v in (0.0, self.STEEP))
+        mask_cells, mask_top = masks[0], masks[3]
+        t, s = temperature[..., 0], salt[..., 0]
+        density_by_t = mask_cells * -(1e-5 * (t - 9.85) + 1.67e-4 * (1 - 1.1e-8 * 9.81 * depth.abs() * 1024.0)) * 1024
+        density_by_s = mask_cells * 0.78e-3 * 1024.0 * torch.ones_like(t)
+        steps = (  # the distance between the centres of two neighbouring cells, along x, y and z
+            widths_x[1][:-1, None, None] * cosines[0][None, :, None],
+            widths_y[1][None, :-1, None],
+            widths_z[1][None, None, :-1],
+        )
+        gradients = [  # of (temperature, salt) across the east, north and top faces
+            tuple(_face_gradient(field, axis, masks[axis + 1], steps[axis]) for field in (t, s)) for axis in range(3)
+        ]
+
+        def slope(here: tuple, across: tuple, levels: slice, vertical: torch.Tensor) -> torch.Tensor:
+            along = density_by_t[(*here, levels)] * across[0] + density_by_s[(*here, levels)] * across[1]
+            return -along / (torch.minimum(vertical, zero) - self.EPSILON)
+
+        levels = k.shape[3]
+        for axis in range(2):  # the east (x) and north (y) faces
+            inner, ahead = _cells(axis, slice(1, -2)), _cells(axis, slice(2, -1))
+            spread = torch.zeros_like(k_iso)
+            spread[(*inner, slice(1, None))] = 0.25 * (
+                k_iso[(*inner, slice(1, None))] + k_iso[(*inner, slice(None, -1))]
+                + k_iso[(*ahead, slice(1, None))] + k_iso[(*ahead, slice(None, -1))]
+            )  # fmt: skip
+            spread[(*inner, 0)] = 0.5 * (k_iso[(*inner, 0)] + k_iso[(*ahead, 0)])
+            total = torch.zeros_like(k_iso)[inner]
+            for level in range(2):
+                first, last = 1 - level, levels - 1 + level
+                for side in range(2):
+                    here = _cells(axis, slice(1 + side, -2 + side))
+                    across = tuple(g[(*inner, slice(first, None))] for g in gradients[axis])
+                    vertical = sum(
+                        d[(*here, slice(first, None))] * g[(*here, slice(None, last))]
+                        for d, g in zip((density_by_t, density_by_s), gradients[2], strict=True)
+                    )
+                    tilt = slope(here, across, slice(first, None), vertical)
+                    taper = self._taper(tilt)
+                    water = masks[axis + 1][(*inner, slice(first, None))]
+                    total[..., first:] += (
+                        widths_z[1][:last] * water * torch.maximum(steep, spread[(*inner, slice(first, None))] * taper)
+                    )
+                    slopes[axis][(*inner, slice(first, None), side, level)] = taper * tilt * water
+            k[axis][inner] = total / (4.0 * widths_z[0])
+
+        cells, top = (slice(2, -2), slice(2, -2)), slice(None, -1)
+        totals = [torch.zeros_like(k_iso)[(*cells, top)] for _ in range(2)]
+        face_weights = (widths_x[1], cosines[1] * widths_y[1])
+        for level in range(2):
+            levels_here = slice(level, levels - 1 + level)
+            vertical = sum(
+                d[(*cells, levels_here)] * g[(*cells, top)]
+                for d, g in zip((density_by_t, density_by_s), gradients[2], strict=True)
+            )
+            for axis in range(2):  # the slopes at the top face, eastward then northward
+                for side in range(2):
+                    shifted = _cells(axis, slice(1 + side, -3 + side), other=slice(2, -2))
+                    across = tuple(g[(*shifted, levels_here)] for g in gradients[axis])
+                    tilt = slope(cells, across, levels_here, vertical)
+                    taper = self._taper(tilt)
+                    weight = _on_axis(face_weights[axis][1 + side : -3 + side], axis)
+                    tapered = taper * tilt  # first: a steep slope's square would overflow float32, its taper is 0
+                    totals[axis] += weight * k_iso[(*cells, top)] * tapered * tilt * mask_top[(*cells, top)]
+                    slopes[2 + axis][(*cells, top, side, level)] = tapered * mask_top[(*cells, top)]
+        k[2][(*cells, top)] = totals[0] / (4 * _on_axis(widths_x[0][2:-2], 0)) + totals[1] / (
+            4 * _on_axis(widths_y[0][2:-2] * cosines[0][2:-2], 1)
+        )
+        k[2][(*cells, -1)] = 0.0
+        return k, slopes
+
+    def _taper(self, slope: torch.Tensor) -> torch.Tensor:
+        """1 for a gentle slope, falling to 0 past ``SLOPE_LIMIT``."""
+        return 0.5 * (1.0 + torch.tanh((self.SLOPE_LIMIT - torch.abs(slope)) / self.SLOPE_WIDTH))
+
+
+def _cells(axis: int, along: slice, other: slice = slice(2, -2)) -> tuple[slice, slice]:
+    """The horizontal cells ``along`` the face's ``axis`` (0: x, 1: y), ``other`` across it."""
+    return (along, other) if axis == 0 else (other, along)
+
+
+def _on_axis(values: torch.Tensor, axis: int) -> torch.Tensor:
+    """A 1-D tensor along ``axis`` of an (x, y, z) grid, broadcast over the other two."""
+    return values.reshape([-1 if i == axis else 1 for i in range(3)])
+
+
+def _face_gradient(field: torch.Tensor, axis: int, water: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """How ``field`` changes across each cell's face along ``axis``, per ``step`` (zero at the last cell and on
+    land)."""
+    out = torch.zeros_like(field)
+    here, ahead = [slice(None)] * 3, [slice(None)] * 3
+    here[axis], ahead[axis] = slice(None, -1), slice(1, None)
+    out[tuple(here)] = water[tuple(here)] * (field[tuple(ahead)] - field[tuple(here)]) / step
+    return out
+
+
+def ocean_isoneutral_mixing(batch: int) -> Built:
+    """The stand-in on pyhpc's default grid (``batch`` grids stacked along x; float64, set by the bench workload),
+    inputs drawn as pyhpc draws them: masks 80 % water, normal widths and fields, three time levels."""
+    nx, ny, nz = OCEAN_GRID
+
+    def make() -> Inputs:
+        x = batch * nx
+        masks = (torch.rand(4, x, ny, nz) < 0.8).float()
+        widths = (torch.randn(2, x), torch.randn(2, ny), torch.randn(2, nz))
+        fields = (torch.randn(x, ny, nz, 3), torch.randn(x, ny, nz, 3))
+        written = (torch.randn(3, x, ny, nz), torch.zeros(4, x, ny, nz, 2, 2))
+        return (masks, *widths, torch.randn(2, ny), *fields, torch.randn(nz), torch.randn(x, ny, nz), *written), {}
+
+    return OceanIsoneutralMixing(), make
+
+
 SPEECH_FEATURES = 320  # 80 filterbank channels, four frames stacked (low frame rate)
 SPEECH_VOCAB = 1014
 SPEECH_PADDING = -1  # a target's padding, dropped before decoding

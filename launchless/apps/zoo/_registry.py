@@ -16,6 +16,7 @@ from ._grace import (
     clip,
     deep_recommender,
     ocean_equation_of_state,
+    ocean_isoneutral_mixing,
     ocean_turbulence,
     speaker_encoder,
     speech_transformer,
@@ -663,6 +664,7 @@ _GRACE = {
     "grace:ocean-equation-of-state": _Spec("grace", "torch", ocean_equation_of_state, "scientific"),
     "grace:speaker-encoder": _Spec("grace", "torch", speaker_encoder, "audio"),
     "grace:ocean-turbulence": _Spec("grace", "torch", ocean_turbulence, "scientific"),
+    "grace:ocean-isoneutral-mixing": _Spec("grace", "torch", ocean_isoneutral_mixing, "scientific"),
     "grace:speech-transformer": _Spec("grace", "torch", speech_transformer, "audio"),
     "grace:blenderbot-small": _Spec(
         "grace",
