@@ -16,6 +16,7 @@ pytestmark = pytest.mark.zoo
     ("name", "kind", "operation"),
     [
         ("grace:clip", "CPU<->GPU copy", "aten._to_copy"),  # the text encoder's causal mask, kept on the host
+        ("grace:dalle2", "CPU<->GPU copy", "aten._to_copy"),  # OpenAI CLIP's text encoder keeps its mask there too
         ("grace:speech-transformer", "host sync", "aten._local_scalar_dense"),  # each input's length read on the host
         ("grace:ocean-turbulence", "CPU<->GPU copy", "torch.tensor(host data, device=...)"),  # the limiter's bounds
         ("grace:ocean-isoneutral-mixing", "CPU<->GPU copy", "torch.tensor(host data, device=...)"),

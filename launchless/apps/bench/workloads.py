@@ -166,6 +166,15 @@ _ALL += [  # GraCE's evaluation names these; batch sizes and lengths as PyTorch'
         "(an input a graph must not leave stale), constants made on the device at every call, 260 MB of inputs",
     ),
     _grace(
+        "grace:dalle2@b1",
+        "grace:dalle2",
+        batch=1,
+        origin="stand-in for GraCE's DALLE2 (TorchBench's DALLE2_pytorch, whose package and CLIP weights the zoo "
+        "does not install), as model code of our own in its configuration: CLIP ViT-B/32's text encoder, a 6-layer "
+        "diffusion prior of width 512, a two-stage U-Net decoder (width 128 at 128 pixels, 16 at 256), one "
+        "sampling step each, batch 1 of 256 token ids -- hundreds of small kernels a call",
+    ),
+    _grace(
         "grace:speech-transformer@b10",
         "grace:speech-transformer",
         batch=10,

@@ -14,6 +14,7 @@ from ._common import _Spec
 from ._diffusers import _diffusers, _dit, _flux, _image, _pixart, _sd3, _unet
 from ._grace import (
     clip,
+    dalle2,
     deep_recommender,
     ocean_equation_of_state,
     ocean_isoneutral_mixing,
@@ -665,6 +666,7 @@ _GRACE = {
     "grace:speaker-encoder": _Spec("grace", "torch", speaker_encoder, "audio"),
     "grace:ocean-turbulence": _Spec("grace", "torch", ocean_turbulence, "scientific"),
     "grace:ocean-isoneutral-mixing": _Spec("grace", "torch", ocean_isoneutral_mixing, "scientific"),
+    "grace:dalle2": _Spec("grace", "torch", dalle2, "diffusion"),
     "grace:speech-transformer": _Spec("grace", "torch", speech_transformer, "audio"),
     "grace:blenderbot-small": _Spec(
         "grace",
