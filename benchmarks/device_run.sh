@@ -27,6 +27,8 @@
 #   compiler-inference launchless bench --suite compiler: the inference workloads, three compile modes
 #   compiler-blocked   the same for the models a host copy keeps out of plain capture
 #   compiler-suite     both sets (as ONLY leaves them) in one bench run, so that its GPUs share all of them
+#   grace-bench        launchless bench --suite grace: eager and the compiler steps' modes (MODES), the workloads
+#                      ONLY names or all of them (a suite split over device calls; --merge joins the parts)
 #   evidence-bytes     benchmarks/compiler_evidence.py: bytes copied per replay with and without PI
 #   evidence-coverage  benchmarks/compiler_evidence.py: capture coverage of the blocked models, split over GPUs
 #                      (COVER="name ..." instead of the blocked models and fasterrcnn_mobilenet)
@@ -167,6 +169,10 @@ for step in "$@"; do
     ((${#all[@]})) || { echo "compiler-suite: no workload left by ONLY" | tee -a "$out/steps.txt"; continue; }
     run compiler-suite python3 -m launchless.apps.cli bench --suite compiler --workloads "${all[@]}" \
       --modes "${modes[@]}" --gpus "${gpus[@]}" --timeout 400 --out "$out/compiler-suite" "${balance[@]}" ;;
+  grace-bench)
+    read -r -a grace <<<"${ONLY:-}"
+    run grace-bench python3 -m launchless.apps.cli bench --suite grace ${grace[@]:+--workloads "${grace[@]}"} \
+      --modes eager "${modes[@]}" --gpus "${gpus[@]}" --timeout 400 --out "$out/grace-bench" "${balance[@]}" ;;
   training)
     run training python3 -m launchless.apps.cli bench --suite training --timeout 300 --gpus "${gpus[@]}" \
       --modes eager compile reduce-overhead hand-graph launchless \
