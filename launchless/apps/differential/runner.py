@@ -13,9 +13,9 @@ identical values) and the difference lies within that class's bound -- or, by ve
 that call, where the graph's verification recorded library code branching on capture and the difference lies
 within the rounding bound (its probes may not have met the inputs that show it); anything else ``differs``. A
 capture-path call that eager forced onto the capture path does not reproduce bit for bit keeps how far that run
-is from the graph (``capture_path_max_abs``): the report lists those rows, named by the branch alone. An exception from
-the accelerated model where eager worked is a ``crash`` (with its text and the line it came from). After the calls,
-eager and accelerated are timed in interleaved rounds (CUDA events) on the last inputs.
+is from the graph (``capture_path_max_abs``): the report lists those rows, named by the branch alone. An exception
+from the accelerated model where eager worked is a ``crash`` (with its text and the line it came from). After the
+calls, eager and accelerated are timed in interleaved rounds (CUDA events) on the last inputs.
 
 Two mismatches are not wrong values. Outputs equal as numbers whose bits differ only in NaN payloads or in the sign
 of zeros are ``bounded`` with that class and a bound of 0. And a model whose reference is not deterministic (atomic
