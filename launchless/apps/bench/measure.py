@@ -40,8 +40,9 @@ class DeviceProfile:
     ``floor_ms``: summed device time of its kernels, copies and memsets (the launch-free limit).
     ``graph_coverage``: the share of its kernels that ran inside CUDA graphs -- every kernel the host launched
     itself (a runtime or driver launch call) ran outside one, the rest came from graph launches.
-    ``copy_bytes``: bytes its memory copies moved (a replay's input copies; a copy made by a kernel, such as a
-    strided one, is not counted)."""
+    ``copy_bytes``: bytes its memory copies moved (a replay's input copy; a copy made by a kernel is not counted:
+    a strided one, or several inputs copied in one multi-tensor launch, as ``wrap`` copies them -- graph_info()'s
+    per-graph byte counts hold those)."""
 
     floor_ms: float | None
     graph_coverage: float | None
