@@ -82,11 +82,19 @@ def host_overhead_us(
 
 
 def interleaved_ms(
-    calls: dict[str, Callable[[], object]], *, waited: bool, rounds: int = 7, per_round: int = 1
+    calls: dict[str, Callable[[], object]],
+    *,
+    waited: bool,
+    rounds: int = 7,
+    per_round: int = 1,
+    rotate_by: int = 1,
 ) -> dict[str, float]:
     """Median milliseconds per call of each of ``calls``, measured in interleaved rounds (each call in turn, the GPU
-    idle before each, the order rotated every round), so drift in clocks or load and whatever a call leaves for the
-    next (allocator state, caches) hit all alike.
+    idle before each, the order rotated by ``rotate_by`` places every round), so drift in clocks or load and
+    whatever a call leaves for the next (allocator state, caches) hit all alike. Two kinds of call given
+    alternately twice (a, b, a again, b again) with ``rotate_by=2`` never follow their own kind, across rounds
+    too: a host-bound call that runs right after itself finds its code and memory warm, which the other kind
+    would never get.
 
     ``waited``: ``per_round`` calls timed on the host clock up to the GPU's end -- host work on the clock, what a
     request that waits for its result sees. Otherwise ``per_round`` calls issued back to back between two CUDA
@@ -97,7 +105,7 @@ def interleaved_ms(
     order = list(calls.items())
     with garbage_collection_paused():
         for round_ in range(rounds):
-            turn = round_ % len(order)
+            turn = (round_ * rotate_by) % len(order)
             for name, call in order[turn:] + order[:turn]:
                 torch.cuda.synchronize()
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

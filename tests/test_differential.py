@@ -4,6 +4,7 @@ library release that breaks a builder or the diagnosis is caught here before the
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 from pathlib import Path
@@ -333,32 +334,70 @@ def test_a_reading_inside_eagers_own_spread_is_not_a_slower_row() -> None:
 
 def test_a_close_reading_is_measured_again_in_more_rounds(monkeypatch) -> None:
     """A first speed-up under 0.97 is not the row's verdict: it is measured again in three times the rounds, and the
-    repeat's figures are kept (marked ``repeated``); a reading above it is kept as it is."""
+    repeat's figures are kept (marked ``repeated``); a reading above it is kept as it is. Each side runs twice a
+    round, alternating: its figure is the mean of its two medians."""
     from launchless.apps.differential import timing
 
     readings = iter([(10.0, 11.0), (10.0, 11.0), (10.0, 10.1), (10.0, 10.0)])  # (eager, accelerated) per measure
-    seen: list[int] = []
+    seen: list[tuple[int, list[str], int]] = []
 
-    def fake(calls, *, waited, rounds: int, per_round: int):
+    def fake(calls, *, waited, rounds: int, per_round: int, rotate_by: int):
         eager, accelerated = next(readings)
-        seen.append(rounds)
-        return {"eager": eager, "accelerated": accelerated, "eager_again": eager * 1.01}
+        seen.append((rounds, list(calls), rotate_by))
+        return {
+            "eager": eager,
+            "accelerated": accelerated,
+            "eager_again": eager * 1.02,
+            "accelerated_again": accelerated,
+        }
 
     monkeypatch.setattr(timing, "interleaved_ms", fake)
-    calls = {"eager": lambda: None, "accelerated": lambda: None, "eager_again": lambda: None}
-    reading = timing.measured(calls)
-    assert reading["repeated"] and reading["speedup"] == 0.99 and reading["accelerated_ms"] == 10.1, reading
-    assert seen == [timing.ROUNDS, timing.ROUNDS, timing.REPEAT_ROUNDS, timing.REPEAT_ROUNDS]
+    reading = timing.measured(lambda: None, lambda: None)
+    assert reading["repeated"] and reading["speedup"] == 1.0 and reading["accelerated_ms"] == 10.1, reading
+    assert [rounds for rounds, _, _ in seen] == [
+        timing.ROUNDS,
+        timing.ROUNDS,
+        timing.REPEAT_ROUNDS,
+        timing.REPEAT_ROUNDS,
+    ]
+    assert all(kinds == ["eager", "accelerated", "eager_again", "accelerated_again"] for _, kinds, _ in seen)
+    assert all(rotate_by == 2 for _, _, rotate_by in seen)  # so that the two kinds alternate across rounds too
     readings = iter([(10.0, 5.0), (10.0, 4.0)])
-    assert timing.measured(calls) == {
-        "eager_ms": 10.0, "accelerated_ms": 5.0, "speedup": 2.0, "measured": "back_to_back", "eager_spread": 0.0099,
+    assert timing.measured(lambda: None, lambda: None) == {
+        "eager_ms": 10.1, "accelerated_ms": 5.0, "speedup": 2.02, "measured": "back_to_back", "eager_spread": 0.0196,
         "repeated": False,
     }  # fmt: skip
-    readings = iter([(80.0, 90.0), (80.0, 81.0)])  # generations, waited for: 0.889, so measured again
+    readings = iter([(80.0, 90.0), (80.0, 81.0)])  # generations, waited for: 0.898, so measured again (0.998)
     seen.clear()
-    reading = timing.measured(calls, waited_only=True)
-    assert seen == [timing.ROUNDS, timing.REPEAT_ROUNDS] and reading["speedup"] == 0.988, reading
+    reading = timing.measured(lambda: None, lambda: None, waited_only=True)
+    assert [rounds for rounds, _, _ in seen] == [timing.ROUNDS, timing.REPEAT_ROUNDS] and reading["speedup"] == 0.998
     assert reading["measured"] == "waited" and reading["repeated"], reading
+
+
+def test_interleaved_rounds_never_run_a_kind_right_after_itself(monkeypatch) -> None:
+    """Given eager and accelerated alternately twice, rotating by two places a round keeps them alternating across
+    the rounds' boundaries too: neither gets the warm code and memory of running right after itself."""
+    from launchless import timing as core_timing
+
+    class Event:
+        def __init__(self, **_: object) -> None: ...
+        def record(self) -> None: ...
+        def synchronize(self) -> None: ...
+        def elapsed_time(self, _: object) -> float:
+            return 1.0
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *_: None)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    ran: list[str] = []
+    calls = {name: (lambda name=name: ran.append(name.split("_")[0])) for name in (
+        "eager", "accelerated", "eager_again", "accelerated_again"
+    )}  # fmt: skip
+    core_timing.interleaved_ms(calls, waited=False, rounds=6, rotate_by=2)
+    timed = ran[len(calls) :]  # after one warm call each
+    assert len(timed) == 24 and all(a != b for a, b in itertools.pairwise(timed))
+    ran.clear()
+    core_timing.interleaved_ms(calls, waited=False, rounds=6)  # rotating by one, a kind follows itself
+    assert any(a == b for a, b in itertools.pairwise(ran[len(calls) :]))
 
 
 def test_bounded_rows_name_their_class_and_bound() -> None:

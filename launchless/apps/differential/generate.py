@@ -244,10 +244,10 @@ def _time(row: dict[str, Any], model: torch.nn.Module, fast: Any, request: dict[
 
 
 def decode_speed(
-    built: Built, entry: Entry, seed: int, reading: Callable[[dict[str, Any]], dict[str, Any]]
+    built: Built, entry: Entry, seed: int, reading: Callable[[Callable[[], Any], Callable[[], Any]], dict[str, Any]]
 ) -> dict[str, Any]:
     """``reading`` (the timing pass's, under the caller's grad mode) of ``entry``'s request: ``model.generate()`` as
-    called twice a round (how far it strays from itself) against ``wrap(model).generate()``, after one warm
+    called against ``wrap(model).generate()``, after one warm
     generation -- the first call of its class decodes both ways -- with the status of what the wrapper ran (graphs,
     some steps eager, or eager) and why."""
     from ... import wrap
@@ -260,7 +260,7 @@ def decode_speed(
         _seeded(lambda _, r: fast.generate(**r), seed, model, request)
         eager = functools.partial(_seeded, _as_called, seed, model, request)
         accelerated = functools.partial(_seeded, lambda _, r: fast.generate(**r), seed, model, request)
-        measured = reading({"eager": eager, "accelerated": accelerated, "eager_again": eager})
+        measured = reading(eager, accelerated)
         status, reason = _decode_status(fast.graph_info())
         return {**measured, "status": status.value, "reason": reason}
     finally:

@@ -1,25 +1,26 @@
 """The timing pass: speed-ups of a model measured with the GPU to itself.
 
 Correctness runs put a dozen workers side by side on one GPU, and there every call waits on the others: a speed-up
-measured there says nothing about eager against launchless. The timing pass runs one model at a time in one
-process: per grad mode, ``wrap(model)`` ("auto", what a user gets) on a few fresh calls -- capture, verification
-and its own speed judgement included -- then eager and accelerated in interleaved rounds on fresh inputs, both the
-GPU time of calls issued back to back and the latency of calls waited for, eager timed twice a round (how far eager
-is from itself, ``eager_spread``, is what a speed-up near 1 is read against); the row's speed-up is the smaller of the
-two. A reading under ``CLOSE_CALL`` is decided by a repeat with three times the rounds, whose figures the row keeps
-(``repeated``): the smaller of two noisy readings leans low, and a forward of tens of milliseconds with host work
-between its kernels (a detector) strays by some percent from round to round. Its status is what ``graph_info()``
-says the timed calls ran (a whole graph, a split, or eager: alone, the
-speed judgements of "auto" may decide otherwise than beside other workers). A causal LM adds greedy batch-1
-decoding against ``model.generate()`` as called (waited for: a generation returns its tokens to the host), by the same
-rule. The merge lays these figures over the correctness rows
-(``report.apply_timings``, the status as ``timed_status``); the speed target reads only rows timed alone.
+measured there says nothing about eager against launchless. The timing pass runs one model at a time in one process:
+per grad mode, ``wrap(model)`` ("auto", what a user gets) on a few fresh calls -- capture, verification and its own
+speed judgement included -- then eager and accelerated in interleaved rounds on fresh inputs, both the GPU time of
+calls issued back to back and the latency of calls waited for, each timed twice a round, alternating so that neither
+runs right after itself (how far eager is from itself, ``eager_spread``, is what a speed-up near 1 is read against);
+the row's speed-up is the smaller of the two. A reading under ``CLOSE_CALL`` is decided by a repeat with three times
+the rounds, whose figures the row keeps (``repeated``): the smaller of two noisy readings leans low, and a forward
+of tens of milliseconds with host work between its kernels (a detector) strays by some percent from round to round.
+Its status is what ``graph_info()`` says the timed calls ran (a whole graph, a split, or eager: alone, the speed
+judgements of "auto" may decide otherwise than beside other workers). A causal LM adds greedy batch-1 decoding
+against ``model.generate()`` as called (waited for: a generation returns its tokens to the host), by the same rule.
+The merge lays these figures over the correctness rows (``report.apply_timings``, the status as ``timed_status``);
+the speed target reads only rows timed alone.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -64,10 +65,7 @@ def _forward_timing(built: Any, entry: Entry, mode: GradMode, seed: int) -> dict
                 args, kwargs = built.make_inputs(generator, "cuda")
                 accelerated(*args, **kwargs)
             args, kwargs = built.make_inputs(generator, "cuda")
-            eager = functools.partial(built.model, *args, **kwargs)
-            # eager twice per round: how far eager is from itself is the spread a speed-up is read against
-            calls = {"eager": eager, "accelerated": lambda: accelerated(*args, **kwargs), "eager_again": eager}
-            reading = measured(calls)
+            reading = measured(functools.partial(built.model, *args, **kwargs), lambda: accelerated(*args, **kwargs))
         status, reason, _ = status_of(graph_info(accelerated, entry), entry)  # what the timed calls ran
         return _timing(entry, mode, **reading, status=status.value, reason=reason)
 
@@ -77,30 +75,38 @@ def _forward_timing(built: Any, entry: Entry, mode: GradMode, seed: int) -> dict
         release(accelerated)
 
 
-def measured(calls: dict[str, Any], *, waited_only: bool = False) -> dict[str, Any]:
-    """The reading of ``calls`` (``eager``, ``accelerated``, ``eager_again``); one under ``CLOSE_CALL`` is replaced
-    by a repeat in ``REPEAT_ROUNDS`` rounds (``repeated``). ``waited_only``: calls that wait for the GPU themselves
-    (a generation returns its tokens to the host), timed only so."""
-    reading = _reading(calls, rounds=ROUNDS, waited_only=waited_only)
+def measured(eager: Callable[[], Any], accelerated: Callable[[], Any], *, waited_only: bool = False) -> dict[str, Any]:
+    """The reading of ``eager`` against ``accelerated``; one under ``CLOSE_CALL`` is replaced by a repeat in
+    ``REPEAT_ROUNDS`` rounds (``repeated``). ``waited_only``: calls that wait for the GPU themselves (a generation
+    returns its tokens to the host), timed only so."""
+    reading = _reading(eager, accelerated, rounds=ROUNDS, waited_only=waited_only)
     if reading["speedup"] >= CLOSE_CALL:
         return {**reading, "repeated": False}
-    return {**_reading(calls, rounds=REPEAT_ROUNDS, waited_only=waited_only), "repeated": True}
+    return {**_reading(eager, accelerated, rounds=REPEAT_ROUNDS, waited_only=waited_only), "repeated": True}
 
 
-def _reading(calls: dict[str, Any], *, rounds: int, waited_only: bool) -> dict[str, Any]:
+def _reading(
+    eager: Callable[[], Any], accelerated: Callable[[], Any], *, rounds: int, waited_only: bool
+) -> dict[str, Any]:
     """Eager against accelerated, back to back and waited for, in ``rounds`` interleaved rounds: the smaller
-    speed-up of the two, its milliseconds, and how far eager strays from itself (the larger of the two)."""
+    speed-up of the two, its milliseconds, and how far eager strays from itself (the larger of the two). Each runs
+    twice a round, the two kinds alternating so that neither ever follows itself (``interleaved_ms``); each one's
+    figure is the mean of its two medians, and the distance between eager's two is the spread."""
+    calls = {"eager": eager, "accelerated": accelerated, "eager_again": eager, "accelerated_again": accelerated}
     readings = {}
     if not waited_only:
-        readings["back_to_back"] = interleaved_ms(calls, waited=False, rounds=rounds, per_round=PER_ROUND)
-    readings["waited"] = interleaved_ms(calls, waited=True, rounds=rounds, per_round=1)
-    speedups = {how: timings["eager"] / timings["accelerated"] for how, timings in readings.items()}
+        readings["back_to_back"] = interleaved_ms(calls, waited=False, rounds=rounds, per_round=PER_ROUND, rotate_by=2)
+    readings["waited"] = interleaved_ms(calls, waited=True, rounds=rounds, per_round=1, rotate_by=2)
+    figures = {
+        how: ((t["eager"] + t["eager_again"]) / 2, (t["accelerated"] + t["accelerated_again"]) / 2)
+        for how, t in readings.items()
+    }
+    speedups = {how: eager_ms / accelerated_ms for how, (eager_ms, accelerated_ms) in figures.items()}
     slower = min(speedups, key=speedups.__getitem__)
-    timings = readings[slower]
     spread = max(abs(1 - t["eager"] / t["eager_again"]) for t in readings.values())
     return {
-        "eager_ms": round(timings["eager"], 4),
-        "accelerated_ms": round(timings["accelerated"], 4),
+        "eager_ms": round(figures[slower][0], 4),
+        "accelerated_ms": round(figures[slower][1], 4),
         "speedup": round(speedups[slower], 3),
         "measured": slower,
         "eager_spread": round(spread, 4),
