@@ -5,8 +5,10 @@ attention, detection post-processing, KV caches, diffusion blocks) without netwo
 nothing here downloads weights, configs or tokenizers. timm / torchvision / transformers / diffusers
 are imported lazily inside the builders, so ``import launchless.apps.zoo`` needs only torch; install
 them with ``pip install 'launchless[zoo]'``. Every workload has a task (``tasks()``); the builders
-live in ``_vision`` (timm, torchvision), ``_transformers``, ``_diffusers`` and ``_grace`` (GraCE's
-workloads: model code of our own where the original's package is not one of these), the entries in ``_registry``.
+live in ``_vision`` (timm, torchvision), ``_transformers``, ``_diffusers`` and ``_grace*`` (GraCE's
+workloads: model code of our own where the original's package is not one of these -- ``_grace_ocean`` for pyhpc's
+ocean models, ``_grace_dalle2`` for DALLE2, ``_grace_xlnet`` for XLNet's host-built encoding), the entries in
+``_registry``.
 """
 
 from __future__ import annotations

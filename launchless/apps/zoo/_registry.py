@@ -14,15 +14,13 @@ from ._common import _Spec
 from ._diffusers import _diffusers, _dit, _flux, _image, _pixart, _sd3, _unet
 from ._grace import (
     clip,
-    dalle2,
     deep_recommender,
-    ocean_equation_of_state,
-    ocean_isoneutral_mixing,
-    ocean_turbulence,
     speaker_encoder,
     speech_transformer,
     xlnet_host_positions,
 )
+from ._grace_dalle2 import dalle2
+from ._grace_ocean import ocean_equation_of_state, ocean_isoneutral_mixing, ocean_turbulence
 from ._transformers import (
     MakeKwargs,
     _clip,
