@@ -30,13 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from . import graphs, stats
+from .formatting import MISSING, factor, md_table, ms, reason_text
 from .report import (
-    _MISSING,
     BarPanel,
-    _md_table,
-    _ms,
-    _one_line,
-    _x,
     bar_panels,
     chart_title,
     header_line,
@@ -146,7 +142,7 @@ def _correctness_cell(row: Row) -> str:
 def _graphs_cell(row: Row) -> str:
     summary = row.get("graphs")
     if not summary:
-        return _MISSING
+        return MISSING
     if "level" in summary:  # graphed_step
         reason = summary.get("eager_reason")
         return f"{summary['level']}: {reason}" if reason else str(summary["level"])
@@ -165,17 +161,17 @@ def _part_table(view: _View, part: str) -> list[str]:
                 f"`{row['workload']}`",
                 str(row["world_size"]),
                 str(row["mode"]),
-                _ms(row.get("median_ms")) if ok else str(row.get("status")),
-                _ms(row.get("waited_ms")),
-                _MISSING if row["mode"] == stats.EAGER else _x(view.speedup(row, stats.EAGER)),
-                _MISSING if row["mode"] == stats.REDUCE_OVERHEAD else _x(view.speedup(row, stats.REDUCE_OVERHEAD)),
-                _MISSING if row.get("scaling_efficiency") is None else f"{row['scaling_efficiency']:.2f}",
-                _MISSING if first is None or warmup is None else f"{first:.3g} / {warmup:.3g}",
-                _correctness_cell(row) if ok else _MISSING,
+                ms(row.get("median_ms")) if ok else str(row.get("status")),
+                ms(row.get("waited_ms")),
+                MISSING if row["mode"] == stats.EAGER else factor(view.speedup(row, stats.EAGER)),
+                MISSING if row["mode"] == stats.REDUCE_OVERHEAD else factor(view.speedup(row, stats.REDUCE_OVERHEAD)),
+                MISSING if row.get("scaling_efficiency") is None else f"{row['scaling_efficiency']:.2f}",
+                MISSING if first is None or warmup is None else f"{first:.3g} / {warmup:.3g}",
+                _correctness_cell(row) if ok else MISSING,
                 _graphs_cell(row),
             ]
         )
-    return _md_table(header, body)
+    return md_table(header, body)
 
 
 _NOTES = {
@@ -195,19 +191,19 @@ def _summary_lines(view: _View) -> list[str]:
         mean = tp["geomean_best_launchless_vs_reduce_overhead"]
         head = f"- Tensor parallelism at world size {tp['world_size']}: the faster of launchless and launchless-compile"
         if per:
-            detail = ", ".join(f"`{w}` {_x(v)}" for w, v in per.items())
-            lines.append(f"{head} over reduce-overhead, {_x(mean)} (geometric mean over {len(per)}: {detail})")
+            detail = ", ".join(f"`{w}` {factor(v)}" for w, v in per.items())
+            lines.append(f"{head} over reduce-overhead, {factor(mean)} (geometric mean over {len(per)}: {detail})")
         else:
             lines.append(f"{head}: no workload ran both that and reduce-overhead")
     if DDP_TRAINING in summary:
         ddp = summary[DDP_TRAINING]
         for workload, ratios in ddp["per_workload"].items():
             vs_world_1 = ratios["launchless_step_vs_world_1"]
-            efficiency = _MISSING if not vs_world_1 else f"{1 / vs_world_1:.2f}"
+            efficiency = MISSING if not vs_world_1 else f"{1 / vs_world_1:.2f}"
             lines.append(
                 f"- `{workload}` at world size {ddp['world_size']}: launchless "
-                f"{_x(ratios['launchless_vs_reduce_overhead'])} over reduce-overhead; its step takes "
-                f"{_x(vs_world_1)} its world-size-1 step (scaling efficiency {efficiency})"
+                f"{factor(ratios['launchless_vs_reduce_overhead'])} over reduce-overhead; its step takes "
+                f"{factor(vs_world_1)} its world-size-1 step (scaling efficiency {efficiency})"
             )
     return lines or ["- nothing to compare: no part ran"]
 
@@ -247,7 +243,7 @@ def markdown(environment: Mapping[str, Any], rows: Sequence[Row]) -> str:
     ]
     failed = [r for r in view.rows if r.get("status") != "ok"]
     lines += [
-        f"- `{r['workload']}` · {r['mode']} · world size {r['world_size']}: {_one_line(r.get('reason'))}"
+        f"- `{r['workload']}` · {r['mode']} · world size {r['world_size']}: {reason_text(r.get('reason'))}"
         for r in failed
     ] or ["- none: every workload ran in every mode at every world size"]
     return "\n".join(lines) + "\n"

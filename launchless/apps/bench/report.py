@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,40 +26,11 @@ from rich.table import Table
 from rich.text import Text
 
 from launchless.apps.bench import graphs, kernels_report, stats, workloads
+from launchless.apps.bench.formatting import MISSING, factor, md_table, ms, reason_text
 
 Row = Mapping[str, Any]
 
-_MISSING = "—"
 _ENV_FIELDS = (("date", None), ("gpu", "GPU"), ("driver", "driver"), ("torch", "torch"), ("triton", "triton"))
-
-
-# --- formatting -----------------------------------------------------------------------------------------------
-
-
-def _ms(value: float | None) -> str:
-    """Milliseconds with about three significant digits, never in exponent form."""
-    if value is None or not math.isfinite(value):
-        return _MISSING
-    if value >= 100:
-        return f"{value:.0f}"
-    if value >= 10:
-        return f"{value:.1f}"
-    if value >= 1:
-        return f"{value:.2f}"
-    return f"{value:.3f}"
-
-
-def _x(value: float | None) -> str:
-    return _MISSING if value is None else f"{value:.2f}×"
-
-
-def _one_line(text: object) -> str:
-    return " ".join(str(text).split()) if text is not None else "no reason given"
-
-
-def _cell(text: str) -> str:
-    """Markdown table cells cannot hold a pipe or a newline."""
-    return _one_line(text).replace("|", "\\|")
 
 
 def _env(environment: Mapping[str, Any], key: str) -> str:
@@ -107,7 +77,7 @@ def _correctness_summary(workload: str, modes: Sequence[str], by_key: Mapping[tu
         if mark is not None:
             marks.append((mode, mark))
     if not marks:
-        return _MISSING
+        return MISSING
     if all(mark == "=" for _, mark in marks):
         return "all ="
     return ", ".join(f"{mode} {mark}" for mode, mark in marks)
@@ -121,10 +91,10 @@ def _best_floor(workload: str, modes: Sequence[str], by_key: Mapping[tuple[str, 
 def _status_word(row: Row | None) -> str | None:
     """`skipped` / `error` / `—` (never ran) for rows without a usable median, None for a usable row."""
     if row is None:
-        return _MISSING
+        return MISSING
     if row.get("status") in ("skipped", "error"):
         return str(row["status"])
-    return _MISSING if stats.ok_median(row) is None else None
+    return MISSING if stats.ok_median(row) is None else None
 
 
 class _View:
@@ -145,7 +115,7 @@ class _View:
             row = self.by_key.get((workload, mode))
             if row is not None and row.get("kind"):
                 return str(row["kind"])
-        return _MISSING
+        return MISSING
 
     def speedup(self, workload: str, mode: str) -> float | None:
         return self.vs_eager.get(mode, {}).get(workload)
@@ -166,16 +136,16 @@ class _View:
                 ("geomean_vs_reduce_overhead", self.vs_ro, stats.REDUCE_OVERHEAD),
             ):
                 if mode != baseline and mode in self.summary[key]:
-                    parts.append(f"{_x(self.summary[key][mode])} vs {baseline} ({len(table[mode])})")
+                    parts.append(f"{factor(self.summary[key][mode])} vs {baseline} ({len(table[mode])})")
             if mode in self.summary["floor_ratio"]:
                 n = len(self.floor_ratios[mode])
-                parts.append(f"at {_x(self.summary['floor_ratio'][mode])} its kernel floor ({n})")
+                parts.append(f"at {factor(self.summary['floor_ratio'][mode])} its kernel floor ({n})")
             if mode in self.summary["worst_vs_best_pytorch"]:
                 worst = self.summary["worst_vs_best_pytorch"][mode]
-                parts.append(f"worst workload {_x(worst)} the faster of compile and reduce-overhead")
+                parts.append(f"worst workload {factor(worst)} the faster of compile and reduce-overhead")
             if mode in self.summary["geomean_first_call_vs_reduce_overhead"]:
                 ratio = self.summary["geomean_first_call_vs_reduce_overhead"][mode]
-                parts.append(f"first call {_x(ratio)} reduce-overhead's")
+                parts.append(f"first call {factor(ratio)} reduce-overhead's")
             if latency := self._latency_summary(mode):
                 parts.append(latency)
             if parts:
@@ -191,10 +161,10 @@ class _View:
         ):
             if mode != baseline and mode in self.summary.get(key, {}):
                 n = len(stats.speedups(self.rows, baseline, stats.LATENCY)[mode])
-                parts.append(f"{_x(self.summary[key][mode])} vs {baseline} ({n})")
+                parts.append(f"{factor(self.summary[key][mode])} vs {baseline} ({n})")
         worst = self.summary.get("latency_worst_vs_best_pytorch", {}).get(mode)
         if worst is not None:
-            parts.append(f"worst {_x(worst)} the faster of compile and reduce-overhead")
+            parts.append(f"worst {factor(worst)} the faster of compile and reduce-overhead")
         return "latency " + ", ".join(parts) if parts else None
 
     def has_latency(self) -> bool:
@@ -218,20 +188,14 @@ def write_json(path: str | Path, environment: Mapping[str, Any], suite: str, row
 # --- Markdown -------------------------------------------------------------------------------------------------
 
 
-def _md_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(_cell(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in body]
-    return lines
-
-
 def _latency_cell(view: _View, workload: str, mode: str) -> str:
     row = view.by_key.get((workload, mode))
     word = _status_word(row)
     if word is not None:
         return word
-    text = _ms(stats.ok_median(row))
+    text = ms(stats.ok_median(row))
     speedup = view.speedup(workload, mode)
-    return text if speedup is None else f"{text} ({_x(speedup)})"
+    return text if speedup is None else f"{text} ({factor(speedup)})"
 
 
 def _row_cell(render: Callable[[Row], str]) -> Callable[[_View, str, str], str]:
@@ -241,7 +205,7 @@ def _row_cell(render: Callable[[Row], str]) -> Callable[[_View, str, str], str]:
         row = view.by_key.get((workload, mode))
         word = _status_word(row)
         if row is None or word is not None:
-            return word or _MISSING
+            return word or MISSING
         return render(row)
 
     return cell
@@ -251,32 +215,32 @@ def _row_cell(render: Callable[[Row], str]) -> Callable[[_View, str, str], str]:
 def _waited_cell(row: Row) -> str:
     latency, throughput = stats.ok_median(row, stats.LATENCY), stats.ok_median(row)
     if latency is None or throughput is None:
-        return _MISSING
+        return MISSING
     extra = latency - throughput
-    return f"{_ms(latency)} ({'+' if extra >= 0 else '−'}{_ms(abs(extra))})"
+    return f"{ms(latency)} ({'+' if extra >= 0 else '−'}{ms(abs(extra))})"
 
 
 @_row_cell
 def _first_call_cell(row: Row) -> str:
     mem = row.get("peak_mem_mb")
-    mem_text = _MISSING if mem is None else f"{mem:.0f}"
-    return f"{_ms(row.get('first_call_ms'))} ms / {mem_text} MB"
+    mem_text = MISSING if mem is None else f"{mem:.0f}"
+    return f"{ms(row.get('first_call_ms'))} ms / {mem_text} MB"
 
 
 def _bytes(value: float | None) -> str:
     """Bytes in B, kB, MB or GB (powers of 1000) with about three significant digits."""
     if value is None:
-        return _MISSING
+        return MISSING
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if value >= scale:
-            return f"{_ms(value / scale)} {unit}"
+            return f"{ms(value / scale)} {unit}"
     return f"{value:.0f} B"
 
 
 @_row_cell
 def _inside_graphs_cell(row: Row) -> str:
     coverage = row.get("graph_coverage")
-    return f"{_MISSING if coverage is None else f'{coverage:.0%}'} / {_bytes(row.get('copy_bytes'))}"
+    return f"{MISSING if coverage is None else f'{coverage:.0%}'} / {_bytes(row.get('copy_bytes'))}"
 
 
 def _per_mode_section(
@@ -284,7 +248,7 @@ def _per_mode_section(
 ) -> list[str]:
     """A titled table with a row per workload and a column per mode."""
     lines = ["", f"## {title}", "", note, ""]
-    return lines + _md_table(
+    return lines + md_table(
         ["workload", *(f"{m} {unit}" for m in view.modes)],
         [[f"`{w}`", *(cell(view, w, m) for m in view.modes)] for w in view.workloads],
     )
@@ -305,12 +269,12 @@ def markdown(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) ->
                 f"`{w}`",
                 view.kind(w),
                 *(_latency_cell(view, w, m) for m in view.modes),
-                _ms(view.eager_floor(w)),
-                _MISSING if best is None else f"{_ms(best[0])} ({best[1]})",
+                ms(view.eager_floor(w)),
+                MISSING if best is None else f"{ms(best[0])} ({best[1]})",
                 _correctness_summary(w, view.modes, view.by_key),
             ]
         )
-    lines += _md_table(header, body)
+    lines += md_table(header, body)
     lines += [
         "",
         "Median ms per call (speed-up over eager, above 1 is faster). Floor: summed GPU kernel time per call "
@@ -359,7 +323,7 @@ def markdown(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) ->
     lines += ["", "## Skipped and failed", ""]
     problems = view.problems()
     lines += [
-        f"- `{r['workload']}` · {r['mode']} · {r.get('status')}: {_one_line(r.get('reason'))}" for r in problems
+        f"- `{r['workload']}` · {r['mode']} · {r.get('status')}: {reason_text(r.get('reason'))}" for r in problems
     ] or ["- none: every listed workload ran in every listed mode"]
     return "\n".join(lines) + "\n"
 
@@ -381,10 +345,10 @@ def _rich_latency(view: _View, workload: str, mode: str) -> Text:
     word = _status_word(row)
     if word is not None:
         return Text(word, style={"error": "bold red", "skipped": "yellow"}.get(word, "dim"))
-    text = Text(_ms(stats.ok_median(row)))
+    text = Text(ms(stats.ok_median(row)))
     speedup = view.speedup(workload, mode)
     if speedup is not None:
-        text.append(f" ({_x(speedup)})", style="green" if speedup >= 1.0 else "red")
+        text.append(f" ({factor(speedup)})", style="green" if speedup >= 1.0 else "red")
     return text
 
 
@@ -394,7 +358,7 @@ def rich_table(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) 
     caption = [header_line(environment)]
     caption += [f"{mode}: {text}" for mode, text in view.summary_items()]
     caption += [
-        f"{r['workload']} · {r['mode']} · {r.get('status')}: {_one_line(r.get('reason'))}" for r in view.problems()
+        f"{r['workload']} · {r['mode']} · {r.get('status')}: {reason_text(r.get('reason'))}" for r in view.problems()
     ]
     table = Table(title=f"launchless bench: {suite}", caption="\n".join(caption), caption_justify="left")
     table.add_column("workload", no_wrap=True)
@@ -410,8 +374,8 @@ def rich_table(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) 
             w,
             view.kind(w),
             *(_rich_latency(view, w, m) for m in view.modes),
-            _ms(view.eager_floor(w)),
-            _MISSING if best is None else f"{_ms(best[0])} ({best[1]})",
+            ms(view.eager_floor(w)),
+            MISSING if best is None else f"{ms(best[0])} ({best[1]})",
             _correctness_summary(w, view.modes, view.by_key),
         )
     return table
@@ -552,7 +516,7 @@ def bar_panels(path: str | Path, panels: Sequence[BarPanel], *, title: str, grou
                     xs.append(g - 0.4 + (j + 0.5) * bar)
                     heights.append(value)
             bars = ax.bar(xs, heights, width=bar, color=f"C{j % 10}", label=mode)
-            ax.bar_label(bars, labels=[_ms(h) for h in heights], fontsize=6)
+            ax.bar_label(bars, labels=[ms(h) for h in heights], fontsize=6)
         log_axis(ax)
         ax.set_ylabel(panel.ylabel)
         ax.set_title(panel.title, fontsize=9)

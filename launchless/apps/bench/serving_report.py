@@ -49,14 +49,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .formatting import MISSING, factor, md_table, ms, reason_text
 from .kernels_report import phases_text
 from .report import (
-    _MISSING,
     BarPanel,
-    _md_table,
-    _ms,
-    _one_line,
-    _x,
     bar_panels,
     chart_title,
     header_line,
@@ -193,8 +189,8 @@ class _View:
         assert speed is not None and memory is not None
         met = speed >= BUCKET_SPEED_AT_LEAST and memory <= BUCKET_MEMORY_AT_MOST
         detail = (
-            f"{_x(speed)} the speed of graph-per-size (target ≥ {_x(BUCKET_SPEED_AT_LEAST)}), "
-            f"{_x(memory)} its graph memory (target ≤ {_x(BUCKET_MEMORY_AT_MOST)})"
+            f"{factor(speed)} the speed of graph-per-size (target ≥ {factor(BUCKET_SPEED_AT_LEAST)}), "
+            f"{factor(memory)} its graph memory (target ≤ {factor(BUCKET_MEMORY_AT_MOST)})"
         )
         return _verdict(row, met, detail)
 
@@ -208,8 +204,8 @@ class _View:
         assert tokens is not None and start_up is not None
         met = tokens >= DECODE_TOKENS_AT_LEAST and start_up <= DECODE_COMPILE_AT_MOST
         detail = (
-            f"{_x(tokens)} the tokens per second of static-compile (target ≥ {_x(DECODE_TOKENS_AT_LEAST)}), "
-            f"{_x(start_up)} its start-up time (target ≤ {_x(DECODE_COMPILE_AT_MOST)})"
+            f"{factor(tokens)} the tokens per second of static-compile (target ≥ {factor(DECODE_TOKENS_AT_LEAST)}), "
+            f"{factor(start_up)} its start-up time (target ≤ {factor(DECODE_COMPILE_AT_MOST)})"
         )
         return _verdict(row, met, detail)
 
@@ -249,21 +245,21 @@ def _verdict(row: Row, met: bool | None, detail: str) -> dict[str, Any]:
 
 
 def _mib(size: Any) -> str:
-    return _MISSING if size is None else f"{size / 2**20:.1f}"
+    return MISSING if size is None else f"{size / 2**20:.1f}"
 
 
 def _seconds(value: Any) -> str:
-    return _MISSING if value is None else f"{value:.3g}"
+    return MISSING if value is None else f"{value:.3g}"
 
 
 def _count(value: Any) -> str:
-    return _MISSING if value is None else str(value)
+    return MISSING if value is None else str(value)
 
 
 def _identical_cell(row: Row) -> str:
     """``=`` bit-identical to eager; buckets ``≠ 2.4e-07`` (the largest difference), decode ``≠ from token 5``."""
     if row.get("status") != "ok" or row.get("identical") is None:
-        return _MISSING
+        return MISSING
     if row["identical"]:
         return "="
     if row["part"] == DECODE:
@@ -282,18 +278,18 @@ def _buckets_table(view: _View) -> list[str]:
             [
                 f"`{row['workload']}`",
                 str(row["mode"]),
-                _ms(row.get("total_ms")) if ok else str(row.get("status")),
-                _ms(row.get("median_ms")),
-                _x(view.speed_vs_graph_per_size(row)),
+                ms(row.get("total_ms")) if ok else str(row.get("status")),
+                ms(row.get("median_ms")),
+                factor(view.speed_vs_graph_per_size(row)),
                 _mib(row.get("graph_mem_bytes")),
-                _x(view.memory_vs_graph_per_size(row)),
+                factor(view.memory_vs_graph_per_size(row)),
                 _mib(row.get("device_mem_bytes")),
                 _count(row.get("graphs")),
                 _seconds(row.get("compile_s")),
                 _identical_cell(row),
             ]
         )
-    return _md_table(header, body)
+    return md_table(header, body)
 
 
 def _decode_table(view: _View) -> list[str]:
@@ -308,18 +304,18 @@ def _decode_table(view: _View) -> list[str]:
                 f"`{row['workload']}`",
                 _count(row.get("batch")),
                 str(row["mode"]),
-                (f"{tokens:.1f}" if tokens is not None else _MISSING) if ok else str(row.get("status")),
-                _ms(row.get("median_ms")),
-                _ms(row.get("ttft_ms")),
-                _x(view.tokens_vs_static_compile(row)),
+                (f"{tokens:.1f}" if tokens is not None else MISSING) if ok else str(row.get("status")),
+                ms(row.get("median_ms")),
+                ms(row.get("ttft_ms")),
+                factor(view.tokens_vs_static_compile(row)),
                 _seconds(row.get("compile_s")),
-                _x(view.compile_vs_static_compile(row)),
+                factor(view.compile_vs_static_compile(row)),
                 _count(row.get("graphs")),
                 _identical_cell(row),
                 _dynamic_cell(row),
             ]
         )
-    return _md_table(header, body)
+    return md_table(header, body)
 
 
 def _interleaved_table(view: _View) -> list[str]:
@@ -335,15 +331,17 @@ def _interleaved_table(view: _View) -> list[str]:
     header = ["workload", *(f"{m} ms / step" for m in modes), *(f"{m} × static-compile tokens/s" for m in ratios)]
     body = []
     for workload, steps in raced.items():
-        times = [_ms(steps.get(m)) for m in modes]
-        body.append([f"`{workload}`", *times, *(_x(_ratio(steps.get(STATIC_COMPILE), steps.get(m))) for m in ratios)])
+        times = [ms(steps.get(m)) for m in modes]
+        body.append(
+            [f"`{workload}`", *times, *(factor(_ratio(steps.get(STATIC_COMPILE), steps.get(m))) for m in ratios)]
+        )
     return [
         "",
         f"Raced in one process (the launchless worker, once its row was measured): {_rounds(rounds)} of one "
         "generate() per mode, the modes in a rotating order, static-compile compiled before the rounds; the median "
         "decode step per mode. The × static-compile tokens/s above and the targets below are from these.",
         "",
-        *_md_table(header, body),
+        *md_table(header, body),
     ]
 
 
@@ -366,7 +364,7 @@ def _compiled_kernels_lines(view: _View) -> list[str]:
     for row in rows:
         decisions = row.get("compiled_kernels") or []
         decided = "; ".join(
-            f"{d['kernels']}" + (f" ({_one_line(d['reason'])})" if d.get("reason") else "") for d in decisions
+            f"{d['kernels']}" + (f" ({reason_text(d['reason'])})" if d.get("reason") else "") for d in decisions
         )
         # where the time to the swap went: a process started for it, imports, export, compile
         phases = "; ".join(phases_text(d["compile_phases"]) for d in decisions if d.get("compile_phases"))
@@ -390,7 +388,7 @@ def _compiled_kernels_lines(view: _View) -> list[str]:
         "phases: `start` (a process to begin in, none where a spare was waiting), `build` (the model's modules "
         "imported, its tensors made), `export`, `compile`, `save`.",
         "",
-        *_md_table(header, body),
+        *md_table(header, body),
     ]
 
 
@@ -418,7 +416,7 @@ def _rounds(counts: set[Any]) -> str:
 def _dynamic_cell(row: Row) -> str:
     """``=`` every token of eager generate() on the default dynamic cache; ``≠ from token 78`` where they parted."""
     if row.get("status") != "ok" or "dynamic_divergence" not in row:
-        return _MISSING
+        return MISSING
     divergence = row["dynamic_divergence"]
     return "=" if divergence is None else f"≠ from token {divergence}"
 
@@ -449,10 +447,10 @@ def _notes(environment: Mapping[str, Any]) -> dict[str, str]:
 
 def _target_lines(view: _View) -> list[str]:
     lines = [
-        f"Buckets: a bucket mode ({', '.join(BUCKET_JUDGED)}) serves the trace at ≥ {_x(BUCKET_SPEED_AT_LEAST)} the "
-        f"speed of graph-per-size with ≤ {_x(BUCKET_MEMORY_AT_MOST)} its graph memory. Decode: launchless at batch "
-        f"{DECODE_JUDGED_BATCH} decodes ≥ {_x(DECODE_TOKENS_AT_LEAST)} the tokens per second of static-compile with "
-        f"≤ {_x(DECODE_COMPILE_AT_MOST)} its start-up time.",
+        f"Buckets: a bucket mode ({', '.join(BUCKET_JUDGED)}) serves the trace at ≥ {factor(BUCKET_SPEED_AT_LEAST)} "
+        f"the speed of graph-per-size with ≤ {factor(BUCKET_MEMORY_AT_MOST)} its graph memory. Decode: launchless at "
+        f"batch {DECODE_JUDGED_BATCH} decodes ≥ {factor(DECODE_TOKENS_AT_LEAST)} the tokens per second of "
+        f"static-compile with ≤ {factor(DECODE_COMPILE_AT_MOST)} its start-up time.",
         "",
     ]
     words = {True: "**met**", False: "**not met**", None: "not judged"}
@@ -482,9 +480,9 @@ def markdown(environment: Mapping[str, Any], rows: Sequence[Row]) -> str:
                 lines += _interleaved_table(view) + _compiled_kernels_lines(view) + _through_generate_lines(view)
     lines += ["", "## Targets", "", *_target_lines(view), "", "## Failed", ""]
     failed = [r for r in view.rows if r.get("status") != "ok"]
-    lines += [f"- `{r['workload']}` · {r['mode']}: {_one_line(r.get('reason'))}" for r in failed]
+    lines += [f"- `{r['workload']}` · {r['mode']}: {reason_text(r.get('reason'))}" for r in failed]
     lost_races = [r for r in view.rows if r.get("status") == "ok" and r.get("interleaved_error")]
-    lines += [f"- `{r['workload']}` · the modes' race: {_one_line(r['interleaved_error'])}" for r in lost_races]
+    lines += [f"- `{r['workload']}` · the modes' race: {reason_text(r['interleaved_error'])}" for r in lost_races]
     missing = _missing(view.rows, environment.get("modes"))
     lines += [f"- `{workload}` · {mode}: no row (the run ended first)" for workload, mode in missing]
     if lines[-1] == "":
