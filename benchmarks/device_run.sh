@@ -38,6 +38,7 @@
 #                      (benchmarks/results/differential-runs), models with rows there already are left out, and
 #                      the folder comes back in the archive; MODEL_TIMEOUT seconds a model (240)
 #   differential-timing the timing pass over TIMING_LIBS="library ..." in turn, one process, until DEADLINE; resumable
+#   differential-timing-again  the timing pass again, one library after the other, for the models AGAIN names
 #   differential-again the models AGAIN="library:model,model ..." names run again (after a fix), a process per
 #                      library side by side (PER_LIBRARY=n: n each); the merge keeps each model's newest line;
 #                      ENTRIES="entry ..." runs only those entry points' rows (the merge replaces just those)
@@ -111,6 +112,17 @@ differential_again() {  # named models run again, a process per library; their n
       ${ENTRIES:+--entries $ENTRIES} >"$out/differential-again-$lib.log" 2>&1 &
   done
   wait
+  mkdir -p "$out/differential-runs" && cp -r "$runs/." "$out/differential-runs/"
+}
+
+differential_timing_again() {  # the timing pass again for the models AGAIN names; the merge keeps the newest line
+  local runs=${RUNS:-benchmarks/results/differential-runs} spec lib models
+  for spec in ${AGAIN:?AGAIN=\"library:model,model ...\" names the models to time again}; do
+    lib=${spec%%:*} models=${spec#*:}
+    mkdir -p "$runs/$lib"
+    timeout "${DEADLINE:-540}" python3 -m launchless.apps.cli differential run --library "$lib" --timing \
+      --timeout "${MODEL_TIMEOUT:-240}" --models ${models//,/ } --out "$runs/$lib" >>"$out/differential-timing.log" 2>&1
+  done
   mkdir -p "$out/differential-runs" && cp -r "$runs/." "$out/differential-runs/"
 }
 
@@ -198,6 +210,7 @@ print(*[w.name for w in suite(STANDARD) if w.kind != "training"])')"
   differential) run differential differential ;;
   differential-timing) run differential-timing differential_timing ;;
   differential-again) run differential-again differential_again ;;
+  differential-timing-again) run differential-timing-again differential_timing_again ;;
   *) echo "unknown step $step" | tee -a "$out/steps.txt" ;;
   esac
 done
