@@ -425,6 +425,34 @@ def test_the_backend_captures_under_both_grad_modes(grad_mode) -> None:
     assert not torch.equal(outs[0], outs[1])  # not a stale graph
 
 
+class WritesIntoItsInputs(nn.Module):
+    """As pyhpc's isoneutral mixing: results written into tensors the caller passes in, and returned."""
+
+    def forward(self, x: torch.Tensor, k: torch.Tensor, slopes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k[1:-1] = torch.tanh(x[1:-1] * 2) + x[:-2]
+        slopes[..., 0] = k * 0.5
+        return k, slopes
+
+
+@pytest.mark.parametrize(
+    "grad_mode", [pytest.param(torch.no_grad, id="no_grad"), pytest.param(torch.inference_mode, id="inference_mode")]
+)
+def test_a_forward_writing_into_its_inputs_leaves_the_callers_tensors_as_eager_does(grad_mode) -> None:
+    """Each call on fresh tensors: the returned tensors are the caller's own, holding what eager writes -- a graph
+    that wrote its own copies of them would leave the caller's stale."""
+    model = WritesIntoItsInputs()
+    compiled = _compiled(model)
+    with grad_mode():
+        for call in range(5):
+            x = torch.randn(64, 32, device="cuda")
+            k, slopes = torch.randn(64, 32, device="cuda"), torch.zeros(64, 32, 2, device="cuda")
+            k_eager, slopes_eager = model(x, k.clone(), slopes.clone())
+            out_k, out_slopes = compiled(x, k, slopes)
+            assert out_k.data_ptr() == k.data_ptr() and out_slopes.data_ptr() == slopes.data_ptr(), call
+            torch.testing.assert_close(k, k_eager, rtol=0, atol=1e-6, msg=f"the caller's k after call {call}")
+            torch.testing.assert_close(slopes, slopes_eager, rtol=0, atol=1e-6, msg=f"slopes after call {call}")
+
+
 def test_options_passed_through_torch_compile_reach_the_graphs() -> None:
     torch._dynamo.reset()
     ll_backend._registry.clear()
