@@ -535,3 +535,5 @@ def test_a_decode_step_that_cannot_be_captured_is_named_and_its_class_goes_throu
     decode = wrapped.graph_info()["decode"]
     assert decode["steps_replayed"] == 0 and decode["generate_calls"] == 1, decode  # then generate() as called
     assert any("no decode step replays as a graph" in c["reason"] for c in decode["classes"]), decode["classes"]
+    (fallback,) = decode["fallbacks"]  # the operation and its line as fields too, not only inside the reason
+    assert fallback["operation"].startswith("aten.") and "modeling_xglm.py:" in fallback["source"], fallback

@@ -56,6 +56,15 @@ class _Held:
     counters: HostCounters
 
 
+@dataclasses.dataclass(frozen=True)
+class Blocking:
+    """Why a decode step's capture failed: the one-line reason, and the operation and source line where found."""
+
+    why: str
+    operation: str | None = None
+    source: str | None = None
+
+
 class DecodeSteps:
     """The decode-step graphs of one model, their caches' bookkeeping and counts (see the module docstring)."""
 
@@ -233,9 +242,13 @@ class DecodeSteps:
             state.restore()
             self.graphs.discard()
             transient = out_of_memory(fail.cause)
-            why = str(fail) if fail.cause is None or transient else self._blocker(decode_step, key, flat, fail, device)
+            blocker = (
+                Blocking(str(fail))
+                if fail.cause is None or transient
+                else self._blocker(decode_step, key, flat, fail, device)
+            )
             state.restore()  # naming the blocker ran the step again
-            return self._refuse(key, fail.stage, why, forward, kwargs, transient=transient)
+            return self._refuse(key, fail.stage, blocker.why, forward, kwargs, transient=transient, blocker=blocker)
         if not report.passed:
             del graph
             self.graphs.discard()
@@ -254,17 +267,18 @@ class DecodeSteps:
 
     def _blocker(
         self, step: Callable[..., Any], key: Signature, flat: FlatInputs, fail: CaptureFailed, device: torch.device
-    ) -> str:
+    ) -> Blocking:
         """What stopped a decode step's capture, as the forward's capture errors say it: the operation and its source
         line where a capture run again under a recorder finds them (``diagnose.messages``), and what PyTorch said."""
         said = str(fail.cause).strip().splitlines()[0].rstrip(".") if str(fail.cause).strip() else ""
         try:
             error = capture_error(step, f"{self.name} decode step", key, flat, fail, device)
         except Exception:  # naming it is a courtesy: the refusal stands on what PyTorch said
-            return f"{fail}; PyTorch said: {said}" if said else str(fail)
+            return Blocking(f"{fail}; PyTorch said: {said}" if said else str(fail))
         what = f"{error.reason} `{error.operation}`" if error.operation else error.reason
         where = f" at {error.source}" if error.source else " (source line not found)"
-        return f"{what}{where}" + (f"; PyTorch said: {said}" if said else "")
+        source = str(error.source) if error.source else None
+        return Blocking(f"{what}{where}" + (f"; PyTorch said: {said}" if said else ""), error.operation, source)
 
     @staticmethod
     def _count_free(fn: Callable[..., Any], flat: FlatInputs, state: CacheState) -> str:
@@ -303,12 +317,15 @@ class DecodeSteps:
         kwargs: dict[str, Any],
         *,
         transient: bool = False,
+        blocker: Blocking | None = None,
     ) -> Any:
+        """``blocker``: the operation and source line that stopped the capture, where they were found."""
         message = f"launchless: {self.name}: a decode step is not replayed as a graph: {why}"
-        error = CaptureError(message, reason=why)
+        operation, source = (blocker.operation, blocker.source) if blocker else (None, None)
+        error = CaptureError(message, reason=why, operation=operation, source=source)
         if self.explicit and not transient:
             raise error
-        refusal = Refusal(stage, why, message, error=error, transient=transient)
+        refusal = Refusal(stage, why, message, operation, source, error=error, transient=transient)
         self.graphs.refuse(key, refusal, level=logging.WARNING)
         if transient:
             return self._eager_step(why, forward, (), kwargs)
