@@ -22,6 +22,16 @@ def ms(value: float | None) -> str:
     return f"{value:.3f}"
 
 
+def byte_size(value: float | None) -> str:
+    """Bytes in B, kB, MB or GB (powers of 1000) with about three significant digits."""
+    if value is None:
+        return MISSING
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= scale:
+            return f"{ms(value / scale)} {unit}"
+    return f"{value:.0f} B"
+
+
 def factor(value: float | None) -> str:
     """A ratio as ``2.00×``."""
     return MISSING if value is None else f"{value:.2f}×"

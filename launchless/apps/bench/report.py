@@ -26,7 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from launchless.apps.bench import graphs, kernels_report, stats, workloads
-from launchless.apps.bench.formatting import MISSING, factor, md_table, ms, reason_text
+from launchless.apps.bench.formatting import MISSING, byte_size, factor, md_table, ms, reason_text
 
 Row = Mapping[str, Any]
 
@@ -227,20 +227,10 @@ def _first_call_cell(row: Row) -> str:
     return f"{ms(row.get('first_call_ms'))} ms / {mem_text} MB"
 
 
-def _bytes(value: float | None) -> str:
-    """Bytes in B, kB, MB or GB (powers of 1000) with about three significant digits."""
-    if value is None:
-        return MISSING
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if value >= scale:
-            return f"{ms(value / scale)} {unit}"
-    return f"{value:.0f} B"
-
-
 @_row_cell
 def _inside_graphs_cell(row: Row) -> str:
     coverage = row.get("graph_coverage")
-    return f"{MISSING if coverage is None else f'{coverage:.0%}'} / {_bytes(row.get('copy_bytes'))}"
+    return f"{MISSING if coverage is None else f'{coverage:.0%}'} / {byte_size(row.get('copy_bytes'))}"
 
 
 def _per_mode_section(
