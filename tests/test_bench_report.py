@@ -595,26 +595,31 @@ def test_the_report_says_where_each_workload_comes_from_where_its_entry_says() -
 
 
 def test_a_trace_says_which_kernels_ran_inside_graphs_and_what_the_copies_moved() -> None:
-    """Kernels the host launched itself ran outside graphs; the rest came from graph launches. Copies count their
-    bytes whoever launched them."""
+    """A kernel whose correlation id points to a graph launch ran inside the graph; one launched by the host itself
+    (through the runtime or the driver, as Triton launches), or whose launch the trace lacks, ran outside. Copies
+    count their bytes whoever launched them."""
     from launchless.apps.bench.measure import trace_counts
 
+    def kernel(name: str, correlation: int) -> dict:
+        return {"cat": "kernel", "name": name, "args": {"correlation": correlation}}
+
     events = [
-        {"cat": "kernel", "name": "gemm"},
-        {"cat": "kernel", "name": "relu"},
-        {"cat": "kernel", "name": "triton_poi"},
-        {"cat": "kernel", "name": "softmax"},
-        {"cat": "cuda_runtime", "name": "cudaGraphLaunch"},
-        {"cat": "cuda_runtime", "name": "cudaLaunchKernel"},  # one kernel outside the graph
-        {"cat": "cuda_runtime", "name": "cudaMemcpyAsync"},
-        {"cat": "gpu_memcpy", "name": "Memcpy DtoD", "args": {"bytes": 4096}},
+        {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "args": {"correlation": 1}},
+        kernel("gemm", 1),
+        kernel("relu", 1),
+        kernel("softmax", 1),
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "args": {"correlation": 2}},
+        kernel("argmax", 2),  # one kernel outside the graph
+        {"cat": "cuda_runtime", "name": "cudaMemcpyAsync", "args": {"correlation": 3}},
+        {"cat": "gpu_memcpy", "name": "Memcpy DtoD", "args": {"bytes": 4096, "correlation": 3}},
         {"cat": "gpu_memset", "name": "Memset", "args": {"bytes": 64}},
     ]
     assert trace_counts(events, calls=2) == (0.75, 2048.0)
-    driver = [*events, {"cat": "cuda_driver", "name": "cuLaunchKernelEx"}]  # Triton launches through the driver
-    assert trace_counts(driver, calls=2)[0] == 0.5
-    hosted = [*events, {"cat": "cuda_runtime", "name": "cudaLaunchHostFunc"}]  # no kernel
-    assert trace_counts(hosted, calls=2)[0] == 0.75
+    driver = [*events, {"cat": "cuda_driver", "name": "cuLaunchKernelEx", "args": {"correlation": 4}}, kernel("t", 4)]
+    assert trace_counts(driver, calls=2)[0] == 0.6  # Triton launches through the driver
+    assert trace_counts([*events, kernel("unknown", 9)], calls=2)[0] == 0.6  # a launch the trace lacks: outside
+    eager = [e for e in events if e.get("name") != "cudaGraphLaunch"]
+    assert trace_counts(eager, calls=1)[0] == 0.0
     assert trace_counts([], calls=1) == (None, 0.0)
 
 

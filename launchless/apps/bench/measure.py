@@ -38,8 +38,8 @@ class DeviceProfile:
     """What one call runs on the GPU, from ``torch.profiler`` over ``PROFILE_CALLS`` calls.
 
     ``floor_ms``: summed device time of its kernels, copies and memsets (the launch-free limit).
-    ``graph_coverage``: the share of its kernels that ran inside CUDA graphs -- every kernel the host launched
-    itself (a runtime or driver launch call) ran outside one, the rest came from graph launches.
+    ``graph_coverage``: the share of its kernels that ran inside CUDA graphs (launched by a graph launch, not one
+    by one by the host).
     ``copy_bytes``: bytes its memory copies moved (a replay's input copy; a copy made by a kernel is not counted:
     a strided one, or several inputs copied in one multi-tensor launch, as ``wrap`` copies them -- graph_info()'s
     per-graph byte counts hold those)."""
@@ -49,19 +49,20 @@ class DeviceProfile:
     copy_bytes: float | None
 
 
-KERNEL_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeKernel", "cuLaunchCooperativeKernel")
-"""How the host's own kernel launches are named (with their ``Ex``/``ExC`` and per-thread-stream ``_ptsz`` forms);
-``cudaGraphLaunch`` is not one of them."""
 HOST_API = ("cuda_runtime", "cuda_driver")  # the trace categories of the host's CUDA calls
 
 
 def trace_counts(events: list[dict[str, Any]], calls: int) -> tuple[float | None, float | None]:
-    """(graph coverage, copy bytes per call) from a chrome trace's events (``torch.profiler`` export)."""
-    kernels = sum(1 for e in events if e.get("cat") == "kernel")
-    launched = sum(1 for e in events if e.get("cat") in HOST_API and str(e.get("name", "")).startswith(KERNEL_LAUNCHES))
+    """(graph coverage, copy bytes per call) from a chrome trace's events (``torch.profiler`` export). A kernel ran
+    inside a graph where the host call its correlation id points to is a graph launch (``cudaGraphLaunch``): every
+    kernel of a replay carries the launch's id; one the host launched itself carries its own launch call's."""
+    launches = {
+        (e.get("args") or {}).get("correlation"): str(e.get("name", "")) for e in events if e.get("cat") in HOST_API
+    }
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    inside = sum(1 for k in kernels if "GraphLaunch" in launches.get((k.get("args") or {}).get("correlation"), ""))
     copied = sum(float((e.get("args") or {}).get("bytes", 0)) for e in events if e.get("cat") == "gpu_memcpy")
-    coverage = max(0.0, 1.0 - launched / kernels) if kernels else None
-    return coverage, copied / calls
+    return (inside / len(kernels) if kernels else None), copied / calls
 
 
 def device_profile(call: Any, calls: int = PROFILE_CALLS) -> DeviceProfile:

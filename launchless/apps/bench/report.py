@@ -291,8 +291,8 @@ def markdown(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) ->
         lines += _per_mode_section(
             view,
             "Kernels inside graphs and bytes copied",
-            "Share of a call's GPU kernels that ran inside CUDA graphs (a kernel the host launched itself ran "
-            "outside one), and the bytes its memory copies moved per call (a replay's input copies), from "
+            "Share of a call's GPU kernels that ran inside CUDA graphs (launched by a graph launch, not one by one "
+            "by the host), and the bytes its memory copies moved per call (a replay's input copies), from "
             "torch.profiler.",
             "inside / copied",
             _inside_graphs_cell,
