@@ -134,7 +134,7 @@ def test_verify_loads_a_users_module_function_and_diagnoses_it_without_a_gpu(tmp
 
 
 def test_models_run_task_by_task_and_a_resumed_run_keeps_earlier_rows(tmp_path) -> None:
-    from launchless.apps.cli import interleaved
+    from launchless.apps.conformance.command import interleaved
     from launchless.apps.conformance.runner import run_matrix
 
     assert interleaved({"a": ["a1", "a2", "a3"], "b": ["b1"], "c": ["c1", "c2"]}) == [
