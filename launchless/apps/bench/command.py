@@ -66,6 +66,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``launchless bench``: partial runs merged (``--merge``), the workloads and modes listed, or the suite run
+    (the multigpu and serving suites by their own runners); a wrong argument is an argparse error naming the fix."""
     from . import workloads
     from .modes import MODES, default_modes, order_problem
 

@@ -7,6 +7,7 @@ import argparse
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """``launchless conformance`` and ``launchless verify``'s arguments."""
     matrix = sub.add_parser(
         "conformance",
         help="run every zoo model through wrap(model, 'auto'): whole graph / split / eager, verified, speed-up",
@@ -33,6 +34,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def run_conformance(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The matrix over the zoo's models (task by task in turn), or their list; exit 2 without a GPU."""
     from .. import zoo
 
     by_task = zoo.tasks()
@@ -71,6 +73,8 @@ def interleaved(by_task: dict[str, list[str]]) -> list[str]:
 
 
 def run_verify(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """One model checked as the matrix checks it: exit 0 verified, 1 refused or unproven, 2 without a GPU (the
+    first capture blocker found on the meta device is printed instead)."""
     import json
 
     import torch

@@ -7,6 +7,7 @@ from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    """``launchless differential run|merge``'s arguments."""
     from .candidate import Library
     from .rows import Entry
 
@@ -43,6 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """A shard run (or listed) on the GPU, or shard folders merged into the report; bad folders, rows or models are
+    an argparse error naming the fix."""
     from . import report
     from .candidate import Library
     from .population import candidates, parse_shard, pick, shard

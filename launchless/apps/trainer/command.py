@@ -9,6 +9,7 @@ import sys
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    """``launchless train``'s arguments."""
     train = sub.add_parser(
         "train",
         help="train a timm image classifier on an ImageFolder, optionally with a whole-step CUDA graph",
