@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Sequence
 
 from .multigpu_report import SUITE as MULTIGPU
 from .serving_report import SUITE as SERVING
@@ -135,7 +136,6 @@ def _multigpu(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """The multigpu suite: its own workloads and modes, every world size a torchrun group (gloo on a CPU-only
     machine, so that it runs anywhere; its times are then the host's)."""
     from . import multigpu
-    from .workloads import UnknownWorkload
 
     if args.list:
         own = "tp:package.module:function, ddp:package.module:function"
@@ -145,13 +145,7 @@ def _multigpu(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.balance_from:
         parser.error("--balance-from deals single-GPU workloads; the multigpu suite runs every group on --gpus")
     names = args.workloads or multigpu.default_workloads()
-    try:
-        multigpu.check_workloads(names)
-    except UnknownWorkload as exc:
-        parser.error(str(exc))
-    unknown = [m for m in args.modes or () if m not in multigpu.MODES]
-    if unknown:
-        parser.error(f"unknown mode(s) {', '.join(unknown)}; choose from: {', '.join(multigpu.MODES)}")
+    _check_suite_choices(parser, names, args.modes, check_workloads=multigpu.check_workloads, modes=multigpu.MODES)
     device = multigpu.device_type()
     gpus = args.gpus
     if device == "cuda":
@@ -186,7 +180,6 @@ def _serving(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """The serving suite: its own workloads and modes, a worker per mode; it runs on a CPU too (host-clock times,
     tiny models by default), so that it can be checked anywhere."""
     from . import serving, serving_workloads
-    from .workloads import UnknownWorkload
 
     if args.list:
         print("\n".join(serving_workloads.listing()))
@@ -197,13 +190,9 @@ def _serving(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(f"--iters {args.iters}: the trace of batch sizes needs at least one call")
     device = serving.device_type()
     names = args.workloads or serving_workloads.default_workloads(device)
-    try:
-        serving.check_workloads(names)
-    except UnknownWorkload as exc:
-        parser.error(str(exc))
-    unknown = [m for m in args.modes or () if m not in serving_workloads.MODES]
-    if unknown:
-        parser.error(f"unknown mode(s) {', '.join(unknown)}; choose from: {', '.join(serving_workloads.MODES)}")
+    _check_suite_choices(
+        parser, names, args.modes, check_workloads=serving.check_workloads, modes=serving_workloads.MODES
+    )
     if args.gpus:
         if device != "cuda":
             parser.error("--gpus names GPUs and none is visible here; leave it out to run on the CPU")
@@ -223,3 +212,24 @@ def _serving(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         device=device,
     )
     return 0
+
+
+def _check_suite_choices(
+    parser: argparse.ArgumentParser,
+    names: list[str],
+    asked_modes: list[str] | None,
+    *,
+    check_workloads: Callable[[list[str]], None],
+    modes: Sequence[str],
+) -> None:
+    """A suite with workloads and modes of its own: an unknown name of either is an argparse error naming the
+    choices."""
+    from .workloads import UnknownWorkload
+
+    try:
+        check_workloads(names)
+    except UnknownWorkload as exc:
+        parser.error(str(exc))
+    unknown = [m for m in asked_modes or () if m not in modes]
+    if unknown:
+        parser.error(f"unknown mode(s) {', '.join(unknown)}; choose from: {', '.join(modes)}")
