@@ -1,4 +1,4 @@
-"""Builders for diffusers models: small configs built in code (random weights, nothing fetched).
+"""The zoo's diffusers workloads and their builders: small configs built in code (random weights, nothing fetched).
 
 Sizes are read back from ``model.config``, so inputs match whatever the config sets: latents of
 ``in_channels`` x ``sample_size``, one timestep per sample, text states of the cross-attention width.
@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
 
-from ._common import Inputs
+from ._common import Inputs, _Spec
 
 Built = tuple[torch.nn.Module, Callable[[], Inputs]]
 # An input factory: (model config, batch) -> keyword arguments of the forward.
@@ -92,3 +93,105 @@ def _flux(cfg: Any, batch: int) -> dict[str, Any]:
         "img_ids": img_ids,
         "txt_ids": torch.zeros(TEXT_TOKENS, 3),
     }
+
+
+def _df(model_cls: str, make_kwargs: Any, **config: Any) -> _Spec:
+    return _Spec("diffusers", "diffusers", partial(_diffusers, model_cls, make_kwargs, **config), "diffusion")
+
+
+# The zoo's diffusers workloads: small configs of each model family, conditioned as the pipelines call them.
+DIFFUSION: dict[str, _Spec] = {
+    "diffusers:unet2d-cond-tiny": _df(  # SD-style: cross-attention to text states
+        "UNet2DConditionModel",
+        _unet,
+        sample_size=32,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=(32, 64),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=64,
+        attention_head_dim=8,
+        norm_num_groups=16,
+    ),
+    "diffusers:unet2d-tiny": _df(  # DDPM-style, unconditional
+        "UNet2DModel",
+        _unet,
+        sample_size=32,
+        in_channels=3,
+        out_channels=3,
+        layers_per_block=1,
+        block_out_channels=(32, 64),
+        down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+        up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+        norm_num_groups=16,
+    ),
+    "diffusers:vae-tiny": _df(
+        "AutoencoderKL",
+        _image,
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(32, 64),
+        latent_channels=4,
+        norm_num_groups=16,
+        sample_size=64,
+    ),
+    "diffusers:dit-tiny": _df(
+        "DiTTransformer2DModel",
+        _dit,
+        num_attention_heads=4,
+        attention_head_dim=32,
+        in_channels=4,
+        out_channels=8,
+        num_layers=2,
+        sample_size=32,
+        patch_size=2,
+        num_embeds_ada_norm=1000,
+    ),
+    "diffusers:pixart-tiny": _df(
+        "PixArtTransformer2DModel",
+        _pixart,
+        num_attention_heads=4,
+        attention_head_dim=32,
+        in_channels=4,
+        out_channels=8,
+        num_layers=2,
+        sample_size=32,
+        patch_size=2,
+        cross_attention_dim=128,
+        caption_channels=64,
+        use_additional_conditions=False,
+    ),
+    "diffusers:sd3-tiny": _df(
+        "SD3Transformer2DModel",
+        _sd3,
+        sample_size=32,
+        patch_size=2,
+        in_channels=4,
+        out_channels=4,
+        num_layers=2,
+        attention_head_dim=32,
+        num_attention_heads=4,
+        joint_attention_dim=64,
+        caption_projection_dim=128,
+        pooled_projection_dim=64,
+        pos_embed_max_size=32,
+    ),
+    "diffusers:flux-tiny": _df(
+        "FluxTransformer2DModel",
+        _flux,
+        patch_size=1,
+        in_channels=16,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=32,
+        num_attention_heads=4,
+        joint_attention_dim=64,
+        pooled_projection_dim=64,
+        guidance_embeds=False,
+        axes_dims_rope=(8, 12, 12),
+    ),
+}

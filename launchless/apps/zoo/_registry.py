@@ -11,7 +11,7 @@ from functools import partial
 from typing import Any
 
 from ._common import _Spec
-from ._diffusers import _diffusers, _dit, _flux, _image, _pixart, _sd3, _unet
+from ._diffusers import DIFFUSION
 from ._grace import (
     clip,
     deep_recommender,
@@ -58,10 +58,6 @@ def _tf(
     return _Spec(
         "transformers", package, partial(_transformers, model_cls, config_cls, make_kwargs, sdpa=sdpa, **config), task
     )
-
-
-def _df(model_cls: str, make_kwargs: Any, **config: Any) -> _Spec:
-    return _Spec("diffusers", "diffusers", partial(_diffusers, model_cls, make_kwargs, **config), "diffusion")
 
 
 # Small transformer sizes shared by the new text / vision / audio entries.
@@ -559,102 +555,6 @@ _AUDIO: dict[str, _Spec] = {
     ),
 }
 
-_DIFFUSION: dict[str, _Spec] = {
-    "diffusers:unet2d-cond-tiny": _df(  # SD-style: cross-attention to text states
-        "UNet2DConditionModel",
-        _unet,
-        sample_size=32,
-        in_channels=4,
-        out_channels=4,
-        layers_per_block=1,
-        block_out_channels=(32, 64),
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=64,
-        attention_head_dim=8,
-        norm_num_groups=16,
-    ),
-    "diffusers:unet2d-tiny": _df(  # DDPM-style, unconditional
-        "UNet2DModel",
-        _unet,
-        sample_size=32,
-        in_channels=3,
-        out_channels=3,
-        layers_per_block=1,
-        block_out_channels=(32, 64),
-        down_block_types=("DownBlock2D", "AttnDownBlock2D"),
-        up_block_types=("AttnUpBlock2D", "UpBlock2D"),
-        norm_num_groups=16,
-    ),
-    "diffusers:vae-tiny": _df(
-        "AutoencoderKL",
-        _image,
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2,
-        block_out_channels=(32, 64),
-        latent_channels=4,
-        norm_num_groups=16,
-        sample_size=64,
-    ),
-    "diffusers:dit-tiny": _df(
-        "DiTTransformer2DModel",
-        _dit,
-        num_attention_heads=4,
-        attention_head_dim=32,
-        in_channels=4,
-        out_channels=8,
-        num_layers=2,
-        sample_size=32,
-        patch_size=2,
-        num_embeds_ada_norm=1000,
-    ),
-    "diffusers:pixart-tiny": _df(
-        "PixArtTransformer2DModel",
-        _pixart,
-        num_attention_heads=4,
-        attention_head_dim=32,
-        in_channels=4,
-        out_channels=8,
-        num_layers=2,
-        sample_size=32,
-        patch_size=2,
-        cross_attention_dim=128,
-        caption_channels=64,
-        use_additional_conditions=False,
-    ),
-    "diffusers:sd3-tiny": _df(
-        "SD3Transformer2DModel",
-        _sd3,
-        sample_size=32,
-        patch_size=2,
-        in_channels=4,
-        out_channels=4,
-        num_layers=2,
-        attention_head_dim=32,
-        num_attention_heads=4,
-        joint_attention_dim=64,
-        caption_projection_dim=128,
-        pooled_projection_dim=64,
-        pos_embed_max_size=32,
-    ),
-    "diffusers:flux-tiny": _df(
-        "FluxTransformer2DModel",
-        _flux,
-        patch_size=1,
-        in_channels=16,
-        num_layers=1,
-        num_single_layers=1,
-        attention_head_dim=32,
-        num_attention_heads=4,
-        joint_attention_dim=64,
-        pooled_projection_dim=64,
-        guidance_embeds=False,
-        axes_dims_rope=(8, 12, 12),
-    ),
-}
-
 # GraCE's workloads (``_grace``): the models its evaluation names, as PyTorch's benchmark runners configure them.
 _GRACE = {
     "grace:xlnet": _Spec("grace", "transformers", xlnet_host_positions, "encoder"),
@@ -710,6 +610,6 @@ _REGISTRY: dict[str, _Spec] = {
     **_SEQ2SEQS,
     **_VISION,
     **_AUDIO,
-    **_DIFFUSION,
+    **DIFFUSION,
     **_GRACE,
 }
