@@ -309,6 +309,36 @@ class CaptureFlow:
         )
 
 
+def graph_row(cache: GraphCache[_capture.CapturedGraph], sig: Signature, graph: _capture.CapturedGraph) -> dict:
+    """A kept graph as ``graph_info()`` shows it: its replays, capture and memory, its proof, and what the flow
+    judged (the region split's graphs and what runs eager between them, or a whole graph's speed against eager)."""
+    report = cache.reports.get(sig)
+    row = {
+        "signature": sig.describe(),
+        "replays": graph.replays,
+        "capture_ms": round(graph.capture_ms, 3),
+        "pool_growth_bytes": graph.pool_growth,
+        "input_bytes": graph.input_bytes,
+        "verification": report.as_dict() if report else None,
+    }
+    if graph.junctions:  # a region split: graphs with operations run eager between them
+        fail, speed = graph.split_from, graph.speed
+        row["region_split"] = {
+            "graphs": len(cast(SegmentedGraph, graph.graph).graphs),
+            "eager_ops": [j.row() for j in graph.junctions],
+            "reason": fail.site.name if fail and fail.site else None,
+            "source": fail.site.source if fail and fail.site else None,
+            "eager_ms": speed.eager_ms,
+            "graphs_ms": speed.candidate_ms,
+            "eager_back_to_back_ms": speed.eager_back_to_back_ms,
+            "graphs_back_to_back_ms": speed.candidate_back_to_back_ms,
+            "speedup": round(speed.speedup, 3),
+        }
+    elif graph.speed is not None:  # a whole graph "auto" timed against eager before keeping it
+        row["speed"] = graph.speed.row()
+    return row
+
+
 def op_names(junctions: tuple) -> str:
     """The operations run eager between graphs, each once: "aten::histc, aten::_grouped_mm"."""
     return ", ".join(dict.fromkeys(j.name for j in junctions))

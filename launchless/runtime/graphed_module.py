@@ -26,21 +26,22 @@ import torch
 
 from ..core import capture as _capture
 from ..core.buckets import check_buckets
-from ..core.cache import GraphCache, Refusal
+from ..core.cache import GraphCache
 from ..core.compiled_programs import SpareCompiler
-from ..core.junctions import JunctionShapeChanged, SegmentedGraph
+from ..core.junctions import JunctionShapeChanged
 from ..core.pool import SHARED
 from ..core.relocation import RelocationWatch
 from ..core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
-from ..core.status import Admission, SplitStatus, Stage
+from ..core.status import Admission
 from ..errors import ConfigError
 from ..options import KERNELS, KernelsMode, VerifyMode, check_choice, check_int, check_number, check_verify
-from . import state_keys
 from .batch_buckets import AUTO, BatchBucketing, BucketPlan
-from .capture_flow import CaptureFlow, add_note
+from .capture_flow import CaptureFlow, graph_row
 from .compiled_kernels import CompiledKernels
 from .decode_graphs import DecodeGraphs
-from .split import SPLITTABLE, ModelSplit
+from .fallbacks import Fallbacks
+from .model_stand_in import ModelStandIn
+from .split import ModelSplit
 
 Mode = bool | Literal["auto"]
 _OWN_SIGNATURE = object()  # a bucketed call that must go its own way after all
@@ -55,7 +56,7 @@ ADDRESS_CHECKS = {
 }
 # process state: never copied or pickled
 _RUNTIME_STATE = frozenset(
-    {"_cache", "_watch", "_flow", "_eager_reasons", "_model_split", "_bucketing", "_decode", "_compiled"}
+    {"_cache", "_watch", "_flow", "_fallbacks", "_model_split", "_bucketing", "_decode", "_compiled"}
 )
 
 
@@ -68,10 +69,10 @@ def _check_mode(cuda_graph: Any) -> Mode:
     )
 
 
-class GraphedModule(torch.nn.Module):
+class GraphedModule(ModelStandIn):
     """A model that replays a verified CUDA graph per input signature and keeps the model's API."""
 
-    _refusal_level = logging.INFO  # a piece of a split leaves its refusals to the split's report
+    _runtime_state = _RUNTIME_STATE
 
     def __init__(
         self,
@@ -106,14 +107,12 @@ class GraphedModule(torch.nn.Module):
                 "memory_pool='shared' needs outputs='clone': another model's replay would overwrite the graph's own "
                 "output buffers that outputs='static' hands out; use outputs='clone', or memory_pool='own'"
             )
-        super().__init__()
-        self.model = model
+        super().__init__(model)
         self.cuda_graph = mode
         self.capture_after, self.max_graphs, self.warmup = capture_after, max_graphs, warmup
         self.verify, self.tolerance_ulps, self.outputs = verify, float(tolerance_ulps), outputs
         self.address_check, self.memory_pool, self.kernels = address_check, memory_pool, kernels
         self.batch_buckets = batch_buckets if batch_buckets is None or batch_buckets == AUTO else list(batch_buckets)
-        state_keys.install(self)
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -130,7 +129,7 @@ class GraphedModule(torch.nn.Module):
         self._flow = CaptureFlow(  # capture, verification and the speed judgement of each signature's graph
             cache=self._cache,
             watch=self._watch,
-            target=_target_of(weakref.ref(self)),  # weakly: a cycle would keep graphs until a collection
+            target=_model_of(weakref.ref(self)),  # weakly: a cycle would keep graphs until a collection
             name=self._name(),
             mode=self.cuda_graph,
             warmup=self.warmup,
@@ -138,7 +137,6 @@ class GraphedModule(torch.nn.Module):
             tolerance_ulps=self.tolerance_ulps,
             outputs=self.outputs,
         )
-        self._eager_reasons: dict[str, int] = {}
         options = {
             "max_graphs": self.max_graphs,
             "warmup": self.warmup,
@@ -153,6 +151,16 @@ class GraphedModule(torch.nn.Module):
             make_piece=functools.partial(_make_piece, options=options),
             log_once=self._cache.log_once,
         )
+        self._fallbacks = Fallbacks(  # what a call runs where no graph replays, and how a refusal is taken
+            cache=self._cache,
+            flow=self._flow,
+            split=self._model_split,
+            name=self._name(),
+            strict=self.cuda_graph is True,
+            verify=self.verify,
+            tolerance_ulps=self.tolerance_ulps,
+            capture_after=self.capture_after,
+        )
         self._bucketing = (  # calls padded to a few batch sizes, where the rows are proven not to interact
             None
             if self.batch_buckets is None
@@ -166,39 +174,6 @@ class GraphedModule(torch.nn.Module):
             if self.kernels == "compiled"
             else None
         )
-
-    def __getstate__(self) -> dict:
-        """Copies and pickles carry the model and the options, never graphs, pools or locks."""
-        return {k: v for k, v in self.__dict__.items() if k not in _RUNTIME_STATE}
-
-    def __setstate__(self, state: dict) -> None:
-        super().__setstate__(state)
-        self._init_runtime()
-
-    # ---- pass-through -------------------------------------------------------------------------
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self._modules["model"], name)
-
-    @property
-    def __launchless_model__(self) -> torch.nn.Module:
-        """The wrapped model (what ``dry_run`` and ``explain`` look into)."""
-        return cast(torch.nn.Module, self._modules["model"])
-
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        """Straight to the model, so missing/unexpected keys are reported with the model's own names."""
-        return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
-
-    def named_modules(self, memo: set | None = None, prefix: str = "", remove_duplicate: bool = True):
-        """The model's modules under the wrapper's own name: parameter names match state_dict keys."""
-        memo = set() if memo is None else memo
-        if self not in memo:
-            if remove_duplicate:
-                memo.add(self)
-            yield prefix, self
-        yield from self.model.named_modules(memo, prefix, remove_duplicate)
 
     def extra_repr(self) -> str:
         return f"cuda_graph={self.cuda_graph!r}, graphs={len(self._cache.graphs)}, max_graphs={self.max_graphs}"
@@ -248,7 +223,7 @@ class GraphedModule(torch.nn.Module):
         if self.cuda_graph is False:
             return model(*args, **kwargs)
         if model.training:
-            return self._eager(
+            return self._fallbacks.eager_because(
                 "the model is in training mode; call .eval() to replay graphs (wrap() captures inference; "
                 "graphed_step captures training steps)",
                 args,
@@ -258,7 +233,7 @@ class GraphedModule(torch.nn.Module):
         cache.validate(())  # every call: the grad-mode check below reads the parameters the watch follows
         flat = flatten_inputs(args, kwargs)
         if torch.is_grad_enabled() and (self._watch.requires_grad() or _any_requires_grad(flat.leaves)):
-            return self._eager(
+            return self._fallbacks.eager_because(
                 "grad mode is on and autograd would record this call; graphs replay under "
                 "torch.no_grad() or torch.inference_mode()",
                 args,
@@ -267,7 +242,7 @@ class GraphedModule(torch.nn.Module):
         try:
             sig = signature_of(flat)
         except UnhashableInput as exc:
-            return self._eager(str(exc), args, kwargs)
+            return self._fallbacks.eager_because(str(exc), args, kwargs)
         if self._bucketing is not None and self._watch.cuda_device is not None:
             plan = self._bucketing.plan(flat, sig)
             if plan is not None:
@@ -284,17 +259,13 @@ class GraphedModule(torch.nn.Module):
                 try:
                     return self._replay(graph, flat.leaves)
                 except JunctionShapeChanged as exc:
-                    return self._shape_changed(sig, flat, exc)
-        admission = cache.admit(sig) if self.cuda_graph == "auto" else self._admit_now(sig)
+                    return self._fallbacks.shape_changed(sig, flat, exc)
+        admission = self._admit(sig)
         if admission is Admission.CAPTURE:
             return self._capture_and_run(sig, flat, explicit=False)
         if admission is Admission.REFUSED:
-            if self._model_split.has(sig):
-                return self._run_split(sig, flat)
-            error = self._refused_error(sig)
-            if error is not None:
-                raise error
-        return self._run_eager(args, kwargs)
+            return self._fallbacks.refused(sig, flat, args, kwargs)
+        return self._fallbacks.eager(args, kwargs)
 
     def _bucketed(self, plan: BucketPlan, args: tuple, kwargs: dict) -> Any:
         """A call through its batch bucket: the bucket's graph replayed with the call's rows written into the first
@@ -307,7 +278,7 @@ class GraphedModule(torch.nn.Module):
         cache, bucketing = self._cache, cast(BatchBucketing, self._bucketing)  # called only with buckets set
         graph = cache.get(plan.signature)
         if graph is not None and not (graph.host_sources is not None and graph.host_sources.changed()):
-            if not bucketing.proven(plan, self._target()):
+            if not bucketing.proven(plan, self._flow.target()):
                 return _OWN_SIGNATURE
             bucketing.count(plan)
             try:
@@ -315,23 +286,24 @@ class GraphedModule(torch.nn.Module):
                     return plan.take_rows(self._replay(graph, plan.padded_flat().leaves))
                 return plan.take_rows(self._replay(graph, plan.flat.leaves, rows=plan.rows))
             except JunctionShapeChanged as exc:
-                return self._shape_changed(plan.signature, plan.flat, exc, split=False)
-        admission = cache.admit(plan.signature) if self.cuda_graph == "auto" else self._admit_now(plan.signature)
+                return self._fallbacks.shape_changed(plan.signature, plan.flat, exc, split=False)
+        admission = self._admit(plan.signature)
         if admission is Admission.CAPTURE:
-            if not bucketing.proven(plan, self._target()):
+            if not bucketing.proven(plan, self._flow.target()):
                 return _OWN_SIGNATURE
             bucketing.count(plan)
             padded = plan.padded_flat()
             return plan.take_rows(self._capture_and_run(plan.signature, padded, explicit=False, compile_kernels=False))
         if admission is Admission.REFUSED:
-            error = self._refused_error(plan.signature)
-            if error is not None:
-                raise error
-        return self._run_eager(args, kwargs)
+            return self._fallbacks.refused(plan.signature, plan.flat, args, kwargs, split=False)
+        return self._fallbacks.eager(args, kwargs)
 
-    def _admit_now(self, sig: Signature) -> Admission:
-        """``cuda_graph=True``: every signature is captured at its first call (a refused one raises again, unless
-        its split runs or it ran out of memory: that is tried again at every call, and raises while it lasts)."""
+    def _admit(self, sig: Signature) -> Admission:
+        """Whether a call without a graph captures one: under "auto" the cache counts the signature's calls;
+        ``cuda_graph=True`` captures every signature at its first call (a refused one raises again, unless its split
+        runs or it ran out of memory: that is tried again at every call, and raises while it lasts)."""
+        if self.cuda_graph == "auto":
+            return self._cache.admit(sig)
         refusal = self._cache.refusal(sig)
         if refusal is None or refusal.transient:
             return Admission.CAPTURE
@@ -348,16 +320,15 @@ class GraphedModule(torch.nn.Module):
                 return graph.replay_cloned(leaves, rows=rows)
             return graph.replay(leaves, rows=rows)
 
-    # ---- capture, verification, refusal ---------------------------------------------------------
     def _capture_and_run(
         self, sig: Signature, flat: FlatInputs, *, explicit: bool, compile_kernels: bool = True
     ) -> Any:
-        """Capture, prove and judge ``sig``'s graph (``capture_flow``), then keep and replay it, or refuse it.
-        ``compile_kernels``: with ``kernels="compiled"``, a whole graph kept starts the compile of its forward (a
-        batch bucket's graph replays eager's kernels)."""
+        """Capture, prove and judge ``sig``'s graph (``capture_flow``), then keep and replay it, or refuse it
+        (``fallbacks``). ``compile_kernels``: with ``kernels="compiled"``, a whole graph kept starts the compile of
+        its forward (a batch bucket's graph replays eager's kernels)."""
         captured = self._flow.capture(sig, flat, explicit=explicit)
         if captured.refusal is not None:
-            return self._refuse(sig, flat, captured.refusal, explicit, level=captured.level)
+            return self._fallbacks.refuse(sig, flat, captured.refusal, explicit=explicit, level=captured.level)
         graph = cast(_capture.CapturedGraph, captured.graph)
         self._cache.keep(sig, graph, captured.report, flat.leaves)
         if graph.junctions:
@@ -367,110 +338,7 @@ class GraphedModule(torch.nn.Module):
         try:
             return self._replay(graph, flat.leaves)
         except JunctionShapeChanged as exc:
-            return self._shape_changed(sig, flat, exc)
-
-    def _shape_changed(self, sig: Signature, flat: FlatInputs, exc: JunctionShapeChanged, *, split: bool = True) -> Any:
-        """A chain's junction returned another shape than at its capture: its shape depends on the values after all.
-        Nothing was handed out; the chain goes, and this signature runs as a refused one does from now on (split by
-        submodule where allowed, else eager), this call included. One log line. ``split``: False for a batch
-        bucket's signature, whose call runs eager as given."""
-        self._cache.forget(sig)
-        refusal = Refusal(
-            Stage.CAPTURE,
-            "an operation run eager between graphs returned a data-dependent shape",
-            f"launchless: {self._name()} {sig.describe()}: {exc}. Its graphs are dropped and this input signature "
-            "runs without them",
-        )
-        self._cache.refuse(sig, refusal)
-        if split and self._flow.splits and not self._flow.collective:
-            return self._run_split(sig, flat, refusal)
-        args, kwargs = flat.rebuild(flat.leaves)
-        return self._run_eager(args, kwargs)
-
-    def _refuse(
-        self, sig: Signature, flat: FlatInputs, refusal: Refusal, explicit: bool, *, level: int = logging.INFO
-    ) -> Any:
-        self._cache.refuse(sig, refusal, log_line=False)
-        # a forward with collectives is not split: a rank could split where another does not
-        splittable = (
-            refusal.stage in SPLITTABLE and not refusal.transient and self._flow.splits and not self._flow.collective
-        )
-        if explicit:  # capture_graph(): this one graph or the error, with what a call would run instead
-            if splittable:
-                add_note(refusal.error, self._split_note(sig, flat, refusal))
-            raise _explicit_error(refusal)
-        if splittable:
-            return self._run_split(sig, flat, refusal)
-        if self.cuda_graph is True:
-            raise _explicit_error(refusal)
-        retry = self._cache.retry_in(sig)
-        self._cache.log_once(
-            f"refuse:{refusal.stage}:{refusal.reason}:{refusal.source}",
-            min(level, self._refusal_level) if level <= logging.INFO else level,
-            f"{refusal.message}. Running eager for this input signature"
-            + (f"; trying again in {retry} calls." if retry is not None else "."),
-        )
-        args, kwargs = flat.rebuild(flat.leaves)
-        return self._run_eager(args, kwargs)
-
-    # ---- splits by submodule ----------------------------------------------------------------------------
-    def _run_split(self, sig: Signature, flat: FlatInputs, refusal: Refusal | None = None) -> Any:
-        """A signature refused whole: its forward runs through the captured submodules, searched and decided at
-        its first call (``split.ModelSplit``). Where the split was dropped: eager under "auto"; under
-        ``cuda_graph=True`` the refusal is raised, naming why the split was dropped too."""
-        args, kwargs = flat.rebuild(flat.leaves)
-        with self._cache.lock:  # the split routes the model's submodules while it runs: one call at a time
-            decided = self._model_split.has(sig)
-            outcome = self._model_split.outcome(
-                sig,
-                flat,
-                refusal,
-                verify_mode=self.verify,
-                tolerance_ulps=self.tolerance_ulps,
-                capture_after=self.capture_after,
-                describe=Signature.describe,
-                strict=self.cuda_graph is True,
-            )
-            if outcome.status is SplitStatus.VERIFIED:
-                return self._model_split.run(args, kwargs)
-        error = self._refused_error(sig)
-        if error is not None:
-            if not decided:
-                add_note(error, f" A split by submodule was tried and dropped: {outcome.detail}.")
-            raise error
-        return self._run_eager(args, kwargs)
-
-    def _refused_error(self, sig: Signature) -> Exception | None:
-        """What a refused signature raises under ``cuda_graph=True``: its refusal's error, unless its split by
-        submodule runs (verified and faster) or the refusal came after its graph was kept (an operation run eager
-        between graphs returned another shape at replay: such a signature runs as "auto" runs it)."""
-        if self.cuda_graph is not True or self._model_split.verified(sig):
-            return None
-        refusal = self._cache.refusal(sig)
-        return None if refusal is None else refusal.error
-
-    def _split_note(self, sig: Signature, flat: FlatInputs, refusal: Refusal) -> str:
-        """What a call would run instead of the one graph capture_graph() asked for: graphs around operations,
-        else a split by submodule."""
-        return self._flow.chain_note(flat) or self._model_split.note(
-            sig, flat, refusal, verify_mode=self.verify, tolerance_ulps=self.tolerance_ulps
-        )
-
-    def _eager(self, reason: str, args: tuple, kwargs: dict) -> Any:
-        """A call the caller could graph by changing how it calls (grad mode, training mode, an input): eager,
-        with one WARNING per reason."""
-        self._eager_reasons[reason] = self._eager_reasons.get(reason, 0) + 1
-        self._cache.log_once(f"eager:{reason}", logging.WARNING, f"launchless: {self._name()} runs eager: {reason}")
-        return self._run_eager(args, kwargs)
-
-    def _run_eager(self, args: tuple, kwargs: dict) -> Any:
-        """The model's forward without a graph."""
-        return self._target()(*args, **kwargs)
-
-    def _target(self) -> Any:
-        """What is captured, verified and run eager: the model (a piece of a split: its submodule's own forward,
-        not ``module.__call__``, which the split routes to the piece)."""
-        return self._modules["model"]
+            return self._fallbacks.shape_changed(sig, flat, exc)
 
     def _name(self) -> str:
         return f"{type(self.model).__name__}.forward"
@@ -503,47 +371,20 @@ class GraphedModule(torch.nn.Module):
             self._cache.forget_refusal(sig)
             with torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext():
                 self._capture_and_run(sig, flat, explicit=True)
-        return self._row(sig, self._cache.graphs[sig])
+        return graph_row(self._cache, sig, self._cache.graphs[sig])
 
     # ---- reporting ------------------------------------------------------------------------------
-    def _row(self, sig: Signature, graph: _capture.CapturedGraph) -> dict:
-        report = self._cache.reports.get(sig)
-        row = {
-            "signature": sig.describe(),
-            "replays": graph.replays,
-            "capture_ms": round(graph.capture_ms, 3),
-            "pool_growth_bytes": graph.pool_growth,
-            "input_bytes": graph.input_bytes,
-            "verification": report.as_dict() if report else None,
-        }
-        if graph.junctions:  # a region split: graphs with operations run eager between them
-            fail, speed = graph.split_from, graph.speed
-            row["region_split"] = {
-                "graphs": len(cast(SegmentedGraph, graph.graph).graphs),
-                "eager_ops": [j.row() for j in graph.junctions],
-                "reason": fail.site.name if fail and fail.site else None,
-                "source": fail.site.source if fail and fail.site else None,
-                "eager_ms": speed.eager_ms,
-                "graphs_ms": speed.candidate_ms,
-                "eager_back_to_back_ms": speed.eager_back_to_back_ms,
-                "graphs_back_to_back_ms": speed.candidate_back_to_back_ms,
-                "speedup": round(speed.speedup, 3),
-            }
-        elif graph.speed is not None:  # a whole graph "auto" timed against eager before keeping it
-            row["speed"] = graph.speed.row()
-        return row
-
     def graph_info(self) -> dict:
         """Captured signatures with replay count, capture time, memory and verification; eager fallbacks."""
         cache = self._cache
         return {
             "mode": self.cuda_graph,
             **cache.summary(),
-            "graphs": cache.rows(self._row),
+            "graphs": cache.rows(functools.partial(graph_row, cache)),
             "pool_bytes": cache.pool.bytes(),  # memory_pool="shared": the whole pool, every sharing model's graphs
             "memory_pool": self.memory_pool,
             "fallbacks": cache.fallbacks(lambda sig: sig.describe()),
-            "eager_calls": dict(self._eager_reasons),
+            "eager_calls": dict(self._fallbacks.eager_reasons),
             # a forward refused whole runs through captured submodules: the pieces, what runs eager, the decisions
             "split": self._model_split.info(lambda sig: sig.describe()),
             "batch_buckets": None if self._bucketing is None else self._bucketing.info(),
@@ -553,17 +394,13 @@ class GraphedModule(torch.nn.Module):
         }
 
 
-def _explicit_error(refusal: Refusal | None) -> Exception:
-    """The error a refused signature raises where a graph was asked for explicitly: every refusal recorded for a
-    signature carries one (the casts tell the type checker so; nothing is checked at run time)."""
-    return cast(Exception, cast(Refusal, refusal).error)
-
-
-def _target_of(wrapped: weakref.ref) -> Any:
-    """What the wrapper captures and runs eager, read through a weak reference (the flow is the wrapper's own)."""
+def _model_of(wrapped: weakref.ref) -> Any:
+    """What the wrapper captures and runs eager, read through a weak reference (the flow is the wrapper's own): the
+    model (a piece of a split: its submodule's own forward, set by ``_make_piece``, not ``module.__call__``, which
+    the split routes to the piece)."""
 
     def target() -> Any:
-        return cast(GraphedModule, wrapped())._target()
+        return cast(GraphedModule, wrapped())._modules["model"]
 
     return target
 
@@ -587,10 +424,10 @@ def _make_piece(module: torch.nn.Module, *, options: dict[str, Any]) -> GraphedM
     (the split reports them), calling the submodule's own forward (the split routes its calls here)."""
     piece = GraphedModule(module, "auto", capture_after=1, outputs="clone", **options)
     forward = _own_forward(module)
-    piece.__dict__["_target"] = piece._flow.target = lambda: forward
+    piece._flow.target = lambda: forward
     piece._flow.splits = False  # a piece refused whole runs eager inside its split
     piece._flow.judged = False  # the split is timed whole
-    piece._refusal_level = logging.DEBUG
+    piece._fallbacks.level = logging.DEBUG
     return piece
 
 
