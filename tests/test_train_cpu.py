@@ -349,10 +349,10 @@ def test_training_verification_measures_eager_noise_until_it_covers_the_replay(
         calls.append(1)
         return base + next(noise)
 
-    graphed._eager = eager
-    graphed._replay = lambda entry, flat: base + replay_off_by
+    graphed._runs.eager = eager
+    graphed._runs.replay = lambda entry, flat: base + replay_off_by
     before = Snapshot(state_tensors(model, opt), params=list(model.parameters()))  # device None: no CUDA RNG
-    report, _ = graphed._verify(None, None, before)
+    report, _ = graphed._capture.verify(None, None, before)
     assert report["passed"] is passes and len(calls) - 1 == eager_reruns, report
     assert report["status"] == ("eager-noise" if passes else "failed")
 
@@ -412,7 +412,7 @@ def test_a_ddp_warm_up_on_another_stream_makes_every_rank_train_eager_naming_the
 
     model, opt, step = _setup()
     graphed = ll.graphed_step(step, model=model, optimizer=opt)
-    graphed._ddp = DdpSteps(types.SimpleNamespace(process_group=object()))  # as _ddp_reason leaves it for DDP
+    graphed._runs.ddp = DdpSteps(types.SimpleNamespace(process_group=object()))  # as _ddp_reason leaves it for DDP
     said: list[bool] = []
 
     def agree(groups, *, ok, reason, what, **_):
@@ -422,9 +422,9 @@ def test_a_ddp_warm_up_on_another_stream_makes_every_rank_train_eager_naming_the
 
     monkeypatch.setattr(ddp_module, "agree", agree)
     shown = pytest.warns(UserWarning, match="a user's own warning")  # shown, not swallowed
-    with shown, graphed._watching_accumulator_streams():
+    with shown, graphed._runs.watching_accumulator_streams():
         warnings.warn("a user's own warning", UserWarning, stacklevel=1)
-    assert graphed._ddp.accumulators_elsewhere is False
+    assert graphed._runs.ddp.accumulators_elsewhere is False
     with caplog.at_level(logging.INFO, logger="launchless"):
         agreed = graphed._accumulator_streams_agreed()
         assert agreed is not any_rank_mismatched and said == [True]
@@ -443,14 +443,14 @@ def test_the_step_that_saw_the_warning_says_so_when_the_ranks_agree(monkeypatch:
 
     model, opt, step = _setup()
     graphed = ll.graphed_step(step, model=model, optimizer=opt)
-    graphed._ddp = DdpSteps(types.SimpleNamespace(process_group=object()))
+    graphed._runs.ddp = DdpSteps(types.SimpleNamespace(process_group=object()))
     monkeypatch.setattr(
         ddp_module, "agree", lambda groups, *, ok, reason, what, **_: Agreement({} if ok else {0: reason})
     )
-    with pytest.raises(RuntimeError, match="the step failed"), graphed._watching_accumulator_streams():
+    with pytest.raises(RuntimeError, match="the step failed"), graphed._runs.watching_accumulator_streams():
         warnings.warn(MISMATCH, UserWarning, stacklevel=1)
         raise RuntimeError("the step failed")  # noted even when the step raises
-    assert graphed._ddp.accumulators_elsewhere is True
+    assert graphed._runs.ddp.accumulators_elsewhere is True
     assert graphed._accumulator_streams_agreed() is False
     assert graphed.graph_info()["eager_reason"].startswith("DistributedDataParallel was constructed on another")
 
@@ -468,12 +468,12 @@ def test_a_users_filter_that_ignores_the_accumulator_warning_does_not_hide_it() 
 
     model, opt, step = _setup()
     graphed = ll.graphed_step(step, model=model, optimizer=opt)
-    graphed._ddp = DdpSteps(types.SimpleNamespace(process_group=object()))
+    graphed._runs.ddp = DdpSteps(types.SimpleNamespace(process_group=object()))
     with warnings.catch_warnings(record=True) as shown:
         warnings.filterwarnings("ignore", message="The AccumulateGrad node's stream does not match")
-        with graphed._watching_accumulator_streams():
+        with graphed._runs.watching_accumulator_streams():
             warnings.warn(MISMATCH, UserWarning, stacklevel=1)
-    assert graphed._ddp.accumulators_elsewhere is True
+    assert graphed._runs.ddp.accumulators_elsewhere is True
     assert not [w for w in shown if "AccumulateGrad" in str(w.message)]  # still silent for the user
 
 

@@ -13,12 +13,14 @@ buckets. The lowest level replays the local backward and averages the gradients 
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from ..core.cache import GraphCache
 from ..core.collectives import agree
 
 DDP_WARMUP_STEPS = 11  # DDP's reducer collects runtime statistics (host syncs) in its first 10 iterations
@@ -70,6 +72,17 @@ class DdpSteps:
         self.ddp = ddp
         self.groups: list[Any] = [ddp.process_group]  # the ranks that capture and verify alike
         self.accumulators_elsewhere = False  # a warm-up step's gradient accumulators waited on another stream
+
+    def capture_after_warmup(self, cache: GraphCache[Any]) -> None:
+        """The ranks capture a batch signature after at least ``DDP_WARMUP_STEPS`` eager steps of it (the reducer's
+        runtime statistics are behind): ``cache.capture_after`` raised where it is lower, with one log line."""
+        if cache.capture_after <= DDP_WARMUP_STEPS:  # the capture is the call after the eager steps
+            cache.capture_after = DDP_WARMUP_STEPS + 1
+            message = (
+                f"launchless: DistributedDataParallel steps are captured after {DDP_WARMUP_STEPS} eager steps of a "
+                "batch signature (its reducer logs runtime statistics, syncing with the host, in its first 10)"
+            )
+            cache.log_once(message, logging.INFO, message)
 
     @contextlib.contextmanager
     def watching_accumulator_streams(self) -> Iterator[None]:
