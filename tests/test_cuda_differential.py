@@ -11,6 +11,7 @@ from launchless.apps.differential import report
 from launchless.apps.differential.candidate import Library
 from launchless.apps.differential.population import candidates, pick
 from launchless.apps.differential.rows import ROW_KEYS, Entry, Result
+from launchless.apps.differential.runner import CALLS
 from launchless.apps.differential.worker import model_rows
 
 pytestmark = [pytest.mark.cuda, pytest.mark.zoo]
@@ -65,7 +66,7 @@ def test_a_shard_runs_in_worker_processes_and_merges(tmp_path: Path) -> None:
     assert report.write_all(merged, tmp_path / "out")["md"].exists()
 
 
-def test_the_timing_pass_times_auto_in_both_grad_modes_and_the_merge_lays_it_over_the_rows(tmp_path: Path) -> None:
+def test_the_timing_pass_runs_auto_again_alone_in_both_grad_modes_and_the_merge_lays_it_over(tmp_path: Path) -> None:
     pytest.importorskip("torchvision")
     from launchless.apps.differential.shard import run_shard
 
@@ -77,7 +78,8 @@ def test_the_timing_pass_times_auto_in_both_grad_modes_and_the_merge_lays_it_ove
         ("wrap-auto", "inference_mode"),
     }
     assert all(t["speedup"] > 0 and t["measured"] in ("waited", "back_to_back") for t in line["timings"]), line
+    assert all(t["result"] == "identical" and t["calls"] == t["identical_calls"] == CALLS for t in line["timings"])
     rows = report.apply_timings(report.load([tmp_path]), report.load_timings([tmp_path]))
     auto = [r for r in rows if r["entry"] == "wrap-auto"]
-    assert auto and all(r["timed_alone"] for r in auto)
+    assert auto and all(r["timed_alone"] and r["calls"] == 2 * CALLS and r["status"] == "graph" for r in auto), auto
     assert not any(r["timed_alone"] for r in rows if r["entry"] == "wrap-true")

@@ -322,6 +322,88 @@ def test_a_row_slower_alone_is_listed_with_what_auto_ran_alone() -> None:
     assert not {t.name: t for t in report.targets(timed)}[speed].met
 
 
+def test_the_status_alone_and_the_worse_result_of_the_two_runs_make_the_row() -> None:
+    """Beside other workers, "auto" judged a split slower than eager; alone it kept it: the row is what a user alone
+    on the GPU gets (a split, counted accelerated), the other status kept and listed. A difference or a crash in
+    either run stands, and the calls of both count."""
+    rows = [
+        _row("judged", Status.EAGER, Result.IDENTICAL, None, calls=8, identical_calls=8, reason="split dropped"),
+        _row("worse", Status.GRAPH, Result.IDENTICAL, None, calls=8, identical_calls=8),
+        _row("crashed", Status.GRAPH, Result.IDENTICAL, None, calls=8, identical_calls=8),
+        _row(
+            "untouched",
+            Status.GRAPH,
+            Result.BOUNDED,
+            None,
+            calls=8,
+            identical_calls=5,
+            max_abs_diff=1e-7,
+            bound=1e-5,
+            bound_class="capture-path",
+        ),
+    ]
+    timing = {"entry": "wrap-auto", "grad_mode": "no_grad", "eager_ms": 10.0, "accelerated_ms": 5.0, "speedup": 2.0}
+    timings = {
+        ("timm", "judged"): [{**timing, "status": "split", "result": "identical", "calls": 8, "identical_calls": 8}],
+        ("timm", "worse"): [{**timing, "status": "graph", "result": "differs", "calls": 8, "identical_calls": 6,
+                             "max_abs_diff": 0.5, "reason": "stale input"}],
+        ("timm", "crashed"): [{"entry": "wrap-auto", "grad_mode": "no_grad", "status": "graph", "result": "crash",
+                               "reason": "RuntimeError: boom", "calls": 2, "identical_calls": 2}],
+        ("timm", "untouched"): [{**timing, "status": "graph", "result": "identical", "calls": 8,
+                                 "identical_calls": 8}],
+    }  # fmt: skip
+    lines = {key: {"key": key[1], "library": "timm", "timings": t} for key, t in timings.items()}
+    judged, worse, crashed, untouched = report.apply_timings(rows, lines)
+    assert (judged["status"], judged["status_beside_others"], judged["result"]) == ("split", "eager", "identical")
+    assert judged["reason"] is None and (judged["calls"], judged["identical_calls"]) == (16, 16)
+    assert (worse["result"], worse["max_abs_diff"], worse["reason"]) == ("differs", 0.5, "stale input")
+    assert "status_beside_others" not in worse
+    assert (crashed["result"], crashed["reason"], crashed["timed_alone"]) == ("crash", "RuntimeError: boom", False)
+    assert (untouched["result"], untouched["max_abs_diff"], untouched["identical_calls"]) == ("bounded", 1e-7, 13)
+    assert sum(report.accelerated_and_verified(r) for r in (judged, worse, crashed, untouched)) == 2
+    text = report.markdown([judged, worse, crashed, untouched])
+    assert "## Rows that ran otherwise alone than beside other workers (1)" in text
+    assert "| timm | judged | wrap-auto | no_grad | eager | split |  |" in text
+
+
+def test_the_timing_pass_runs_each_row_again_on_other_inputs_and_compares_every_call(monkeypatch) -> None:
+    """Alone on the GPU the row runs again as the correctness run does -- every call compared with eager -- on
+    inputs the correctness run did not draw, then it is timed."""
+    from launchless.apps.differential import runner, timing
+
+    drawn: list[torch.Tensor] = []
+
+    def make_inputs(generator: torch.Generator, device: str) -> tuple[tuple, dict]:
+        drawn.append(torch.randn(2, 4, generator=generator))
+        return (drawn[-1],), {}
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)
+    monkeypatch.setattr(
+        timing, "interleaved_ms", lambda calls, **_: {name: 2.0 if "eager" in name else 1.0 for name in calls}
+    )
+    model = torch.nn.Linear(4, 4).eval()
+    built = runner.Built(model, make_inputs, "Linear")
+    candidate = Candidate(Library.TIMM, "linear", "classification", lambda device: built)
+    row = runner.forward_row(candidate, built, Entry.WRAP_AUTO, GradMode.NO_GRAD, seed=5)
+    correctness_inputs = list(drawn)
+    drawn.clear()
+    timings = timing.model_timings(candidate, built, seed=5)
+    assert [(t["entry"], t["grad_mode"]) for t in timings] == [
+        ("wrap-auto", "no_grad"),
+        ("wrap-auto", "inference_mode"),
+    ]
+    for t in timings:
+        assert (t["result"], t["calls"], t["identical_calls"], t["speedup"]) == (
+            "identical",
+            runner.CALLS,
+            runner.CALLS,
+            2.0,
+        )
+        assert t["status"] == row["status"] == "eager"  # no GPU here: wrap runs eager, and says why
+    assert len(correctness_inputs) == runner.CALLS and len(drawn) == 2 * runner.CALLS
+    assert not any(torch.equal(a, b) for a in correctness_inputs for b in drawn)
+
+
 def test_a_reading_inside_eagers_own_spread_is_not_a_slower_row() -> None:
     """Eager timed twice in the same rounds differs from itself by ``eager_spread``: a speed-up of 0.95 where eager
     is 8 % from itself is listed, but not counted slower; outside the spread it is."""

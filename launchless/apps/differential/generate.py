@@ -27,7 +27,7 @@ import torch
 from .candidate import Built, Candidate
 from .inputs import token_ids
 from .rows import Entry, GradMode, Result, Status, new_row
-from .runner import grad_mode, one_line, release
+from .runner import Measure, grad_mode, one_line, release
 
 GENERATE_CALLS = 3
 PROMPT = 12
@@ -147,10 +147,16 @@ def _decode_status(info: dict[str, Any]) -> tuple[Status, str | None]:
 
 
 def generate_row(
-    candidate: Candidate, built: Built, entry: Entry, mode: GradMode, seed: int, *, timed: bool = True
+    candidate: Candidate,
+    built: Built,
+    entry: Entry,
+    mode: GradMode,
+    seed: int,
+    *,
+    measure: Measure | None = None,
 ) -> dict[str, Any]:
-    """GENERATE_CALLS generations on fresh prompts, compared token for token, then timed once each way (unless
-    ``timed`` is False: beside other workers a timing is not one)."""
+    """GENERATE_CALLS generations on fresh prompts, compared token for token, then the last request timed each way
+    by ``measure`` (none without: beside other workers a timing is not one), from the same generator state."""
     from ... import wrap
 
     row = new_row(candidate.name, candidate.library.value, candidate.task, entry, mode, architecture=built.architecture)
@@ -182,8 +188,10 @@ def generate_row(
                 row["reason"] = f"tokens differ from the references on {row['calls'] - same} of {row['calls']} calls"
             notes = [row["reason"], *(f"static-cache reference dropped: {error}" for error in dropped)]
             row["reason"] = "; ".join(note for note in notes if note) or None
-            if timed:
-                _time(row, model, fast, request, seed)
+            if measure is not None:
+                eager = functools.partial(_seeded, _as_called, seed, model, request)
+                accelerated = functools.partial(_seeded, lambda _, r: fast.generate(**r), seed, model, request)
+                row.update(timed_alone=True, **measure(eager, accelerated))
     except Exception as exc:
         from .runner import _where
 
@@ -220,48 +228,20 @@ def references_alone(built: Built, entry: Entry, mode: GradMode, seed: int) -> N
     torch.cuda.synchronize()
 
 
-def _time(row: dict[str, Any], model: torch.nn.Module, fast: Any, request: dict[str, Any], seed: int) -> None:
-    """Wall time of one generation each way (the host waits for the tokens), best of two interleaved rounds."""
+def best_of_two(eager: Callable[[], Any], accelerated: Callable[[], Any]) -> dict[str, Any]:
+    """Wall time of one generation each way (the host waits for the tokens), best of two interleaved rounds: a
+    correctness run's worker alone on the GPU times its decoding rows so."""
     times: dict[str, list[float]] = {"eager": [], "accelerated": []}
     for _ in range(2):
-        for name, run in (
-            ("eager", lambda: _as_called(model, request)),
-            ("accelerated", lambda: fast.generate(**request)),
-        ):
-            torch.manual_seed(seed)
+        for name, run in (("eager", eager), ("accelerated", accelerated)):
             torch.cuda.synchronize()
             began = time.perf_counter()
             run()
             torch.cuda.synchronize()
             times[name].append((time.perf_counter() - began) * 1e3)
-    eager, accelerated = min(times["eager"]), min(times["accelerated"])
-    row.update(
-        timed_alone=True,
-        eager_ms=round(eager, 3),
-        accelerated_ms=round(accelerated, 3),
-        speedup=round(eager / accelerated, 3),
-    )
-
-
-def decode_speed(
-    built: Built, entry: Entry, seed: int, reading: Callable[[Callable[[], Any], Callable[[], Any]], dict[str, Any]]
-) -> dict[str, Any]:
-    """``reading`` (the timing pass's, under the caller's grad mode) of ``entry``'s request: ``model.generate()`` as
-    called against ``wrap(model).generate()``, after one warm
-    generation -- the first call of its class decodes both ways -- with the status of what the wrapper ran (graphs,
-    some steps eager, or eager) and why."""
-    from ... import wrap
-
-    fast: Any = None
-    try:
-        model, requests = _requests(built, entry)
-        request = requests(torch.Generator().manual_seed(seed))
-        fast = wrap(model)
-        _seeded(lambda _, r: fast.generate(**r), seed, model, request)
-        eager = functools.partial(_seeded, _as_called, seed, model, request)
-        accelerated = functools.partial(_seeded, lambda _, r: fast.generate(**r), seed, model, request)
-        measured = reading(eager, accelerated)
-        status, reason = _decode_status(fast.graph_info())
-        return {**measured, "status": status.value, "reason": reason}
-    finally:
-        release(fast)
+    eager_ms, accelerated_ms = min(times["eager"]), min(times["accelerated"])
+    return {
+        "eager_ms": round(eager_ms, 3),
+        "accelerated_ms": round(accelerated_ms, 3),
+        "speedup": round(eager_ms / accelerated_ms, 3),
+    }

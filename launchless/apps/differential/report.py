@@ -14,13 +14,14 @@ from typing import Any
 
 from ..workers import read_rows
 from .generate import WAITING
-from .rows import VERIFIED, Entry, Result, Status
+from .rows import SEVERITY, VERIFIED, Entry, Result, Status
 
 SLOWER_LIMIT = 0.97  # a speed-up below this is slower than eager by more than 3 %
 ACCELERATED_SHARE = 0.95
 ACCELERATED = (Status.GRAPH.value, Status.SPLIT.value)
 TIMED_ENTRIES = (Entry.WRAP_AUTO.value, Entry.GENERATE_GREEDY_B1.value)  # the rows the timing pass times
 UNBUILT = (Result.NOT_IN_LIBRARY.value, Result.HARNESS.value, Result.EAGER_FAILS.value)
+JUDGED = [r.value for r in SEVERITY]  # the results of a row that ran, least to most severe
 
 
 @dataclass(frozen=True)
@@ -84,24 +85,43 @@ def timed_models(directories: list[str | Path]) -> set[tuple[str, str]]:
 
 
 def apply_timings(rows: list[dict[str, Any]], timings: dict[tuple[str, str], dict[str, Any]]) -> list[dict[str, Any]]:
-    """``rows`` with the speed figures of the timing pass laid over theirs (``timed_alone`` True); a row the pass
-    did not time keeps the figures of its correctness run, taken beside other workers (``timed_alone`` False)."""
+    """``rows`` with what the timing pass saw of each laid over them: its speed figures (``timed_alone`` True; a row
+    the pass did not time keeps the figures of its correctness run, taken beside other workers), and where the pass
+    ran the row again with its calls compared (``result`` in its timing), the row's verdict alone
+    (``verdict_alone``)."""
     by_row = {
         (library, model, t["entry"], t["grad_mode"]): t
         for (library, model), line in timings.items()
         for t in line["timings"]
-        if t.get("speedup") is not None
+        if t.get("speedup") is not None or t.get("result") is not None
     }
     out = []
     for row in rows:
         timed = by_row.get((row["library"], row["model"], row["entry"], row["grad_mode"]))
-        row = {**row, "timed_alone": timed is not None}
-        if timed is not None:
+        row = {**row, "timed_alone": timed is not None and timed.get("speedup") is not None}
+        if timed is not None and timed.get("speedup") is not None:
             row.update({k: timed[k] for k in ("eager_ms", "accelerated_ms", "speedup")})
             row["timed_status"] = timed.get("status")  # what "auto" ran alone; its judgements there are its own
             row["eager_spread"] = timed.get("eager_spread")  # eager against itself in the same rounds
             row["repeated"] = bool(timed.get("repeated"))  # a close call measured again, in three times the rounds
+        if timed is not None and timed.get("result") is not None and row["result"] in JUDGED:
+            row = verdict_alone(row, timed)
         out.append(row)
+    return out
+
+
+def verdict_alone(row: dict[str, Any], timed: dict[str, Any]) -> dict[str, Any]:
+    """The row as a user alone on the GPU meets it: the status the timing pass saw -- the speed judgements of "auto"
+    taken beside other workers are not judgements (``status_beside_others`` keeps the other where they differ) --
+    and the worse result of the two runs, each on its own fresh inputs: a difference or a crash in either stands,
+    and the calls of both count."""
+    out = {**row, "status": timed["status"]} if timed.get("status") else dict(row)
+    if out["status"] != row["status"]:
+        out.update(status_beside_others=row["status"], reason=timed.get("reason"), source=timed.get("source"))
+    if JUDGED.index(timed["result"]) > JUDGED.index(row["result"]):
+        out.update({k: timed.get(k) for k in ("result", "max_abs_diff", "bound", "bound_class", "reason", "source")})
+    out["calls"] = row["calls"] + timed.get("calls", 0)
+    out["identical_calls"] = (row.get("identical_calls") or 0) + timed.get("identical_calls", 0)
     return out
 
 
@@ -228,6 +248,7 @@ def markdown(rows: list[dict[str, Any]], populations: dict[str, dict[str, Any]] 
                 for r in slow
             ],
         )  # fmt: skip
+    out += _status_alone(rows)
     odd = [r for r in rows if r["result"] != Result.IDENTICAL.value]
     out += ["", f"## Rows not identical ({len(odd)})", ""]
     out += _table(
@@ -239,6 +260,26 @@ def markdown(rows: list[dict[str, Any]], populations: dict[str, dict[str, Any]] 
         ],
     )  # fmt: skip
     return "\n".join(out) + "\n"
+
+
+def _status_alone(rows: list[dict[str, Any]]) -> list[str]:
+    """The rows whose status alone (the timing pass's) differs from the correctness run's beside other workers."""
+    moved = [r for r in rows if r.get("status_beside_others")]
+    if not moved:
+        return []
+    out = ["", f"## Rows that ran otherwise alone than beside other workers ({len(moved)})", ""]
+    out += [
+        'The status is what the row ran alone on the GPU, in the timing pass: the speed judgements of "auto" '
+        "taken while other workers' kernels ran between the calls' are not judgements.",
+        "",
+    ]
+    return out + _table(
+        ["library", "model", "entry", "grad mode", "beside others", "alone", "reason alone"],
+        [
+            [r["library"], r["model"], r["entry"], r["grad_mode"], r["status_beside_others"], r["status"], r["reason"]]
+            for r in sorted(moved, key=lambda r: (r["library"], r["model"], r["entry"], r["grad_mode"]))
+        ],
+    )
 
 
 def _coverage(rows: list[dict[str, Any]], populations: dict[str, dict[str, Any]]) -> list[str]:

@@ -50,6 +50,8 @@ class Result(str, Enum):
 
 
 BROKEN = (Result.DIFFERS, Result.CRASH)
+# the results of a row that ran, least to most severe: of several calls (or two runs) of one row, the worst stands
+SEVERITY = (Result.IDENTICAL, Result.BOUNDED, Result.DIFFERS, Result.CRASH)
 VERIFIED = (Result.IDENTICAL, Result.BOUNDED)
 ROW_KEYS = (
     "model",

@@ -27,6 +27,7 @@ accelerated result no farther from it than NOISE_FACTOR times the reference's ow
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import time
 import zlib
@@ -45,7 +46,7 @@ from ...errors import CaptureError, VerificationError, one_line
 from ...timing import interleaved_ms
 from ..conformance.check import classify_info
 from .candidate import Built, Candidate
-from .rows import Entry, GradMode, Result, Status, new_row
+from .rows import SEVERITY, Entry, GradMode, Result, Status, new_row
 
 CALLS = 8
 TIMING_ROUNDS = 11
@@ -57,6 +58,8 @@ NAMED_CLASSES = ("eager-noise", CAPTURE_PATH, "identical values")
 NOISE_REPEATS = 3  # reference runs again on a mismatching call, to see whether it differs from itself
 NOISE_FACTOR = 4.0  # an accelerated result within this many times the reference's own spread is its noise
 EAGER_NONDETERMINISTIC = "eager-nondeterministic"
+# A measurement of eager against the accelerated model, each a call without arguments: the row's speed fields.
+Measure = Callable[[Callable[[], Any], Callable[[], Any]], dict[str, Any]]
 
 
 class Mismatch(str, Enum):
@@ -267,10 +270,17 @@ def release(accelerated: Any) -> None:
 
 
 def forward_row(
-    candidate: Candidate, built: Built, entry: Entry, mode: GradMode, seed: int, *, timed: bool = True
+    candidate: Candidate,
+    built: Built,
+    entry: Entry,
+    mode: GradMode,
+    seed: int,
+    *,
+    measure: Measure | None = None,
 ) -> dict[str, Any]:
-    """The row of ``entry`` under ``mode``: CALLS fresh-input comparisons, the status, then the speed-up (unless
-    ``timed`` is False: beside other workers on the GPU a timing is not one; the timing pass measures it)."""
+    """The row of ``entry`` under ``mode``: CALLS fresh-input comparisons, the status, then the speed-up by
+    ``measure`` on the last call's inputs (none without: beside other workers on the GPU a timing is not one; the
+    timing pass measures it)."""
     row = new_row(candidate.name, candidate.library.value, candidate.task, entry, mode, architecture=built.architecture)
     generator = torch.Generator().manual_seed(seed)
     model = built.model
@@ -323,8 +333,9 @@ def forward_row(
             row.update(status=status.value, reason=reason, source=source)
             row["identical_calls"] = results.count(Result.IDENTICAL)
             row["result"] = max(results, key=_severity).value
-            if timed:
-                _time(row, model, accelerated, args, kwargs)
+            if measure is not None:
+                eager, fast = functools.partial(model, *args, **kwargs), functools.partial(accelerated, *args, **kwargs)
+                row.update(timed_alone=True, **measure(eager, fast))
     except Exception as exc:  # the accelerated model raised where eager worked
         row.update(result=Result.CRASH.value, reason=one_line(exc), source=_where(exc))
     finally:
@@ -334,7 +345,7 @@ def forward_row(
 
 
 def _severity(result: Result) -> int:
-    return [Result.IDENTICAL, Result.BOUNDED, Result.DIFFERS, Result.CRASH].index(result)
+    return SEVERITY.index(result)
 
 
 def _where(exc: BaseException) -> str | None:
@@ -342,16 +353,14 @@ def _where(exc: BaseException) -> str | None:
     return None if location is None else str(location)
 
 
-def _time(row: dict[str, Any], model: Any, accelerated: Any, args: tuple, kwargs: dict) -> None:
+def one_reading(eager: Callable[[], Any], accelerated: Callable[[], Any]) -> dict[str, Any]:
+    """Eager against accelerated in interleaved rounds (CUDA events, calls back to back): a correctness run's
+    worker alone on the GPU times its rows so."""
     medians = interleaved_ms(
-        {"eager": lambda: model(*args, **kwargs), "accelerated": lambda: accelerated(*args, **kwargs)},
-        waited=False,
-        rounds=TIMING_ROUNDS,
-        per_round=TIMING_PER_ROUND,
+        {"eager": eager, "accelerated": accelerated}, waited=False, rounds=TIMING_ROUNDS, per_round=TIMING_PER_ROUND
     )
-    row.update(
-        timed_alone=True,
-        eager_ms=round(medians["eager"], 4),
-        accelerated_ms=round(medians["accelerated"], 4),
-        speedup=round(medians["eager"] / medians["accelerated"], 3),
-    )
+    return {
+        "eager_ms": round(medians["eager"], 4),
+        "accelerated_ms": round(medians["accelerated"], 4),
+        "speedup": round(medians["eager"] / medians["accelerated"], 3),
+    }

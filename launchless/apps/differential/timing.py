@@ -1,19 +1,20 @@
-"""The timing pass: speed-ups of a model measured with the GPU to itself.
+"""The timing pass: each model alone on the GPU, its rows run again and timed.
 
 Correctness runs put a dozen workers side by side on one GPU, and there every call waits on the others: a speed-up
-measured there says nothing about eager against launchless. The timing pass runs one model at a time in one process:
-per grad mode, ``wrap(model)`` ("auto", what a user gets) on a few fresh calls -- capture, verification and its own
-speed judgement included -- then eager and accelerated in interleaved rounds on fresh inputs, both the GPU time of
-calls issued back to back and the latency of calls waited for, each timed twice a round, alternating so that neither
-runs right after itself (how far eager is from itself, ``eager_spread``, is what a speed-up near 1 is read against);
-the row's speed-up is the smaller of the two. A reading under ``CLOSE_CALL`` is decided by a repeat with three times
-the rounds, whose figures the row keeps (``repeated``): the smaller of two noisy readings leans low, and a forward
-of tens of milliseconds with host work between its kernels (a detector) strays by some percent from round to round.
-Its status is what ``graph_info()`` says the timed calls ran (a whole graph, a split, or eager: alone, the speed
-judgements of "auto" may decide otherwise than beside other workers). A causal LM adds greedy batch-1 decoding
-against ``model.generate()`` as called (waited for: a generation returns its tokens to the host), by the same rule.
-The merge lays these figures over the correctness rows (``report.apply_timings``, the status as ``timed_status``);
-the speed target reads only rows timed alone.
+measured there says nothing about eager against launchless, and neither does a speed judgement of "auto" taken
+there (a split judged slower than eager because another worker's kernels ran between its pieces). The timing pass
+runs one model at a time in one process. Per grad mode, ``wrap(model)`` ("auto", what a user gets) runs its row
+again as the correctness run does -- CALLS fresh calls, each compared with eager, capture, verification and its own
+speed judgements included -- on other inputs than that run's (``TIMING_SEED``); then eager and accelerated are timed
+in interleaved rounds on the last call's inputs, both the GPU time of calls issued back to back and the latency of
+calls waited for, each timed twice a round, alternating so that neither runs right after itself (how far eager is
+from itself, ``eager_spread``, is what a speed-up near 1 is read against); the row's speed-up is the smaller of the
+two. A reading under ``CLOSE_CALL`` is decided by a repeat with three times the rounds, whose figures the row keeps
+(``repeated``): the smaller of two noisy readings leans low, and a forward of tens of milliseconds with host work
+between its kernels (a detector) strays by some percent from round to round. A causal LM adds greedy batch-1
+decoding against ``model.generate()`` as called (waited for: a generation returns its tokens to the host), by the
+same rule. The merge (``report.apply_timings``) lays the figures, the status alone and the worse of the two runs'
+results over the correctness rows; the speed target reads only rows timed alone.
 """
 
 from __future__ import annotations
@@ -23,57 +24,58 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
-from ...errors import one_line
 from ...timing import interleaved_ms
 from .candidate import Candidate, Library
 from .rows import Entry, GradMode
-from .runner import accelerate, grad_mode, graph_info, release, status_of
+from .runner import CALLS, forward_row
 
 TIMED: tuple[tuple[Entry, GradMode], ...] = (
     (Entry.WRAP_AUTO, GradMode.NO_GRAD),
     (Entry.WRAP_AUTO, GradMode.INFERENCE_MODE),
 )
 DECODE_TIMED = (Entry.GENERATE_GREEDY_B1, GradMode.INFERENCE_MODE)
-WARM_CALLS = 3
 ROUNDS = 9
 PER_ROUND = 3
+# the timing pass's calls draw other inputs than the correctness run's (its seed and the next CALLS ones)
+TIMING_SEED = CALLS
+TIMING_KEYS = (
+    "entry",
+    "grad_mode",
+    "eager_ms",
+    "accelerated_ms",
+    "speedup",
+    "measured",
+    "eager_spread",
+    "repeated",
+    "status",
+    "reason",
+    "source",
+    "result",
+    "calls",
+    "identical_calls",
+    "max_abs_diff",
+    "bound",
+    "bound_class",
+)
 CLOSE_CALL = 0.97  # a speed-up under this is measured again, with REPEAT_ROUNDS rounds
 REPEAT_ROUNDS = 3 * ROUNDS
 
 
 def model_timings(candidate: Candidate, built: Any, seed: int) -> list[dict[str, Any]]:
     """One timing per entry and grad mode of ``TIMED`` (and ``DECODE_TIMED`` for a causal LM)."""
-    timings = [_forward_timing(built, entry, mode, seed) for entry, mode in TIMED]
+    timings = [_forward_timing(candidate, built, entry, mode, seed) for entry, mode in TIMED]
     if candidate.library is Library.TRANSFORMERS_CAUSAL and hasattr(built.model, "generate"):
         timings.append(_decode_timing(candidate, built, seed))
     return timings
 
 
-def _timing(entry: Entry, mode: GradMode, **values: Any) -> dict[str, Any]:
-    return {"entry": entry.value, "grad_mode": mode.value, **values}
+def _forward_timing(candidate: Candidate, built: Any, entry: Entry, mode: GradMode, seed: int) -> dict[str, Any]:
+    return _timing_of(forward_row(candidate, built, entry, mode, seed + TIMING_SEED, measure=measured))
 
 
-def _forward_timing(built: Any, entry: Entry, mode: GradMode, seed: int) -> dict[str, Any]:
-    generator = torch.Generator().manual_seed(seed)
-    accelerated: Any = None
-    try:
-        accelerated = accelerate(built.model, entry)
-        with grad_mode(mode):
-            for _ in range(WARM_CALLS):
-                args, kwargs = built.make_inputs(generator, "cuda")
-                accelerated(*args, **kwargs)
-            args, kwargs = built.make_inputs(generator, "cuda")
-            eager = functools.partial(built.model, *args, **kwargs)
-            reading = measured(eager, functools.partial(accelerated, *args, **kwargs))  # called the same way
-        status, reason, _ = status_of(graph_info(accelerated, entry), entry)  # what the timed calls ran
-        return _timing(entry, mode, **reading, status=status.value, reason=reason)
-
-    except Exception as exc:
-        return _timing(entry, mode, error=one_line(exc))
-    finally:
-        release(accelerated)
+def _timing_of(row: dict[str, Any]) -> dict[str, Any]:
+    """What the timing line keeps of a row run alone: its speed fields, what "auto" ran, and its verdict."""
+    return {k: row[k] for k in TIMING_KEYS if row.get(k) is not None}
 
 
 def measured(eager: Callable[[], Any], accelerated: Callable[[], Any], *, waited_only: bool = False) -> dict[str, Any]:
@@ -115,15 +117,11 @@ def _reading(
 
 
 def _decode_timing(candidate: Candidate, built: Any, seed: int) -> dict[str, Any]:
-    from .generate import decode_speed
+    from .generate import generate_row
 
     entry, mode = DECODE_TIMED
-    try:
-        with grad_mode(mode):
-            reading = functools.partial(measured, waited_only=True)  # a generation waits for its tokens
-            return _timing(entry, mode, **decode_speed(built, entry, seed, reading))
-    except Exception as exc:
-        return _timing(entry, mode, error=one_line(exc))
+    reading = functools.partial(measured, waited_only=True)  # a generation waits for its tokens
+    return _timing_of(generate_row(candidate, built, entry, mode, seed + TIMING_SEED, measure=reading))
 
 
 def timing_line(candidate: Candidate, built: Any, seed: int) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from ..workers import append_row, exit_if_gpu_unusable
 from .candidate import Built, Candidate, Library, NotInLibraryError
 from .population import candidates, pick
 from .rows import Entry, GradMode, Result, new_row
-from .runner import forward_entries, forward_row, release
+from .runner import forward_entries, forward_row, one_reading, release
 
 RUNNING = "launchless-differential: running"
 
@@ -48,15 +48,16 @@ def model_rows(
             continue
         for mode in GradMode:
             announce(candidate, entry, mode)
-            rows.append(forward_row(candidate, built, entry, mode, seed, timed=timed))
+            rows.append(forward_row(candidate, built, entry, mode, seed, measure=one_reading if timed else None))
     if candidate.library is Library.TRANSFORMERS_CAUSAL and hasattr(built.model, "generate"):
-        from .generate import REQUESTS, generate_row
+        from .generate import REQUESTS, best_of_two, generate_row
 
         for entry, mode in REQUESTS:
             if entries is not None and entry not in entries:
                 continue
             announce(candidate, entry, mode)
-            rows.append(generate_row(candidate, built, entry, mode, seed, timed=timed))
+            measure = best_of_two if timed else None
+            rows.append(generate_row(candidate, built, entry, mode, seed, measure=measure))
     for row in rows:
         row["model_s"] = round(time.perf_counter() - started, 1)
     del built
