@@ -39,6 +39,7 @@
 #                      the folder comes back in the archive; MODEL_TIMEOUT seconds a model (240)
 #   differential-timing the timing pass over TIMING_LIBS="library ..." in turn, one process, until DEADLINE; resumable
 #   differential-timing-again  the timing pass again, one library after the other, for the models AGAIN names
+#                      (ENTRIES="wrap-auto wrap-true compile generate-greedy-b1": those entry points run again alone)
 #   differential-again the models AGAIN="library:model,model ..." names run again (after a fix), a process per
 #                      library side by side (PER_LIBRARY=n: n each); the merge keeps each model's newest line;
 #                      ENTRIES="entry ..." runs only those entry points' rows (the merge replaces just those)
@@ -121,7 +122,8 @@ differential_timing_again() {  # the timing pass again for the models AGAIN name
     lib=${spec%%:*} models=${spec#*:}
     mkdir -p "$runs/$lib"
     timeout "${DEADLINE:-540}" python3 -m launchless.apps.cli differential run --library "$lib" --timing \
-      --timeout "${MODEL_TIMEOUT:-240}" --models ${models//,/ } --out "$runs/$lib" >>"$out/differential-timing.log" 2>&1
+      --timeout "${MODEL_TIMEOUT:-240}" --models ${models//,/ } --out "$runs/$lib" ${ENTRIES:+--entries $ENTRIES} \
+      >>"$out/differential-timing.log" 2>&1
   done
   mkdir -p "$out/differential-runs" && cp -r "$runs/." "$out/differential-runs/"
 }

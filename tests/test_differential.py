@@ -925,9 +925,36 @@ def test_a_worker_killed_in_a_run_of_some_entry_points_charges_one_of_theirs(tmp
     assert line["rows"][0]["result"] == Result.CRASH.value
 
 
-def test_the_timing_pass_takes_no_entry_points() -> None:
-    with pytest.raises(SystemExit):
-        cli.main(["differential", "run", "--library", "timm", "--timing", "--entries", "wrap-true", "--out", "x"])
+def test_the_timing_pass_runs_again_only_the_entry_points_it_can(capsys) -> None:
+    """Sampling and batch-4 decoding are not run again alone: asked for, the error names what the pass runs."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["differential", "run", "--library", "timm", "--timing", "--entries", "generate-sample", "--out", "x"])
+    assert exited.value.code == 2
+    assert "the timing pass runs again wrap-auto, wrap-true, compile, generate-greedy-b1" in capsys.readouterr().err
+
+
+def test_a_timing_pass_of_some_entry_points_replaces_just_their_timings(monkeypatch, tmp_path) -> None:
+    """The pass run again for wrap-true (a row refused beside other workers because of a speed judgement) keeps
+    the earlier line's wrap-auto timings; resumed, a model counts as timed only with timings of the entries asked."""
+    from launchless.apps.differential import timing
+
+    auto = {"entry": "wrap-auto", "grad_mode": "no_grad", "speedup": 2.0, "status": "graph"}
+    first = {"key": "a", "library": "timm", "timings": [auto], "finished_at": 1.0}
+    true_ = {"entry": "wrap-true", "grad_mode": "no_grad", "speedup": 1.5, "status": "split", "result": "identical"}
+    (tmp_path / "rows-timm-timing-1.jsonl").write_text(json.dumps(first) + "\n")
+    assert report.timed_models([tmp_path], entries=["wrap-true"]) == set()
+    second = {"key": "a", "library": "timm", "timings": [true_], "finished_at": 2.0}
+    (tmp_path / "rows-timm-timing-2.jsonl").write_text(json.dumps(second) + "\n")
+    (line,) = report.load_timings([tmp_path]).values()
+    assert sorted(t["entry"] for t in line["timings"]) == ["wrap-auto", "wrap-true"]
+    assert report.timed_models([tmp_path], entries=["wrap-true"]) == {("timm", "a")}
+    ran: list[tuple[str, str]] = []
+    monkeypatch.setattr(timing, "_forward_timing", lambda c, b, entry, mode, seed: ran.append((entry, mode)) or {})
+    candidate = Candidate(Library.TIMM, "a", "classification", lambda device: None)
+    timing.model_timings(candidate, None, 0, entries=frozenset({Entry.WRAP_TRUE, Entry.COMPILE}))
+    assert ran == [
+        (e, m) for e in (Entry.WRAP_TRUE, Entry.COMPILE) for m in (GradMode.NO_GRAD, GradMode.INFERENCE_MODE)
+    ]
 
 
 def test_rows_not_accelerated_are_counted_by_cause() -> None:

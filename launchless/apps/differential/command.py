@@ -35,7 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--entries",
         nargs="+",
         choices=[entry.value for entry in Entry],
-        help="only these entry points' rows (a run again after a change to them; the merge replaces just those)",
+        help="only these entry points' rows (a run again after a change to them; the merge replaces just those); "
+        "with --timing, the entry points the timing pass runs again alone (default: wrap-auto and greedy decoding)",
     )
     run.add_argument("--list", action="store_true", help="list the shard's models and exit (no GPU needed)")
     merge = actions.add_parser("merge", help="merge shard folders into differential.json, .md and .png")
@@ -74,7 +75,15 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if args.timing and args.entries:
-        parser.error("--entries picks correctness rows; the timing pass times what it times (wrap-auto, decoding)")
+        from .timing import TIMABLE
+
+        timable = [entry.value for entry in TIMABLE]
+        others = [e for e in args.entries if e not in timable]
+        if others:
+            parser.error(
+                f"--timing --entries {' '.join(others)}: the timing pass runs again {', '.join(timable)} (decoding "
+                "greedy at batch 1); leave the others out"
+            )
     if args.timing and args.processes != 1:
         parser.error(f"--timing times each model with the GPU to itself: one process, not --processes {args.processes}")
     if args.list:

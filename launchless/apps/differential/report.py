@@ -66,22 +66,30 @@ def _row_lines(directories: list[str | Path]) -> list[dict[str, Any]]:
 
 
 def load_timings(directories: list[str | Path]) -> dict[tuple[str, str], dict[str, Any]]:
-    """The timing pass's lines (``timing.timing_line``) in ``directories``, the last finished per model."""
-    lines: dict[tuple[str, str], dict[str, Any]] = {}
+    """The timing pass's lines (``timing.timing_line``) in ``directories``, one per model: its timings per entry
+    point and grad mode from the line finished last that has one (a pass of some entry points only replaces just
+    those), and the last line's error."""
+    per_model: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for directory in directories:
         for path in sorted(Path(directory).glob("rows*.jsonl")):
             for line in read_rows(path):
-                if "timings" not in line:
-                    continue
-                key = (line["library"], line["key"])
-                if key not in lines or line.get("finished_at", 0.0) >= lines[key].get("finished_at", 0.0):
-                    lines[key] = line
-    return lines
+                if "timings" in line:
+                    per_model.setdefault((line["library"], line["key"]), []).append(line)
+    merged = {}
+    for key, lines in per_model.items():
+        lines.sort(key=lambda line: line.get("finished_at", 0.0))
+        timings = {(t["entry"], t["grad_mode"]): t for line in lines for t in line["timings"]}
+        merged[key] = {**lines[-1], "timings": list(timings.values())}
+    return merged
 
 
-def timed_models(directories: list[str | Path]) -> set[tuple[str, str]]:
-    """``(library, model)`` of every model the timing pass has a line for."""
-    return set(load_timings(directories))
+def timed_models(directories: list[str | Path], *, entries: list[str] | None = None) -> set[tuple[str, str]]:
+    """``(library, model)`` of every model the timing pass has a line for (with ``entries``: timings of each of
+    those entry points)."""
+    timings = load_timings(directories)
+    if entries is None:
+        return set(timings)
+    return {key for key, line in timings.items() if set(entries) <= {t["entry"] for t in line["timings"]}}
 
 
 def apply_timings(rows: list[dict[str, Any]], timings: dict[tuple[str, str], dict[str, Any]]) -> list[dict[str, Any]]:

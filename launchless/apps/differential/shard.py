@@ -186,7 +186,7 @@ def run_shard(
     write_population(out, library, population)
     chosen: list[Candidate] = shard(pick(population, names), *shard_spec)
     if resume:
-        done = timed_models([out]) if timing else done_models([out], entries=entries)
+        done = timed_models([out], entries=entries) if timing else done_models([out], entries=entries)
         chosen = [c for c in chosen if (library.value, c.name) not in done]
     if timing:  # a model whose correctness rows say it does not build (or eager fails on it) has nothing to time
         unbuilt = unbuilt_models([out])

@@ -34,6 +34,8 @@ TIMED: tuple[tuple[Entry, GradMode], ...] = (
     (Entry.WRAP_AUTO, GradMode.INFERENCE_MODE),
 )
 DECODE_TIMED = (Entry.GENERATE_GREEDY_B1, GradMode.INFERENCE_MODE)
+FORWARD = (Entry.WRAP_AUTO, Entry.WRAP_TRUE, Entry.COMPILE)
+TIMABLE = (*FORWARD, DECODE_TIMED[0])  # the entry points the timing pass can run again alone
 ROUNDS = 9
 PER_ROUND = 3
 # the timing pass's calls draw other inputs than the correctness run's (its seed and the next CALLS ones)
@@ -61,10 +63,19 @@ CLOSE_CALL = 0.97  # a speed-up under this is measured again, with REPEAT_ROUNDS
 REPEAT_ROUNDS = 3 * ROUNDS
 
 
-def model_timings(candidate: Candidate, built: Any, seed: int) -> list[dict[str, Any]]:
-    """One timing per entry and grad mode of ``TIMED`` (and ``DECODE_TIMED`` for a causal LM)."""
-    timings = [_forward_timing(candidate, built, entry, mode, seed) for entry, mode in TIMED]
-    if candidate.library is Library.TRANSFORMERS_CAUSAL and hasattr(built.model, "generate"):
+def model_timings(
+    candidate: Candidate, built: Any, seed: int, *, entries: frozenset[Entry] | None = None
+) -> list[dict[str, Any]]:
+    """One timing per entry and grad mode of ``TIMED`` (and ``DECODE_TIMED`` for a causal LM); with ``entries``,
+    of those entry points instead: a forward entry under both grad modes, greedy batch-1 decoding as in
+    ``DECODE_TIMED`` (a row whose status beside other workers came from a speed judgement, run again alone)."""
+    if entries is None:
+        forward, decode = list(TIMED), True
+    else:
+        forward = [(entry, mode) for entry in Entry if entry in entries and entry in FORWARD for mode in GradMode]
+        decode = DECODE_TIMED[0] in entries
+    timings = [_forward_timing(candidate, built, entry, mode, seed) for entry, mode in forward]
+    if decode and candidate.library is Library.TRANSFORMERS_CAUSAL and hasattr(built.model, "generate"):
         timings.append(_decode_timing(candidate, built, seed))
     return timings
 
@@ -124,11 +135,13 @@ def _decode_timing(candidate: Candidate, built: Any, seed: int) -> dict[str, Any
     return _timing_of(generate_row(candidate, built, entry, mode, seed + TIMING_SEED, measure=reading))
 
 
-def timing_line(candidate: Candidate, built: Any, seed: int) -> dict[str, Any]:
+def timing_line(
+    candidate: Candidate, built: Any, seed: int, *, entries: frozenset[Entry] | None = None
+) -> dict[str, Any]:
     """The line a timing worker writes for ``candidate``."""
     return {
         "key": candidate.name,
         "library": candidate.library.value,
-        "timings": model_timings(candidate, built, seed),
+        "timings": model_timings(candidate, built, seed, entries=entries),
         "finished_at": time.time(),
     }

@@ -101,8 +101,9 @@ def _not_built(candidate: Candidate, result: Result, reason: str) -> dict[str, A
     )  # fmt: skip
 
 
-def timing_of(candidate: Candidate) -> dict[str, Any]:
-    """The timing pass's line for ``candidate`` (``timing.timing_line``); a model that does not build has none."""
+def timing_of(candidate: Candidate, *, entries: frozenset[Entry] | None = None) -> dict[str, Any]:
+    """The timing pass's line for ``candidate`` (``timing.timing_line``, of ``entries`` where given); a model that
+    does not build has none."""
     from .timing import timing_line
 
     seed = seed_of(candidate)
@@ -111,7 +112,7 @@ def timing_of(candidate: Candidate) -> dict[str, Any]:
     except Exception as exc:
         return {"key": candidate.name, "library": candidate.library.value, "timings": [], "error": one_line(exc)}
     try:
-        return timing_line(candidate, built, seed)
+        return timing_line(candidate, built, seed, entries=entries)
     finally:
         del built
         release(None)
@@ -144,7 +145,7 @@ def run(
     population = {c.name: c for c in candidates(library)}
     for candidate in pick(list(population.values()), names):
         if timing:
-            append_row(out, timing_of(candidate))
+            append_row(out, timing_of(candidate, entries=entries))
         else:
             rows = model_rows(candidate, timed=not side_by_side, entries=entries)
             line: dict[str, Any] = {"key": candidate.name, "rows": rows, "finished_at": time.time()}
