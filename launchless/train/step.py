@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import Any, cast
 
 import torch
 
@@ -48,9 +48,6 @@ from .ddp import DDP_STREAM_REASON, DdpSteps, ddp_refusal
 from .optim import CapturableOptimizer, OptimizerNotCapturable
 from .step_runs import StepGraph, StepRunner
 from .validity import TrainingState
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
 
 _DDP = torch.nn.parallel.DistributedDataParallel
 
@@ -284,26 +281,19 @@ def _check_arguments(fn: Any, model: Any, optimizer: Any, scaler: Any) -> None:
         check_instance("scaler", scaler, torch.amp.GradScaler, "pass the torch.amp.GradScaler the step uses, or None")
 
 
-class StepOptions(TypedDict, total=False):
-    """The options ``graphed_step`` passes on to ``GraphedStep`` (whose defaults stand for those not given)."""
-
-    scaler: torch.amp.GradScaler | None
-    capture_after: int
-    max_graphs: int
-    verify: VerifyMode
-    kernels: KernelsMode
-
-
 def graphed_step(
     fn: Callable[..., Any] | None = None,
     *,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    **options: Unpack[StepOptions],
+    scaler: torch.amp.GradScaler | None = None,
+    capture_after: int = 3,
+    max_graphs: int = 8,
+    verify: VerifyMode = "on",
+    kernels: KernelsMode = "eager",
 ) -> GraphedStep | Callable[[Callable[..., Any]], GraphedStep]:
     """Capture the whole training step ``fn(*batch)``; also usable as ``@graphed_step(model=..., optimizer=...)``.
 
-    scaler=None: the torch.amp.GradScaler the step uses.
     capture_after=3: steps of one batch signature before it is captured (>= 2: the eager steps create the
         optimizer state); they are real steps.
     max_graphs=8: step graphs kept (one per batch signature and train/eval mode); least recently used evicted.
@@ -317,7 +307,16 @@ def graphed_step(
     """
 
     def make(f: Callable[..., Any]) -> GraphedStep:
-        return GraphedStep(f, model=model, optimizer=optimizer, **options)
+        return GraphedStep(
+            f,
+            model=model,
+            optimizer=optimizer,
+            scaler=scaler,
+            capture_after=capture_after,
+            max_graphs=max_graphs,
+            verify=verify,
+            kernels=kernels,
+        )
 
     if fn is None:
         return make
