@@ -20,6 +20,7 @@ from recomputing_graph import recorded_capture  # noqa: E402
 import launchless.runtime.cache_layers as cache_layers  # noqa: E402
 import launchless.runtime.decode_graphs as decoding  # noqa: E402
 import launchless.runtime.decode_steps as decode_steps  # noqa: E402
+import launchless.runtime.loop_proofs as loop_proofs  # noqa: E402
 import launchless.runtime.static_cache as static_cache  # noqa: E402
 import launchless.runtime.static_caches as static_caches  # noqa: E402
 from launchless import CaptureError  # noqa: E402
@@ -60,7 +61,7 @@ def tiny_llama() -> tuple[torch.nn.Module, dict]:
 
 def decode_graphs(model: torch.nn.Module, **options) -> DecodeGraphs:
     settings = dict(explicit=False, capture_after=2, max_graphs=4, warmup=3, verify="on", tolerance_ulps=64.0)
-    return DecodeGraphs(model, name="LlamaForCausalLM", **(settings | options))
+    return DecodeGraphs(steps=decode_steps.DecodeSteps(model, name="LlamaForCausalLM", **(settings | options)))
 
 
 def eager_static(model: torch.nn.Module, request: dict, **extra) -> torch.Tensor:
@@ -1062,14 +1063,14 @@ def test_a_class_whose_loop_parts_keeps_to_generates_own_loop_with_one_warning(m
 
 def test_a_loop_that_leaves_the_generator_elsewhere_is_not_proven(monkeypatch, caplog) -> None:
     monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
-    run_loop = decoding.run_loop
+    run_loop = loop_proofs.run_loop
 
     def drawing(*args, **kwargs):
         result = run_loop(*args, **kwargs)
         torch.rand(1)  # one number more than generate() draws
         return result
 
-    monkeypatch.setattr(decoding, "run_loop", drawing)
+    monkeypatch.setattr(loop_proofs, "run_loop", drawing)
     model, request = tiny_llama()
     request = dict(request, top_k=10)
     torch.manual_seed(4)
@@ -1092,7 +1093,7 @@ def test_an_error_of_launchless_own_path_falls_back_to_generate_naming_its_sourc
     def broken(*args, **kwargs):
         raise RuntimeError("a step launchless got wrong")
 
-    monkeypatch.setattr(decoding, "own_loop", broken)
+    monkeypatch.setattr(loop_proofs, "own_loop", broken)
     model, request = tiny_llama()
     reference = model.generate(**request)  # the model's own call: its default cache
     graphs = decode_graphs(model)

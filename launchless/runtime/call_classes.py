@@ -13,6 +13,8 @@ import collections
 import copy
 import dataclasses
 import enum
+import os
+import traceback
 from collections.abc import Hashable, Mapping
 from typing import Any
 
@@ -26,7 +28,7 @@ def vouches_for_static_cache(model: torch.nn.Module) -> bool:
     ``_supports_static_cache``). transformers takes a ``StaticCache`` from any causal LM, and most classes that do not
     say so decode on it as on their own cache; some overflow it, ignore it or mask it otherwise. Where a class does
     not vouch for it, each class of calls is proven against ``model.generate()`` as called
-    (``DecodeGraphs._prove_cache``)."""
+    (``cache_proofs``)."""
     vouches = getattr(model, "_can_compile_fullgraph", None)
     if vouches is None:
         vouches = getattr(model, "_supports_static_cache", False)
@@ -35,14 +37,14 @@ def vouches_for_static_cache(model: torch.nn.Module) -> bool:
 
 class CacheProof(enum.Enum):
     """Where a class of calls stands with a static cache its model's class does not vouch for
-    (``DecodeGraphs._prove_cache``)."""
+    (``cache_proofs``)."""
 
     PROVEN = "proven"  # its first call decoded on the static cache as generate() as called does: graphs decode it
     PARTED = "parted"  # they parted, or decoding on the static cache raised: generate() as called decodes it
 
 
 class LoopProof(enum.Enum):
-    """Where a class of calls stands with the host-ahead loop (``DecodeGraphs._prove``)."""
+    """Where a class of calls stands with the host-ahead loop (``loop_proofs``)."""
 
     PROVEN = "proven"  # its first call decoded alike both ways: the host-ahead loop decodes it
     PARTED = "parted"  # the loop parted from generate()'s own loop: that own loop decodes it, on the graphs
@@ -114,6 +116,23 @@ def with_padding(kind: CallClass, prepared: Prepared) -> CallClass:
 class ClassRecord:
     proof: LoopProof | CacheProof
     reason: str  # why it parted or fell back; empty where proven
+
+
+def class_rows(records: Mapping[CallClass, ClassRecord]) -> list[dict[str, Any]]:
+    """Each class of calls and where it stands, for ``graph_info()["decode"]``."""
+    return [
+        {**kind.as_dict(), "proof": record.proof.value, "reason": record.reason} for kind, record in records.items()
+    ]
+
+
+def raised(exc: BaseException) -> str:
+    """An exception and the source line that raised it, for a log line."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = ""
+    if frames:
+        frame = frames[-1]
+        where = f" at {os.path.basename(frame.filename)}:{frame.lineno}" + (f" ({frame.line})" if frame.line else "")
+    return f"{type(exc).__name__}: {exc}{where}"
 
 
 def parting(expected: torch.Tensor, got: torch.Tensor, *, start: int) -> str:

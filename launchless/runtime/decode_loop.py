@@ -28,7 +28,7 @@ as for its own loop. The loop then:
    kept step, so that a sampling call leaves it as ``generate()`` would. A streamer gets the first token as soon as
    it is chosen, and the others at those reads, one ``put`` per step as ``generate()`` hands them over.
 
-``own_loop`` runs ``generate()``'s own loop (``_sample``) on the same prepared call: ``decode_graphs`` proves
+``own_loop`` runs ``generate()``'s own loop (``_sample``) on the same prepared call: ``loop_proofs`` proves
 the host-ahead loop against it on the first call of each kind of call, and sends a kind that parts through it.
 
 The loop takes the calls it can decode exactly; the others go through ``generate()``'s own loop (their decode steps

@@ -1,6 +1,6 @@
 """The decode steps of one wrapped model as graphs: one verified graph per (static cache, step signature).
 
-``DecodeGraphs`` routes the model's forward here while ``generate()`` runs. The prompt's forward runs eager; a decode
+``step_routing`` sends the model's forward here while ``generate()`` runs. The prompt's forward runs eager; a decode
 step (one token per sequence, on a static cache) is captured once it repeats (``capture_after``), verified against
 eager from the same cache state (the logits and the cache each leaves behind, bit for bit; two different tokens must
 give different logits), then replayed. The cache's tensors are read and written in place, never copied; before each

@@ -39,6 +39,7 @@ from .batch_buckets import AUTO, BatchBucketing, BucketPlan
 from .capture_flow import CaptureFlow, graph_row
 from .compiled_kernels import CompiledKernels
 from .decode_graphs import DecodeGraphs
+from .decode_steps import DecodeSteps
 from .fallbacks import Fallbacks
 from .model_stand_in import ModelStandIn
 from .split import ModelSplit
@@ -193,7 +194,7 @@ class GraphedModule(ModelStandIn):
                 )
             return model.generate(*args, **kwargs)
         if self._decode is None:
-            self._decode = DecodeGraphs(
+            steps = DecodeSteps(
                 model,
                 name=self._name(),
                 explicit=self.cuda_graph is True,
@@ -205,6 +206,7 @@ class GraphedModule(ModelStandIn):
                 kernels=self.kernels,
                 spare=self._decode_spare(model),
             )
+            self._decode = DecodeGraphs(steps=steps)
         return self._decode.generate(model, args, kwargs)
 
     def _decode_spare(self, model: torch.nn.Module) -> SpareCompiler | None:
