@@ -73,6 +73,14 @@ class CompiledKernels:
         spare, self._spare = self._spare, None
         return spare
 
+    def decode_spare(self, model: torch.nn.Module) -> SpareCompiler:
+        """The compiler process for the first decode step's compile: the wrapper's, where no forward's compile took
+        it, else one started now -- it loads while the first generations decode through eager-kernel graphs, so
+        that the decode step's compile begins with its export rather than with imports (seconds for a
+        transformers model)."""
+        spare = self.take_spare()
+        return spare if spare is not None else SpareCompiler(model)
+
     def start(self, sig: Signature, model: torch.nn.Module, flat: FlatInputs) -> None:
         """Compile ``model`` for ``sig`` off the calls' path (a program on disk is ready at once). A signature whose
         program was swapped in before and whose graph was captured again (evicted, say) gets it again; one decided

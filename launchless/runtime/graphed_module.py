@@ -10,7 +10,9 @@ inference under ``torch.no_grad()`` or ``torch.inference_mode()``
 
 The key is the call's input signature; the graph is the model's forward captured on static copies of the
 inputs. Counting, limits, refusals, the relocation check before every replay, log-once, ``graph_info()``
-rows and the memory pool are the core's (``core.cache.GraphCache``).
+rows and the memory pool are the core's (``core.cache.GraphCache``). A signature's capture, proof and speed
+judgement are ``capture_flow``'s; what a call runs where no graph replays (eager, a split by submodule, the refusal's
+error) is ``fallbacks``'; the model's API on the wrapper (attributes, ``state_dict``, copies) is ``model_stand_in``'s.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import torch
 from ..core import capture as _capture
 from ..core.buckets import check_buckets
 from ..core.cache import GraphCache
-from ..core.compiled_programs import SpareCompiler
 from ..core.junctions import JunctionShapeChanged
 from ..core.pool import SHARED
 from ..core.relocation import RelocationWatch
@@ -204,20 +205,10 @@ class GraphedModule(ModelStandIn):
                 verify=self.verify,
                 tolerance_ulps=self.tolerance_ulps,
                 kernels=self.kernels,
-                spare=self._decode_spare(model),
+                spare=None if self._compiled is None else self._compiled.decode_spare(model),
             )
             self._decode = DecodeGraphs(steps=steps)
         return self._decode.generate(model, args, kwargs)
-
-    def _decode_spare(self, model: torch.nn.Module) -> SpareCompiler | None:
-        """The compiler process for the first decode step's compile: the wrapper's, where no forward's compile took
-        it, else one started now -- it loads while the first generations decode through eager-kernel graphs, so
-        that the decode step's compile begins with its export rather than with imports (seconds for a
-        transformers model)."""
-        if self.kernels != "compiled":
-            return None
-        spare = None if self._compiled is None else self._compiled.take_spare()
-        return spare if spare is not None else SpareCompiler(model)
 
     # ---- the call -----------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
