@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from launchless.apps.bench import graphs, report
+from launchless.apps.bench import bench_report, graphs
 
 
 def info(variants: list[str], refused: list[str] = (), cgct_in_use: bool | None = None, replays: int = 10) -> dict:
@@ -47,9 +47,9 @@ def test_markdown_has_the_section_only_when_a_row_carries_a_summary() -> None:
     env = {"date": "2026-11-29", "gpu": "NVIDIA H200"}
     base = {"kind": "inference", "status": "ok", "reason": None, "median_ms": 1.0, "min_ms": 1.0, "calls": 10}
     rows = [{**base, "workload": "w", "mode": "eager"}, {**base, "workload": "w", "mode": "launchless-compile"}]
-    assert "launchless backend's graphs" not in report.markdown(env, "compiler", rows)
+    assert "launchless backend's graphs" not in bench_report.markdown(env, "compiler", rows)
     rows[1]["graphs"] = graphs.summarize([info(["graph"])], graph_breaks=0)
-    assert "- `w`: 1 Dynamo graphs (0 breaks): 1 graph" in report.markdown(env, "compiler", rows)
+    assert "- `w`: 1 Dynamo graphs (0 breaks): 1 graph" in bench_report.markdown(env, "compiler", rows)
 
 
 class Made:

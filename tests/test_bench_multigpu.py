@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from launchless.apps import cli
-from launchless.apps.bench import multigpu, multigpu_report
+from launchless.apps.bench import multigpu, multigpu_report, report
 from launchless.apps.bench.multigpu_worker import gathered_row
 
 TINY_TP = "tp:test_bench_multigpu:tiny_tp"
@@ -258,7 +258,7 @@ def test_scaling_efficiency_is_world_size_ones_median_over_this_one() -> None:
 def test_the_report_compares_modes_at_the_same_world_size(tmp_path: Path) -> None:
     environment = {"date": "2026-12-01T00:00:00+00:00", "gpu": "NVIDIA H200", "torch": "2.14.1", "device": "cuda"}
     environment.update(backend="nccl", gpus={"0": "NVIDIA H200", "1": "NVIDIA H200"}, world_sizes=[1, 2])
-    paths = multigpu_report.write_all(tmp_path, environment, multigpu_report.with_scaling(_rows()))
+    paths = report.write_all(tmp_path, environment, multigpu_report.SUITE, multigpu_report.with_scaling(_rows()))
     summary = json.loads(paths["json"].read_text())["summary"]
     bert, llama = 2.4 / min(1.6, 2.0), 3.3 / 3.0  # the faster launchless mode over reduce-overhead at world size 2
     tp = summary["tp-inference"]

@@ -14,7 +14,7 @@ import statistics
 import pytest
 from rich.console import Console
 
-from launchless.apps.bench import report, stats
+from launchless.apps.bench import bench_report, report, stats
 
 ENV = {
     "date": "2026-11-29T18:00:00+00:00",
@@ -196,7 +196,7 @@ def test_latency_is_compared_on_its_own_times_and_shown_with_what_it_adds() -> N
     want = direct_geomean([1.5 / 1.1, 3.6 / 3.3, 1.2 / 1.25])
     assert summ["latency_geomean_vs_reduce_overhead"]["launchless-compile"] == pytest.approx(want)
     assert summ["latency_worst_vs_best_pytorch"]["launchless-compile"] == pytest.approx(1.1 / 1.25)
-    md = report.markdown({"gpu": "H200"}, "compiler", rows)
+    md = bench_report.markdown({"gpu": "H200"}, "compiler", rows)
     assert "## One call waited for" in md
     assert "| `a` | 2.40 (+0.400) | 1.50 (+0.500) | 1.10 (+0.100) |" in md
     line = next(x for x in md.splitlines() if x.startswith("- **launchless-compile**"))
@@ -248,7 +248,7 @@ def md_table_rows(md: str, first_cell: str) -> list[list[str]]:
 
 
 def test_markdown_header_has_environment() -> None:
-    md = report.markdown(ENV, SUITE, make_rows())
+    md = bench_report.markdown(ENV, SUITE, make_rows())
     header = md.splitlines()[2]
     for key in ("date", "gpu", "driver", "torch", "triton", "cuda"):
         assert ENV[key] in header, key
@@ -257,7 +257,7 @@ def test_markdown_header_has_environment() -> None:
 
 def test_markdown_main_table() -> None:
     rows = make_rows()
-    md = report.markdown(ENV, SUITE, rows)
+    md = bench_report.markdown(ENV, SUITE, rows)
     modes = stats.ordered_modes(rows)
     header = md_table_rows(md, "workload")[0]
     # stable column order: modes as they first appear in the rows
@@ -283,7 +283,7 @@ def test_markdown_main_table() -> None:
 
 
 def test_markdown_floor_and_correctness_columns() -> None:
-    md = report.markdown(ENV, SUITE, make_rows())
+    md = bench_report.markdown(ENV, SUITE, make_rows())
     header = md_table_rows(md, "workload")[0]
     res = dict(zip(header, md_table_rows(md, "`timm:resnet18`")[0], strict=True))
     assert float(res["eager floor ms"]) == pytest.approx(FLOORS["timm:resnet18"])
@@ -297,14 +297,14 @@ def test_markdown_floor_and_correctness_columns() -> None:
 
 def test_markdown_first_call_table() -> None:
     rows = [row("w", "eager", 1.0, first=12.5, mem=300.0), row("w", "launchless", 0.5, first=480.0, mem=1234.0)]
-    md = report.markdown(ENV, SUITE, rows)
+    md = bench_report.markdown(ENV, SUITE, rows)
     cells = md_table_rows(md, "`w`")[1]
     assert cells[1:] == ["12.5 ms / 300 MB", "480 ms / 1234 MB"]
 
 
 def test_markdown_summary_and_skips() -> None:
     rows = make_rows()
-    md = report.markdown(ENV, SUITE, rows)
+    md = bench_report.markdown(ENV, SUITE, rows)
     summary_part = md.split("## Summary")[1].split("## Skipped")[0]
     for mode in ("compile", "reduce-overhead", "hand-graph", "launchless"):
         line = next(ln for ln in summary_part.splitlines() if ln.startswith(f"- **{mode}**"))
@@ -319,7 +319,7 @@ def test_markdown_summary_and_skips() -> None:
 
 def test_markdown_reason_made_one_line_and_pipe_safe() -> None:
     rows = [row("w", "eager", 1.0), row("w", "compile", status="error", reason="Traceback\n  a | b\nBoom")]
-    md = report.markdown(ENV, SUITE, rows)
+    md = bench_report.markdown(ENV, SUITE, rows)
     assert "- `w` · compile · error: Traceback a | b Boom" in md
     # the table row still has one cell per column
     header = md_table_rows(md, "workload")[0]
@@ -327,7 +327,7 @@ def test_markdown_reason_made_one_line_and_pipe_safe() -> None:
 
 
 def test_markdown_without_problems_or_gpu() -> None:
-    md = report.markdown({}, SUITE, [row("w", "eager", 1.0), row("w", "launchless", 0.5)])
+    md = bench_report.markdown({}, SUITE, [row("w", "eager", 1.0), row("w", "launchless", 0.5)])
     assert "none: every listed workload ran" in md
     assert "GPU n/a" in md
 
@@ -337,8 +337,8 @@ def test_markdown_without_problems_or_gpu() -> None:
 
 def test_json_round_trips_with_summary(tmp_path) -> None:
     rows = make_rows()
-    path = tmp_path / "bench.json"
-    report.write_json(path, ENV, SUITE, rows)
+    path = report.write_all(tmp_path, ENV, SUITE, rows)["json"]
+    assert path.name == "bench.json"
     doc = json.loads(path.read_text(encoding="utf-8"))
     assert set(doc) == {"environment", "suite", "rows", "summary"}
     assert doc["environment"] == ENV
@@ -357,7 +357,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def test_chart_writes_png_with_missing_modes(tmp_path) -> None:
     pytest.importorskip("matplotlib")
     path = tmp_path / "bench.png"
-    report.chart(path, make_rows(), ENV)
+    bench_report.chart(path, make_rows(), ENV)
     data = path.read_bytes()
     assert data.startswith(PNG_MAGIC)
     assert len(data) > 1000
@@ -372,7 +372,7 @@ def test_chart_of_a_suite_without_eager_compares_with_reduce_overhead(tmp_path) 
         row("b", "reduce-overhead", 3.0),
         row("b", "launchless-compile", 3.3),
     ]
-    fig = report.chart(tmp_path / "bench.png", rows, ENV)
+    fig = bench_report.chart(tmp_path / "bench.png", rows, ENV)
     ax = fig.axes[0]
     assert ax.get_title().startswith("launchless bench: speed-up over reduce-overhead")
     heights = sorted(round(bar.get_height() + bar.get_y(), 6) for bar in ax.patches)
@@ -394,7 +394,7 @@ def test_chart_of_a_suite_without_eager_compares_with_reduce_overhead(tmp_path) 
 def test_chart_degenerate_inputs(tmp_path, rows: list[dict]) -> None:
     pytest.importorskip("matplotlib")
     path = tmp_path / "bench.png"
-    report.chart(path, rows, {})
+    bench_report.chart(path, rows, {})
     assert path.read_bytes().startswith(PNG_MAGIC)
 
 
@@ -404,7 +404,7 @@ def test_write_all(tmp_path) -> None:
     paths = report.write_all(tmp_path / "out", ENV, SUITE, rows)
     assert {p.name for p in paths.values()} == {"bench.json", "bench.md", "bench.png"}
     assert json.loads(paths["json"].read_text(encoding="utf-8"))["rows"] == rows
-    assert paths["md"].read_text(encoding="utf-8") == report.markdown(ENV, SUITE, rows)
+    assert paths["md"].read_text(encoding="utf-8") == bench_report.markdown(ENV, SUITE, rows)
     assert paths["png"].read_bytes().startswith(PNG_MAGIC)
 
 
@@ -419,7 +419,7 @@ def render(table) -> str:
 
 def test_rich_table_renders_workloads_and_modes() -> None:
     rows = make_rows()
-    text = render(report.rich_table(ENV, SUITE, rows))
+    text = render(bench_report.rich_table(ENV, SUITE, rows))
     for workload in MEDIANS:
         assert workload in text
     for mode in stats.ordered_modes(rows):
@@ -433,7 +433,7 @@ def test_rich_table_renders_workloads_and_modes() -> None:
 def test_rich_table_colours_speedups() -> None:
     rows = [row("w", "eager", 1.0), row("w", "fast", 0.5), row("w", "slow", 2.0)]
     console = Console(record=True, width=200, color_system="standard", force_terminal=True, file=io.StringIO())
-    console.print(report.rich_table(ENV, SUITE, rows))
+    console.print(bench_report.rich_table(ENV, SUITE, rows))
     text = console.export_text(styles=True)
     green, red = "\x1b[32m", "\x1b[31m"
     assert f"{green} ({1.0 / 0.5:.2f}×)" in text  # faster than eager
@@ -443,8 +443,8 @@ def test_rich_table_colours_speedups() -> None:
 
 def test_header_says_when_parts_ran_at_once_on_several_gpus() -> None:
     env = {"date": "2026-11-29", "gpu": "NVIDIA H200", "wall_s": 412.0}
-    assert "run took 412 s" in report.header_line(env) and "GPUs" not in report.header_line(env)
-    line = report.header_line({**env, "gpus_at_once": 2})
+    assert "run took 412 s" in bench_report.header_line(env) and "GPUs" not in bench_report.header_line(env)
+    line = bench_report.header_line({**env, "gpus_at_once": 2})
     assert line.endswith("workloads dealt over 2 GPUs run at once (CPU cores split)")
 
 
@@ -468,7 +468,9 @@ def test_the_compiler_path_criteria_worst_against_pytorch_and_first_call_time() 
     first = summ["geomean_first_call_vs_reduce_overhead"]
     assert first["launchless-compile"] == pytest.approx(direct_geomean([12_000 / 8_000, 5_000 / 5_000]))
     assert first["compile"] == pytest.approx(direct_geomean([10_000 / 8_000, 4_000 / 5_000]))
-    line = next(ln for ln in report.markdown(ENV, SUITE, rows).splitlines() if ln.startswith("- **launchless-compile"))
+    line = next(
+        ln for ln in bench_report.markdown(ENV, SUITE, rows).splitlines() if ln.startswith("- **launchless-compile")
+    )
     assert "worst workload 0.90× the faster of compile and reduce-overhead" in line
     assert f"first call {first['launchless-compile']:.2f}× reduce-overhead's" in line
 
@@ -514,7 +516,7 @@ def test_the_compiled_kernels_section_reads_its_targets_off_the_rows(tmp_path) -
         "swapped before reduce-overhead's compile ends": 41.0 <= 25.0,
     }
     assert kernels_report.targets("hf:gpt2", by_key)["targets"]["swapped before reduce-overhead's compile ends"] is None
-    text = report.markdown(ENV, "kernels", rows)
+    text = bench_report.markdown(ENV, "kernels", rows)
     assert "## Compiled kernels without the compile wait" in text
     assert "eager (the compiled program is not as accurate as eager" in text
     rows[3] = {**rows[3], "compile_phases": {"start": 0.0, "build": 0.4, "export": 1.3, "compile": 8.42}}
@@ -526,7 +528,7 @@ def test_the_compiled_kernels_section_reads_its_targets_off_the_rows(tmp_path) -
         "compile_phases": {},
         "read_s": 0.31,
     }
-    text = report.markdown(ENV, "kernels", [*rows, second])
+    text = bench_report.markdown(ENV, "kernels", [*rows, second])
     assert "| `timm:resnet18` second process | compiled (program from disk) |" in text
     assert "- `timm:resnet18`: start 0.0, build 0.4, export 1.3, compile 8.4 s" in text
     assert "- `timm:resnet18` (second process): read 0.3 s" in text
@@ -586,12 +588,12 @@ def test_the_report_says_where_each_workload_comes_from_where_its_entry_says() -
     grace = [w for w in workloads.suite(workloads.GRACE)]
     assert grace and all(w.origin for w in grace)
     rows = [row(w.name, mode, 1.0) for w in grace for mode in ("eager", "launchless")]
-    md = report.markdown(ENV, workloads.GRACE, rows)
+    md = bench_report.markdown(ENV, workloads.GRACE, rows)
     section = md.split("## Where the workloads come from", 1)[1]
     for w in grace:
         assert f"- `{w.name}`: {w.origin}" in section
     assert sum("GraCE's own" in w.origin for w in grace) >= 4
-    assert "## Where the workloads come from" not in report.markdown(ENV, SUITE, make_rows())
+    assert "## Where the workloads come from" not in bench_report.markdown(ENV, SUITE, make_rows())
 
 
 def test_a_trace_says_which_kernels_ran_inside_graphs_and_what_the_copies_moved() -> None:
@@ -625,9 +627,9 @@ def test_a_trace_says_which_kernels_ran_inside_graphs_and_what_the_copies_moved(
 
 def test_the_report_shows_kernels_inside_graphs_and_bytes_copied_where_measured() -> None:
     rows = [row("timm:resnet18", "eager", 2.0), row("timm:resnet18", "launchless", 0.7)]
-    assert "Kernels inside graphs" not in report.markdown(ENV, SUITE, rows)
+    assert "Kernels inside graphs" not in bench_report.markdown(ENV, SUITE, rows)
     rows[0].update(graph_coverage=0.0, copy_bytes=0.0)
     rows[1].update(graph_coverage=0.994, copy_bytes=602112.0)
-    text = report.markdown(ENV, SUITE, rows)
+    text = bench_report.markdown(ENV, SUITE, rows)
     section = text[text.index("## Kernels inside graphs and bytes copied") :]
     assert "| `timm:resnet18` | 0% / 0 B | 99% / 602 kB |" in section

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from launchless.apps import cli
-from launchless.apps.bench import serving, serving_report
+from launchless.apps.bench import report, serving, serving_report
 from launchless.apps.bench.serving_decode import Generation, first_divergence
 from launchless.apps.bench.serving_workloads import batch_trace
 
@@ -280,7 +280,7 @@ def _rows() -> list[dict]:
 def test_the_report_sets_each_mode_against_its_parts_baseline_and_judges_the_targets(tmp_path: Path) -> None:
     environment = {"date": "2026-12-01T00:00:00+00:00", "gpu": "NVIDIA H200", "torch": "2.14.1", "device": "cuda"}
     environment["trace"] = {"calls": 200, "law": "P(size = k) proportional to 1/k", "seed": 0}
-    paths = serving_report.write_all(tmp_path, environment, _rows())
+    paths = report.write_all(tmp_path, environment, serving_report.SUITE, _rows())
     summary = json.loads(paths["json"].read_text())["summary"]
     buckets = summary["ratios"]["buckets"][RESNET]
     for (workload, mode), (total, memory) in BUCKET_NUMBERS.items():
@@ -383,7 +383,7 @@ def test_the_report_names_launchless_generations_that_went_through_generates_own
             row.update(loop_generations=2, through_generate={"a cache was passed in": 3})
         elif row["mode"] == "launchless":
             row.update(loop_generations=4, through_generate={})
-    md = serving_report.write_all(tmp_path, environment, rows)["md"].read_text()
+    md = report.write_all(tmp_path, environment, serving_report.SUITE, rows)["md"].read_text()
     lines = [line for line in md.splitlines() if "decoded through generate()'s own loop" in line]
     why = "a cache was passed in (3 calls)"
     assert lines == [f"- `{GPT2_B1}`: launchless decoded through generate()'s own loop: {why}"]
@@ -408,7 +408,7 @@ def test_the_report_races_compiled_decode_steps_and_says_when_they_were_swapped_
                     }
                 ],
             )
-    paths = serving_report.write_all(tmp_path, environment, rows)
+    paths = report.write_all(tmp_path, environment, serving_report.SUITE, rows)
     text = paths["md"].read_text()
     ratio = GPT2_B1_INTERLEAVED["static-compile"] / 1.25
     assert "launchless-compiled-kernels × static-compile tokens/s" in text and f"{ratio:.2f}×" in text

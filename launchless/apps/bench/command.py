@@ -122,13 +122,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from .runner import GpusUnavailable, check_gpus, run_suite
+    from .runner import run_suite
 
     if args.gpus:
-        try:
-            check_gpus(args.gpus)
-        except GpusUnavailable as exc:
-            parser.error(str(exc))
+        _check_gpus(parser, args.gpus)
     return run_suite(args.suite, names, modes, args.out, args.iters, args.timeout, args.gpus, weights)
 
 
@@ -151,13 +148,8 @@ def _multigpu(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if device == "cuda":
         import torch
 
-        from .runner import GpusUnavailable, check_gpus
-
         gpus = gpus or list(range(torch.cuda.device_count()))
-        try:
-            check_gpus(gpus)
-        except GpusUnavailable as exc:
-            parser.error(str(exc))
+        _check_gpus(parser, gpus)
     world_sizes = args.world_sizes or list(multigpu.WORLD_SIZES)
     try:
         multigpu.check_world_sizes(world_sizes, gpus, device)
@@ -196,12 +188,7 @@ def _serving(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.gpus:
         if device != "cuda":
             parser.error("--gpus names GPUs and none is visible here; leave it out to run on the CPU")
-        from .runner import GpusUnavailable, check_gpus
-
-        try:
-            check_gpus(args.gpus)
-        except GpusUnavailable as exc:
-            parser.error(str(exc))
+        _check_gpus(parser, args.gpus)
     serving.run_serving(
         names,
         args.modes or serving_workloads.MODES,
@@ -233,3 +220,14 @@ def _check_suite_choices(
     unknown = [m for m in asked_modes or () if m not in modes]
     if unknown:
         parser.error(f"unknown mode(s) {', '.join(unknown)}; choose from: {', '.join(modes)}")
+
+
+def _check_gpus(parser: argparse.ArgumentParser, gpus: list[int]) -> None:
+    """``--gpus`` (or every GPU) checked before any worker starts: a GPU not there, named twice, or of another model
+    than the rest is an argparse error."""
+    from .runner import GpusUnavailable, check_gpus
+
+    try:
+        check_gpus(gpus)
+    except GpusUnavailable as exc:
+        parser.error(str(exc))

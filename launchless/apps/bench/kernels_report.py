@@ -19,6 +19,7 @@ from typing import Any
 
 from . import stats
 from .modes import COMPILED_KERNELS, COMPILED_KERNELS_ON_DISK, KERNEL_MODES
+from .report_parts import new_figure
 
 Row = Mapping[str, Any]
 
@@ -198,15 +199,11 @@ def timeline_chart(path: str | Path, rows: Sequence[Row], title: str) -> Any:
     """One panel per workload: each call's latency (log scale) against seconds since that mode's first call began
     (symmetric log scale: the first calls and a swap a minute later both show), a line per mode, the first call
     marked. Returns the figure."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: only `bench` needs matplotlib
-    from matplotlib.figure import Figure
-
     workloads = [
         w for w in stats.ordered_workloads(list(rows)) if any(r["workload"] == w and r.get("timeline") for r in rows)
     ]
     modes = stats.ordered_modes(list(rows))
-    fig = Figure(figsize=(7.5, 2.6 * max(1, len(workloads)) + 0.6), dpi=120)
-    FigureCanvasAgg(fig)
+    fig = new_figure(7.5, 2.6 * max(1, len(workloads)) + 0.6)
     fig.suptitle(title, fontsize=10)
     for i, w in enumerate(workloads):
         ax = fig.add_subplot(len(workloads), 1, i + 1)

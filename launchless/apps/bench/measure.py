@@ -88,6 +88,12 @@ def _build(w: BenchWorkload) -> zoo.Workload:
     return zoo.build(w.zoo, batch=w.batch, device="cuda", dtype=w.torch_dtype)
 
 
+def synchronize_device(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (none on the CPU, where a call has ended when it returns)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def compare_outputs(reference: Any, output: Any) -> dict:
     if identical(reference, output):
         return {"status": "bit-identical", "max_abs_diff": 0.0}

@@ -10,21 +10,13 @@ the rest -- and the suite goes on.
 
 from __future__ import annotations
 
-import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rich.console import Console
-from rich.markdown import Markdown
-from rich.progress import Progress
-
 from ..environment import describe
 from ..torchrun import torchrun_command
-from ..workers import run_workers
-from . import multigpu_report
+from . import multigpu_report, runner
 from .multigpu_worker import DDP_MODES, DDP_RESNET18, TP_MODES, check_workload, empty_row, modes_of
-from .runner import fresh_cache_env
 
 MODES = tuple(dict.fromkeys((*TP_MODES, *DDP_MODES)))
 WORLD_SIZES = (1, 2)
@@ -88,21 +80,17 @@ def run_group(
             nproc_per_node=world_size, module=WORKER_MODULE, args=[*options, "--workloads", *remaining]
         )
 
-    def failed_row(workload: str, why: str) -> dict:
-        return empty_row(workload, mode, world_size, "error", f"{why} (see worker{label}.log)")
-
-    with fresh_cache_env(f"launchless-bench{label}-", visible_gpus=visible) as env:
-        return run_workers(
-            workloads,
-            command=command,
-            out=out,
-            label=label,
-            key="workload",
-            failed_row=failed_row,
-            timeout_s=timeout_s,
-            env=env,
-            on_row=lambda row: advance(),
-        )
+    return runner.run_group(
+        mode,
+        workloads,
+        command=command,
+        label=label,
+        failed_row=lambda workload, why: empty_row(workload, mode, world_size, "error", why),
+        timeout_s=timeout_s,
+        out=out,
+        visible_gpus=visible,
+        advance=advance,
+    )
 
 
 def environment(device: str, gpus: Sequence[int] | None, world_sizes: Sequence[int]) -> dict:
@@ -133,18 +121,13 @@ def run_multigpu(
     A workload runs only in the modes of its part (DDP training: eager, reduce-overhead, launchless)."""
     device = device or device_type()
     check_world_sizes(world_sizes, gpus, device)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    console = Console(width=None if sys.stdout.isatty() else 160)
     groups = [(w, m, [n for n in names if m in modes_of(n)]) for w in world_sizes for m in modes]
     groups = [(w, m, part) for w, m, part in groups if part]
-    env = environment(device, gpus, world_sizes)
-    started = time.monotonic()
     rows: list[dict] = []
-    with Progress(console=console) as progress:
-        task = progress.add_task("benchmarking", total=sum(len(part) for _, _, part in groups))
+    total = sum(len(part) for _, _, part in groups)
+    with runner.suite_run(multigpu_report.SUITE, out_dir, environment(device, gpus, world_sizes), total=total) as run:
         for world_size, mode, part in groups:
-            progress.update(task, description=f"world size {world_size}, {mode}")
+            run.stage(f"world size {world_size}, {mode}")
             rows += run_group(
                 mode,
                 part,
@@ -152,14 +135,14 @@ def run_multigpu(
                 device=device,
                 iters=iters,
                 timeout_s=timeout_s,
-                out=out,
+                out=run.out,
                 gpus=gpus,
-                advance=lambda: progress.advance(task),
+                advance=run.advance,
             )
-    env["wall_s"] = round(time.monotonic() - started, 1)
     order = {name: i for i, name in enumerate(names)}
-    rows.sort(key=lambda r: (order[r["workload"]], r["world_size"], modes.index(r["mode"])))
-    paths = multigpu_report.write_all(out, env, multigpu_report.with_scaling(rows))
-    console.print(Markdown(paths["md"].read_text()))
-    console.print("written: " + ", ".join(str(p) for p in paths.values()))
+    rows = multigpu_report.with_scaling(
+        sorted(rows, key=lambda r: (order[r["workload"]], r["world_size"], modes.index(r["mode"])))
+    )
+    paths = run.write(rows)
+    run.show(paths, rows)
     return paths

@@ -25,21 +25,26 @@ is the speed-up over the unsharded model, W at best.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from . import graphs, stats
-from .formatting import MISSING, factor, md_table, ms, reason_text
-from .report import (
+from .formatting import MISSING, factor, ms, reason_text
+from .report_parts import (
+    MODE,
+    WORKLOAD,
     BarPanel,
+    Column,
+    Row,
+    SuiteReport,
     bar_panels,
     chart_title,
+    column_table,
+    field,
     header_line,
-    write_suite_report,
+    headline,
 )
-
-Row = Mapping[str, Any]
 
 SUITE = "multigpu"
 TP_INFERENCE = "tp-inference"
@@ -150,28 +155,27 @@ def _graphs_cell(row: Row) -> str:
 
 
 def _part_table(view: _View, part: str) -> list[str]:
-    header = ["workload", "world size", "mode", "ms / call", "waited ms", "× eager", "× reduce-overhead"]
-    header += ["scaling", "first call / warm-up s", "correctness", "launchless ran"]
-    body = []
-    for row in view.part_rows(part):
-        ok = row.get("status") == "ok"
+    def against(baseline: str) -> Callable[[Row], str]:
+        return lambda row: MISSING if row["mode"] == baseline else factor(view.speedup(row, baseline))
+
+    def warm_up(row: Row) -> str:
         first, warmup = row.get("first_call_s"), row.get("warmup_s")
-        body.append(
-            [
-                f"`{row['workload']}`",
-                str(row["world_size"]),
-                str(row["mode"]),
-                ms(row.get("median_ms")) if ok else str(row.get("status")),
-                ms(row.get("waited_ms")),
-                MISSING if row["mode"] == stats.EAGER else factor(view.speedup(row, stats.EAGER)),
-                MISSING if row["mode"] == stats.REDUCE_OVERHEAD else factor(view.speedup(row, stats.REDUCE_OVERHEAD)),
-                MISSING if row.get("scaling_efficiency") is None else f"{row['scaling_efficiency']:.2f}",
-                MISSING if first is None or warmup is None else f"{first:.3g} / {warmup:.3g}",
-                _correctness_cell(row) if ok else MISSING,
-                _graphs_cell(row),
-            ]
-        )
-    return md_table(header, body)
+        return MISSING if first is None or warmup is None else f"{first:.3g} / {warmup:.3g}"
+
+    columns: list[Column] = [
+        WORKLOAD,
+        field("world size", "world_size", str),
+        MODE,
+        headline("ms / call", "median_ms", ms),
+        field("waited ms", "waited_ms", ms),
+        ("× eager", against(stats.EAGER)),
+        ("× reduce-overhead", against(stats.REDUCE_OVERHEAD)),
+        field("scaling", "scaling_efficiency", lambda ratio: MISSING if ratio is None else f"{ratio:.2f}"),
+        ("first call / warm-up s", warm_up),
+        ("correctness", lambda row: _correctness_cell(row) if row.get("status") == "ok" else MISSING),
+        ("launchless ran", _graphs_cell),
+    ]
+    return column_table(columns, view.part_rows(part))
 
 
 _NOTES = {
@@ -272,17 +276,9 @@ def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any])
     return bar_panels(path, panels, title=title, group_width=1.2)
 
 
-# --- all outputs ----------------------------------------------------------------------------------------------
-
-
-def write_all(out_dir: str | Path, environment: Mapping[str, Any], rows: Sequence[Row]) -> dict[str, Path]:
-    """multigpu.json, multigpu.md and multigpu.png in ``out_dir``; returns {"json", "md", "png"}: path."""
-    return write_suite_report(
-        out_dir,
-        SUITE,
-        environment=environment,
-        rows=rows,
-        summary=_View(rows).summary(),
-        markdown_text=markdown(environment, rows),
-        draw=lambda path: chart(path, rows, environment),
-    )
+REPORT = SuiteReport(
+    SUITE,
+    summary=lambda rows: _View(rows).summary(),
+    markdown=lambda environment, suite, rows: markdown(environment, rows),
+    chart=chart,
+)

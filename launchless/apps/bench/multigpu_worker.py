@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import functools
-import importlib
 import os
 import signal
 import statistics
@@ -44,11 +43,11 @@ from ...core.streams import capture_stream
 from ...timing import Timing, cuda_latency, cuda_time
 from ..workers import append_row
 from . import modes
-from .measure import compare_outputs
+from .measure import compare_outputs, synchronize_device
 from .multigpu_report import DDP_TRAINING, TP_INFERENCE
 from .training import TrainingSetup, classify_loss, train_step
-from .worker import one_line, release
-from .workloads import UnknownWorkload
+from .worker import measure_each
+from .workloads import part_by_prefix, prefixed_builder
 
 TP_MODES = ("eager", "compile", "reduce-overhead", "launchless", "launchless-compile")
 DDP_MODES = ("eager", "reduce-overhead", "launchless")
@@ -78,43 +77,20 @@ DdpBuilder = Callable[..., tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tens
 
 def part_of(workload: str) -> str:
     """``tp-inference`` or ``ddp-training``, from the workload's prefix."""
-    if workload.startswith("tp:"):
-        return TP_INFERENCE
-    if workload.startswith("ddp:"):
-        return DDP_TRAINING
-    raise UnknownWorkload(
-        f"unknown multigpu workload {workload!r}: tensor-parallel ones start with 'tp:', DDP training ones with 'ddp:'"
-    )
+    parts = {"tp:": (TP_INFERENCE, "tensor-parallel"), "ddp:": (DDP_TRAINING, "DDP training")}
+    return part_by_prefix(workload, suite="multigpu", parts=parts)
 
 
 def modes_of(workload: str) -> tuple[str, ...]:
     return TP_MODES if part_of(workload) == TP_INFERENCE else DDP_MODES
 
 
-def _own_builder(spec: str) -> Callable[..., Any] | None:
-    """The function ``package.module:function`` names, or None when ``spec`` is a plain name."""
-    module_name, sep, function_name = spec.partition(":")
-    if not sep:
-        return None
-    try:
-        return getattr(importlib.import_module(module_name), function_name)
-    except (ImportError, AttributeError) as exc:
-        raise UnknownWorkload(f"cannot load the builder {spec!r}: {exc}") from exc
-
-
 def tp_builder(workload: str) -> TpBuilder:
     """``builder(mesh=, device=) -> (model, args, kwargs)`` for a ``tp:`` workload."""
-    own = _own_builder(workload.removeprefix("tp:"))
-    if own is not None:
-        return own
     from ..zoo.tensor_parallel import TP_WORKLOADS, build_tp
 
-    if workload not in TP_WORKLOADS:
-        raise UnknownWorkload(
-            f"unknown tensor-parallel workload {workload!r}; choose from: {', '.join(TP_WORKLOADS)} "
-            "or tp:package.module:function"
-        )
-    return functools.partial(build_tp, workload)
+    known = {name: functools.partial(build_tp, name) for name in TP_WORKLOADS}
+    return prefixed_builder(workload, prefix="tp:", what="tensor-parallel", known=known)
 
 
 def resnet18_classifier(
@@ -136,14 +112,7 @@ DDP_WORKLOADS: dict[str, DdpBuilder] = {DDP_RESNET18: resnet18_classifier}
 
 def ddp_builder(workload: str) -> DdpBuilder:
     """``builder(device=, batch=, seed=) -> (model, (images, labels))`` for a ``ddp:`` workload."""
-    own = _own_builder(workload.removeprefix("ddp:"))
-    if own is not None:
-        return own
-    if workload not in DDP_WORKLOADS:
-        raise UnknownWorkload(
-            f"unknown DDP workload {workload!r}; choose from: {', '.join(DDP_WORKLOADS)} or ddp:package.module:function"
-        )
-    return DDP_WORKLOADS[workload]
+    return prefixed_builder(workload, prefix="ddp:", what="DDP", known=DDP_WORKLOADS)
 
 
 def check_workload(workload: str) -> None:
@@ -215,11 +184,6 @@ def join_group(device_type: str) -> torch.device:
         return torch.device("cuda", local_rank)
     dist.init_process_group("gloo")
     return torch.device("cpu")
-
-
-def synchronize_device(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _lockstep(device: torch.device) -> None:
@@ -368,20 +332,26 @@ def eager_parameters(workload: str, device: torch.device) -> list[torch.Tensor]:
 def run(mode: str, workloads: list[str], *, iters: int, device: torch.device, out: str) -> None:
     """Each workload in turn on every rank; rank 0 appends its row to ``out`` once every rank is done with it."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    for workload in workloads:
-        started = time.perf_counter()
+
+    def measure_one(workload: str) -> dict:
         measure = tp_inference if part_of(workload) == TP_INFERENCE else ddp_training
-        try:
-            result: tuple[dict | None, str | None] = (measure(workload, mode, device=device, iters=iters), None)
-        except Exception as exc:  # one workload failing must not stop the group
-            result = (None, one_line(exc))
+        return measure(workload, mode, device=device, iters=iters)
+
+    def gather(workload: str, measured: dict) -> None:
+        """Every rank's result to rank 0, which writes the row: a rank that failed takes part too, so the others
+        carry on."""
+        error = measured["reason"] if "status" in measured else None  # a failed row; a measured one has none
         results: list[Any] = [None] * world_size
-        dist.all_gather_object(results, result)
+        dist.all_gather_object(results, (None if error else measured, error))
         if rank == 0:
-            row = gathered_row(workload, mode, world_size, results)
-            row["wall_s"] = time.perf_counter() - started
-            append_row(out, row)
-        release()
+            append_row(out, gathered_row(workload, mode, world_size, results) | {"wall_s": measured["wall_s"]})
+
+    measure_each(
+        workloads,
+        measure_one=measure_one,
+        failed_row=lambda workload, status, reason: empty_row(workload, mode, world_size, status, reason),
+        write=gather,
+    )
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ cores so that one part's compilation does not steal the CPU another part is timi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -23,15 +24,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
-from rich.progress import Progress
+from rich.markdown import Markdown
+from rich.progress import Progress, TaskID
 
 from ..environment import describe
 from ..workers import run_workers
 from . import report
 from .modes import CACHES_OF
-from .worker import empty_row
+from .worker import empty_row, runs_in
 
 WORKER = [sys.executable, "-m", "launchless.apps.bench.worker"]
 
@@ -48,25 +51,58 @@ def run_mode(
     cores: set[int] | None = None,
     caches: CacheRoots | None = None,
 ) -> list[dict]:
-    """Measure ``names`` under ``mode``; a worker that hangs or dies costs only the workload it was on.
+    """Measure ``names`` under ``mode`` with ``worker`` (the one worker; a serving run's names ``--device`` after
+    it); a worker that hangs or dies costs only the workload it was on.
 
     ``gpu`` makes the worker see only that GPU; ``cores`` pins it to those CPU cores; ``caches``: the suite's
     compile caches (``CacheRoots``; without, this mode's own, removed after it)."""
-    part = "" if gpu is None else f"-gpu{gpu}"
 
     def command(remaining: list[str], jsonl: Path) -> list[str]:
         return [*worker, "--mode", mode, "--iters", str(iters), "--out", str(jsonl), "--workloads", *remaining]
 
+    return run_group(
+        mode,
+        names,
+        command=command,
+        label=f"-{mode}" + ("" if gpu is None else f"-gpu{gpu}"),
+        failed_row=lambda name, why: empty_row(name, mode, "error", why),
+        timeout_s=timeout_s,
+        out=out,
+        visible_gpus=None if gpu is None else str(gpu),
+        cores=cores,
+        caches=caches,
+        advance=advance,
+    )
+
+
+def run_group(
+    mode: str,
+    names: list[str],
+    *,
+    command: Callable[[list[str], Path], list[str]],
+    label: str,
+    failed_row: Callable[[str, str], dict],
+    timeout_s: float,
+    out: Path,
+    visible_gpus: str | None = None,
+    cores: set[int] | None = None,
+    caches: CacheRoots | None = None,
+    advance: Callable[[], None] = lambda: None,
+) -> list[dict]:
+    """Rows of ``names`` under ``mode`` from the workers ``command(remaining, jsonl)`` starts (a new one for the rest
+    when one dies or hangs: ``failed_row(name, why)`` stands for the name it was on, pointing at its log), in the
+    mode's own compile caches, seeing only ``visible_gpus`` where given; ``label`` names its rows and log files.
+    Every suite's workers run through here: one process, or a ``torchrun`` group."""
     roots = caches or CacheRoots()
     try:
-        with roots.env(mode, gpu) as env:
+        with roots.env(mode, visible_gpus) as env:
             return run_workers(
                 names,
                 command=command,
                 out=out,
-                label=f"-{mode}{part}",
+                label=label,
                 key="workload",
-                failed_row=lambda name, why: empty_row(name, mode, "error", why),
+                failed_row=lambda name, why: failed_row(name, f"{why} (see worker{label}.log)"),
                 timeout_s=timeout_s,
                 env=env,
                 cores=cores,
@@ -77,29 +113,6 @@ def run_mode(
             roots.close()
 
 
-def fresh_caches(root: Path) -> dict[str, str]:
-    """Environment that points every on-disk compile cache a worker could share with another mode into ``root``."""
-    return {
-        "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
-        "TRITON_CACHE_DIR": str(root / "triton"),
-        "LAUNCHLESS_CACHE_DIR": str(root / "decisions"),
-    }
-
-
-@contextlib.contextmanager
-def fresh_cache_env(prefix: str, *, visible_gpus: str | None = None) -> Iterator[dict[str, str]]:
-    """The environment of a mode's workers: compile caches of their own in a temporary folder (removed afterwards:
-    one mode must not find another's kernels), and only ``visible_gpus`` where given."""
-    root = Path(tempfile.mkdtemp(prefix=prefix))
-    env = {**os.environ, **fresh_caches(root)}
-    if visible_gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = visible_gpus
-    try:
-        yield env
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
 class CacheRoots:
     """The compile caches (Inductor's, Triton's, launchless's programs) of a suite's modes, each in a temporary
     folder of its own: on disk they outlive a process, and one mode must not find another's kernels. A mode that
@@ -107,21 +120,27 @@ class CacheRoots:
     once no mode still to run needs it, and all that are left when the suite ends."""
 
     def __init__(self) -> None:
-        self._roots: dict[tuple[str, int | None], Path] = {}
+        self._roots: dict[tuple[str, str | None], Path] = {}
         self._lock = threading.Lock()  # parts on several GPUs run their modes from threads of their own
 
     @contextlib.contextmanager
-    def env(self, mode: str, gpu: int | None) -> Iterator[dict[str, str]]:
-        """The environment of ``mode``'s workers on ``gpu`` (only that GPU visible, where given)."""
-        owner = (CACHES_OF.get(mode, mode), gpu)
+    def env(self, mode: str, visible_gpus: str | None) -> Iterator[dict[str, str]]:
+        """The environment of ``mode``'s workers, seeing only ``visible_gpus`` (``CUDA_VISIBLE_DEVICES``) where
+        given."""
+        owner = (CACHES_OF.get(mode, mode), visible_gpus)
         with self._lock:
             root = self._roots.get(owner)
             if root is None:
-                part = "" if gpu is None else f"-gpu{gpu}"
+                part = "" if visible_gpus is None else f"-gpu{visible_gpus.replace(',', '_')}"
                 root = self._roots[owner] = Path(tempfile.mkdtemp(prefix=f"launchless-bench-{owner[0]}{part}-"))
-        env = {**os.environ, **fresh_caches(root)}
-        if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        env = {
+            **os.environ,
+            "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+            "TRITON_CACHE_DIR": str(root / "triton"),
+            "LAUNCHLESS_CACHE_DIR": str(root / "decisions"),
+        }
+        if visible_gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible_gpus
         try:
             yield env
         finally:
@@ -251,6 +270,50 @@ def check_gpus(gpus: list[int]) -> None:
         )
 
 
+@dataclasses.dataclass
+class SuiteRun:
+    """One suite's run as the terminal shows it and its folder keeps it: a progress bar over its (workload, mode)
+    pairs, the report written from the rows so far (a run cut short keeps what finished), then shown."""
+
+    suite: str
+    out: Path
+    environment: dict
+    console: Console
+    progress: Progress
+    task: TaskID
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    lock: threading.RLock = dataclasses.field(default_factory=threading.RLock)  # parts on several GPUs write at once
+
+    def stage(self, description: str) -> None:
+        self.progress.update(self.task, description=description)
+
+    def advance(self) -> None:
+        self.progress.advance(self.task)
+
+    def write(self, rows: list[dict]) -> dict[str, Path]:
+        """The suite's report from ``rows``, the run's seconds so far in its environment."""
+        with self.lock:
+            self.environment["wall_s"] = round(time.monotonic() - self.started, 1)
+            return report.write_all(self.out, self.environment, self.suite, rows)
+
+    def show(self, paths: dict[str, Path], rows: list[dict]) -> None:
+        """The report in the terminal (the suite's own view, else its Markdown) and the files written."""
+        terminal = report.suite_report(self.suite).terminal
+        shown = terminal(self.environment, self.suite, rows) if terminal else Markdown(paths["md"].read_text())
+        self.console.print(shown)
+        self.console.print("written: " + ", ".join(str(p) for p in paths.values()))
+
+
+@contextlib.contextmanager
+def suite_run(suite: str, out_dir: str | Path, environment: dict, *, total: int) -> Iterator[SuiteRun]:
+    """A ``SuiteRun`` over ``total`` pairs, its folder created; the progress bar ends with the block."""
+    console = Console(width=None if sys.stdout.isatty() else 220)  # logs and pipes get the whole table
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with Progress(console=console) as progress:
+        yield SuiteRun(suite, out, environment, console, progress, progress.add_task("benchmarking", total=total))
+
+
 def run_suite(
     suite: str,
     names: list[str],
@@ -261,32 +324,62 @@ def run_suite(
     gpus: list[int] | None = None,
     weights: Mapping[str, float] | None = None,
 ) -> int:
-    console = Console(width=None if sys.stdout.isatty() else 220)  # logs and pipes get the whole table
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    environment = describe()
+    """A suite of ``workloads`` on the GPU, its rows in a table on the terminal and its report in ``out_dir``."""
+    measure_suite(suite, names, modes, out_dir=out_dir, iters=iters, timeout_s=timeout_s, gpus=gpus, weights=weights)
+    return 0
+
+
+def measure_suite(
+    suite: str,
+    names: list[str],
+    modes: list[str],
+    *,
+    out_dir: str | Path,
+    iters: int,
+    timeout_s: float,
+    gpus: list[int] | None = None,
+    weights: Mapping[str, float] | None = None,
+    device: str = "cuda",
+    environment: Mapping[str, Any] | None = None,
+) -> dict[str, Path]:
+    """Every (workload, mode) of a single-process suite through the one worker, a worker per mode (and part, with
+    several ``gpus``), all modes sharing the suite's compile-cache folders; then its report, written after each mode
+    too. A serving workload runs only in the modes of its part. ``environment``: what the suite adds to
+    ``describe()``. Returns the report's paths."""
+    env = describe() | dict(environment or {})
     if gpus and len(gpus) > 1:
-        environment["gpus_at_once"] = len(gpus)
-    started = time.monotonic()
-    with Progress(console=console) as progress:
-        task = progress.add_task("benchmarking", total=len(names) * len(modes))
+        env["gpus_at_once"] = len(gpus)
+    order = {(n, m): (i, j) for i, n in enumerate(names) for j, m in enumerate(modes)}
 
-        caches = CacheRoots()
+    def in_order(rows: list[dict]) -> list[dict]:
+        return sorted(rows, key=lambda r: order[(r["workload"], r["mode"])])
 
-        def run(mode: str, part: list[str], gpu: int | None, cores: set[int] | None) -> list[dict]:
-            progress.update(task, description=f"mode {mode}")
-            advance = lambda: progress.advance(task)  # noqa: E731
-            return run_mode(mode, part, iters, timeout_s, out, advance, gpu=gpu, cores=cores, caches=caches)
+    finished: list[dict] = []
+    caches = CacheRoots()
+    worker = [*WORKER, "--device", device]
+    total = sum(runs_in(n, m) for n in names for m in modes)
+    with suite_run(suite, out_dir, env, total=total) as run:
+
+        def one_mode(mode: str, part: list[str], gpu: int | None, cores: set[int] | None) -> list[dict]:
+            members = [n for n in part if runs_in(n, mode)]
+            if not members:
+                return []
+            run.stage(f"mode {mode}")
+            rows = run_mode(
+                mode, members, iters, timeout_s, run.out, run.advance, worker, gpu=gpu, cores=cores, caches=caches
+            )
+            with run.lock:  # the report so far: a run cut short keeps every mode that finished
+                finished.extend(rows)
+                run.write(in_order(finished))
+            return rows
 
         try:
-            rows = run_parts(names, modes, gpus, run, weights)
+            rows = in_order(run_parts(names, modes, gpus, one_mode, weights))
         finally:
             caches.close()
-    environment["wall_s"] = round(time.monotonic() - started, 1)
-    paths = report.write_all(out, environment, suite, rows)
-    console.print(report.rich_table(environment, suite, rows))
-    console.print("written: " + ", ".join(str(p) for p in paths.values()))
-    return 0
+    paths = run.write(rows)
+    run.show(paths, rows)
+    return paths
 
 
 def _bench_run(path: str) -> dict:
@@ -311,15 +404,12 @@ def merge(paths: list[str], out_dir: str) -> int:
     first file's, and the GPU must be the same in all of them. The serving and multigpu suites' runs are
     reported as those suites report (their own tables and targets), and only with runs of the same suite.
     """
-    from . import multigpu_report, serving_report
-
-    own_reports = {serving_report.SUITE: serving_report.write_all, multigpu_report.SUITE: multigpu_report.write_all}
     runs = [_bench_run(p) for p in paths]
     gpus = {run["environment"].get("gpu") for run in runs}
     if len(gpus) > 1:
         raise ValueError(f"refusing to merge runs from different GPUs: {sorted(map(str, gpus))}")
     suites = {run["suite"] for run in runs}
-    if len(suites) > 1 and suites & set(own_reports):
+    if len(suites) > 1 and suites & set(report.OWN_REPORTS):
         raise ValueError(f"refusing to merge runs of different suites: {sorted(suites)}")
     rows: dict[tuple[str, str], dict] = {}
     for run in runs:
@@ -328,9 +418,6 @@ def merge(paths: list[str], out_dir: str) -> int:
     environment = dict(runs[0]["environment"], merged_from=[str(p) for p in paths])
     environment["wall_s"] = sum(walls) if all(w is not None for w in walls) else None
     suite = "+".join(dict.fromkeys(run["suite"] for run in runs))
-    if suite in own_reports:
-        paths_out = own_reports[suite](Path(out_dir), environment, list(rows.values()))
-    else:
-        paths_out = report.write_all(Path(out_dir), environment, suite, list(rows.values()))
+    paths_out = report.write_all(Path(out_dir), environment, suite, list(rows.values()))
     Console().print("written: " + ", ".join(str(p) for p in paths_out.values()))
     return 0

@@ -29,8 +29,7 @@ import torch
 
 import launchless
 
-from .measure import clone_outputs, compare_outputs
-from .multigpu_worker import synchronize_device
+from .measure import clone_outputs, compare_outputs, synchronize_device
 from .serving_graphs import (
     NOT_ON_CPU,
     GraphsHeld,

@@ -50,7 +50,8 @@ from transformers.generation.streamers import BaseStreamer
 import launchless
 from launchless.runtime.static_cache import cache_keyword, cache_length, new_static_cache
 
-from .multigpu_worker import synchronize_device
+from ...errors import one_line
+from .measure import synchronize_device
 from .serving_graphs import compiled_graphs
 from .serving_workloads import (
     COMPILED_KERNELS,
@@ -61,7 +62,6 @@ from .serving_workloads import (
     build_decoder,
     decode_workload,
 )
-from .worker import one_line
 
 DECODE_RUNS = 3  # timed generate() calls after the first
 INTERLEAVED_ROUNDS = 7  # rounds of one generate() per mode, the modes in a rotating order

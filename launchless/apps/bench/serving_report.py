@@ -51,12 +51,22 @@ from typing import Any
 
 from .formatting import MISSING, factor, md_table, ms, reason_text
 from .kernels_report import phases_text
-from .report import (
+from .report_parts import (
+    MODE,
+    WORKLOAD,
     BarPanel,
+    Column,
+    Row,
+    SuiteReport,
+    Target,
     bar_panels,
     chart_title,
+    column_table,
+    field,
     header_line,
-    write_suite_report,
+    headline,
+    judged,
+    ratio,
 )
 from .serving_workloads import (
     BUCKETS,
@@ -72,8 +82,6 @@ from .serving_workloads import (
 )
 from .stats import ordered_modes
 
-Row = Mapping[str, Any]
-
 SUITE = "serving"
 BUCKET_SPEED_AT_LEAST = 0.9  # of graph-per-size's speed over the trace
 BUCKET_MEMORY_AT_MOST = 0.25  # of graph-per-size's graph memory
@@ -81,6 +89,14 @@ BUCKET_JUDGED = (BUCKETS_FIXED, BUCKETS_AUTO)
 DECODE_TOKENS_AT_LEAST = 1.0  # of static-compile's tokens per second
 DECODE_COMPILE_AT_MOST = 0.2  # of static-compile's start-up time
 DECODE_JUDGED_BATCH = 1
+BUCKET_TARGETS = (
+    Target("the speed of graph-per-size", BUCKET_SPEED_AT_LEAST, at_least=True),
+    Target("its graph memory", BUCKET_MEMORY_AT_MOST, at_least=False),
+)
+DECODE_TARGETS = (
+    Target("the tokens per second of static-compile", DECODE_TOKENS_AT_LEAST, at_least=True),
+    Target("its start-up time", DECODE_COMPILE_AT_MOST, at_least=False),
+)
 
 
 def _measured(value: Any) -> float | None:
@@ -187,12 +203,7 @@ class _View:
         if why is not None:
             return _verdict(row, None, f"not judged: {why}")
         assert speed is not None and memory is not None
-        met = speed >= BUCKET_SPEED_AT_LEAST and memory <= BUCKET_MEMORY_AT_MOST
-        detail = (
-            f"{factor(speed)} the speed of graph-per-size (target ≥ {factor(BUCKET_SPEED_AT_LEAST)}), "
-            f"{factor(memory)} its graph memory (target ≤ {factor(BUCKET_MEMORY_AT_MOST)})"
-        )
-        return _verdict(row, met, detail)
+        return _verdict(row, *judged(BUCKET_TARGETS, (speed, memory)))
 
     def _decode_verdict(self, row: Row) -> dict[str, Any]:
         tokens, start_up = self.tokens_vs_static_compile(row), self.compile_vs_static_compile(row)
@@ -202,12 +213,7 @@ class _View:
         if why is not None:
             return _verdict(row, None, f"not judged: {why}")
         assert tokens is not None and start_up is not None
-        met = tokens >= DECODE_TOKENS_AT_LEAST and start_up <= DECODE_COMPILE_AT_MOST
-        detail = (
-            f"{factor(tokens)} the tokens per second of static-compile (target ≥ {factor(DECODE_TOKENS_AT_LEAST)}), "
-            f"{factor(start_up)} its start-up time (target ≤ {factor(DECODE_COMPILE_AT_MOST)})"
-        )
-        return _verdict(row, met, detail)
+        return _verdict(row, *judged(DECODE_TARGETS, (tokens, start_up)))
 
     def _unjudged(self, row: Row, baseline: str) -> str | None:
         """Why ``row`` cannot be set against ``baseline``, or None when both ran."""
@@ -268,54 +274,33 @@ def _identical_cell(row: Row) -> str:
     return "≠" if diff is None else f"≠ {diff:.1e}"
 
 
+_GRAPHS = field("graphs", "graphs", _count)
+_COMPILE_S = field("compile s", "compile_s", _seconds)
+_IDENTICAL = ("identical", _identical_cell)
+
+
 def _buckets_table(view: _View) -> list[str]:
-    header = ["workload", "mode", "trace ms", "median ms", "× graph-per-size speed", "graph MiB"]
-    header += ["× graph-per-size memory", "device MiB", "graphs", "compile s", "identical"]
-    body = []
-    for row in view.part_rows(BUCKETS):
-        ok = row.get("status") == "ok"
-        body.append(
-            [
-                f"`{row['workload']}`",
-                str(row["mode"]),
-                ms(row.get("total_ms")) if ok else str(row.get("status")),
-                ms(row.get("median_ms")),
-                factor(view.speed_vs_graph_per_size(row)),
-                _mib(row.get("graph_mem_bytes")),
-                factor(view.memory_vs_graph_per_size(row)),
-                _mib(row.get("device_mem_bytes")),
-                _count(row.get("graphs")),
-                _seconds(row.get("compile_s")),
-                _identical_cell(row),
-            ]
-        )
-    return md_table(header, body)
+    columns: list[Column] = [
+        *(WORKLOAD, MODE, headline("trace ms", "total_ms", ms), field("median ms", "median_ms", ms)),
+        ratio("× graph-per-size speed", view.speed_vs_graph_per_size),
+        field("graph MiB", "graph_mem_bytes", _mib),
+        ratio("× graph-per-size memory", view.memory_vs_graph_per_size),
+        *(field("device MiB", "device_mem_bytes", _mib), _GRAPHS, _COMPILE_S, _IDENTICAL),
+    ]
+    return column_table(columns, view.part_rows(BUCKETS))
 
 
 def _decode_table(view: _View) -> list[str]:
-    header = ["workload", "batch", "mode", "tokens/s", "ms / step", "TTFT ms", "× static-compile tokens/s"]
-    header += ["compile s", "× static-compile compile", "graphs", "identical", "dynamic cache's tokens"]
-    body = []
-    for row in view.part_rows(DECODE):
-        ok = row.get("status") == "ok"
-        tokens = row.get("tokens_per_s")
-        body.append(
-            [
-                f"`{row['workload']}`",
-                _count(row.get("batch")),
-                str(row["mode"]),
-                (f"{tokens:.1f}" if tokens is not None else MISSING) if ok else str(row.get("status")),
-                ms(row.get("median_ms")),
-                ms(row.get("ttft_ms")),
-                factor(view.tokens_vs_static_compile(row)),
-                _seconds(row.get("compile_s")),
-                factor(view.compile_vs_static_compile(row)),
-                _count(row.get("graphs")),
-                _identical_cell(row),
-                _dynamic_cell(row),
-            ]
-        )
-    return md_table(header, body)
+    columns: list[Column] = [
+        *(WORKLOAD, field("batch", "batch", _count), MODE),
+        headline("tokens/s", "tokens_per_s", lambda tokens: MISSING if tokens is None else f"{tokens:.1f}"),
+        *(field("ms / step", "median_ms", ms), field("TTFT ms", "ttft_ms", ms)),
+        ratio("× static-compile tokens/s", view.tokens_vs_static_compile),
+        _COMPILE_S,
+        ratio("× static-compile compile", view.compile_vs_static_compile),
+        *(_GRAPHS, _IDENTICAL, ("dynamic cache's tokens", _dynamic_cell)),
+    ]
+    return column_table(columns, view.part_rows(DECODE))
 
 
 def _interleaved_table(view: _View) -> list[str]:
@@ -524,17 +509,9 @@ def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any])
     return bar_panels(path, panels, title=chart_title(f"launchless bench: {SUITE}", environment), group_width=1.5)
 
 
-# --- all outputs ----------------------------------------------------------------------------------------------
-
-
-def write_all(out_dir: str | Path, environment: Mapping[str, Any], rows: Sequence[Row]) -> dict[str, Path]:
-    """serving.json, serving.md and serving.png in ``out_dir``; returns {"json", "md", "png"}: path."""
-    return write_suite_report(
-        out_dir,
-        SUITE,
-        environment=environment,
-        rows=rows,
-        summary=_View(rows).summary(),
-        markdown_text=markdown(environment, rows),
-        draw=lambda path: chart(path, rows, environment),
-    )
+REPORT = SuiteReport(
+    SUITE,
+    summary=lambda rows: _View(rows).summary(),
+    markdown=lambda environment, suite, rows: markdown(environment, rows),
+    chart=chart,
+)

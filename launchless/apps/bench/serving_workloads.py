@@ -18,12 +18,13 @@ Two parts, told apart by the workload's prefix:
 
 from __future__ import annotations
 
+import importlib.metadata
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .workloads import UnknownWorkload
+from .workloads import UnknownWorkload, part_by_prefix, prefixed_builder
 
 if TYPE_CHECKING:
     import torch
@@ -63,6 +64,21 @@ def batch_trace(calls: int, *, seed: int = TRACE_SEED) -> list[int]:
     return random.Random(seed).choices(sizes, weights=[1 / k for k in sizes], k=calls)
 
 
+def serving_environment(device: str, calls: int) -> dict[str, Any]:
+    """What a serving report states beside ``describe()``: the device, the model libraries' versions and the
+    trace."""
+    return {"device": device, "transformers": _version("transformers"), "timm": _version("timm")} | {
+        "trace": describe_trace(calls)
+    }
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def describe_trace(calls: int) -> dict[str, Any]:
     """The trace as the report states it: its length, law, seed and what it holds."""
     trace = batch_trace(calls)
@@ -84,13 +100,8 @@ DISTILBERT_TOKENS = 128  # the zoo's sequence length for its encoders
 
 def part_of(workload: str) -> str:
     """``buckets`` or ``decode``, from the workload's prefix."""
-    if workload.startswith("buckets:"):
-        return BUCKETS
-    if workload.startswith("decode:"):
-        return DECODE
-    raise UnknownWorkload(
-        f"unknown serving workload {workload!r}: batch-bucket ones start with 'buckets:', decode ones with 'decode:'"
-    )
+    parts = {"buckets:": (BUCKETS, "batch-bucket"), "decode:": (DECODE, "decode")}
+    return part_by_prefix(workload, suite="serving", parts=parts)
 
 
 def modes_of(workload: str) -> tuple[str, ...]:
@@ -142,17 +153,7 @@ BUCKET_WORKLOADS: dict[str, BucketBuilder] = {
 
 def bucket_builder(workload: str) -> BucketBuilder:
     """``builder(device=) -> (model, make_inputs)`` for a ``buckets:`` workload."""
-    from .multigpu_worker import _own_builder
-
-    own = _own_builder(workload.removeprefix("buckets:"))
-    if own is not None:
-        return own
-    if workload not in BUCKET_WORKLOADS:
-        raise UnknownWorkload(
-            f"unknown batch-bucket workload {workload!r}; choose from: {', '.join(BUCKET_WORKLOADS)} "
-            "or buckets:package.module:function"
-        )
-    return BUCKET_WORKLOADS[workload]
+    return prefixed_builder(workload, prefix="buckets:", what="batch-bucket", known=BUCKET_WORKLOADS)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ optimizer -- on one fixed batch; an inference workload runs the zoo model's forw
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -264,3 +266,30 @@ def suite(name: str) -> list[BenchWorkload]:
     if name not in SUITES:
         raise UnknownWorkload(f"unknown suite {name!r}; choose from: {', '.join(SUITES)}")
     return [w for w in _ALL if name in w.suites]
+
+
+def part_by_prefix(workload: str, *, suite: str, parts: Mapping[str, tuple[str, str]]) -> str:
+    """The part of a suite whose workloads are named by prefix (``parts``: prefix -> (part, what its workloads
+    are)); UnknownWorkload names the prefixes."""
+    for prefix, (part, _) in parts.items():
+        if workload.startswith(prefix):
+            return part
+    (first, (_, what)), *others = parts.items()
+    known = [f"{what} ones start with {first!r}", *(f"{what} ones with {prefix!r}" for prefix, (_, what) in others)]
+    raise UnknownWorkload(f"unknown {suite} workload {workload!r}: {', '.join(known)}")
+
+
+def prefixed_builder(workload: str, *, prefix: str, what: str, known: Mapping[str, Callable[..., Any]]) -> Callable:
+    """The builder of a prefixed workload: the function ``<prefix>package.module:function`` names (a model of one's
+    own), else the suite's own of that name in ``known``; UnknownWorkload names the choices."""
+    module_name, sep, function_name = workload.removeprefix(prefix).partition(":")
+    if sep:
+        try:
+            return getattr(importlib.import_module(module_name), function_name)
+        except (ImportError, AttributeError) as exc:
+            raise UnknownWorkload(f"cannot load the builder {workload.removeprefix(prefix)!r}: {exc}") from exc
+    if workload not in known:
+        raise UnknownWorkload(
+            f"unknown {what} workload {workload!r}; choose from: {', '.join(known)} or {prefix}package.module:function"
+        )
+    return known[workload]
