@@ -25,8 +25,9 @@ from rich.table import Table
 from rich.text import Text
 
 from . import graphs, kernels_report, stats, workloads
+from .charts import chart_title, log_axis, new_figure
 from .formatting import MISSING, byte_size, factor, md_table, ms, reason_text
-from .report_parts import Row, SuiteReport, chart_title, header_line, log_axis, new_figure
+from .tables import Row, header_line
 
 
 def _correctness_mark(row: Row) -> str | None:
@@ -415,8 +416,3 @@ def more_charts(out: Path, environment: Mapping[str, Any], suite: str, rows: Seq
     title = chart_title("launchless bench: each call's latency from the first call on", environment)
     kernels_report.timeline_chart(path, rows, title)
     return {"timeline": path}
-
-
-REPORT = SuiteReport(
-    "bench", summary=stats.summary, markdown=markdown, chart=chart, more_charts=more_charts, terminal=rich_table
-)

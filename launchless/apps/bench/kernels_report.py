@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from . import stats
+from .charts import new_figure
 from .modes import COMPILED_KERNELS, COMPILED_KERNELS_ON_DISK, KERNEL_MODES
-from .report_parts import new_figure
 
 Row = Mapping[str, Any]
 

@@ -30,21 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from . import graphs, stats
+from .charts import BarPanel, bar_panels, chart_title
 from .formatting import MISSING, factor, ms, reason_text
-from .report_parts import (
-    MODE,
-    WORKLOAD,
-    BarPanel,
-    Column,
-    Row,
-    SuiteReport,
-    bar_panels,
-    chart_title,
-    column_table,
-    field,
-    header_line,
-    headline,
-)
+from .tables import MODE, WORKLOAD, Column, Row, column_table, field, header_line, headline
 
 SUITE = "multigpu"
 TP_INFERENCE = "tp-inference"
@@ -276,9 +264,6 @@ def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any])
     return bar_panels(path, panels, title=title, group_width=1.2)
 
 
-REPORT = SuiteReport(
-    SUITE,
-    summary=lambda rows: _View(rows).summary(),
-    markdown=lambda environment, suite, rows: markdown(environment, rows),
-    chart=chart,
-)
+def summary(rows: Sequence[Row]) -> dict[str, Any]:
+    """What the suite's JSON records beside its rows."""
+    return _View(rows).summary()

@@ -4,23 +4,49 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import bench_report, multigpu_report, serving_report
-from .report_parts import Row, SuiteReport
+from . import multigpu_report, serving_report, stats
+from .bench_report import chart, markdown, more_charts, rich_table
+from .tables import Row
 
-OWN_REPORTS: dict[str, SuiteReport] = {
-    serving_report.SUITE: serving_report.REPORT,
-    multigpu_report.SUITE: multigpu_report.REPORT,
+
+@dataclasses.dataclass(frozen=True)
+class SuiteReport:
+    """What one suite's report is made of, each from the rows alone (a saved record renders again anywhere): the
+    name its files take, the summary its JSON records, its Markdown, its chart and any further charts."""
+
+    files: str  # <files>.json, <files>.md, <files>.png
+    summary: Callable[[Sequence[Row]], Any]
+    markdown: Callable[[Mapping[str, Any], str, Sequence[Row]], str]  # (environment, suite, rows)
+    chart: Callable[[Path, Sequence[Row], Mapping[str, Any]], Any]  # draws <files>.png
+    # (folder, environment, suite, rows) -> {name: path} of the charts drawn beside it
+    more_charts: Callable[[Path, Mapping[str, Any], str, Sequence[Row]], dict[str, Path]] = lambda *_: {}
+    # (environment, suite, rows) -> what the terminal shows at the end of a run; None: the Markdown
+    terminal: Callable[[Mapping[str, Any], str, Sequence[Row]], Any] | None = None
+
+
+BENCH = SuiteReport(
+    "bench", summary=stats.summary, markdown=markdown, chart=chart, more_charts=more_charts, terminal=rich_table
+)
+OWN_REPORTS = {
+    own.SUITE: SuiteReport(
+        own.SUITE,
+        summary=own.summary,
+        markdown=lambda environment, suite, rows, own=own: own.markdown(environment, rows),
+        chart=own.chart,
+    )
+    for own in (serving_report, multigpu_report)
 }
 
 
 def suite_report(suite: str) -> SuiteReport:
     """The serving and multigpu suites' own reports; every other suite's (and a merge of them) is the bench report."""
-    return OWN_REPORTS.get(suite, bench_report.REPORT)
+    return OWN_REPORTS.get(suite, BENCH)
 
 
 def write_all(out_dir: str | Path, environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) -> dict[str, Path]:

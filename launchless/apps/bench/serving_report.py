@@ -49,25 +49,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .charts import BarPanel, bar_panels, chart_title
 from .formatting import MISSING, factor, md_table, ms, reason_text
 from .kernels_report import phases_text
-from .report_parts import (
-    MODE,
-    WORKLOAD,
-    BarPanel,
-    Column,
-    Row,
-    SuiteReport,
-    Target,
-    bar_panels,
-    chart_title,
-    column_table,
-    field,
-    header_line,
-    headline,
-    judged,
-    ratio,
-)
 from .serving_workloads import (
     BUCKETS,
     BUCKETS_AUTO,
@@ -81,6 +65,7 @@ from .serving_workloads import (
     modes_of,
 )
 from .stats import ordered_modes
+from .tables import MODE, WORKLOAD, Column, Row, Target, column_table, field, header_line, headline, judged, ratio
 
 SUITE = "serving"
 BUCKET_SPEED_AT_LEAST = 0.9  # of graph-per-size's speed over the trace
@@ -509,9 +494,6 @@ def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any])
     return bar_panels(path, panels, title=chart_title(f"launchless bench: {SUITE}", environment), group_width=1.5)
 
 
-REPORT = SuiteReport(
-    SUITE,
-    summary=lambda rows: _View(rows).summary(),
-    markdown=lambda environment, suite, rows: markdown(environment, rows),
-    chart=chart,
-)
+def summary(rows: Sequence[Row]) -> dict[str, Any]:
+    """What the suite's JSON records beside its rows."""
+    return _View(rows).summary()
