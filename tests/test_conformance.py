@@ -133,6 +133,35 @@ def test_verify_loads_a_users_module_function_and_diagnoses_it_without_a_gpu(tmp
     sys.modules.pop("my_models", None)
 
 
+def test_a_users_builder_that_raises_or_returns_no_pair_is_an_argument_error(tmp_path, monkeypatch, capsys) -> None:
+    """The user's function is their code: what it raised (or that it returned no (model, inputs) pair) is said in
+    one line with exit code 2, not a traceback of launchless's."""
+    (tmp_path / "broken_models.py").write_text(
+        "def needs_an_argument(size):\n    return None\n\ndef one_thing():\n    return 'model'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for spec, said in (
+        ("broken_models:needs_an_argument", "raised TypeError"),
+        ("broken_models:one_thing", "returned str where a pair (model, inputs) was expected"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            cli.main(["verify", spec])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, err
+    sys.modules.pop("broken_models", None)
+
+
+def test_conformance_list_shows_what_the_arguments_chose_and_refuses_unknown_names(capsys) -> None:
+    assert cli.main(["conformance", "--tasks", "detection", "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert listed.startswith("detection: ") and "classification" not in listed
+    for arguments, said in ((["--models", "nosuch"], "unknown model(s) nosuch"), (["--tasks", "x"], "unknown task")):
+        with pytest.raises(SystemExit) as exited:
+            cli.main(["conformance", *arguments, "--list"])
+        assert exited.value.code == 2 and said in capsys.readouterr().err
+
+
 def test_models_run_task_by_task_and_a_resumed_run_keeps_earlier_rows(tmp_path) -> None:
     from launchless.apps.conformance.command import interleaved
     from launchless.apps.conformance.runner import run_matrix

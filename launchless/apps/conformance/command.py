@@ -38,10 +38,6 @@ def run_conformance(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     from .. import zoo
 
     by_task = zoo.tasks()
-    if args.list:
-        for task, names in by_task.items():
-            print(f"{task}: {', '.join(names)}")
-        return 0
     unknown = [t for t in args.tasks or () if t not in by_task]
     if unknown:
         parser.error(f"unknown task(s) {', '.join(unknown)}; choose from: {', '.join(by_task)}")
@@ -49,6 +45,12 @@ def run_conformance(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     bad = [n for n in names if n not in zoo.names()]
     if bad:
         parser.error(f"unknown model(s) {', '.join(bad)}; see `launchless conformance --list`")
+    if args.list:  # the models the other arguments chose, per task
+        for task, listed in by_task.items():
+            chosen = [n for n in listed if n in names]
+            if chosen:
+                print(f"{task}: {', '.join(chosen)}")
+        return 0
     names = [n for n in names if zoo.available(n)]
     import torch
 

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from ...diagnose.source import locate_exception
+from ...errors import one_line
 from .. import zoo
 from .check import Inputs
 
@@ -51,7 +53,17 @@ def load(spec: str, *, device: str = "cuda") -> tuple[torch.nn.Module, Callable[
         function = getattr(importlib.import_module(module_name), function_name)
     except (ImportError, AttributeError) as exc:
         raise ModelSpecError(f"cannot load {spec!r}: {exc}") from exc
-    model, inputs = function()
+    try:
+        returned = function()
+    except Exception as exc:  # the user's own code: its error and where it raised, not a traceback of ours
+        where = locate_exception(exc)
+        raise ModelSpecError(
+            f"{spec} raised {one_line(exc)}{f' at {where}' if where else ''}; it is called with no arguments and "
+            "must return (model, inputs)"
+        ) from exc
+    if not (isinstance(returned, (tuple, list)) and len(returned) == 2):
+        raise ModelSpecError(f"{spec} returned {type(returned).__name__} where a pair (model, inputs) was expected")
+    model, inputs = returned
     if not isinstance(model, torch.nn.Module):
         raise ModelSpecError(f"{spec} returned {type(model).__name__} where a torch.nn.Module was expected")
     model = model.to(device).eval()
