@@ -91,6 +91,7 @@ def test_the_three_entry_points_run_their_graphs_through_the_core_cache() -> Non
         "launchless.train.step_runs",
         "launchless.train.hooks",
         "launchless.compiler.compiled_graphs",
+        "launchless.compiler.variants",
         "launchless.diagnose.messages",
     }, users
     library = [p for p in ROOT.rglob("*.py") if "apps" not in p.relative_to(ROOT).parts]  # apps: the benchmarks' own

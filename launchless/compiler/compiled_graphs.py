@@ -3,7 +3,7 @@
 Parameters and buffers (inputs Dynamo marks as static addresses) are read in place -- no placeholder,
 no copy -- and spot-checked per call (all of them after an event that can move them), as the runtime
 does. Per signature the variant (no graph, graph, graph with pointer indirection) is measured once and
-cached on disk; a production sample in 1000 re-decides when it drifts. A graph gets one CGCT attempt:
+cached on disk, a production sample in 1000 re-deciding when it drifts (``variants``). A graph gets one CGCT attempt:
 before it is compiled when it holds host tensors (``backend``), else when its capture fails on a host
 copy; moved constants are kept current on every call. Everything that keeps a graph from being used is
 one log line.
@@ -27,10 +27,10 @@ from ..core.snapshot import RngState
 from ..core.status import Admission, Stage
 from ..core.verify import verify
 from ..diagnose.blockers import COPY, classify_message, describe_failure
-from . import select
 from .cgct import CgctResult, ConstantWatch, try_rewrite
-from .decisions import Decision, DecisionCache, DecisionKey, DriftMonitor
-from .indirection import IndirectGraph, IndirectionUnavailable, unavailable_reason
+from .decisions import Decision, DecisionCache, DriftMonitor
+from .indirection import unavailable_reason
+from .variants import GraphEntry, VariantChoice
 
 log = logging.getLogger("launchless")
 Compiler = Callable[[fx.GraphModule, list], Callable[..., Any]]
@@ -44,30 +44,6 @@ def capture_device(leaves: Sequence[Any]) -> torch.device | None:
         return None
     (device,) = devices
     return device if device.type == "cuda" else None
-
-
-class _Entry:
-    """What runs for one input signature: the chosen variant and its replay."""
-
-    def __init__(self, graph: _capture.CapturedGraph, decision: Decision, report: Any) -> None:
-        self.graph, self.decision, self.report = graph, decision, report
-        self.indirect: IndirectGraph | None = None
-        self.pi_reason: str | None = None
-        self.device: torch.device | None = None
-        self.monitor: DriftMonitor | None = None  # only for measured decisions
-
-    def replay(self, leaves: list) -> Any:
-        if self.decision.variant == "graph+pi" and self.indirect is not None:
-            return self.indirect.replay_cloned(leaves)
-        return self.graph.replay_cloned(leaves)
-
-    def copied_bytes(self) -> int:
-        """Bytes copied into placeholders per replay of the chosen variant."""
-        if self.decision.variant == "no-graph":
-            return 0
-        if self.decision.variant == "graph+pi" and self.indirect is not None:
-            return self.indirect.copied_bytes // max(1, self.indirect.replays)
-        return sum(self.graph.static_leaves[i].nbytes for i in self.graph.tensor_slots)
 
 
 class CompiledGraphs:
@@ -99,11 +75,18 @@ class CompiledGraphs:
         # addresses are compared on every call; one that moves again is demoted to a copied input
         self.attributes, self.input_names = attributes, list(input_names)
         self._moves: dict[int, int] = {}
-        self.selective, self.cache, self.graph_key = selective, cache, graph_key
         self.indirection = indirection and unavailable_reason() is None
         self.verify = verify
+        self._variants = VariantChoice(
+            name=name,
+            selective=selective,
+            cache=cache,
+            graph_key=graph_key,
+            verify_mode=verify,
+            log_once=self._log_once,
+        )
         self._addresses = InputAddresses((), describe=self._names)
-        self._graphs: GraphCache[_Entry] = GraphCache(
+        self._graphs: GraphCache[GraphEntry] = GraphCache(
             name=name,
             capture_after=capture_after,
             max_graphs=max_graphs,
@@ -156,7 +139,7 @@ class CompiledGraphs:
             if entry.decision.variant == "no-graph":
                 return self.compiled(*args)
             if entry.monitor is not None and entry.monitor.should_sample():
-                return self._sampled(sig, entry, flat, args)
+                return self._variants.sampled(sig, entry, flat, args, self.compiled)
             return entry.replay(flat.leaves)
         if self._addresses.moved and self._demote(self._addresses.moved):  # .to(), an attribute reassigned
             sig = self._key(args)  # an attribute became an input: it is part of the signature now
@@ -262,13 +245,14 @@ class CompiledGraphs:
             return self._refuse(
                 sig, args, Stage.VERIFICATION, f"verification failed ({report.status}: {report.detail})"
             )
-        entry = _Entry(graph, Decision("graph", {}), report)
+        entry = GraphEntry(graph, Decision("graph", {}), report)
         entry.device = device
         with graphs.capturing(sig):
+            variants = self._variants
             if self.indirection and not groups:
-                self._add_indirection(entry, flat)
+                variants.add_indirection(entry, flat, self.compiled, keep=self.static, from_call=self.index_inputs)
             if not groups:  # with collectives every rank replays the graph: a timing could differ between ranks
-                entry.decision = self._decide(sig, self._runners(entry, flat, args), device)
+                entry.decision = variants.decide(sig, variants.runners(entry, flat, args, self.compiled), device)
         if entry.decision.variant in entry.decision.times_ms:
             entry.monitor = DriftMonitor(entry.decision)
         if entry.indirect is not None and entry.decision.variant != "graph+pi":
@@ -313,62 +297,6 @@ class CompiledGraphs:
             self._graphs.drop_all()
             self._log_once(f"launchless: {self.name}: CGCT undone ({why}); it runs as compiled, without the rewrite")
 
-    def _add_indirection(self, entry: _Entry, flat: Any) -> None:
-        """Pointer indirection for this graph, verified like the graph itself; on failure, why not."""
-        try:
-            entry.indirect = IndirectGraph(entry.graph)
-        except IndirectionUnavailable as exc:
-            entry.pi_reason = str(exc)
-            return
-        report = verify(
-            entry.indirect, self.compiled, flat, mode=self.verify, keep=self.static, from_call=self.index_inputs
-        )
-        entry.indirect.reset()
-        if not report.passed:
-            entry.pi_reason = f"verification failed ({report.status}: {report.detail})"
-            entry.indirect = None
-
-    def _runners(self, entry: _Entry, flat: Any, args: Sequence[Any]) -> dict[str, Callable[[], Any]]:
-        """The variants to time on this call: compiled, graph, and graph+PI (on inputs that move every call)."""
-        runners = {"no-graph": lambda: self.compiled(*args), "graph": lambda: entry.graph.replay_cloned(flat.leaves)}
-        if entry.indirect is not None:
-            indirect, inputs = entry.indirect, select.alternating(flat.leaves, entry.indirect.slots)
-            runners["graph+pi"] = lambda: indirect.replay_cloned(inputs())
-        return runners
-
-    def _decide(self, sig: Signature, runners: dict, device: torch.device) -> Decision:
-        if not self.selective:
-            return Decision("graph", {})
-        key = DecisionKey.current(self.graph_key, sig.describe())
-        cached = self.cache.get(key) if self.cache is not None else None
-        if cached is not None and cached.variant in runners:
-            return cached
-        decision = select.measure(runners, device)
-        if self.cache is not None:
-            self.cache.put(key, decision)
-        return decision
-
-    def _sampled(self, sig: Signature, entry: _Entry, flat: Any, args: Sequence[Any]) -> Any:
-        """A production call timed with CUDA events; a drifted variant is decided again."""
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = entry.replay(flat.leaves)
-        end.record()
-        end.synchronize()
-        entry.monitor.record(start.elapsed_time(end))
-        if entry.monitor.drifted():
-            old = entry.decision.variant
-            if entry.indirect is not None:
-                entry.indirect.reset()
-            entry.decision = select.measure(self._runners(entry, flat, args), entry.device)
-            if self.cache is not None:
-                self.cache.put(DecisionKey.current(self.graph_key, sig.describe()), entry.decision)
-            entry.monitor.reset(entry.decision)
-            if entry.indirect is not None and entry.decision.variant != "graph+pi":
-                entry.indirect.reset()
-            self._log_once(f"launchless: {self.name} {sig.describe()}: {old} drifted; now {entry.decision.variant}")
-        return out
-
     def _refuse(self, sig: Signature, args: Sequence[Any], stage: Stage, why: str, *, transient: bool = False) -> Any:
         """``sig`` runs compiled without a graph, one log line per reason; out of GPU memory (``transient``) is
         a WARNING and the signature is tried again later."""
@@ -396,7 +324,7 @@ class CompiledGraphs:
     def _log_once(self, message: str) -> None:
         self._graphs.log_once(message, logging.INFO, message)
 
-    def _row(self, sig: Signature, e: _Entry) -> dict[str, Any]:
+    def _row(self, sig: Signature, e: GraphEntry) -> dict[str, Any]:
         return {
             "signature": sig.describe(),
             "variant": e.decision.variant,
