@@ -132,17 +132,19 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 def _multigpu(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """The multigpu suite: its own workloads and modes, every world size a torchrun group (gloo on a CPU-only
     machine, so that it runs anywhere; its times are then the host's)."""
-    from . import multigpu
+    from . import multigpu, multigpu_workloads
 
     if args.list:
         own = "tp:package.module:function, ddp:package.module:function"
-        print(f"workloads: {', '.join(multigpu.default_workloads())}, {own}")
-        print("modes: " + ", ".join(multigpu.MODES))
+        print(f"workloads: {', '.join(multigpu_workloads.default_workloads())}, {own}")
+        print("modes: " + ", ".join(multigpu_workloads.MODES))
         return 0
     if args.balance_from:
         parser.error("--balance-from deals single-GPU workloads; the multigpu suite runs every group on --gpus")
-    names = args.workloads or multigpu.default_workloads()
-    _check_suite_choices(parser, names, args.modes, check_workloads=multigpu.check_workloads, modes=multigpu.MODES)
+    names = args.workloads or multigpu_workloads.default_workloads()
+    _check_suite_choices(
+        parser, names, args.modes, check_workload=multigpu_workloads.check_workload, modes=multigpu_workloads.MODES
+    )
     device = multigpu.device_type()
     gpus = args.gpus
     if device == "cuda":
@@ -157,7 +159,7 @@ def _multigpu(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(str(exc))
     multigpu.run_multigpu(
         names,
-        args.modes or multigpu.MODES,
+        args.modes or multigpu_workloads.MODES,
         world_sizes=world_sizes,
         out_dir=args.out,
         iters=args.iters,
@@ -183,7 +185,7 @@ def _serving(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     device = serving.device_type()
     names = args.workloads or serving_workloads.default_workloads(device)
     _check_suite_choices(
-        parser, names, args.modes, check_workloads=serving.check_workloads, modes=serving_workloads.MODES
+        parser, names, args.modes, check_workload=serving_workloads.check_workload, modes=serving_workloads.MODES
     )
     if args.gpus:
         if device != "cuda":
@@ -206,7 +208,7 @@ def _check_suite_choices(
     names: list[str],
     asked_modes: list[str] | None,
     *,
-    check_workloads: Callable[[list[str]], None],
+    check_workload: Callable[[str], None],
     modes: Sequence[str],
 ) -> None:
     """A suite with workloads and modes of its own: an unknown name of either is an argparse error naming the
@@ -214,7 +216,8 @@ def _check_suite_choices(
     from .workloads import UnknownWorkload
 
     try:
-        check_workloads(names)
+        for name in names:
+            check_workload(name)
     except UnknownWorkload as exc:
         parser.error(str(exc))
     unknown = [m for m in asked_modes or () if m not in modes]

@@ -16,28 +16,15 @@ from pathlib import Path
 from ..environment import describe
 from ..torchrun import torchrun_command
 from . import multigpu_report, runner
-from .multigpu_worker import DDP_MODES, DDP_RESNET18, TP_MODES, check_workload, empty_row, modes_of
+from .multigpu_worker import empty_row
+from .multigpu_workloads import modes_of
 
-MODES = tuple(dict.fromkeys((*TP_MODES, *DDP_MODES)))
 WORLD_SIZES = (1, 2)
 WORKER_MODULE = "launchless.apps.bench.multigpu_worker"
 
 
 class MultiGpuUnavailable(ValueError):
     """The world sizes asked for need more GPUs than ``--gpus`` gives, or name no process at all."""
-
-
-def default_workloads() -> list[str]:
-    """Every tensor-parallel workload of the zoo, then DDP resnet18."""
-    from ..zoo.tensor_parallel import TP_WORKLOADS
-
-    return [*TP_WORKLOADS, DDP_RESNET18]
-
-
-def check_workloads(names: Sequence[str]) -> None:
-    """Raises ``UnknownWorkload`` for the first name no worker could build, before any group is started."""
-    for name in names:
-        check_workload(name)
 
 
 def device_type() -> str:
