@@ -32,6 +32,11 @@ def byte_size(value: float | None) -> str:
     return f"{value:.0f} B"
 
 
+def figure(value: float | None, unit: str = "") -> str:
+    """A figure other than milliseconds (seconds, a ratio) with three significant digits, ``unit`` after it."""
+    return MISSING if value is None else f"{value:.3g}{unit}"
+
+
 def factor(value: float | None) -> str:
     """A ratio as ``2.00×``."""
     return MISSING if value is None else f"{value:.2f}×"

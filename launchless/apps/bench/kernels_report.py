@@ -19,6 +19,7 @@ from typing import Any
 
 from . import stats
 from .charts import new_figure
+from .formatting import figure, md_table
 from .modes import COMPILED_KERNELS, COMPILED_KERNELS_ON_DISK, KERNEL_MODES
 
 Row = Mapping[str, Any]
@@ -37,10 +38,6 @@ def _ok(row: Row | None, key: str) -> float | None:
         return None
     value = row.get(key)
     return float(value) if isinstance(value, (int, float)) else None
-
-
-def _fmt(value: float | None, unit: str = "") -> str:
-    return "—" if value is None else f"{value:.3g}{unit}"
 
 
 def figures_of(workload: str, row: Row | None, by_key: Mapping[tuple[str, str], Row]) -> dict[str, Any]:
@@ -133,11 +130,10 @@ def markdown_lines(rows: Sequence[Row]) -> list[str]:
         f"faster). A second process (`{COMPILED_KERNELS_ON_DISK}`) runs the same on the caches the first left: its "
         "programs found on disk.",
         "",
-        "| workload | decided | steady ms | × launchless-compile | × best floor | first call ms | ms while compiling "
-        "| compiled in s | swapped at s |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
-    verdicts = []
+    header = ["workload", "decided", "steady ms", "× launchless-compile", "× best floor", "first call ms"]
+    header += ["ms while compiling", "compiled in s", "swapped at s"]
+    body, verdicts = [], []
     for w in workloads:
         met = targets(w, by_key)
         for mode in KERNEL_MODES:
@@ -151,20 +147,17 @@ def markdown_lines(rows: Sequence[Row]) -> list[str]:
             if f["kernels"] != "compiled" and f["reason"]:
                 decided += f" ({f['reason']})"
             name = f"`{w}`" + (" second process" if mode == COMPILED_KERNELS_ON_DISK else "")
-            lines.append(
-                f"| {name} | {decided} | {_fmt(f['steady_ms'])} | {_fmt(f['vs_launchless_compile'], '×')} | "
-                f"{_fmt(f['vs_best_floor'], '×')} | {_fmt(f['first_call_ms'])} | {_fmt(f['during_compile_ms'])} | "
-                f"{_fmt(f['compile_s'])} | {_fmt(f['swap_s'])} |"
-            )
+            ratios = [figure(f["vs_launchless_compile"], "×"), figure(f["vs_best_floor"], "×")]
+            times = [figure(f[key]) for key in ("first_call_ms", "during_compile_ms", "compile_s", "swap_s")]
+            body.append([name, decided, figure(f["steady_ms"]), *ratios, *times])
         verdicts.append((w, met["targets"]))
-    lines += _time_to_swap_lines(workloads, by_key)
+    lines += md_table(header, body) + _time_to_swap_lines(workloads, by_key)
     names = list(dict.fromkeys(name for _, met in verdicts for name in met))  # a training step adds its own
-    lines += ["", "Targets met (yes / **no** / — not measured):", "", "| workload | " + " | ".join(names) + " |"]
-    lines.append("|---|" + "---|" * len(names))
-    for w, met in verdicts:
-        cells = ["—" if met.get(n) is None else ("yes" if met[n] else "**no**") for n in names]
-        lines.append(f"| `{w}` | " + " | ".join(cells) + " |")
-    return lines
+    cells = [
+        [f"`{w}`", *("—" if met.get(n) is None else ("yes" if met[n] else "**no**") for n in names)]
+        for w, met in verdicts
+    ]
+    return [*lines, "", "Targets met (yes / **no** / — not measured):", "", *md_table(["workload", *names], cells)]
 
 
 def phases_text(phases: Mapping[str, float] | None) -> str:

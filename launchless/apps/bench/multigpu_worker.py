@@ -34,7 +34,7 @@ from .measure import compare_outputs, synchronize_device
 from .multigpu_report import TP_INFERENCE
 from .multigpu_workloads import DDP_MODES, TP_MODES, ddp_builder, part_of, tp_builder
 from .training import TrainingSetup, classify_loss, train_step
-from .worker import measure_each
+from .worker import blank_row, measure_each
 
 # calls before the checkpoint and the timing: past the 11 eager DDP steps PyTorch's notes on CUDA graphs ask for
 # before a capture, the capture itself and its verification
@@ -51,17 +51,9 @@ ROW_KEYS = (
 
 def empty_row(workload: str, mode: str, world_size: int, status: str, reason: str | None) -> dict:
     """A row with every report field and nothing measured: a workload that failed, on some rank or in its group."""
-    row = {
-        "workload": workload,
-        "part": part_of(workload),
-        "mode": mode,
-        "world_size": world_size,
-        "status": status,
-        "reason": reason,
-    }
-    row.update(dict.fromkeys(ROW_KEYS))
-    row["correctness"] = {"status": "n/a", "max_abs_diff": None, "ranks": []}
-    return row
+    identity = {"workload": workload, "part": part_of(workload), "mode": mode, "world_size": world_size}
+    not_compared = {"status": "n/a", "max_abs_diff": None, "ranks": []}
+    return blank_row(identity | {"status": status, "reason": reason}, ROW_KEYS, correctness=not_compared)
 
 
 def gathered_row(workload: str, mode: str, world_size: int, results: list[tuple[dict | None, str | None]]) -> dict:

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from .charts import BarPanel, bar_panels, chart_title
-from .formatting import MISSING, factor, md_table, ms, reason_text
+from .formatting import MISSING, factor, figure, md_table, ms, reason_text
 from .kernels_report import phases_text
 from .serving_workloads import (
     BUCKETS,
@@ -239,10 +239,6 @@ def _mib(size: Any) -> str:
     return MISSING if size is None else f"{size / 2**20:.1f}"
 
 
-def _seconds(value: Any) -> str:
-    return MISSING if value is None else f"{value:.3g}"
-
-
 def _count(value: Any) -> str:
     return MISSING if value is None else str(value)
 
@@ -260,7 +256,7 @@ def _identical_cell(row: Row) -> str:
 
 
 _GRAPHS = field("graphs", "graphs", _count)
-_COMPILE_S = field("compile s", "compile_s", _seconds)
+_COMPILE_S = field("compile s", "compile_s", figure)
 _IDENTICAL = ("identical", _identical_cell)
 
 

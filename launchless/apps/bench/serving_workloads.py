@@ -174,23 +174,10 @@ class DecoderFamily:
 
 
 _TINY_GPT2 = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
-_TINY_LLAMA = {
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "intermediate_size": 128,
-    "vocab_size": 1000,
-}
-_LLAMA_850M = {
-    "hidden_size": 2048,
-    "num_hidden_layers": 16,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 4,
-    "intermediate_size": 5632,
-    "vocab_size": 32000,
-    "tie_word_embeddings": False,
-}
+_TINY_LLAMA = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1}
+_TINY_LLAMA |= {"intermediate_size": 128, "vocab_size": 1000}
+_LLAMA_850M = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 4}
+_LLAMA_850M |= {"intermediate_size": 5632, "vocab_size": 32000, "tie_word_embeddings": False}
 DECODER_FAMILIES = {
     "gpt2": DecoderFamily(
         "GPT2LMHeadModel",

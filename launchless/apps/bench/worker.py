@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -61,19 +62,26 @@ def runs_in(workload: str, mode: str) -> bool:
     return kind_of(workload) not in (BUCKETS, DECODE) or mode in serving_workloads.modes_of(workload)
 
 
+def blank_row(identity: dict[str, Any], fields: Sequence[str], **known: Any) -> dict:
+    """A row that names what it is (``identity``: its workload, mode, status and reason), with every one of its
+    ``fields`` unmeasured (None) and what is ``known`` whether or not it ran: the one shape, in every suite, of a row
+    whose workload failed, was never reached or killed its worker."""
+    return {**identity, **dict.fromkeys(fields), **known}
+
+
 def empty_row(workload: str, mode: str, status: str, reason: str | None) -> dict:
-    """A row with every field of its kind and nothing measured: what a workload that failed, or killed its worker,
-    leaves in the report. The serving suite's rows name their kind ``part``, the others ``kind``."""
+    """A row with every field of its kind and nothing measured. The serving suite's rows name their kind ``part``,
+    the others ``kind``."""
     kind = kind_of(workload)
     if kind not in (BUCKETS, DECODE):
-        row = {"workload": workload, "mode": mode, "kind": kind, "status": status, "reason": reason}
-        return {**row, **dict.fromkeys(FIELDS[kind]), "correctness": dict(NOT_COMPARED)}
-    row = {"workload": workload, "part": kind, "mode": mode, "status": status, "reason": reason}
-    row.update(dict.fromkeys((*FIELDS[kind], "wall_s")))
-    if kind == DECODE:  # what was asked for, known whether or not it ran
-        decode = serving_workloads.decode_workload(workload)
-        row.update(batch=decode.batch, prompt_tokens=decode.decoder.prompt_tokens, new_tokens=decode.decoder.new_tokens)
-    return row
+        identity = {"workload": workload, "mode": mode, "kind": kind, "status": status, "reason": reason}
+        return blank_row(identity, FIELDS[kind], correctness=dict(NOT_COMPARED))
+    identity = {"workload": workload, "part": kind, "mode": mode, "status": status, "reason": reason}
+    if kind == BUCKETS:
+        return blank_row(identity, (*FIELDS[kind], "wall_s"))
+    decode = serving_workloads.decode_workload(workload)  # what was asked for, known whether or not it ran
+    asked = {"batch": decode.batch, "prompt_tokens": decode.decoder.prompt_tokens}
+    return blank_row(identity, (*FIELDS[kind], "wall_s"), **asked, new_tokens=decode.decoder.new_tokens)
 
 
 def measured_row(workload: str, mode: str, *, iters: int, device: torch.device) -> dict:
