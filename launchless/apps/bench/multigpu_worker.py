@@ -52,7 +52,7 @@ ROW_KEYS = (
 def empty_row(workload: str, mode: str, world_size: int, status: str, reason: str | None) -> dict:
     """A row with every report field and nothing measured: a workload that failed, on some rank or in its group."""
     identity = {"workload": workload, "part": part_of(workload), "mode": mode, "world_size": world_size}
-    not_compared = {"status": "n/a", "max_abs_diff": None, "ranks": []}
+    not_compared: dict[str, Any] = {"status": "n/a", "max_abs_diff": None, "ranks": []}
     return blank_row(identity | {"status": status, "reason": reason}, ROW_KEYS, correctness=not_compared)
 
 

@@ -33,15 +33,19 @@ class SuiteReport:
 BENCH = SuiteReport(
     "bench", summary=stats.summary, markdown=markdown, chart=chart, more_charts=more_charts, terminal=rich_table
 )
-OWN_REPORTS = {
-    own.SUITE: SuiteReport(
-        own.SUITE,
-        summary=own.summary,
-        markdown=lambda environment, suite, rows, own=own: own.markdown(environment, rows),
-        chart=own.chart,
-    )
-    for own in (serving_report, multigpu_report)
-}
+
+
+def _own_report(own: Any) -> SuiteReport:
+    """The report of a suite with a report module of its own (``serving_report``, ``multigpu_report``): its files
+    named after the suite, its Markdown the same for every run of it."""
+
+    def suite_markdown(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) -> str:
+        return own.markdown(environment, rows)
+
+    return SuiteReport(own.SUITE, summary=own.summary, markdown=suite_markdown, chart=own.chart)
+
+
+OWN_REPORTS = {own.SUITE: _own_report(own) for own in (serving_report, multigpu_report)}
 
 
 def suite_report(suite: str) -> SuiteReport:
