@@ -21,16 +21,7 @@ from ...core.workspaces import own_blas_workspaces
 COMPILED_KERNELS = "launchless-compiled-kernels"  # wrap(kernels="compiled"): compiles in a child while it replays
 COMPILED_KERNELS_ON_DISK = "launchless-compiled-kernels-on-disk"  # the same in a second process: programs on disk
 KERNEL_MODES = (COMPILED_KERNELS, COMPILED_KERNELS_ON_DISK)
-MODES = (
-    "eager",
-    "compile",
-    "reduce-overhead",
-    "hand-graph",
-    "launchless",
-    "launchless-compile",
-    COMPILED_KERNELS,
-    COMPILED_KERNELS_ON_DISK,
-)
+MODES = ("eager", "compile", "reduce-overhead", "hand-graph", "launchless", "launchless-compile", *KERNEL_MODES)
 CACHES_OF = {COMPILED_KERNELS_ON_DISK: COMPILED_KERNELS}
 """A mode that measures a second process: it runs on the compile caches (Inductor's, Triton's, launchless's
 programs) that the named mode's process left, as a user's next process finds them."""

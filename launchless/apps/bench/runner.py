@@ -1,4 +1,7 @@
-"""Run the suite: one worker process per mode, a progress bar, then the table, JSON, markdown and chart.
+"""Run a suite: one worker process per mode (``worker``; the multigpu suite's ``torchrun`` groups through the same
+``run_group``), a progress bar, then the report (``report.write_all``) and its table on the terminal. Every
+single-process suite runs through ``measure_suite``, the serving suite's included: its workloads are a kind of workload
+that runs only in the modes of its part.
 
 Each mode's workers get their own, new compile caches (Inductor, Triton, launchless's decisions): on disk
 they would otherwise outlive the process, so a mode would find kernels another mode compiled and its

@@ -317,15 +317,8 @@ def _compiled_kernels_lines(view: _View) -> list[str]:
     rows = [r for r in view.part_rows(DECODE) if r["mode"] == LAUNCHLESS and r.get("compiled_timeline")]
     if not rows:
         return []
-    header = [
-        "workload",
-        "decided",
-        "first call s",
-        "static-compile first call s",
-        "swapped at s",
-        "compiler's phases s",
-        "identical",
-    ]
+    header = ["workload", "decided", "first call s", "static-compile first call s", "swapped at s"]
+    header += ["compiler's phases s", "identical"]
     body = []
     for row in rows:
         decisions = row.get("compiled_kernels") or []
