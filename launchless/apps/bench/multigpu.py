@@ -18,6 +18,7 @@ from ..torchrun import torchrun_command
 from . import multigpu_report, runner
 from .multigpu_worker import empty_row
 from .multigpu_workloads import modes_of
+from .worker import device_type
 
 WORLD_SIZES = (1, 2)
 WORKER_MODULE = "launchless.apps.bench.multigpu_worker"
@@ -25,13 +26,6 @@ WORKER_MODULE = "launchless.apps.bench.multigpu_worker"
 
 class MultiGpuUnavailable(ValueError):
     """The world sizes asked for need more GPUs than ``--gpus`` gives, or name no process at all."""
-
-
-def device_type() -> str:
-    """``cuda`` (groups on NCCL) where a GPU is visible, else ``cpu`` (gloo, timed on the host clock)."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def check_world_sizes(world_sizes: Sequence[int], gpus: Sequence[int] | None, device: str) -> None:

@@ -14,7 +14,6 @@ import argparse
 import ctypes
 import os
 import signal
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -33,8 +32,9 @@ from . import modes
 from .measure import compare_outputs, synchronize_device
 from .multigpu_report import TP_INFERENCE
 from .multigpu_workloads import DDP_MODES, TP_MODES, ddp_builder, part_of, tp_builder
+from .stats import median_and_min
 from .training import TrainingSetup, classify_loss, train_step
-from .worker import blank_row, measure_each
+from .worker import blank_row, device_type, measure_each
 
 # calls before the checkpoint and the timing: past the 11 eager DDP steps PyTorch's notes on CUDA graphs ask for
 # before a capture, the capture itself and its verification
@@ -90,9 +90,9 @@ def die_with_launcher() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
-def join_group(device_type: str) -> torch.device:
+def join_group(on: str) -> torch.device:
     """Join torchrun's process group: NCCL on this rank's GPU, gloo on the CPU."""
-    if device_type == "cuda":
+    if on == "cuda":
         local_rank = int(os.environ["LOCAL_RANK"])
         torch.cuda.set_device(local_rank)
         dist.init_process_group("nccl")
@@ -117,7 +117,7 @@ def host_time(fn: Callable[[], object], *, warmup: int, iters: int) -> Timing:
         began = time.perf_counter()
         fn()
         times.append((time.perf_counter() - began) * 1e3)
-    return Timing(statistics.median(times), min(times), iters)
+    return Timing(*median_and_min(times), iters)
 
 
 def _timed(
@@ -274,7 +274,7 @@ def main() -> None:
     parser.add_argument("--mode", required=True, choices=sorted({*TP_MODES, *DDP_MODES}))
     parser.add_argument("--workloads", nargs="+", required=True)
     parser.add_argument("--iters", type=int, default=100)
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=device_type())
     parser.add_argument("--out", required=True, help="JSON-lines file rank 0 appends its rows to")
     a = parser.parse_args()
     die_with_launcher()

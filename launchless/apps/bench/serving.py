@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import runner
-from .multigpu import device_type
 from .serving_report import SUITE
 from .serving_workloads import TRACE_CALLS, serving_environment
+from .worker import device_type
 
 
 def run_mode(

@@ -47,6 +47,12 @@ FIELDS = {  # each kind's measured fields, None in a row where nothing was measu
 NOT_COMPARED = {"status": "n/a", "max_abs_diff": None}
 
 
+def device_type() -> str:
+    """``cuda`` where a GPU is visible, else ``cpu``: the serving and multigpu suites run there too (timed on the host
+    clock; the multigpu groups on gloo), so that they can be checked anywhere."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def kind_of(workload: str) -> str:
     """``buckets`` or ``decode`` for the serving suite's prefixed workloads, else the named workload's own kind
     (``inference`` or ``training``); UnknownWorkload names the choices."""
@@ -125,7 +131,7 @@ def measure_each(
 
 def run(mode: str, names: list[str], iters: int, out: str, *, device: torch.device | None = None) -> None:
     """Measures ``names`` under ``mode``, appending each row to the JSON-lines file ``out``."""
-    where = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    where = device or torch.device(device_type())
     measure_each(
         names,
         measure_one=lambda name: measured_row(name, mode, iters=iters, device=where),
@@ -151,7 +157,7 @@ def main() -> None:
     parser.add_argument(
         "--iters", type=int, default=100, help="timed calls; batch-bucket workloads: the trace's length"
     )
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=device_type())
     parser.add_argument("--out", required=True, help="JSON-lines file the rows are appended to")
     a = parser.parse_args()
     run(a.mode, a.workloads, a.iters, a.out, device=torch.device(a.device))
