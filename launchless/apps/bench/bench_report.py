@@ -1,6 +1,6 @@
-"""The report of `launchless bench`'s single-process suites (quick, standard, training, compiler, kernels,
-grace): JSON (the record), Markdown (for the README / issues), a rich table
-(for the terminal) and a PNG chart, all from the same rows so the numbers can never disagree.
+"""What the report of `launchless bench`'s inference and training suites (quick, standard, training, compiler,
+kernels, grace) shows: Markdown (for the README / issues), a rich table (for the terminal) and a PNG chart, all from the
+same rows so the numbers can never disagree; ``report.write_all`` writes them beside the JSON record.
 
 A row is one (workload, mode) result from its own subprocess::
 

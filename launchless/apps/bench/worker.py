@@ -27,6 +27,7 @@ from .serving_workloads import BUCKETS, DECODE
 
 INFERENCE = "inference"
 TRAINING = "training"
+SERVING_KINDS = (BUCKETS, DECODE)  # the serving suite's parts: rows that name their kind ``part``
 STANDARD_FIELDS = (
     *("median_ms", "min_ms", "latency_ms", "calls", "first_call_ms", "peak_mem_mb", "kernel_floor_ms", "floor_ratio"),
     *("graph_coverage", "copy_bytes", "compile_s", "timeline"),
@@ -65,7 +66,7 @@ def kind_of(workload: str) -> str:
 def runs_in(workload: str, mode: str) -> bool:
     """Whether a suite runs ``workload`` in ``mode``: a serving workload only in the modes of its part, every other
     in every mode (a mode that cannot run it says why in a skipped row)."""
-    return kind_of(workload) not in (BUCKETS, DECODE) or mode in serving_workloads.modes_of(workload)
+    return kind_of(workload) not in SERVING_KINDS or mode in serving_workloads.modes_of(workload)
 
 
 def blank_row(identity: dict[str, Any], fields: Sequence[str], **known: Any) -> dict:
@@ -79,7 +80,7 @@ def empty_row(workload: str, mode: str, status: str, reason: str | None) -> dict
     """A row with every field of its kind and nothing measured. The serving suite's rows name their kind ``part``,
     the others ``kind``."""
     kind = kind_of(workload)
-    if kind not in (BUCKETS, DECODE):
+    if kind not in SERVING_KINDS:
         identity = {"workload": workload, "mode": mode, "kind": kind, "status": status, "reason": reason}
         return blank_row(identity, FIELDS[kind], correctness=dict(NOT_COMPARED))
     identity = {"workload": workload, "part": kind, "mode": mode, "status": status, "reason": reason}
@@ -94,7 +95,7 @@ def measured_row(workload: str, mode: str, *, iters: int, device: torch.device) 
     """The workload's row in this mode, measured as its kind is; a serving part's module is imported only when a
     workload needs it (decode needs transformers). ``iters``: timed calls, or the trace's length (batch buckets)."""
     kind = kind_of(workload)
-    if kind not in (BUCKETS, DECODE):
+    if kind not in SERVING_KINDS:
         return measure(workloads.get(workload), mode, iters)
     row = empty_row(workload, mode, "ok", None)
     if kind == BUCKETS:
@@ -107,7 +108,7 @@ def measured_row(workload: str, mode: str, *, iters: int, device: torch.device) 
 
 
 def measure_each(
-    workloads: list[str],
+    names: list[str],
     *,
     measure_one: Callable[[str], dict],
     failed_row: Callable[[str, str, str], dict],
@@ -116,7 +117,7 @@ def measure_each(
     """Each workload in turn: its row (``failed_row(workload, status, reason)`` where it could not run), the seconds
     it took, ``write(workload, row)`` at once; what it left freed before the next. The multigpu worker's ranks run
     this too, their ``write`` the gather that pairs them up (outside the ``try``: a rank lost there ends the group)."""
-    for workload in workloads:
+    for workload in names:
         started = time.perf_counter()
         try:
             row = measure_one(workload)
