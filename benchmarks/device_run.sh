@@ -32,7 +32,8 @@
 #   evidence-bytes     benchmarks/compiler_evidence.py: bytes copied per replay with and without PI
 #   evidence-coverage  benchmarks/compiler_evidence.py: capture coverage of the blocked models, split over GPUs
 #                      (COVER="name ..." instead of the blocked models and fasterrcnn_mobilenet)
-#   diagnose           benchmarks/diagnose_compiled.py for each model in DIAG="name ..." (recompiles logged)
+#   profile            launchless bench --profile over the workloads DIAG="name ..." names, in the compiler steps'
+#                      modes (MODES): where each call's time goes, recompiles logged
 #   differential       launchless differential run over LIBS="library:workers ..." side by side (default: all five
 #                      populations, 14 workers) until DEADLINE seconds (540), resumable: rows go to RUNS/<library>
 #                      (benchmarks/results/differential-runs), models with rows there already are left out, and
@@ -204,11 +205,10 @@ print(*[w.name for w in suite(STANDARD) if w.kind != "training"])')"
       --gpus "${gpus[@]}" --timeout 300 --out "$out/standard-inference" ;;
   evidence-bytes) run evidence-bytes python3 benchmarks/compiler_evidence.py --out "$out/evidence-bytes" --models ;;
   evidence-coverage) run evidence-coverage coverage ;;
-  diagnose)
-    for model in ${DIAG:-}; do
-      run "diagnose-${model//[:\/]/_}" env TORCH_LOGS=recompiles python3 benchmarks/diagnose_compiled.py "$model" \
-        --calls 200 --out "$out/diagnose"
-    done ;;
+  profile)
+    run profile env TORCH_LOGS=recompiles python3 -m launchless.apps.cli bench --suite compiler \
+      --workloads ${DIAG:?DIAG=\"workload ...\" names the workloads to profile} --modes "${modes[@]}" --profile \
+      --out "$out/profile" ;;
   differential) run differential differential ;;
   differential-timing) run differential-timing differential_timing ;;
   differential-again) run differential-again differential_again ;;

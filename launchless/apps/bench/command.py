@@ -57,6 +57,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="with --gpus: deal the workloads by the time each took in this earlier bench.json (longest first to "
         "the least-loaded GPU) instead of round-robin, so that the GPUs finish together",
     )
+    bench.add_argument(
+        "--profile",
+        action="store_true",
+        help="after each (workload, mode)'s figures, where its calls' time goes: cProfile's host functions and "
+        "torch.profiler's operations, in --out/profiles/<workload>--<mode>.txt (not the serving or multigpu suites)",
+    )
     bench.add_argument("--list", action="store_true", help="list workloads and modes and exit")
     bench.add_argument(
         "--merge",
@@ -81,6 +87,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             parser.error(str(exc))
     if args.iters is None:
         args.iters = TRACE_CALLS if args.suite == SERVING else BENCH_ITERS
+    if args.profile and args.suite in (MULTIGPU, SERVING):
+        parser.error(f"--profile profiles the single-GPU suites' workloads; the {args.suite} suite has no profile")
     if args.suite == MULTIGPU:
         return _multigpu(parser, args)
     if args.suite == SERVING:
@@ -126,7 +134,9 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     if args.gpus:
         _check_gpus(parser, args.gpus)
-    return run_suite(args.suite, names, modes, args.out, args.iters, args.timeout, args.gpus, weights)
+    return run_suite(
+        args.suite, names, modes, args.out, args.iters, args.timeout, args.gpus, weights, profile=args.profile
+    )
 
 
 def _multigpu(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

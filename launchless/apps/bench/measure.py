@@ -9,7 +9,11 @@ the same weights and inputs: bit-identical, or the measured maximum difference.
 
 from __future__ import annotations
 
+import cProfile
+import io
 import json
+import pstats
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -82,6 +86,44 @@ def device_profile(call: Any, calls: int = PROFILE_CALLS) -> DeviceProfile:
         events = json.loads(path.read_text()).get("traceEvents", [])
     coverage, copy_bytes = trace_counts(events, calls)
     return DeviceProfile(total_us / 1e3 / calls if total_us > 0 else None, coverage, copy_bytes)
+
+
+PROFILE_ROWS = 40  # functions per cProfile table, operations in torch.profiler's
+
+
+def write_profile(call: Any, path: Path, *, calls: int = PROFILE_CALLS) -> Path:
+    """Where the time of ``calls`` calls goes, for a reader comparing two modes: the host's Python functions by own
+    and by cumulative time (cProfile), then torch.profiler's table per operation (host and GPU time, kernels,
+    copies, syncs). A debugging aid beside the row's figures, which it does not change."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    host = cProfile.Profile()
+    host.enable()
+    for _ in range(calls):
+        call()
+    torch.cuda.synchronize()
+    host.disable()
+    text = io.StringIO()
+    for order in ("tottime", "cumulative"):
+        text.write(f"== cProfile of {calls} calls, by {order}\n")
+        pstats.Stats(host, stream=text).sort_stats(order).print_stats(PROFILE_ROWS)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    text.write(f"== torch.profiler over {calls} calls, by GPU time\n")
+    text.write(prof.key_averages().table(sort_by="device_time_total", row_limit=PROFILE_ROWS))
+    text.write(f"\n== torch.profiler over {calls} calls, by host time\n")
+    text.write(prof.key_averages().table(sort_by="cpu_time_total", row_limit=PROFILE_ROWS))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text.getvalue())
+    return path
+
+
+def profile_path(folder: Path, workload: str, mode: str) -> Path:
+    """``<folder>/<workload>--<mode>.txt``, the workload's name made a file name (``tv:fcos`` -> ``tv_fcos``)."""
+    return folder / f"{re.sub(r'[^A-Za-z0-9_.@-]', '_', workload)}--{mode}.txt"
 
 
 def _build(w: BenchWorkload) -> zoo.Workload:
@@ -170,8 +212,9 @@ def thinned(points: list[tuple[float, float]]) -> list[list[float]]:
     return out
 
 
-def measure(w: BenchWorkload, mode: str, iters: int) -> dict:
-    """The report row for one pair; raises ModeUnavailable when the mode cannot run the workload."""
+def measure(w: BenchWorkload, mode: str, iters: int, *, profile_dir: Path | None = None) -> dict:
+    """The report row for one pair; raises ModeUnavailable when the mode cannot run the workload. ``profile_dir``:
+    where the pair's profile goes too (``write_profile``), after its figures are taken."""
     built = _build(w) if w.kind == "inference" else None
     row: dict = {"workload": w.name, "mode": mode, "kind": w.kind, "status": "ok", "reason": None}
     grad = torch.enable_grad() if w.kind == "training" else torch.no_grad()
@@ -206,6 +249,8 @@ def measure(w: BenchWorkload, mode: str, iters: int) -> dict:
             row["compile_s"] = row["first_call_ms"] / 1e3  # Dynamo, Inductor (and the capture) with the first run
         if prepared.details is not None:
             row["graphs"] = prepared.details()
+        if profile_dir is not None:
+            write_profile(prepared.call, profile_path(profile_dir, w.name, mode))
     if w.kind == "inference":
         row["correctness"] = (
             {"status": "reference", "max_abs_diff": 0.0} if mode == "eager" else compare_outputs(reference, output)

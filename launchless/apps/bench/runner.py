@@ -326,9 +326,15 @@ def run_suite(
     timeout_s: float,
     gpus: list[int] | None = None,
     weights: Mapping[str, float] | None = None,
+    *,
+    profile: bool = False,
 ) -> int:
-    """A suite of ``workloads`` on the GPU, its rows in a table on the terminal and its report in ``out_dir``."""
-    measure_suite(suite, names, modes, out_dir=out_dir, iters=iters, timeout_s=timeout_s, gpus=gpus, weights=weights)
+    """A suite of ``workloads`` on the GPU, its rows in a table on the terminal and its report in ``out_dir``;
+    ``profile``: each pair's profile in ``out_dir/profiles`` too."""
+    measure_suite(
+        suite, names, modes, out_dir=out_dir, iters=iters, timeout_s=timeout_s, gpus=gpus, weights=weights,
+        profile_dir=Path(out_dir) / "profiles" if profile else None,
+    )  # fmt: skip
     return 0
 
 
@@ -344,11 +350,13 @@ def measure_suite(
     weights: Mapping[str, float] | None = None,
     device: str = "cuda",
     environment: Mapping[str, Any] | None = None,
+    profile_dir: Path | None = None,
 ) -> dict[str, Path]:
     """Every (workload, mode) of a single-process suite through the one worker, a worker per mode (and part, with
     several ``gpus``), all modes sharing the suite's compile-cache folders; then its report, written after each mode
     too. A serving workload runs only in the modes of its part. ``environment``: what the suite adds to
-    ``describe()``. Returns the report's paths."""
+    ``describe()``; ``profile_dir``: where each inference or training pair's profile goes too. Returns the report's
+    paths."""
     env = describe() | dict(environment or {})
     if gpus and len(gpus) > 1:
         env["gpus_at_once"] = len(gpus)
@@ -359,7 +367,7 @@ def measure_suite(
 
     finished: list[dict] = []
     caches = CacheRoots()
-    worker = [*WORKER, "--device", device]
+    worker = [*WORKER, "--device", device, *(["--profile-dir", str(profile_dir)] if profile_dir else [])]
     total = sum(runs_in(n, m) for n in names for m in modes)
     with suite_run(suite, out_dir, env, total=total) as run:
 

@@ -14,6 +14,7 @@ import argparse
 import gc
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -91,12 +92,15 @@ def empty_row(workload: str, mode: str, status: str, reason: str | None) -> dict
     return blank_row(identity, (*FIELDS[kind], "wall_s"), **asked, new_tokens=decode.decoder.new_tokens)
 
 
-def measured_row(workload: str, mode: str, *, iters: int, device: torch.device) -> dict:
+def measured_row(
+    workload: str, mode: str, *, iters: int, device: torch.device, profile_dir: Path | None = None
+) -> dict:
     """The workload's row in this mode, measured as its kind is; a serving part's module is imported only when a
-    workload needs it (decode needs transformers). ``iters``: timed calls, or the trace's length (batch buckets)."""
+    workload needs it (decode needs transformers). ``iters``: timed calls, or the trace's length (batch buckets).
+    ``profile_dir``: where an inference or training pair's profile goes too."""
     kind = kind_of(workload)
     if kind not in SERVING_KINDS:
-        return measure(workloads.get(workload), mode, iters)
+        return measure(workloads.get(workload), mode, iters, profile_dir=profile_dir)
     row = empty_row(workload, mode, "ok", None)
     if kind == BUCKETS:
         from .serving_buckets import measure_buckets
@@ -130,12 +134,20 @@ def measure_each(
         release()
 
 
-def run(mode: str, names: list[str], iters: int, out: str, *, device: torch.device | None = None) -> None:
+def run(
+    mode: str,
+    names: list[str],
+    iters: int,
+    out: str,
+    *,
+    device: torch.device | None = None,
+    profile_dir: Path | None = None,
+) -> None:
     """Measures ``names`` under ``mode``, appending each row to the JSON-lines file ``out``."""
     where = device or torch.device(device_type())
     measure_each(
         names,
-        measure_one=lambda name: measured_row(name, mode, iters=iters, device=where),
+        measure_one=lambda name: measured_row(name, mode, iters=iters, device=where, profile_dir=profile_dir),
         failed_row=lambda name, status, reason: empty_row(name, mode, status, reason),
         write=lambda _, row: append_row(out, row),
     )
@@ -160,8 +172,9 @@ def main() -> None:
     )
     parser.add_argument("--device", choices=("cuda", "cpu"), default=device_type())
     parser.add_argument("--out", required=True, help="JSON-lines file the rows are appended to")
+    parser.add_argument("--profile-dir", type=Path, help="write each inference or training pair's profile here too")
     a = parser.parse_args()
-    run(a.mode, a.workloads, a.iters, a.out, device=torch.device(a.device))
+    run(a.mode, a.workloads, a.iters, a.out, device=torch.device(a.device), profile_dir=a.profile_dir)
 
 
 if __name__ == "__main__":
