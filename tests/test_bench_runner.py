@@ -100,7 +100,7 @@ def test_the_worker_frees_a_workloads_compiled_model_before_measuring_the_next(t
         def __call__(self, *args):
             return self.gm(*args)
 
-    def fake_measure(w, mode, iters) -> dict:
+    def fake_measure(w, mode, iters, *, profile_dir=None) -> dict:
         alive_at_start.append(previous[-1]() is not None if previous else None)
         torch.compile(torch.nn.Linear(2, 2), backend=lambda gm, example: Compiled(gm))(torch.ones(1, 2))
         return {"workload": w.name, "mode": mode}
