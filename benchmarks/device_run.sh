@@ -10,6 +10,8 @@
 #   install            pip install -e . into the interpreter that runs the rest (the README's backend="launchless"
 #                      block and the CLI need the entry points); run it first
 #   tests              python -m pytest -m cuda (all GPU tests; more than one device call holds: use the parts)
+#   tests-at-once      tests-core, tests-serving, tests-compiled and tests-differential as four processes side by side
+#                      on the one GPU (a test that judges speed may read the others' load: run it again alone)
 #   tests-core         the parts of it one device call holds: the runtime, coverage, splits, hazard catalogue,
 #   tests-serving      README, bench, compiler and training tests (core); decoding, buckets, budget and the serving
 #   tests-multigpu     bench (serving); tensor parallelism and DDP, world 1, and world 2 on two GPUs (multigpu)
@@ -67,6 +69,20 @@ read -r -a blocked <<<"$(names 1)"
 read -r -a inference <<<"$(names 0)"
 # coverage: the blocked models and fasterrcnn_mobilenet (in the standard suite too, blocked by the same copy)
 read -r -a cover <<<"${COVER:-${blocked[*]} tv:fasterrcnn_mobilenet_v3_large_fpn}"
+
+declare -A test_groups=(  # the cuda tests in groups of a few minutes each (the last needs two GPUs)
+  [tests-core]="tests/test_cuda_coverage.py tests/test_cuda_runtime.py tests/hazards tests/test_cuda_bench.py
+    tests/test_readme.py tests/test_cuda_region_split.py tests/test_cuda_compiler.py tests/test_cuda_train.py
+    tests/test_trainer.py"
+  [tests-serving]="tests/test_cuda_decoding.py tests/test_cuda_buckets.py tests/test_cuda_budget.py
+    tests/test_cuda_bench_serving.py"
+  [tests-compiled]="tests/test_cuda_compiled_kernels.py tests/test_cuda_train_compiled_kernels.py
+    tests/test_cuda_decode_kernels.py"
+  [tests-differential]="tests/test_cuda_fresh_inputs.py tests/test_cuda_random_forwards.py
+    tests/test_cuda_differential.py"
+  [tests-multigpu]="tests/test_cuda_multigpu.py tests/test_cuda_trainer_ddp.py tests/test_cuda_zoo_tensor_parallel.py
+    tests/test_cuda_bench_multigpu.py"
+)
 
 run() {  # name, command...: its output to OUT_DIR/name.log, one line in steps.txt
   local name=$1 start=$SECONDS
@@ -145,23 +161,13 @@ for step in "$@"; do
   case $step in
   install) run install python3 -m pip install -e . --no-deps --no-build-isolation -q ;;
   tests) run tests python3 -m pytest -m cuda tests/ -q -rA -p no:cacheprovider ;;
-  tests-core)
-    run tests-core python3 -m pytest -m cuda -q -rA -p no:cacheprovider tests/test_cuda_coverage.py \
-      tests/test_cuda_runtime.py tests/hazards tests/test_cuda_bench.py tests/test_readme.py \
-      tests/test_cuda_region_split.py tests/test_cuda_compiler.py tests/test_cuda_train.py \
-      tests/test_trainer.py ;;
-  tests-serving)
-    run tests-serving python3 -m pytest -m cuda -q -rA -p no:cacheprovider tests/test_cuda_decoding.py \
-      tests/test_cuda_buckets.py tests/test_cuda_budget.py tests/test_cuda_bench_serving.py ;;
-  tests-compiled)
-    run tests-compiled python3 -m pytest -m cuda -q -rA -p no:cacheprovider tests/test_cuda_compiled_kernels.py \
-      tests/test_cuda_train_compiled_kernels.py tests/test_cuda_decode_kernels.py ;;
-  tests-differential)
-    run tests-differential python3 -m pytest -m cuda -q -rA -p no:cacheprovider tests/test_cuda_fresh_inputs.py \
-      tests/test_cuda_random_forwards.py tests/test_cuda_differential.py ;;
-  tests-multigpu)
-    run tests-multigpu python3 -m pytest -m cuda -q -rA -p no:cacheprovider tests/test_cuda_multigpu.py \
-      tests/test_cuda_trainer_ddp.py tests/test_cuda_zoo_tensor_parallel.py tests/test_cuda_bench_multigpu.py ;;
+  tests-core | tests-serving | tests-compiled | tests-differential | tests-multigpu)
+    run "$step" python3 -m pytest -m cuda -q -rA -p no:cacheprovider ${test_groups[$step]} ;;
+  tests-at-once)  # the four groups as processes side by side on the one GPU: correctness, not timing
+    for group in tests-core tests-serving tests-compiled tests-differential; do
+      run "$group" python3 -m pytest -m cuda -q -rA -p no:cacheprovider ${test_groups[$group]} &
+    done
+    wait ;;
   multigpu-bench)
     run multigpu-bench python3 -m launchless.apps.cli bench --suite multigpu --gpus "${gpus[@]}" \
       --out "$out/multigpu-bench" ;;

@@ -11,8 +11,10 @@ PARTS = ("tests-core", "tests-serving", "tests-multigpu", "tests-differential", 
 
 
 def _part_files(script: str, part: str) -> list[str]:
-    body = re.search(rf"^  {re.escape(part)}\)\n(.*?);;", script, re.S | re.M)
-    assert body, f"device_run.sh has no step {part}"
+    """The files of ``part``'s entry in the script's ``test_groups``, which its step runs."""
+    body = re.search(rf'^  \[{re.escape(part)}\]="(.*?)"', script, re.S | re.M)
+    assert body, f"device_run.sh has no test group {part}"
+    assert re.search(rf"^  [^\n]*\b{re.escape(part)}\b[^\n]*\)$", script, re.M), f"device_run.sh has no step {part}"
     return re.findall(r"tests/[\w/]+(?:\.py)?", body.group(1))
 
 
