@@ -11,8 +11,7 @@ from launchless.apps import cli
 from launchless.apps.bench import measure, runner, worker
 
 
-def test_a_profile_names_the_host_functions_and_the_operations_of_the_calls(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)  # the calls run on the CPU here
+def test_a_profile_names_the_host_functions_and_the_operations_of_the_calls(tmp_path) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
     x = torch.randn(4, 8)
 
@@ -44,9 +43,19 @@ def test_the_runner_hands_the_profile_folder_to_every_worker(tmp_path, monkeypat
     assert "--profile-dir" not in commands[0]
 
 
-@pytest.mark.parametrize("suite", ["serving", "multigpu"])
-def test_a_suite_without_profiles_refuses_the_flag(suite: str, capsys) -> None:
+def test_the_multigpu_suite_refuses_the_flag(capsys) -> None:
     with pytest.raises(SystemExit) as exited:
-        cli.main(["bench", "--suite", suite, "--profile"])
+        cli.main(["bench", "--suite", "multigpu", "--profile"])
     assert exited.value.code == 2
-    assert f"the {suite} suite has no profile" in capsys.readouterr().err
+    assert "the multigpu suite's run in torchrun groups" in capsys.readouterr().err
+
+
+def test_a_decode_rows_profile_is_of_the_modes_generations(tmp_path) -> None:
+    """The serving suite's decode rows profile their mode's generations (here eager's, on the CPU: tiny GPT-2)."""
+    pytest.importorskip("transformers")
+    from launchless.apps.bench.serving_decode import PROFILED_GENERATIONS, measure_decode
+
+    row = measure_decode("decode:gpt2-tiny@b1", "eager", device=torch.device("cpu"), profile_dir=tmp_path)
+    assert row["identical"]
+    text = (tmp_path / "decode_gpt2-tiny@b1--eager.txt").read_text()
+    assert f"cProfile of {PROFILED_GENERATIONS} calls" in text and "generate" in text

@@ -61,7 +61,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--profile",
         action="store_true",
         help="after each (workload, mode)'s figures, where its calls' time goes: cProfile's host functions and "
-        "torch.profiler's operations, in --out/profiles/<workload>--<mode>.txt (not the serving or multigpu suites)",
+        "torch.profiler's operations, in --out/profiles/<workload>--<mode>.txt (serving: its decode workloads' "
+        "generations; not the multigpu suite)",
     )
     bench.add_argument("--list", action="store_true", help="list workloads and modes and exit")
     bench.add_argument(
@@ -87,8 +88,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             parser.error(str(exc))
     if args.iters is None:
         args.iters = TRACE_CALLS if args.suite == SERVING else BENCH_ITERS
-    if args.profile and args.suite in (MULTIGPU, SERVING):
-        parser.error(f"--profile profiles the single-GPU suites' workloads; the {args.suite} suite has no profile")
+    if args.profile and args.suite == MULTIGPU:
+        parser.error("--profile profiles one process's calls; the multigpu suite's run in torchrun groups")
     if args.suite == MULTIGPU:
         return _multigpu(parser, args)
     if args.suite == SERVING:
@@ -209,6 +210,7 @@ def _serving(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         gpus=args.gpus,
         device=device,
+        profile=args.profile,
     )
     return 0
 

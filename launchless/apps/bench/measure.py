@@ -97,12 +97,13 @@ def write_profile(call: Any, path: Path, *, calls: int = PROFILE_CALLS) -> Path:
     copies, syncs). A debugging aid beside the row's figures, which it does not change."""
     from torch.profiler import ProfilerActivity, profile
 
-    torch.cuda.synchronize()
+    wait = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None  # the serving suite runs on a CPU too
+    wait()
     host = cProfile.Profile()
     host.enable()
     for _ in range(calls):
         call()
-    torch.cuda.synchronize()
+    wait()
     host.disable()
     text = io.StringIO()
     for order in ("tottime", "cumulative"):
@@ -111,7 +112,7 @@ def write_profile(call: Any, path: Path, *, calls: int = PROFILE_CALLS) -> Path:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             call()
-        torch.cuda.synchronize()
+        wait()
     text.write(f"== torch.profiler over {calls} calls, by GPU time\n")
     text.write(prof.key_averages().table(sort_by="device_time_total", row_limit=PROFILE_ROWS))
     text.write(f"\n== torch.profiler over {calls} calls, by host time\n")

@@ -48,9 +48,11 @@ def run_serving(
     timeout_s: float,
     gpus: Sequence[int] | None = None,
     device: str | None = None,
+    profile: bool = False,
 ) -> dict[str, Path]:
     """Every mode's worker in turn (or the workloads dealt over ``gpus``, run at once), then serving.json, .md and
-    .png in ``out_dir``; returns their paths. A workload runs only in the modes of its part."""
+    .png in ``out_dir``; returns their paths. A workload runs only in the modes of its part. ``profile``: each decode
+    row's profile in ``out_dir/profiles`` too."""
     device = device or device_type()
     return runner.measure_suite(
         SUITE,
@@ -62,4 +64,5 @@ def run_serving(
         gpus=list(gpus) if gpus else None,
         device=device,
         environment=serving_environment(device, calls) | {"modes": list(modes)},
+        profile_dir=Path(out_dir) / "profiles" if profile else None,
     )

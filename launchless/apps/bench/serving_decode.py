@@ -41,6 +41,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -51,7 +52,7 @@ import launchless
 from launchless.runtime.static_cache import cache_keyword, cache_length, new_static_cache
 
 from ...errors import one_line
-from .measure import synchronize_device
+from .measure import profile_path, synchronize_device, write_profile
 from .serving_graphs import compiled_graphs
 from .serving_workloads import (
     COMPILED_KERNELS,
@@ -64,6 +65,7 @@ from .serving_workloads import (
 )
 
 DECODE_RUNS = 3  # timed generate() calls after the first
+PROFILED_GENERATIONS = 3  # generations under each profiler with --profile
 INTERLEAVED_ROUNDS = 7  # rounds of one generate() per mode, the modes in a rotating order
 SWAP_WITHIN_S = 300  # launchless with kernels="compiled" generates until its decode step is decided, this long at most
 
@@ -176,8 +178,11 @@ def eager_equivalent(mode: str, model: torch.nn.Module, request: dict[str, Any])
     return static
 
 
-def measure_decode(workload: str, mode: str, *, device: torch.device) -> dict[str, Any]:
-    """The measured fields of one decode row (see ``serving_report``)."""
+def measure_decode(
+    workload: str, mode: str, *, device: torch.device, profile_dir: Path | None = None
+) -> dict[str, Any]:
+    """The measured fields of one decode row (see ``serving_report``); ``profile_dir``: where the profile of
+    ``PROFILED_GENERATIONS`` of the mode's generations goes too, once the figures are taken."""
     decode = decode_workload(workload)
     model, prompt = build_decoder(decode, device=device)
     new_tokens = decode.decoder.new_tokens
@@ -190,6 +195,9 @@ def measure_decode(workload: str, mode: str, *, device: torch.device) -> dict[st
     step_ms = statistics.median(decode_step_ms(g, new_tokens) for g in runs)
     generate_s = statistics.median(g.seconds for g in runs)
     divergence = first_divergence(reference, [first, *runs])
+    if profile_dir is not None:
+        generation = functools.partial(mode_decoding.generate, **request)
+        write_profile(generation, profile_path(profile_dir, workload, mode), calls=PROFILED_GENERATIONS)
     interleaved, interleaved_error, compiled = None, None, {}
     if mode == LAUNCHLESS and device.type == "cuda":
         try:

@@ -97,7 +97,7 @@ def measured_row(
 ) -> dict:
     """The workload's row in this mode, measured as its kind is; a serving part's module is imported only when a
     workload needs it (decode needs transformers). ``iters``: timed calls, or the trace's length (batch buckets).
-    ``profile_dir``: where an inference or training pair's profile goes too."""
+    ``profile_dir``: where the pair's profile goes too (not a batch-bucket trace's: its calls differ in size)."""
     kind = kind_of(workload)
     if kind not in SERVING_KINDS:
         return measure(workloads.get(workload), mode, iters, profile_dir=profile_dir)
@@ -108,7 +108,7 @@ def measured_row(
         return row | measure_buckets(workload, mode, calls=iters, device=device)
     from .serving_decode import measure_decode
 
-    return row | measure_decode(workload, mode, device=device)
+    return row | measure_decode(workload, mode, device=device, profile_dir=profile_dir)
 
 
 def measure_each(
@@ -172,7 +172,7 @@ def main() -> None:
     )
     parser.add_argument("--device", choices=("cuda", "cpu"), default=device_type())
     parser.add_argument("--out", required=True, help="JSON-lines file the rows are appended to")
-    parser.add_argument("--profile-dir", type=Path, help="write each inference or training pair's profile here too")
+    parser.add_argument("--profile-dir", type=Path, help="write each pair's profile here too (not batch buckets')")
     a = parser.parse_args()
     run(a.mode, a.workloads, a.iters, a.out, device=torch.device(a.device), profile_dir=a.profile_dir)
 
