@@ -365,12 +365,32 @@ def test_the_serving_command_line_refuses_what_cannot_run(capsys: pytest.Capture
         assert exc.value.code == 2 and message in capsys.readouterr().err, extra
 
 
+def test_a_split_mode_serves_a_larger_call_as_calls_of_its_largest_bucket() -> None:
+    """A server capping its largest bucket at 8 rows serves 20 rows as 8 + 8 + 4, the outputs' rows joined in order:
+    eager's result bit for bit (on a CPU the wrapper runs eager)."""
+    from launchless.apps.bench.serving_buckets import server
+    from launchless.apps.bench.serving_workloads import SPLIT_8, bucket_builder
+
+    model, make_inputs = bucket_builder(MLP)(device=torch.device("cpu"))
+    seen: list[int] = []
+    model.register_forward_pre_hook(lambda _, args, kwargs: seen.append(args[0].shape[0]), with_kwargs=True)
+    inputs = make_inputs(20)
+    with torch.no_grad():
+        want = model(*inputs[0], **inputs[1])
+        seen.clear()
+        mode_server = server(SPLIT_8, model)
+        got = mode_server.serve(inputs)
+    assert seen == [8, 8, 4] and torch.equal(got, want)
+    assert mode_server.wrapped.graph_info()["batch_buckets"]["sizes"] == [1, 2, 4, 8]
+
+
 def test_the_serving_list_names_the_parts_workloads_and_modes(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["bench", "--suite", "serving", "--list"]) == 0
     listed = capsys.readouterr().out
     assert "buckets:resnet18@64" in listed and "buckets:package.module:function" in listed
     assert "decode:llama-850m@b<batch>" in listed
-    assert "buckets modes: eager, graph-per-size, buckets, buckets-auto, reduce-overhead" in listed
+    modes = "eager, graph-per-size, buckets, buckets-auto, buckets-split-16, buckets-split-8, reduce-overhead"
+    assert f"buckets modes: {modes}" in listed
     assert "decode modes: eager, static-compile, launchless" in listed
 
 

@@ -11,9 +11,12 @@ Every mode serves the same model (same seed) the same trace with the same inputs
 
 The modes: ``graph-per-size`` wraps with ``capture_after=1`` and ``max_graphs=32``, so that every size of the trace
 gets its own graph at its first call; ``buckets`` and ``buckets-auto`` wrap with ``capture_after=1`` and
-``batch_buckets`` [1, 2, 4, 8, 16, 32] or ``"auto"``; ``reduce-overhead`` is ``torch.compile(mode="reduce-overhead",
-dynamic=False)`` with ``cudagraph_mark_step_begin()`` before each call, and Dynamo's recompile limit raised to 64, so
-that every size is compiled -- at PyTorch's default of 8 the sizes after the eighth would run eager.
+``batch_buckets`` [1, 2, 4, 8, 16, 32] or ``"auto"``; ``buckets-split-16`` and ``buckets-split-8`` cap the buckets
+at 16 or 8 rows and serve a larger call as calls of the largest bucket, their outputs' rows joined in order (what
+a server that caps its largest bucket to hold less graph memory does); ``reduce-overhead`` is
+``torch.compile(mode="reduce-overhead", dynamic=False)`` with ``cudagraph_mark_step_begin()`` before each call, and
+Dynamo's recompile limit raised to 64, so that every size is compiled -- at PyTorch's default of 8 the sizes after
+the eighth would run eager.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 import launchless
 
@@ -46,6 +50,8 @@ from .serving_workloads import (
     GRAPH_PER_SIZE,
     LARGEST_BATCH,
     REDUCE_OVERHEAD,
+    SPLIT_8,
+    SPLIT_16,
     TRACE_SEED,
     batch_trace,
     bucket_builder,
@@ -53,10 +59,12 @@ from .serving_workloads import (
 
 BUCKET_SIZES = (1, 2, 4, 8, 16, 32)
 RECOMPILE_LIMIT = 64  # above the 32 sizes of the trace
+LARGEST_BUCKET = {SPLIT_16: 16, SPLIT_8: 8}  # the split modes' largest bucket
 WRAP_OPTIONS: dict[str, dict[str, Any]] = {
     GRAPH_PER_SIZE: {"max_graphs": LARGEST_BATCH},
     BUCKETS_FIXED: {"batch_buckets": list(BUCKET_SIZES)},
     BUCKETS_AUTO: {"batch_buckets": "auto"},
+    **{mode: {"batch_buckets": [b for b in BUCKET_SIZES if b <= largest]} for mode, largest in LARGEST_BUCKET.items()},
 }
 
 Inputs = tuple[tuple, dict]
@@ -76,6 +84,8 @@ def server(mode: str, model: torch.nn.Module) -> Server:
         return Server(lambda inputs: model(*inputs[0], **inputs[1]))
     if mode in WRAP_OPTIONS:
         wrapped = launchless.wrap(model, capture_after=1, **WRAP_OPTIONS[mode])
+        if mode in LARGEST_BUCKET:
+            return Server(functools.partial(split_call, wrapped, largest=LARGEST_BUCKET[mode]), wrapped)
         return Server(lambda inputs: wrapped(*inputs[0], **inputs[1]), wrapped)
     if mode == REDUCE_OVERHEAD:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
@@ -87,6 +97,22 @@ def server(mode: str, model: torch.nn.Module) -> Server:
 
         return Server(marked)
     raise ValueError(f"mode {mode!r} does not serve batch buckets; buckets modes: {', '.join(BUCKET_MODES)}")
+
+
+def split_call(wrapped: launchless.GraphedModule, inputs: Inputs, *, largest: int) -> Any:
+    """One call served in calls of at most ``largest`` rows (the first dimension of its tensors), the outputs' rows
+    joined back in order."""
+    args, kwargs = inputs
+    rows = next(t.shape[0] for t in tree_leaves(inputs) if isinstance(t, torch.Tensor))
+    if rows <= largest:
+        return wrapped(*args, **kwargs)
+    parts = []
+    for start in range(0, rows, largest):
+        part = tree_map(lambda t, s=start: t[s : s + largest] if isinstance(t, torch.Tensor) else t, inputs)
+        parts.append(wrapped(*part[0], **part[1]))
+    leaves, specs = zip(*(tree_flatten(p) for p in parts), strict=True)
+    joined = [torch.cat(col) if isinstance(col[0], torch.Tensor) else col[0] for col in zip(*leaves, strict=True)]
+    return tree_unflatten(joined, specs[0])
 
 
 def waited_ms(call: Callable[[], Any], *, device: torch.device) -> float:

@@ -37,10 +37,12 @@ EAGER = "eager"
 GRAPH_PER_SIZE = "graph-per-size"  # launchless.wrap, a graph per batch size
 BUCKETS_FIXED = "buckets"  # launchless.wrap(batch_buckets=[1, 2, 4, 8, 16, 32])
 BUCKETS_AUTO = "buckets-auto"  # launchless.wrap(batch_buckets="auto")
+SPLIT_16 = "buckets-split-16"  # buckets up to 16 rows, a larger call served as calls of 16 (a server's capped bucket)
+SPLIT_8 = "buckets-split-8"  # the same, up to 8 rows
 REDUCE_OVERHEAD = "reduce-overhead"
 STATIC_COMPILE = "static-compile"  # transformers' static KV cache with a compiled forward
 LAUNCHLESS = "launchless"
-BUCKET_MODES = (EAGER, GRAPH_PER_SIZE, BUCKETS_FIXED, BUCKETS_AUTO, REDUCE_OVERHEAD)
+BUCKET_MODES = (EAGER, GRAPH_PER_SIZE, BUCKETS_FIXED, BUCKETS_AUTO, SPLIT_16, SPLIT_8, REDUCE_OVERHEAD)
 DECODE_MODES = (EAGER, STATIC_COMPILE, LAUNCHLESS)
 COMPILED_KERNELS = "launchless-compiled-kernels"  # raced in the launchless worker: wrap(model, kernels="compiled")
 MODES = tuple(dict.fromkeys((*BUCKET_MODES, *DECODE_MODES)))
