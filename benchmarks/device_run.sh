@@ -31,8 +31,10 @@
 #   compiler-suite     both sets (as ONLY leaves them) in one bench run, so that its GPUs share all of them
 #   grace-bench        launchless bench --suite grace: eager and the compiler steps' modes (MODES), the workloads
 #                      ONLY names or all of them (a suite split over device calls; --merge joins the parts)
-#   evidence-bytes     benchmarks/compiler_evidence.py: bytes copied per replay with and without PI
-#   evidence-coverage  benchmarks/compiler_evidence.py: capture coverage of the blocked models, split over GPUs
+#   evidence-bytes     launchless bench: bytes copied per call with and without pointer indirection (copy_bytes), on
+#                      BYTES="workload ..." (default grace:deep-recommender@b256, a 200 MB input per call)
+#   evidence-coverage  launchless bench: the share of kernels inside graphs (graph_coverage) of the blocked models,
+#                      wrap against the compiler path without and with CGCT, dealt over the GPUs
 #                      (COVER="name ..." instead of the blocked models and fasterrcnn_mobilenet)
 #   profile            launchless bench --profile over the workloads DIAG="name ..." names, in the compiler steps'
 #                      modes (MODES): where each call's time goes, recompiles logged
@@ -46,8 +48,7 @@
 #   differential-again the models AGAIN="library:model,model ..." names run again (after a fix), a process per
 #                      library side by side (PER_LIBRARY=n: n each); the merge keeps each model's newest line;
 #                      ENTRIES="entry ..." runs only those entry points' rows (the merge replaces just those)
-# GPUS="0 1" (default: every visible GPU) spreads the bench and coverage steps over those GPUs; PER_GPU=2 runs two
-# coverage processes on each (compiles are CPU-bound; coverage is a count, not a timing).
+# GPUS="0 1" (default: every visible GPU) spreads the bench and coverage steps over those GPUs.
 # ONLY="name ..." keeps only those workloads in the compiler steps (a suite split over device calls; --merge joins).
 # MODES="mode ..." runs only those modes in the compiler steps (a re-run of one mode; --merge replaces its rows).
 # BALANCE=bench.json deals the compiler steps' workloads over the GPUs by the time each took in that earlier run.
@@ -89,22 +90,6 @@ run() {  # name, command...: its output to OUT_DIR/name.log, one line in steps.t
   shift
   "$@" >"$out/$name.log" 2>&1
   echo "$name: exit $? after $((SECONDS - start)) s" | tee -a "$out/steps.txt"
-}
-
-coverage() {  # the blocked models dealt over the GPUs, PER_GPU evidence processes per GPU (default 1)
-  local i=0 per=${PER_GPU:-1} n part
-  n=$((${#gpus[@]} * per))
-  for gpu in "${gpus[@]}"; do
-    for ((k = 0; k < per; k++)); do
-      part=()
-      for j in "${!cover[@]}"; do ((j % n == i)) && part+=("${cover[j]}"); done
-      ((${#part[@]})) && CUDA_VISIBLE_DEVICES=$gpu python3 benchmarks/compiler_evidence.py \
-        --out "$out/evidence-coverage/gpu$gpu-$k" --skip-bytes --models "${part[@]}" \
-        >"$out/evidence-coverage-gpu$gpu-$k.log" 2>&1 &
-      i=$((i + 1))
-    done
-  done
-  wait
 }
 
 differential() {  # the population side by side until DEADLINE, resumable; the rows folder comes back in the archive
@@ -209,8 +194,12 @@ for step in "$@"; do
 print(*[w.name for w in suite(STANDARD) if w.kind != "training"])')"
     run standard-inference python3 -m launchless.apps.cli bench --suite standard --workloads "${standard[@]}" \
       --gpus "${gpus[@]}" --timeout 300 --out "$out/standard-inference" ;;
-  evidence-bytes) run evidence-bytes python3 benchmarks/compiler_evidence.py --out "$out/evidence-bytes" --models ;;
-  evidence-coverage) run evidence-coverage coverage ;;
+  evidence-bytes)
+    run evidence-bytes python3 -m launchless.apps.cli bench --suite grace --workloads ${BYTES:-grace:deep-recommender@b256} \
+      --modes launchless-compile-no-pi launchless-compile --out "$out/evidence-bytes" ;;
+  evidence-coverage)
+    run evidence-coverage python3 -m launchless.apps.cli bench --suite compiler --workloads "${cover[@]}" \
+      --modes launchless launchless-compile-no-cgct launchless-compile --gpus "${gpus[@]}" --out "$out/evidence-coverage" ;;
   profile)
     run profile env TORCH_LOGS=recompiles python3 -m launchless.apps.cli bench --suite compiler \
       --workloads ${DIAG:?DIAG=\"workload ...\" names the workloads to profile} --modes "${modes[@]}" --profile \

@@ -29,7 +29,7 @@ from . import modes, training
 from .workloads import BenchWorkload
 
 PROFILE_CALLS = 10
-COMPILING = ("compile", "reduce-overhead", "launchless-compile")  # the modes whose first call compiles
+COMPILING = ("compile", "reduce-overhead", "launchless-compile", *modes.WITHOUT)  # the modes whose first call compiles
 EARLY_CALLS = 30  # calls after the first whose latency is recorded against wall time (the timeline)
 SETTLE_S = 240.0  # how long a mode that changes while it runs (compiled kernels) is called until it decides
 AFTER_SETTLED = 30  # calls recorded after it decided

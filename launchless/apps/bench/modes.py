@@ -21,7 +21,14 @@ from ...core.workspaces import own_blas_workspaces
 COMPILED_KERNELS = "launchless-compiled-kernels"  # wrap(kernels="compiled"): compiles in a child while it replays
 COMPILED_KERNELS_ON_DISK = "launchless-compiled-kernels-on-disk"  # the same in a second process: programs on disk
 KERNEL_MODES = (COMPILED_KERNELS, COMPILED_KERNELS_ON_DISK)
-MODES = ("eager", "compile", "reduce-overhead", "hand-graph", "launchless", "launchless-compile", *KERNEL_MODES)
+# the compiler path with one of its mechanisms turned off: what CGCT adds to the kernels inside graphs, what pointer
+# indirection saves of the bytes copied per call (run by name: --modes ... launchless-compile-no-cgct)
+WITHOUT = {"launchless-compile-no-cgct": {"cgct": False}, "launchless-compile-no-pi": {"indirection": False}}
+MODES = (
+    *("eager", "compile", "reduce-overhead", "hand-graph", "launchless", "launchless-compile"),
+    *KERNEL_MODES,
+    *WITHOUT,
+)
 CACHES_OF = {COMPILED_KERNELS_ON_DISK: COMPILED_KERNELS}
 """A mode that measures a second process: it runs on the compile caches (Inductor's, Triton's, launchless's
 programs) that the named mode's process left, as a user's next process finds them."""
@@ -29,10 +36,12 @@ programs) that the named mode's process left, as a user's next process finds the
 
 def default_modes(suite: str) -> tuple[str, ...]:
     """The modes a suite runs unless told: every mode in the compiled-kernels suite; elsewhere all but compiled
-    kernels, whose compile in a child process per workload belongs to the suite that measures it."""
+    kernels, whose compile in a child process per workload belongs to the suite that measures it; the modes without
+    a mechanism only when named."""
     from .workloads import KERNELS
 
-    return MODES if suite == KERNELS else tuple(m for m in MODES if m not in KERNEL_MODES)
+    kept = tuple(m for m in MODES if m not in WITHOUT)
+    return kept if suite == KERNELS else tuple(m for m in kept if m not in KERNEL_MODES)
 
 
 def order_problem(modes: list[str]) -> str | None:
@@ -109,13 +118,14 @@ def inference(mode: str, model: torch.nn.Module, args: tuple, kwargs: dict) -> P
         return Prepared(marked)
     if mode == "hand-graph":
         return Prepared(hand_graph(model, args, kwargs))
-    if mode == "launchless-compile":  # torch.compile(backend="launchless"): Inductor kernels in launchless graphs
-        from launchless.compiler.backend import launchless_backend
+    if mode == "launchless-compile" or mode in WITHOUT:  # Inductor kernels in launchless graphs
+        from launchless.compiler.backend import launchless_backend, make_backend
 
         from .graphs import recorder
 
         summary = recorder()
-        compiled = torch.compile(model, backend=launchless_backend)
+        backend = make_backend(**WITHOUT[mode]) if mode in WITHOUT else launchless_backend
+        compiled = torch.compile(model, backend=backend)
         return Prepared(lambda: compiled(*args, **kwargs), details=summary)
     if mode == "launchless":  # as a user runs it: "auto", captured (or split) at the first call
         import launchless
