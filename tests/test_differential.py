@@ -353,6 +353,12 @@ def test_the_status_alone_and_the_worse_result_of_the_two_runs_make_the_row() ->
                                  "identical_calls": 8}],
     }  # fmt: skip
     lines = {key: {"key": key[1], "library": "timm", "timings": t} for key, t in timings.items()}
+    eager_failed = {"entry": "wrap-auto", "grad_mode": "no_grad", "status": "not-run", "result": "eager-fails"}
+    kept = _row("kept", Status.GRAPH, Result.IDENTICAL, None, calls=8, identical_calls=8)
+    (same,) = report.apply_timings(
+        [kept], {("timm", "kept"): {"key": "kept", "library": "timm", "timings": [eager_failed]}}
+    )
+    assert (same["status"], same["result"], same["calls"]) == ("graph", "identical", 8)  # eager's own failure alone
     judged, worse, crashed, untouched = report.apply_timings(rows, lines)
     assert (judged["status"], judged["status_beside_others"], judged["result"]) == ("split", "eager", "identical")
     assert judged["reason"] is None and (judged["calls"], judged["identical_calls"]) == (16, 16)

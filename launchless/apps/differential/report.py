@@ -96,7 +96,7 @@ def apply_timings(rows: list[dict[str, Any]], timings: dict[tuple[str, str], dic
     """``rows`` with what the timing pass saw of each laid over them: its speed figures (``timed_alone`` True; a row
     the pass did not time keeps the figures of its correctness run, taken beside other workers), and where the pass
     ran the row again with its calls compared (``result`` in its timing), the row's verdict alone
-    (``verdict_alone``)."""
+    (``verdict_alone``) -- unless eager itself failed on the pass's inputs, which judges nothing of launchless."""
     by_row = {
         (library, model, t["entry"], t["grad_mode"]): t
         for (library, model), line in timings.items()
@@ -112,7 +112,7 @@ def apply_timings(rows: list[dict[str, Any]], timings: dict[tuple[str, str], dic
             row["timed_status"] = timed.get("status")  # what "auto" ran alone; its judgements there are its own
             row["eager_spread"] = timed.get("eager_spread")  # eager against itself in the same rounds
             row["repeated"] = bool(timed.get("repeated"))  # a close call measured again, in three times the rounds
-        if timed is not None and timed.get("result") is not None and row["result"] in JUDGED:
+        if timed is not None and timed.get("result") in JUDGED and row["result"] in JUDGED:
             row = verdict_alone(row, timed)
         out.append(row)
     return out
