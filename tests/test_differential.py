@@ -372,6 +372,38 @@ def test_the_status_alone_and_the_worse_result_of_the_two_runs_make_the_row() ->
     assert "| timm | judged | wrap-auto | no_grad | eager | split |  |" in text
 
 
+def test_cuda_graph_true_refused_beside_others_but_split_alone_takes_the_split_and_back() -> None:
+    """``cuda_graph=True``'s split judged slower beside other workers (refused, no result) and faster alone: the row
+    is the split with its verified result; the other way round, the refusal alone stands -- unless the other run
+    saw a wrong value, which always stands."""
+    refused = {"status": "refused", "result": None, "reason": "CaptureError: x", "calls": 0, "identical_calls": 0}
+    split = {"status": "split", "result": "identical", "calls": 8, "identical_calls": 8}
+    true_row = {"entry": "wrap-true", "grad_mode": "no_grad"}
+
+    def row(name: str, verdict: dict) -> dict:
+        base = new_row(name, "timm", "classification", Entry.WRAP_TRUE, GradMode.NO_GRAD)
+        return {**base, **verdict, "result": verdict["result"]}
+
+    def line(name: str, verdict: dict) -> dict:
+        return {"key": name, "library": "timm", "timings": [{**true_row, **verdict}]}
+
+    rows = [row("now-split", refused), row("now-refused", split), row("wrong", {**split, "result": "differs"})]
+    timings = {
+        ("timm", "now-split"): line("now-split", split),
+        ("timm", "now-refused"): line("now-refused", refused),
+        ("timm", "wrong"): line("wrong", refused),
+    }
+    now_split, now_refused, wrong = report.apply_timings(rows, timings)
+    assert (now_split["status"], now_split["result"], now_split["status_beside_others"]) == (
+        "split",
+        "identical",
+        "refused",
+    )
+    assert report.accelerated_and_verified(now_split)
+    assert (now_refused["status"], now_refused["result"], now_refused["reason"]) == ("refused", None, "CaptureError: x")
+    assert (wrong["status"], wrong["result"]) == ("refused", "differs")
+
+
 def test_the_timing_pass_runs_each_row_again_on_other_inputs_and_compares_every_call(monkeypatch) -> None:
     """Alone on the GPU the row runs again as the correctness run does -- every call compared with eager -- on
     inputs the correctness run did not draw, then it is timed."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..workers import read_rows
 from .generate import WAITING
-from .rows import SEVERITY, VERIFIED, Entry, Result, Status
+from .rows import BROKEN, SEVERITY, VERIFIED, Entry, Result, Status
 
 SLOWER_LIMIT = 0.97  # a speed-up below this is slower than eager by more than 3 %
 ACCELERATED_SHARE = 0.95
@@ -22,6 +22,7 @@ ACCELERATED = (Status.GRAPH.value, Status.SPLIT.value)
 TIMED_ENTRIES = (Entry.WRAP_AUTO.value, Entry.GENERATE_GREEDY_B1.value)  # the rows the timing pass times
 UNBUILT = (Result.NOT_IN_LIBRARY.value, Result.HARNESS.value, Result.EAGER_FAILS.value)
 JUDGED = [r.value for r in SEVERITY]  # the results of a row that ran, least to most severe
+BROKEN_RESULTS = [r.value for r in BROKEN]
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def apply_timings(rows: list[dict[str, Any]], timings: dict[tuple[str, str], dic
         (library, model, t["entry"], t["grad_mode"]): t
         for (library, model), line in timings.items()
         for t in line["timings"]
-        if t.get("speedup") is not None or t.get("result") is not None
+        if t.get("speedup") is not None or t.get("status") is not None
     }
     out = []
     for row in rows:
@@ -112,7 +113,7 @@ def apply_timings(rows: list[dict[str, Any]], timings: dict[tuple[str, str], dic
             row["timed_status"] = timed.get("status")  # what "auto" ran alone; its judgements there are its own
             row["eager_spread"] = timed.get("eager_spread")  # eager against itself in the same rounds
             row["repeated"] = bool(timed.get("repeated"))  # a close call measured again, in three times the rounds
-        if timed is not None and timed.get("result") in JUDGED and row["result"] in JUDGED:
+        if timed is not None and timed.get("status") and _judged(timed) and _judged(row):
             row = verdict_alone(row, timed)
         out.append(row)
     return out
@@ -120,17 +121,32 @@ def apply_timings(rows: list[dict[str, Any]], timings: dict[tuple[str, str], dic
 
 def verdict_alone(row: dict[str, Any], timed: dict[str, Any]) -> dict[str, Any]:
     """The row as a user alone on the GPU meets it: the status the timing pass saw -- the speed judgements of "auto"
-    taken beside other workers are not judgements (``status_beside_others`` keeps the other where they differ) --
-    and the worse result of the two runs, each on its own fresh inputs: a difference or a crash in either stands,
-    and the calls of both count."""
-    out = {**row, "status": timed["status"]} if timed.get("status") else dict(row)
+    and of ``cuda_graph=True``'s split taken beside other workers are not judgements (``status_beside_others`` keeps
+    the other where they differ) -- and the worse result of the two runs, each on its own fresh inputs: a difference
+    or a crash in either stands, and the calls of both count. A refusal alone (``cuda_graph=True`` raised: no
+    result) keeps only a broken result of the other run."""
+    out = {**row, "status": timed["status"]}
     if out["status"] != row["status"]:
         out.update(status_beside_others=row["status"], reason=timed.get("reason"), source=timed.get("source"))
-    if JUDGED.index(timed["result"]) > JUDGED.index(row["result"]):
-        out.update({k: timed.get(k) for k in ("result", "max_abs_diff", "bound", "bound_class", "reason", "source")})
-    out["calls"] = row["calls"] + timed.get("calls", 0)
-    out["identical_calls"] = (row.get("identical_calls") or 0) + timed.get("identical_calls", 0)
+    fields = ("result", "max_abs_diff", "bound", "bound_class", "reason", "source")
+    if timed["status"] == Status.REFUSED.value:
+        if row["result"] not in BROKEN_RESULTS:
+            out.update({k: timed.get(k) for k in fields})
+    elif _severity(timed["result"]) > _severity(row["result"]):
+        out.update({k: timed.get(k) for k in fields})
+    out["calls"] = (row.get("calls") or 0) + (timed.get("calls") or 0)
+    out["identical_calls"] = (row.get("identical_calls") or 0) + (timed.get("identical_calls") or 0)
     return out
+
+
+def _judged(row: dict[str, Any]) -> bool:
+    """A row that says something of launchless: a result of its calls, or ``cuda_graph=True``'s refusal."""
+    return row.get("result") in JUDGED or (row.get("status") == Status.REFUSED.value and row.get("result") is None)
+
+
+def _severity(result: str | None) -> int:
+    """``JUDGED``'s order, a refusal's missing result first."""
+    return -1 if result is None else JUDGED.index(result)
 
 
 def done_models(directories: list[str | Path], *, entries: list[str] | None = None) -> set[tuple[str, str]]:
