@@ -178,7 +178,7 @@ def test_merge_partial_runs(tmp_path) -> None:
 
     from launchless.apps.bench.runner import merge
 
-    full = json.loads(Path("benchmarks/results/2026-11-29-bench-quick.json").read_text())
+    full = json.loads(Path("benchmarks/results/2026-11-29-bench-standard.json").read_text())
     halves = []
     for i, workload in enumerate(["timm:resnet18", "train:resnet18"]):
         part = dict(full, rows=[r for r in full["rows"] if r["workload"] == workload])
@@ -337,7 +337,7 @@ def test_serving_runs_split_by_mode_merge_into_the_serving_report_with_its_targe
     assert set(verdicts) == {"decode:gpt2-124m@b1", "decode:llama-850m@b1"}  # the target is set at batch 1
     assert all(v["met"] is True and "1.00×" in v["detail"] for v in verdicts.values())  # judged with static-compile
     assert "## Targets" in (tmp_path / "merged" / "serving.md").read_text()
-    standard = json.loads(Path("benchmarks/results/2026-11-29-bench-quick.json").read_text())
+    standard = json.loads(Path("benchmarks/results/2026-11-29-bench-standard.json").read_text())
     parts[0].write_text(json.dumps(standard))
     with pytest.raises(ValueError, match="different suites"):
         merge([str(p) for p in parts], str(tmp_path / "bad"))
