@@ -355,7 +355,7 @@ def test_the_serving_command_line_refuses_what_cannot_run(capsys: pytest.Capture
         (["--workloads", "decode:gpt2-huge@b1"], "unknown decode workload 'decode:gpt2-huge@b1'"),
         (["--workloads", "decode:gpt2-tiny@b0"], "the batch must be 1 or more"),
         (["--modes", "hand-graph"], "unknown mode(s) hand-graph"),
-        (["--iters", "0"], "needs at least one call"),
+        (["--iters", "0"], "argument --iters: 0: pass 1 or more"),
         (["--balance-from", "bench.json"], "--balance-from deals the standard suites' workloads"),
         (["--gpus", "0"], "--gpus names GPUs and none is visible here"),
     ]

@@ -10,6 +10,7 @@ import sys
 import torch
 
 from .. import __version__
+from .arguments import whole_number
 from .bench import command as bench_command
 from .conformance import command as conformance_command
 from .differential import command as differential_command
@@ -22,8 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="wrap a real model (random weights), verify it and time eager vs graph")
     demo.add_argument("--model", default="timm:resnet18", help="a launchless.apps.zoo workload name")
-    demo.add_argument("--batch", type=int, default=1)
-    demo.add_argument("--iters", type=int, default=100)
+    demo.add_argument("--batch", type=whole_number(1), default=1)
+    demo.add_argument("--iters", type=whole_number(1), default=100)
     demo.add_argument("--list", action="store_true", help="list the workload names and exit")
     bench_command.add_parser(sub)
     trainer_command.add_parser(sub)
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         "doctor", help="compile a model with the launchless backend and explain each graph: blockers, variant, coverage"
     )
     doctor.add_argument("--model", default="timm:resnet18", help="a launchless.apps.zoo workload name")
-    doctor.add_argument("--batch", type=int, default=1)
+    doctor.add_argument("--batch", type=whole_number(1), default=1)
     doctor.add_argument("--reprofile", action="store_true", help="measure the graph variants again (ignore the cache)")
     doctor.add_argument("--clear-cache", action="store_true", help="delete the cached graph decisions and exit")
     conformance_command.add_parsers(sub)

@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from ..arguments import seconds, whole_number
 from .multigpu_report import SUITE as MULTIGPU
 from .serving_report import SUITE as SERVING
 from .serving_workloads import TRACE_CALLS
@@ -31,11 +32,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md, bench.png")
     bench.add_argument(
         "--iters",
-        type=int,
+        type=whole_number(1),
         help=f"timed calls per (workload, mode) (default {BENCH_ITERS}); serving suite: the calls of the trace of "
         f"batch sizes (default {TRACE_CALLS})",
     )
-    bench.add_argument("--timeout", type=float, default=300, help="seconds one workload may take in one mode")
+    bench.add_argument("--timeout", type=seconds, default=300, help="seconds one workload may take in one mode")
     bench.add_argument(
         "--gpus",
         nargs="+",
@@ -191,8 +192,6 @@ def _serving(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return 0
     if args.balance_from:
         parser.error("--balance-from deals the standard suites' workloads; the serving suite deals its own round-robin")
-    if args.iters < 1:
-        parser.error(f"--iters {args.iters}: the trace of batch sizes needs at least one call")
     device = serving.device_type()
     names = args.workloads or serving_workloads.default_workloads(device)
     _check_suite_choices(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..arguments import seconds, whole_number
+
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """``launchless conformance`` and ``launchless verify``'s arguments."""
@@ -15,8 +17,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     matrix.add_argument("--models", nargs="+", help="zoo workload names (default: every available one)")
     matrix.add_argument("--tasks", nargs="+", help="only the models of these tasks")
     matrix.add_argument("--out", default="conformance", help="folder for conformance.json, .md and .png")
-    matrix.add_argument("--iters", type=int, default=50, help="timed calls per model and mode")
-    matrix.add_argument("--timeout", type=float, default=300, help="seconds one model may take")
+    matrix.add_argument("--iters", type=whole_number(1), default=50, help="timed calls per model and mode")
+    matrix.add_argument("--timeout", type=seconds, default=300, help="seconds one model may take")
     matrix.add_argument("--gpus", nargs="+", type=int, metavar="INDEX", help="deal the models over these GPUs")
     matrix.add_argument("--list", action="store_true", help="list the models per task and exit")
     matrix.add_argument(
@@ -29,7 +31,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "inputs is a tuple of arguments, an (args, kwargs) pair, or a function returning fresh ones.",
     )
     verify.add_argument("model", metavar="MODEL")
-    verify.add_argument("--iters", type=int, default=50, help="timed calls per mode")
+    verify.add_argument("--iters", type=whole_number(1), default=50, help="timed calls per mode")
     verify.add_argument("--json", action="store_true", help="print the row as JSON")
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..arguments import seconds, whole_number
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """``launchless differential run|merge``'s arguments."""
@@ -21,8 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--shard", default="1/1", help="INDEX/COUNT: every COUNT-th model from the INDEX-th")
     run.add_argument("--models", nargs="+", help="only these models of the population")
     run.add_argument("--out", required=True, help="folder for the shard's rows")
-    run.add_argument("--processes", type=int, default=1, help="workers side by side on the GPU")
-    run.add_argument("--timeout", type=float, default=300, help="seconds one model may take (all its rows)")
+    run.add_argument("--processes", type=whole_number(1), default=1, help="workers side by side on the GPU")
+    run.add_argument("--timeout", type=seconds, default=300, help="seconds one model may take (all its rows)")
     run.add_argument(
         "--resume", action="store_true", help="leave out models that already have rows in --out (a shard cut short)"
     )
