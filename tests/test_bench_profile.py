@@ -35,11 +35,11 @@ def test_the_runner_hands_the_profile_folder_to_every_worker(tmp_path, monkeypat
         return [worker.empty_row(name, mode, "skipped", "not run here") for name in names]
 
     monkeypatch.setattr(runner, "run_mode", run_mode)
-    runner.run_suite("quick", ["timm:resnet18"], ["eager"], str(tmp_path), 3, 10.0, profile=True)
+    runner.measure_suite("quick", ["timm:resnet18"], ["eager"], out_dir=tmp_path, iters=3, timeout_s=10.0, profile=True)
     (command,) = commands
     assert command[command.index("--profile-dir") + 1] == str(Path(tmp_path) / "profiles")
     commands.clear()
-    runner.run_suite("quick", ["timm:resnet18"], ["eager"], str(tmp_path), 3, 10.0)
+    runner.measure_suite("quick", ["timm:resnet18"], ["eager"], out_dir=tmp_path, iters=3, timeout_s=10.0)
     assert "--profile-dir" not in commands[0]
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from launchless.apps import cli
-from launchless.apps.bench import report, serving, serving_report
+from launchless.apps.bench import report, runner, serving_report, worker
 from launchless.apps.bench.serving_decode import Generation, first_divergence
 from launchless.apps.bench.serving_workloads import batch_trace
 
@@ -77,7 +77,7 @@ def failing_model(*, device: torch.device) -> None:
 @pytest.fixture
 def on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """The command line runs the suite on the CPU, whatever this machine has."""
-    monkeypatch.setattr(serving, "device_type", lambda: "cpu")
+    monkeypatch.setattr(worker, "device_type", lambda: "cpu")
 
 
 @pytest.fixture
@@ -134,7 +134,7 @@ def test_the_suite_runs_end_to_end_on_cpu_through_the_command_line(tmp_path: Pat
 
 
 def test_static_compile_runs_transformers_recipe_in_a_worker_of_its_own(tmp_path: Path) -> None:
-    (row,) = serving.run_mode("static-compile", [GPT2], calls=1, device="cpu", timeout_s=240, out=tmp_path)
+    (row,) = runner.run_mode("static-compile", [GPT2], 1, 240, tmp_path, worker=[*runner.WORKER, "--device", "cpu"])
     assert row["status"] == "ok", row
     assert row["tokens_per_s"] > 0 and row["identical"] is True  # greedy tokens survive the compiled forward
     assert row["compile_s"] > 0.5  # a cold torch.compile of the forward, in the worker's fresh caches
@@ -142,7 +142,7 @@ def test_static_compile_runs_transformers_recipe_in_a_worker_of_its_own(tmp_path
 
 def test_a_worker_that_crashes_or_a_model_that_fails_costs_one_workload(tmp_path: Path, importable: None) -> None:
     names = [CRASHING, MLP, FAILING, GPT2]
-    paths = serving.run_serving(names, ["eager"], out_dir=tmp_path, calls=4, timeout_s=60, device="cpu")
+    paths = runner.measure_suite("serving", names, ["eager"], out_dir=tmp_path, iters=4, timeout_s=60, device="cpu")
     rows = json.loads(paths["json"].read_text())["rows"]
     assert [(r["workload"], r["status"]) for r in rows] == [
         (CRASHING, "error"),

@@ -87,13 +87,13 @@ def test_the_suite_runs_each_mode_in_workers_and_writes_the_report(tmp_path, gpu
 
     import torch
 
-    from launchless.apps.bench.runner import run_suite
+    from launchless.apps.bench.runner import measure_suite
 
     pytest.importorskip("timm")
     if gpus and torch.cuda.device_count() < len(gpus):
         pytest.skip(f"needs {len(gpus)} GPUs")
     names = ["timm:resnet18", "timm:mobilenetv3_small_100"]  # two parts with --gpus 0 1
-    assert run_suite("quick", names, ["eager", "launchless"], str(tmp_path), 10, 300, gpus) == 0
+    measure_suite("quick", names, ["eager", "launchless"], out_dir=tmp_path, iters=10, timeout_s=300, gpus=gpus)
     report = json.loads((tmp_path / "bench.json").read_text())
     rows = {(r["workload"], r["mode"]): r for r in report["rows"]}
     assert set(rows) == {(n, m) for n in names for m in ("eager", "launchless")}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launchless.apps.bench.serving import run_mode, run_serving
+from launchless.apps.bench.runner import measure_suite, run_mode
 from launchless.apps.bench.serving_buckets import BUCKET_SIZES
 from launchless.apps.bench.serving_workloads import DECODE_MODES, batch_trace
 
@@ -22,7 +22,7 @@ LAUNCHLESS_BUCKET_MODES = ["eager", "graph-per-size", "buckets", "buckets-auto"]
 
 def test_a_graph_per_size_or_per_bucket_equal_to_eager(tmp_path: Path) -> None:
     names = ["buckets:mlp", "buckets:resnet18@64"]
-    paths = run_serving(names, LAUNCHLESS_BUCKET_MODES, out_dir=tmp_path, calls=CALLS, timeout_s=600, device="cuda")
+    paths = measure_suite("serving", names, LAUNCHLESS_BUCKET_MODES, out_dir=tmp_path, iters=CALLS, timeout_s=600)
     doc = json.loads(paths["json"].read_text())
     rows = doc["rows"]
     assert [(r["workload"], r["mode"]) for r in rows] == [(n, m) for n in names for m in LAUNCHLESS_BUCKET_MODES]
@@ -50,7 +50,7 @@ def test_a_graph_per_size_or_per_bucket_equal_to_eager(tmp_path: Path) -> None:
 
 
 def test_reduce_overhead_records_a_graph_per_size(tmp_path: Path) -> None:
-    (row,) = run_mode("reduce-overhead", ["buckets:mlp"], calls=CALLS, device="cuda", timeout_s=600, out=tmp_path)
+    (row,) = run_mode("reduce-overhead", ["buckets:mlp"], CALLS, 600, tmp_path)
     assert row["status"] == "ok", row
     assert row["graphs"] >= len(set(batch_trace(CALLS))) and row["graph_mem_bytes"] > 0, row
     assert row["compile_s"] > 0 and row["max_abs_diff"] < 1e-3, row
@@ -58,7 +58,7 @@ def test_reduce_overhead_records_a_graph_per_size(tmp_path: Path) -> None:
 
 def test_gpt2_small_decodes_in_every_mode(tmp_path: Path) -> None:
     name = "decode:gpt2-124m@b1"
-    paths = run_serving([name], DECODE_MODES, out_dir=tmp_path, calls=1, timeout_s=600, device="cuda")
+    paths = measure_suite("serving", [name], list(DECODE_MODES), out_dir=tmp_path, iters=1, timeout_s=600)
     doc = json.loads(paths["json"].read_text())
     rows = {r["mode"]: r for r in doc["rows"]}
     assert list(rows) == list(DECODE_MODES)

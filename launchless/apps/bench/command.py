@@ -132,13 +132,15 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from .runner import run_suite
+    from .runner import measure_suite
 
     if args.gpus:
         _check_gpus(parser, args.gpus)
-    return run_suite(
-        args.suite, names, modes, args.out, args.iters, args.timeout, args.gpus, weights, profile=args.profile
-    )
+    measure_suite(
+        args.suite, names, modes, out_dir=args.out, iters=args.iters, timeout_s=args.timeout, gpus=args.gpus,
+        weights=weights, profile=args.profile,
+    )  # fmt: skip
+    return 0
 
 
 def _multigpu(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -185,14 +187,16 @@ def _multigpu(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 def _serving(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """The serving suite: its own workloads and modes, a worker per mode; it runs on a CPU too (host-clock times,
     tiny models by default), so that it can be checked anywhere."""
-    from . import serving, serving_workloads
+    from . import serving_workloads
+    from .runner import measure_suite
+    from .worker import device_type
 
     if args.list:
         print("\n".join(serving_workloads.listing()))
         return 0
     if args.balance_from:
         parser.error("--balance-from deals the standard suites' workloads; the serving suite deals its own round-robin")
-    device = serving.device_type()
+    device = device_type()
     names = args.workloads or serving_workloads.default_workloads(device)
     _check_suite_choices(
         parser, names, args.modes, check_workload=serving_workloads.check_workload, modes=serving_workloads.MODES
@@ -201,16 +205,10 @@ def _serving(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if device != "cuda":
             parser.error("--gpus names GPUs and none is visible here; leave it out to run on the CPU")
         _check_gpus(parser, args.gpus)
-    serving.run_serving(
-        names,
-        args.modes or serving_workloads.MODES,
-        out_dir=args.out,
-        calls=args.iters,
-        timeout_s=args.timeout,
-        gpus=args.gpus,
-        device=device,
-        profile=args.profile,
-    )
+    measure_suite(
+        SERVING, names, list(args.modes or serving_workloads.MODES), out_dir=args.out, iters=args.iters,
+        timeout_s=args.timeout, gpus=args.gpus, device=device, profile=args.profile,
+    )  # fmt: skip
     return 0
 
 

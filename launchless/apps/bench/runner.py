@@ -37,6 +37,8 @@ from ..environment import describe
 from ..workers import run_workers
 from . import report
 from .modes import CACHES_OF
+from .serving_report import SUITE as SERVING
+from .serving_workloads import serving_environment
 from .worker import empty_row, runs_in
 
 WORKER = [sys.executable, "-m", "launchless.apps.bench.worker"]
@@ -317,27 +319,6 @@ def suite_run(suite: str, out_dir: str | Path, environment: dict, *, total: int)
         yield SuiteRun(suite, out, environment, console, progress, progress.add_task("benchmarking", total=total))
 
 
-def run_suite(
-    suite: str,
-    names: list[str],
-    modes: list[str],
-    out_dir: str,
-    iters: int,
-    timeout_s: float,
-    gpus: list[int] | None = None,
-    weights: Mapping[str, float] | None = None,
-    *,
-    profile: bool = False,
-) -> int:
-    """A suite of ``workloads`` on the GPU, its rows in a table on the terminal and its report in ``out_dir``;
-    ``profile``: each pair's profile in ``out_dir/profiles`` too."""
-    measure_suite(
-        suite, names, modes, out_dir=out_dir, iters=iters, timeout_s=timeout_s, gpus=gpus, weights=weights,
-        profile_dir=Path(out_dir) / "profiles" if profile else None,
-    )  # fmt: skip
-    return 0
-
-
 def measure_suite(
     suite: str,
     names: list[str],
@@ -349,15 +330,16 @@ def measure_suite(
     gpus: list[int] | None = None,
     weights: Mapping[str, float] | None = None,
     device: str = "cuda",
-    environment: Mapping[str, Any] | None = None,
-    profile_dir: Path | None = None,
+    profile: bool = False,
 ) -> dict[str, Path]:
     """Every (workload, mode) of a single-process suite through the one worker, a worker per mode (and part, with
     several ``gpus``), all modes sharing the suite's compile-cache folders; then its report, written after each mode
-    too. A serving workload runs only in the modes of its part. ``environment``: what the suite adds to
-    ``describe()``; ``profile_dir``: where each inference or training pair's profile goes too. Returns the report's
-    paths."""
-    env = describe() | dict(environment or {})
+    too, and its table on the terminal. A serving workload runs only in the modes of its part, and the serving
+    report states the device, the trace and the modes asked for. ``profile``: each pair's profile in
+    ``out_dir/profiles`` too. Returns the report's paths."""
+    env = describe()
+    if suite == SERVING:
+        env |= serving_environment(device, iters) | {"modes": list(modes)}
     if gpus and len(gpus) > 1:
         env["gpus_at_once"] = len(gpus)
     order = {(n, m): (i, j) for i, n in enumerate(names) for j, m in enumerate(modes)}
@@ -367,7 +349,7 @@ def measure_suite(
 
     finished: list[dict] = []
     caches = CacheRoots()
-    worker = [*WORKER, "--device", device, *(["--profile-dir", str(profile_dir)] if profile_dir else [])]
+    worker = [*WORKER, "--device", device, *(["--profile-dir", str(Path(out_dir) / "profiles")] if profile else [])]
     total = sum(runs_in(n, m) for n in names for m in modes)
     with suite_run(suite, out_dir, env, total=total) as run:
 
