@@ -27,7 +27,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.markdown import Markdown
