@@ -12,8 +12,9 @@ import torch
 
 from launchless.apps import cli, zoo
 from launchless.apps.bench import modes, runner, stats, workloads
-from launchless.apps.bench.runner import deal, run_mode, run_parts, split_cores
+from launchless.apps.bench.runner import run_mode, run_parts
 from launchless.apps.bench.worker import empty_row
+from launchless.apps.workers import deal, split_cores
 
 FAKE_WORKER = r"""
 import argparse, json, sys, time

@@ -1,13 +1,15 @@
 """Worker processes that take a list of names in turn and write one JSON row per name, restarted past a name that
-killed or hung them: what the bench suite and the conformance matrix both run on."""
+killed or hung them, and names dealt over several GPUs with a part per GPU run at once: what the bench suites and
+the conformance matrix both run on."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +125,68 @@ def _collect(
             break
         time.sleep(POLL_S)
     return rows
+
+
+def deal(names: list[str], parts: int, weights: Mapping[str, float] | None = None) -> list[list[str]]:
+    """Workloads dealt round-robin, so that each part gets a share of the slow-to-compile ones; with ``weights``
+    (seconds each took in an earlier run) longest first to the least-loaded part, so that the parts finish
+    together. A workload without a weight counts as the mean of the others. Each part keeps suite order."""
+    if not weights:
+        return [names[i::parts] for i in range(parts) if names[i::parts]]
+    known = [weights[n] for n in names if n in weights]
+    default = sum(known) / len(known) if known else 1.0
+    cost = {n: weights.get(n, default) for n in names}
+    loads, members = [0.0] * parts, [set() for _ in range(parts)]
+    for name in sorted(names, key=lambda n: (-cost[n], names.index(n))):
+        i = loads.index(min(loads))
+        loads[i] += cost[name]
+        members[i].add(name)
+    return [[n for n in names if n in part] for part in members if part]
+
+
+def split_cores(parts: int) -> list[set[int] | None]:
+    """This process's CPU cores in ``parts`` contiguous, disjoint sets (None where there are too few)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return [None] * parts
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < parts:
+        return [None] * parts
+    size = len(cores) // parts
+    return [set(cores[i * size : (i + 1) * size]) for i in range(parts)]
+
+
+def run_dealt(
+    names: list[str],
+    gpus: list[int] | None,
+    run_part: Callable[[list[str], int | None, set[int] | None], list[Row]],
+    weights: Mapping[str, float] | None = None,
+) -> list[Row]:
+    """Every name once: as one part on the one GPU named (or the current one), or dealt over ``gpus`` (``deal``) and
+    the parts run at once, each from a thread of its own and pinned to CPU cores of its own (``split_cores``), so
+    that one part's compilation does not steal the CPU another part times launches on. ``run_part(part, gpu,
+    cores)`` runs one part; a part that raises ends the run with its error. Rows part after part: the caller orders
+    them."""
+    if not gpus or len(gpus) == 1:
+        return run_part(names, gpus[0] if gpus else None, None)
+    parts = deal(names, len(gpus), weights)
+    cores = split_cores(len(parts))
+    results: list[list[Row]] = [[] for _ in parts]
+    errors: list[BaseException] = []
+
+    def one_part(i: int, part: list[str], gpu: int) -> None:
+        try:
+            results[i] = run_part(part, gpu, cores[i])
+        except BaseException as exc:  # re-raised in the caller's thread
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=one_part, args=(i, part, gpu), daemon=True)
+        for i, (part, gpu) in enumerate(zip(parts, gpus, strict=False))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return [row for rows in results for row in rows]

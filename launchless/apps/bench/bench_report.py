@@ -2,16 +2,7 @@
 kernels, grace) shows: Markdown (for the README / issues), a rich table (for the terminal) and a PNG chart, all from the
 same rows so the numbers can never disagree; ``report.write_all`` writes them beside the JSON record.
 
-A row is one (workload, mode) result from its own subprocess::
-
-    {"workload": str, "mode": str, "kind": "inference" | "training",
-     "status": "ok" | "skipped" | "error", "reason": str | None,
-     "median_ms", "min_ms", "latency_ms", "first_call_ms", "peak_mem_mb", "kernel_floor_ms": float | None,
-     "graph_coverage": float | None (share of kernels inside graphs), "copy_bytes": float | None (per call),
-     "compile_s": float (modes that compile: their first call), "calls": int | None,
-     "correctness": {"status": "bit-identical" | "differs" | "reference" | "n/a", "max_abs_diff": float | None},
-     "wall_s": float}
-
+A row is one (workload, mode) result from its own worker; its fields: docs/benchmarks.md, "What a row holds".
 Columns follow the order modes first appear in the rows; rows follow the order workloads first appear.
 """
 

@@ -2,25 +2,8 @@
 from the same rows so the numbers can never disagree. Nothing here needs a GPU: the report can be rebuilt from a
 saved multigpu.json anywhere.
 
-A row is one (workload, mode, world size), written by rank 0 of its group::
-
-    {"workload": str, "part": "tp-inference" | "ddp-training", "mode": str, "world_size": int,
-     "status": "ok" | "error", "reason": str | None,
-     "median_ms": float | None,      # per call or step, back to back, rank 0 (CUDA events; host clock on the CPU)
-     "min_ms": float | None, "calls": int | None,
-     "waited_ms": float | None,      # one call started on an idle GPU and synchronized
-     "first_call_s": float | None,   # the first call: compilation (or wrap's capture) included
-     "warmup_s": float | None,       # the first 21 calls: every compilation, capture and verification included
-     "correctness": {"status": "reference" | "bit-identical" | "differs" | "n/a",
-                     "max_abs_diff": float | None,   # the largest over the ranks, against eager at this world size
-                     "ranks": [float, ...]},         # each rank's own
-     "scaling_efficiency": float | None,  # median at world size 1 / this median (None at world size 1)
-     "graphs": dict | None,          # what launchless ran: wrap's runtime summary, or graphed_step's level
-     "wall_s": float}
-
-``scaling_efficiency`` is one ratio read two ways: for DDP (the same batch per GPU) it is the weak-scaling
-efficiency, 1.0 when a step on W GPUs takes as long as on one; for tensor parallelism (one model split W ways) it
-is the speed-up over the unsharded model, W at best.
+A row is one (workload, mode, world size), written by rank 0 of its group; its fields (``scaling_efficiency``
+read for DDP and for tensor parallelism): docs/benchmarks.md, "What a row holds".
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from rich.markdown import Markdown
 from rich.progress import Progress, TaskID
 
 from ..environment import describe
-from ..workers import run_workers
+from ..workers import run_dealt, run_workers
 from . import report
 from .modes import CACHES_OF
 from .serving_report import SUITE as SERVING
@@ -161,23 +161,6 @@ class CacheRoots:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def deal(names: list[str], parts: int, weights: Mapping[str, float] | None = None) -> list[list[str]]:
-    """Workloads dealt round-robin, so that each part gets a share of the slow-to-compile ones; with ``weights``
-    (seconds each took in an earlier run) longest first to the least-loaded part, so that the parts finish
-    together. A workload without a weight counts as the mean of the others. Each part keeps suite order."""
-    if not weights:
-        return [names[i::parts] for i in range(parts) if names[i::parts]]
-    known = [weights[n] for n in names if n in weights]
-    default = sum(known) / len(known) if known else 1.0
-    cost = {n: weights.get(n, default) for n in names}
-    loads, members = [0.0] * parts, [set() for _ in range(parts)]
-    for name in sorted(names, key=lambda n: (-cost[n], names.index(n))):
-        i = loads.index(min(loads))
-        loads[i] += cost[name]
-        members[i].add(name)
-    return [[n for n in names if n in part] for part in members if part]
-
-
 class BalanceFileUnreadable(ValueError):
     """``--balance-from`` named a file that is not an earlier run's bench.json."""
 
@@ -203,17 +186,6 @@ def balance_weights(path: str, modes: list[str]) -> dict[str, float]:
     return weights
 
 
-def split_cores(parts: int) -> list[set[int] | None]:
-    """This process's CPU cores in ``parts`` contiguous, disjoint sets (None where there are too few)."""
-    if not hasattr(os, "sched_getaffinity"):
-        return [None] * parts
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < parts:
-        return [None] * parts
-    size = len(cores) // parts
-    return [set(cores[i * size : (i + 1) * size]) for i in range(parts)]
-
-
 def run_parts(
     names: list[str],
     modes: list[str],
@@ -221,36 +193,16 @@ def run_parts(
     run: Callable[..., list[dict]],
     weights: Mapping[str, float] | None = None,
 ) -> list[dict]:
-    """Every (workload, mode) once: serially on the current GPU, or dealt over ``gpus`` and run at once.
+    """Every (workload, mode) once: serially on the current GPU, or dealt over ``gpus`` and run at once, every mode
+    of a workload on one GPU (``workers.run_dealt``). ``run(mode, names, gpu=, cores=)`` measures one mode on one
+    part; rows come back in suite order."""
 
-    ``run(mode, names, gpu=, cores=)`` measures one mode on one part; rows come back in suite order."""
-    if not gpus or len(gpus) == 1:
-        gpu = gpus[0] if gpus else None
-        return [row for mode in modes for row in run(mode, names, gpu=gpu, cores=None)]
-    parts = deal(names, len(gpus), weights)
-    results: list[list[dict]] = [[] for _ in parts]
-    errors: list[BaseException] = []
+    def every_mode(part: list[str], gpu: int | None, cores: set[int] | None) -> list[dict]:
+        return [row for mode in modes for row in run(mode, part, gpu=gpu, cores=cores)]
 
-    def one_part(i: int, part: list[str], gpu: int, cores: set[int] | None) -> None:
-        try:
-            for mode in modes:
-                results[i] += run(mode, part, gpu=gpu, cores=cores)
-        except BaseException as exc:  # re-raised in the caller's thread
-            errors.append(exc)
-
-    cores = split_cores(len(parts))
-    threads = [
-        threading.Thread(target=one_part, args=(i, part, gpu, cores[i]), daemon=True)
-        for i, (part, gpu) in enumerate(zip(parts, gpus, strict=False))
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
     order = {(n, m): (names.index(n), modes.index(m)) for n in names for m in modes}
-    return sorted((row for rows in results for row in rows), key=lambda r: order[(r["workload"], r["mode"])])
+    rows = run_dealt(names, gpus, every_mode, weights)
+    return sorted(rows, key=lambda r: order[(r["workload"], r["mode"])])
 
 
 class GpusUnavailable(ValueError):

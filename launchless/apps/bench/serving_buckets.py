@@ -1,22 +1,12 @@
-"""The batch-bucket part of the serving suite: one model serving the trace of batch sizes in one mode.
+"""The batch-bucket part of the serving suite: one model serving the trace of batch sizes in one mode (the modes:
+docs/benchmarks.md, the serving suite; their wrap options: ``WRAP_OPTIONS``).
 
-Every mode serves the same model (same seed) the same trace with the same inputs, under ``torch.no_grad()``:
-
-1. eager serves the trace once: the reference outputs, and the warm-up every mode gets (kernels loaded, cuBLAS
-   and cuDNN handles made), so that what the mode's first pass adds is its own;
-2. the mode serves the trace once -- the first pass: its captures, compilations and proofs -- timed whole;
-3. the mode serves the trace again, each call timed from an idle device until its result is ready (CUDA events on a
-   GPU, the host clock on a CPU): a server that answers each request before it takes the next;
-4. the mode serves the trace a third time, each output compared with eager's.
-
-The modes: ``graph-per-size`` wraps with ``capture_after=1`` and ``max_graphs=32``, so that every size of the trace
-gets its own graph at its first call; ``buckets`` and ``buckets-auto`` wrap with ``capture_after=1`` and
-``batch_buckets`` [1, 2, 4, 8, 16, 32] or ``"auto"``; ``buckets-split-16`` and ``buckets-split-8`` cap the buckets
-at 16 or 8 rows and serve a larger call as calls of the largest bucket, their outputs' rows joined in order (what
-a server that caps its largest bucket to hold less graph memory does); ``reduce-overhead`` is
-``torch.compile(mode="reduce-overhead", dynamic=False)`` with ``cudagraph_mark_step_begin()`` before each call, and
-Dynamo's recompile limit raised to 64, so that every size is compiled -- at PyTorch's default of 8 the sizes after
-the eighth would run eager.
+Every mode serves the same model the same trace with the same inputs, under ``torch.no_grad()``: eager once (the
+reference outputs, and every mode's warm-up: kernels loaded, cuBLAS and cuDNN handles made), then the mode once (its
+first pass: captures, compilations, proofs), again with each call timed from an idle device until its result is
+ready (a server that answers each request before it takes the next), and a third time compared with eager's outputs.
+reduce-overhead's recompile limit is raised so that every size of the trace is compiled (at PyTorch's default of 8
+the sizes after the eighth would run eager).
 """
 
 from __future__ import annotations

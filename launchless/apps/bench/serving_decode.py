@@ -1,37 +1,13 @@
-"""The decode part of the serving suite: greedy ``generate()`` of a causal LM in one mode.
+"""The decode part of the serving suite: greedy ``generate()`` of a causal LM in one mode (the modes, the race and
+what ``identical`` compares with: docs/benchmarks.md, the serving suite).
 
-Every mode generates from the same model (same seed) and the same prompts, ``max_new_tokens`` of them greedily:
-
-1. eager generates once: the reference tokens, and the warm-up every mode gets, so that what the mode's first call
-   adds is its own;
-2. the mode generates once -- the first call, its compilation or capture included -- and then ``DECODE_RUNS`` times
-   more, each timed on the host clock until its tokens are on the host (every step's tokens go to the host, to the
-   streamer below, so the host waits for the device at each step and its clock is the device's too).
-
-Each call carries a streamer that notes when the first new token reaches the host: the time to first token (the
-prompt's forward and one sampling step). The rest of the call is decoding: ``median_ms`` is a decode step (the
-median over the runs of that time over the tokens after the first), ``tokens_per_s`` the batch's tokens per second at
-that step time. ``compile_s`` is the first call's time beyond the median call.
-
-The modes: ``eager`` is ``model.generate``; ``static-compile`` is transformers' own recipe for a static KV cache with
-torch.compile: ``generate(cache_implementation="static", compile_config=CompileConfig(fullgraph=True,
-mode="reduce-overhead"))``, with which ``generate()`` compiles the forward itself, leaving the model's own generation
-config as it was (a transformers without ``CompileConfig`` gets ``model.forward = torch.compile(model.forward,
-mode="reduce-overhead", fullgraph=True)``); ``launchless`` is ``launchless.wrap(model).generate``.
-
-Separate processes do not make a fair race: one process's host runs faster or slower than the next (measured on one
-H200: static-compile's GPT-2 small step took from 1.37 to 1.86 ms over three runs), and decoding at batch 1 is bound
-by the host as much as by the device. So the launchless worker, once its own row is measured, also sets the three
-modes against each other in its one process (``interleaved``): static-compile compiled first (that start-up is its own
-worker's to measure), then ``INTERLEAVED_ROUNDS`` rounds of one generate() per mode, in a rotating order; the median
-decode step per mode goes to the launchless row as ``interleaved_ms``, and the report judges tokens per second by it.
-A race that fails leaves the row's own measurement standing and says why in ``interleaved_error``. On a CPU, where
-nothing is captured or compiled into graphs, it does not run.
-
-A mode is ``identical`` when its tokens are those of eager ``generate()`` computing the same thing without graphs or
-compilation (``eager_equivalent``): a static cache attends over its whole, masked length and rounds differently from
-the default dynamic cache, so after some steps greedy tokens can part from the dynamic cache's -- for transformers'
-own recipe as for launchless. ``dynamic_divergence`` says where they did.
+Every mode generates from the same model and prompts: eager once (the reference tokens, and every mode's warm-up, so
+that what a mode's first call adds is its own), then the mode once (its first call) and ``DECODE_RUNS`` times more,
+each timed on the host clock until its tokens are on the host (a streamer takes every step's tokens, so the host
+waits for the device at each step). The streamer notes the first new token's arrival: the time to first token; the
+rest of a call is decoding, ``median_ms`` one decode step. Separate processes do not make a fair race at batch 1 (one
+H200 host ran static-compile's GPT-2 small step at 1.37 to 1.86 ms over three runs), so the launchless worker also
+races the modes in its one process (``interleaved_step_ms``); a race that fails leaves the row standing.
 """
 
 from __future__ import annotations

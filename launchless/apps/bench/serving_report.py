@@ -2,38 +2,7 @@
 same rows so that the numbers can never disagree. Nothing here needs torch or a GPU: the report can be rebuilt from a
 saved serving.json anywhere.
 
-A row is one (workload, mode), written by that mode's worker::
-
-    {"workload": str, "part": "buckets" | "decode", "mode": str, "status": "ok" | "error", "reason": str | None,
-     "median_ms": float | None,      # buckets: the median call of the trace; decode: one decode step
-     "identical": bool | None,       # buckets: every call's outputs bit for bit eager's; decode: every token that
-                                     # of eager generate() on the mode's own kind of cache (see serving_decode)
-     "compile_s": float | None,      # the first pass (buckets) or call (decode) beyond a warm one: compilation,
-                                     # capture, proofs
-     "graphs": int | None,           # CUDA graphs the mode holds (None on a CPU)
-     "wall_s": float,
-     # buckets
-     "total_ms": float | None,       # the whole trace, each call waited for
-     "calls": int | None, "distinct_sizes": int | None,
-     "first_pass_s": float | None,   # the first pass over the trace
-     "graph_mem_bytes": int | None,  # the memory the graphs hold (None on a CPU)
-     "device_mem_bytes": int | None, # the device memory the mode's passes left in use, by the driver's count
-     "max_abs_diff": float | None,   # the largest difference from eager over the trace
-     "batch_buckets": dict | None,   # graph_info()["batch_buckets"] of the bucket modes
-     # decode
-     "batch": int, "prompt_tokens": int, "new_tokens": int,
-     "tokens_per_s": float | None,   # the batch's new tokens per second while decoding: batch x 1000 / median_ms
-     "ttft_ms": float | None,        # time to the first new token on the host (median over the runs)
-     "generate_ms": float | None,    # a whole generate() call (median over the runs)
-     "first_call_s": float | None, "runs": int | None,
-     "first_divergence": int | None, # the first new-token position that left the eager equivalent's tokens
-     "dynamic_divergence": int | None, # ... that left the tokens of eager generate() on its default dynamic cache
-     "interleaved_ms": dict | None,  # launchless rows on a GPU: {mode: median ms per decode step} with the modes
-                                     # taking turns in one process (see serving_decode)
-     "interleaved_rounds": int | None, # the rounds of that race
-     "interleaved_error": str | None, # what stopped the race, where it failed
-     "loop_generations": int,        # launchless on a GPU: the generations the host-ahead loop decoded
-     "through_generate": dict}       # ... and why others went through generate()'s own loop: {reason: calls}
+A row is one (workload, mode), written by that mode's worker; its fields: docs/benchmarks.md, "What a row holds".
 
 The targets, judged from the rows: a bucket mode serves the trace at 0.9x the speed of graph-per-size or better
 while its graphs hold at most a quarter of graph-per-size's memory; launchless decodes at batch 1 at least as many

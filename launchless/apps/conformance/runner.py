@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from ..bench.runner import deal, split_cores
 from ..environment import describe
-from ..workers import read_rows, run_workers
+from ..workers import read_rows, run_dealt, run_workers
 from . import report
 from .check import empty_row
 from .worker import task_of
@@ -82,22 +80,9 @@ def _check(
 ) -> list[dict[str, Any]]:
     if not names:
         return []
-    if not gpus or len(gpus) == 1:
-        rows = run_part(names, out, iters=iters, timeout_s=timeout_s, gpu=gpus[0] if gpus else None)
-    else:
-        parts = deal(names, len(gpus))
-        results: list[list[dict[str, Any]]] = [[] for _ in parts]
-        cores = split_cores(len(parts))
 
-        def one(i: int, part: list[str], gpu: int) -> None:
-            results[i] = run_part(part, out, iters=iters, timeout_s=timeout_s, gpu=gpu, cores=cores[i])
+    def one_part(part: list[str], gpu: int | None, cores: set[int] | None) -> list[dict[str, Any]]:
+        return run_part(part, out, iters=iters, timeout_s=timeout_s, gpu=gpu, cores=cores)
 
-        threads = [
-            threading.Thread(target=one, args=(i, p, g)) for i, (p, g) in enumerate(zip(parts, gpus, strict=False))
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        rows = sorted((r for part in results for r in part), key=lambda r: names.index(r["model"]))
+    rows = sorted(run_dealt(names, gpus, one_part), key=lambda r: names.index(r["model"]))
     return rows

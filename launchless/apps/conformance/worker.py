@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
+from ...errors import one_line
 from .. import zoo
-from ..bench.worker import one_line
 from ..environment import describe
 from ..workers import append_row
 from .check import check, empty_row
