@@ -14,7 +14,7 @@ from launchless.apps import cli, zoo
 from launchless.apps.bench import modes, runner, stats, workloads
 from launchless.apps.bench.runner import run_mode, run_parts
 from launchless.apps.bench.worker import empty_row
-from launchless.apps.workers import deal, split_cores
+from launchless.apps.workers import GpusUnavailable, check_gpus, deal, split_cores
 
 FAKE_WORKER = r"""
 import argparse, json, sys, time
@@ -262,14 +262,14 @@ def test_a_part_that_fails_stops_the_run_with_its_error(tmp_path) -> None:
 def test_bench_refuses_gpus_that_are_not_there(monkeypatch) -> None:
     monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
     monkeypatch.setattr("torch.cuda.get_device_name", lambda i: "NVIDIA H200")
-    runner.check_gpus([0, 1])
-    with pytest.raises(runner.GpusUnavailable, match=r"has 2 GPU\(s\) \(0..1\)"):
-        runner.check_gpus([0, 2])
-    with pytest.raises(runner.GpusUnavailable, match="at most once"):
-        runner.check_gpus([1, 1])
+    check_gpus([0, 1])
+    with pytest.raises(GpusUnavailable, match=r"has 2 GPU\(s\) \(0..1\)"):
+        check_gpus([0, 2])
+    with pytest.raises(GpusUnavailable, match="at most once"):
+        check_gpus([1, 1])
     monkeypatch.setattr("torch.cuda.get_device_name", lambda i: f"GPU model {i}")
-    with pytest.raises(runner.GpusUnavailable, match="mixes GPU models"):
-        runner.check_gpus([0, 1])
+    with pytest.raises(GpusUnavailable, match="mixes GPU models"):
+        check_gpus([0, 1])
 
 
 def test_each_mode_compiles_into_fresh_caches_that_are_gone_afterwards(tmp_path, monkeypatch) -> None:

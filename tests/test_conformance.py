@@ -162,6 +162,19 @@ def test_conformance_list_shows_what_the_arguments_chose_and_refuses_unknown_nam
         assert exited.value.code == 2 and said in capsys.readouterr().err
 
 
+def test_conformance_refuses_gpus_that_are_not_there_before_any_worker_starts(monkeypatch, capsys) -> None:
+    from launchless.apps.conformance import runner
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda i: "NVIDIA H200")
+    monkeypatch.setattr(runner, "run_matrix", lambda *a, **k: pytest.fail("a worker started"))
+    for gpus, said in ((["0", "3"], r"has 2 GPU(s) (0..1)"), (["1", "1"], "name each at most once")):
+        with pytest.raises(SystemExit) as exited:
+            cli.main(["conformance", "--models", "timm:resnet18", "--gpus", *gpus])
+        assert exited.value.code == 2 and said in capsys.readouterr().err
+
+
 def test_models_run_task_by_task_and_a_resumed_run_keeps_earlier_rows(tmp_path) -> None:
     from launchless.apps.conformance.command import interleaved
     from launchless.apps.conformance.runner import run_matrix

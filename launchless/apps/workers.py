@@ -190,3 +190,26 @@ def run_dealt(
     if errors:
         raise errors[0]
     return [row for rows in results for row in rows]
+
+
+class GpusUnavailable(ValueError):
+    """``--gpus`` named a GPU that is not there, or GPUs of different models."""
+
+
+def check_gpus(gpus: list[int]) -> None:
+    """``--gpus`` checked before any worker starts: each there and named once, all of one model (parts timed on
+    different GPUs would not compare); ``GpusUnavailable`` says which and what to name."""
+    import torch
+
+    count = torch.cuda.device_count()
+    missing = [g for g in gpus if not 0 <= g < count]
+    if missing or len(set(gpus)) != len(gpus):
+        raise GpusUnavailable(
+            f"--gpus {' '.join(map(str, gpus))}: this machine has {count} GPU(s) (0..{count - 1}); "
+            "name each at most once"
+        )
+    names = {torch.cuda.get_device_name(g) for g in gpus}
+    if len(names) > 1:
+        raise GpusUnavailable(
+            f"--gpus mixes GPU models ({', '.join(sorted(names))}); results would not compare: name GPUs of one model"
+        )

@@ -237,7 +237,7 @@ def _check_suite_choices(
 def _check_gpus(parser: argparse.ArgumentParser, gpus: list[int]) -> None:
     """``--gpus`` (or every GPU) checked before any worker starts: a GPU not there, named twice, or of another model
     than the rest is an argparse error."""
-    from .runner import GpusUnavailable, check_gpus
+    from ..workers import GpusUnavailable, check_gpus
 
     try:
         check_gpus(gpus)

@@ -205,27 +205,6 @@ def run_parts(
     return sorted(rows, key=lambda r: order[(r["workload"], r["mode"])])
 
 
-class GpusUnavailable(ValueError):
-    """``--gpus`` named a GPU that is not there, or GPUs of different models."""
-
-
-def check_gpus(gpus: list[int]) -> None:
-    import torch
-
-    count = torch.cuda.device_count()
-    missing = [g for g in gpus if not 0 <= g < count]
-    if missing or len(set(gpus)) != len(gpus):
-        raise GpusUnavailable(
-            f"--gpus {' '.join(map(str, gpus))}: this machine has {count} GPU(s) (0..{count - 1}); "
-            "name each at most once"
-        )
-    names = {torch.cuda.get_device_name(g) for g in gpus}
-    if len(names) > 1:
-        raise GpusUnavailable(
-            f"--gpus mixes GPU models ({', '.join(sorted(names))}); results would not compare: name GPUs of one model"
-        )
-
-
 @dataclasses.dataclass
 class SuiteRun:
     """One suite's run as the terminal shows it and its folder keeps it: a progress bar over its (workload, mode)

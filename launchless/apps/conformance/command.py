@@ -59,7 +59,13 @@ def run_conformance(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     if not torch.cuda.is_available():
         print("launchless conformance needs a CUDA GPU (it captures and times graphs); none is visible here.")
         return 2
+    from ..workers import GpusUnavailable, check_gpus
     from .runner import run_matrix
+
+    try:
+        check_gpus(args.gpus or [])
+    except GpusUnavailable as exc:  # a GPU not there, named twice, or of another model than the rest
+        parser.error(str(exc))
 
     paths = run_matrix(names, args.out, iters=args.iters, timeout_s=args.timeout, gpus=args.gpus, resume=args.resume)
     print(paths["md"].read_text())
