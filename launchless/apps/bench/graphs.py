@@ -14,6 +14,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from ..what_ran import Ran, SplitBy, what_ran
+
 
 def summarize(infos: Iterable[Mapping[str, Any]], graph_breaks: int | None) -> dict[str, Any]:
     """One workload's ``CompiledGraphs.graph_info()`` dicts as counts: graphs per variant, refusals by reason."""
@@ -71,34 +73,22 @@ def recorder() -> Callable[[], dict[str, Any]]:
 
 
 def runtime_summary(info: Mapping[str, Any]) -> dict[str, Any]:
-    """A wrapped model's ``graph_info()`` as what runs: ``graph``, ``split`` (by submodule: pieces and share; by
-    operation: graphs around the operations run eager) or ``eager`` (why)."""
-    split = info.get("split")
-    verified = [s for s in (split or {}).get("signatures", []) if s["status"] == "verified"]
-    replaying = [g for g in info["graphs"] if g["replays"]]
-    regions = [g["region_split"] for g in replaying if g.get("region_split")]
-    if regions:  # graphs with operations run eager between them
-        return {
-            "runtime": "split",
-            "split_by": "operation",
-            "graphs": regions[0]["graphs"],
-            "eager_ops": list(dict.fromkeys(op["op"] for region in regions for op in region["eager_ops"])),
-            "speedup": regions[0]["speedup"],
+    """A wrapped model's ``graph_info()`` as what runs (``what_ran``), in a row's ``graphs``: ``graph``, ``split``
+    (by operation: graphs around the operations run eager; by submodule: pieces and share) or ``eager`` (why)."""
+    ran = what_ran(info)
+    if ran.split_by is SplitBy.OPERATION:
+        operations = list(ran.eager_parts)
+        return {"runtime": "split", "split_by": "operation", "graphs": ran.graphs, "eager_ops": operations} | {
+            "speedup": ran.speedup
         }
-    if replaying:
-        return {"runtime": "graph", "graphs": len(info["graphs"])}
-    if verified:
-        return {
-            "runtime": "split",
-            "pieces": [p["module"] for p in split["pieces"] if p["graphs"]],
-            "captured_share": verified[0]["captured_share"],
-            "eager": [part["module"] for part in split["eager"]],
-            "reason": split["eager"][0]["reason"],
+    if ran.ran is Ran.GRAPH:
+        return {"runtime": "graph", "graphs": ran.graphs}
+    if ran.ran is Ran.SPLIT:
+        pieces, eager = list(ran.pieces), list(ran.eager_parts)
+        return {"runtime": "split", "pieces": pieces, "captured_share": ran.captured_share, "eager": eager} | {
+            "reason": ran.reason
         }
-    reasons = [f["reason"] for f in info["fallbacks"]] or list(info.get("eager_calls", {}))
-    if split and split["signatures"]:
-        reasons.append(f"split dropped: {split['signatures'][0]['detail']}")
-    return {"runtime": "eager", "reason": "; ".join(reasons) or None}
+    return {"runtime": "eager", "reason": ran.reason}
 
 
 def describe_runtime(summary: Mapping[str, Any]) -> str:

@@ -24,6 +24,7 @@ from ... import wrap
 from ...core.verify import difference, identical
 from ...diagnose.dry_run import dry_run
 from ...timing import cuda_latency, cuda_time
+from ..what_ran import Ran, SplitBy, what_ran
 
 Inputs = tuple[tuple, dict]
 ROW_KEYS = (
@@ -58,50 +59,19 @@ def empty_row(model: str, task: str) -> dict[str, Any]:
 
 
 def classify_info(row: dict[str, Any], info: dict[str, Any]) -> None:
-    """status, verified, the verification class, and the reason a forward runs eager, from ``graph_info()``."""
-    graphs = [g for g in info["graphs"] if g["replays"]]
-    split = info.get("split")
-    verified_split = [s for s in (split or {}).get("signatures", []) if s["status"] == "verified"]
-    row["graph_mb"] = round(info["pool_bytes"] / 2**20, 2)
-    if graphs:
-        report = graphs[0]["verification"] or {}
-        row.update(status="graph", verified=bool(report.get("passed")), verification=str(report.get("status")))
-        region = graphs[0].get("region_split")
-        if region:  # graphs with operations run eager between them
-            ops = list(dict.fromkeys(op["op"] for op in region["eager_ops"]))
-            row.update(
-                status="split",
-                split_by="operation",
-                pieces=[f"{region['graphs']} graphs"],
-                eager_parts=ops,
-                reason=f"runs {', '.join(ops)} eager between graphs",
-                source=region["source"],
-            )
-        return
-    if split:
-        row["graph_mb"] = round(sum(p.get("pool_bytes", 0) for p in split["pieces"]) / 2**20, 2)
-        root = split["eager"][0]
-        row.update(reason=root["reason"], source=root["source"])
-        row["eager_parts"] = [part["module"] for part in split["eager"]]
-    if verified_split:
-        decided = verified_split[0]
-        row.update(
-            status="split",
-            split_by="submodule",
-            verified=True,
-            verification=str((decided["verification"] or {}).get("status")),
-            captured_share=decided["captured_share"],
-            pieces=[p["module"] for p in split["pieces"] if p["graphs"]],
-        )
-        return
-    row.update(status="eager", verified=False)
-    if split and split["signatures"]:
-        row["reason"] = f"{row['reason']}; split dropped: {split['signatures'][0]['detail']}"
-    elif info["fallbacks"]:
-        fallback = info["fallbacks"][0]
-        row.update(reason=fallback["reason"], source=fallback["source"])
-    elif info["eager_calls"]:
-        row["reason"] = next(iter(info["eager_calls"]))
+    """status, verified, the verification class, and the reason a forward runs eager, from ``graph_info()``
+    (``what_ran``)."""
+    ran = what_ran(info)
+    row.update(status=str(ran.ran), verified=ran.verified, graph_mb=round(ran.graph_bytes / 2**20, 2))
+    row.update(reason=ran.reason, source=ran.source)
+    if ran.ran is not Ran.EAGER:
+        row["verification"] = str((ran.verification or {}).get("status"))
+    if ran.split_by is SplitBy.OPERATION:
+        row.update(split_by=str(ran.split_by), pieces=[f"{ran.graphs} graphs"])
+    elif ran.split_by is SplitBy.SUBMODULE:
+        row.update(split_by=str(ran.split_by), pieces=list(ran.pieces), captured_share=ran.captured_share)
+    if ran.eager_parts:
+        row["eager_parts"] = list(ran.eager_parts)
 
 
 def check(

@@ -44,7 +44,7 @@ from ...core.verify import difference, identical
 from ...diagnose.source import locate_exception
 from ...errors import CaptureError, VerificationError, one_line
 from ...timing import interleaved_ms
-from ..conformance.check import classify_info
+from ..what_ran import what_ran
 from .candidate import Built, Candidate
 from .rows import SEVERITY, Entry, GradMode, Result, Status, new_row
 
@@ -126,9 +126,8 @@ def status_of(info: Any, entry: Entry) -> tuple[Status, str | None, str | None]:
         if any(v["passed"] for v in verifications(info)):
             return Status.GRAPH, None, None
         return Status.EAGER, *_compiled_refusal(info)
-    scratch: dict[str, Any] = {"reason": None, "source": None}
-    classify_info(scratch, info)
-    return Status(scratch["status"]), scratch["reason"], scratch["source"]
+    ran = what_ran(info)
+    return Status(str(ran.ran)), ran.reason, ran.source
 
 
 def _compiled_refusal(info: list[dict[str, Any]]) -> tuple[str, str | None]:
