@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import graphs, kernels_report, stats, workloads
-from .charts import chart_title, log_axis, new_figure
+from .charts import BarPanel, bar_panels, chart_title
 from .formatting import MISSING, byte_size, factor, md_table, ms, reason_text
 from .tables import Row, header_line
 
@@ -320,83 +320,36 @@ def rich_table(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) 
 
 
 def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any]) -> Any:
-    """Grouped bars of speed-up over eager (log scale), one group per workload, with the launch-free limit.
-
-    Bars grow up or down from the baseline's line at 1×, so a slowdown points down. The black tick per workload
-    is the baseline's median / its kernel floor: the speed-up a mode would reach if launches cost nothing. A
-    mode missing on a workload leaves a gap in its slot, never a shifted bar. Without eager rows (the compiler
-    suite) the baseline is reduce-overhead, the mode that suite compares against. Returns the figure.
-    """
+    """Grouped bars of speed-up over eager (log scale), one group per workload, with the launch-free limit: the
+    baseline's median over its kernel floor, the speed-up a mode would reach if launches cost nothing. Without
+    eager rows (the compiler suite) the baseline is reduce-overhead, the mode that suite compares against. Returns
+    the figure."""
     view = _View(rows)
     baseline, speedups = stats.EAGER, view.vs_eager
     if not any(stats.ok_median(view.by_key.get((w, stats.EAGER))) for w in view.workloads) and view.vs_ro:
         baseline, speedups = stats.REDUCE_OVERHEAD, view.vs_ro
 
-    def baseline_floor(workload: str) -> float | None:
-        return stats.ok_floor(view.by_key.get((workload, baseline)))
+    def limit(workload: str) -> float | None:
+        row = view.by_key.get((workload, baseline))
+        floor, median = stats.ok_floor(row), stats.ok_median(row)
+        return median / floor if floor is not None and median is not None else None
 
     modes = [m for m in view.modes if m != baseline and m in speedups]
-    workloads = [w for w in view.workloads if any(w in speedups[m] for m in modes) or baseline_floor(w)]
-
-    fig = new_figure(max(7.0, 3.5 + 0.35 * len(workloads) * max(1, len(modes))), 4.8)
-    ax = fig.add_subplot()
-    ax.set_title(chart_title(f"launchless bench: speed-up over {baseline}", environment), fontsize=10)
-    if not workloads:
-        ax.text(0.5, 0.5, f"no workload has both {baseline} and another mode", ha="center", va="center")
-        ax.set_axis_off()
-        fig.savefig(path, format="png")
-        return fig
-
-    group = 0.8
-    width = group / max(1, len(modes))
-    colours = [f"C{i % 10}" for i in range(len(modes))]
-    values: list[float] = [1.0]
-    for i, mode in enumerate(modes):
-        xs, heights = [], []
-        for j, w in enumerate(workloads):
-            s = speedups[mode].get(w)
-            if s is not None:
-                xs.append(j - group / 2 + (i + 0.5) * width)
-                heights.append(s)
-        if not xs:
-            continue
-        values += heights
-        bars = ax.bar(xs, [h - 1.0 for h in heights], width=width, bottom=1.0, color=colours[i], label=mode)
-        for bar, h in zip(bars, heights, strict=True):
-            ax.annotate(
-                f"{h:.2f}",
-                (bar.get_x() + bar.get_width() / 2, h),
-                xytext=(0, 2 if h >= 1 else -2),
-                textcoords="offset points",
-                ha="center",
-                va="bottom" if h >= 1 else "top",
-                fontsize=6,
-            )
-    limit_label = f"launch-free limit ({baseline} / its kernel floor)"
-    for j, w in enumerate(workloads):
-        floor = baseline_floor(w)
-        base = stats.ok_median(view.by_key.get((w, baseline)))
-        if floor is None or base is None:
-            continue
-        limit = base / floor
-        values.append(limit)
-        ax.hlines(limit, j - group / 2, j + group / 2, colors="black", linewidth=2, label=limit_label)
-        limit_label = "_nolegend_"
-    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-
-    log_axis(ax, unit="×")
-    low, high = min(values), max(values)
-    ax.set_ylim(low / 1.6, high * 1.6)
-    ax.set_ylabel(f"speed-up over {baseline} (×, log scale)")
-    ax.set_xticks(range(len(workloads)))
-    ax.set_xticklabels(
-        workloads, rotation=20 if len(workloads) > 4 else 0, ha="right" if len(workloads) > 4 else "center"
+    workloads = [w for w in view.workloads if any(w in speedups[m] for m in modes) or limit(w)]
+    panel = BarPanel(
+        f"speed-up over {baseline}",
+        f"speed-up over {baseline} (×, log scale)",
+        workloads,
+        modes,
+        value=lambda g, mode: speedups[mode].get(workloads[g]),
+        baseline=1.0,
+        limit=lambda g: limit(workloads[g]),
+        limit_label=f"launch-free limit ({baseline} / its kernel floor)",
+        label=lambda h: f"{h:.2f}",
+        unit="×",
     )
-    ax.set_xlim(-0.6, len(workloads) - 0.4)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, format="png")
-    return fig
+    title = chart_title(f"launchless bench: speed-up over {baseline}", environment)
+    return bar_panels(path, [panel] if workloads else [], title=title, group_width=0.35 * max(1, len(modes)))
 
 
 def more_charts(out: Path, environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) -> dict[str, Path]:
