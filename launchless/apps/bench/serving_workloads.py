@@ -1,19 +1,10 @@
-"""What `launchless bench --suite serving` serves: its two parts, their workloads and modes, and the trace of batch
-sizes. Nothing here imports torch until a model is built, so the report and the command line can name workloads and
-modes anywhere.
-
-Two parts, told apart by the workload's prefix:
-
-- ``buckets:<name>``: a forward per call over a trace of batch sizes. ``buckets:mlp`` (two linear layers,
-  256 -> 1024 -> 256, with GELU), ``buckets:resnet18@64`` (timm's resnet18 on 3x64x64 images),
-  ``buckets:distilbert-tiny`` (the zoo's two-layer DistilBERT on 128 tokens), or ``buckets:package.module:function``
-  for a model of one's own: the function takes the keyword ``device`` and returns ``(model, make_inputs)``, where
-  ``make_inputs(rows)`` returns the ``(args, kwargs)`` of a batch of that many rows on that device, drawing from
-  torch's global random generator (seeded before the trace is drawn, so every mode serves the same inputs).
-- ``decode:<family>-<size>@b<batch>``: greedy ``generate()`` of a transformers causal LM with random weights built
-  from a config, on ``batch`` prompts of random tokens. Families and sizes: ``gpt2-tiny`` and ``llama-tiny`` (a few
-  thousand parameters: seconds on a CPU), ``gpt2-124m`` (GPT-2 small) and ``llama-850m`` (16 layers of 2048, grouped
-  KV heads), both in bfloat16; the size sets the prompt and the number of new tokens too.
+"""What `launchless bench --suite serving` serves: its two parts, told apart by the workload's prefix
+(``buckets:<name>``: a forward per call over a trace of batch sizes; ``decode:<family>-<size>@b<batch>``: greedy
+``generate()`` of a causal LM), their workloads and modes, and the trace (docs/benchmarks.md, the serving suite, says
+what each is). A ``buckets:package.module:function`` builder takes the keyword ``device`` and returns ``(model,
+make_inputs)``, ``make_inputs(rows)`` drawing from torch's global generator (seeded before the trace is drawn, so
+that every mode serves the same inputs). Nothing here imports torch until a model is built, so that the report and
+the command line can name workloads and modes anywhere.
 """
 
 from __future__ import annotations
