@@ -96,7 +96,13 @@ def what_ran(info: Mapping[str, Any]) -> WhatRan:
         if split["signatures"]:  # searched, proven and dropped (not equal to eager, or not faster)
             found["reason"] = f"{root['reason']}; split dropped: {split['signatures'][0]['detail']}"
             return WhatRan(Ran.EAGER, **found)
-        return dataclasses.replace(_eager(info, fallbacks), eager_parts=found["eager_parts"])
+        if not info["fallbacks"] and not info.get("eager_calls"):  # searched, nothing decided: the split's cause
+            return WhatRan(Ran.EAGER, **found)
+        eager = _eager(info, fallbacks)  # the fallback's line, or the split's where an eager call is the reason
+        source = eager.source if info["fallbacks"] else found["source"]
+        return dataclasses.replace(
+            eager, eager_parts=found["eager_parts"], source=source, graph_bytes=found["graph_bytes"]
+        )
     return _eager(info, fallbacks)
 
 
