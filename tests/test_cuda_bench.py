@@ -31,6 +31,32 @@ def test_inference_rows(mode: str) -> None:
     assert row["latency_ms"] >= 0.9 * row["median_ms"]  # a waited-for call never hides work the other shows
 
 
+class _Noisy(torch.nn.Module):
+    """A forward that draws random numbers at every call, as a diffusion step draws its noise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x + torch.randn_like(x))
+
+
+@pytest.mark.parametrize("mode", ["hand-graph", "launchless"])
+def test_a_forward_that_draws_random_numbers_is_compared_from_the_same_generator_state(monkeypatch, mode) -> None:
+    """The reference and the compared call start from one generator state: a replay draws what eager draws from it,
+    so a graph of a noisy forward reads bit-identical, not as far off as two draws of noise."""
+    from types import SimpleNamespace
+
+    from launchless.apps.bench import measure as measuring
+
+    built = SimpleNamespace(model=_Noisy().cuda().eval(), args=(torch.randn(8, 64, device="cuda"),), kwargs={})
+    monkeypatch.setattr(measuring, "_build", lambda w: built)
+    row = measure(workloads.BenchWorkload("test:noisy", "test:noisy"), mode, iters=5)
+    assert row["status"] == "ok", row
+    assert row["correctness"] == {"status": "bit-identical", "max_abs_diff": 0.0}, row
+
+
 def test_latency_shows_the_host_work_that_back_to_back_calls_hide() -> None:
     """A call that works on the host for half as long as its kernel runs: back to back the host work hides behind
     the previous kernel; waited for, it is on the clock."""

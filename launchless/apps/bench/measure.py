@@ -35,6 +35,7 @@ SETTLE_S = 240.0  # how long a mode that changes while it runs (compiled kernels
 AFTER_SETTLED = 30  # calls recorded after it decided
 TIMELINE_POINTS = 300  # a longer timeline is kept as the median of each of this many spans of time
 TRAINING_PAUSE_S = 0.02  # between a training step's early calls: fewer steps for the eager reference to repeat
+COMPARED_SEED = 0  # the generators' state before the reference call and before the call compared with it
 
 
 @dataclass(frozen=True)
@@ -222,6 +223,7 @@ def measure(w: BenchWorkload, mode: str, iters: int, *, profile_dir: Path | None
     with grad:
         if w.kind == "inference":
             args, kwargs = built.args, built.kwargs
+            torch.manual_seed(COMPARED_SEED)  # a forward that draws random numbers (a diffusion step's noise)
             reference = clone_outputs(built.model(*args, **kwargs))
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -237,6 +239,8 @@ def measure(w: BenchWorkload, mode: str, iters: int, *, profile_dir: Path | None
             row.update(early_calls(prepared, start))
         elif prepared.settled is not None:  # a training step that changes while it runs: the check counts its steps
             row.update(early_calls(prepared, start, pause_s=TRAINING_PAUSE_S))
+        if w.kind == "inference":  # the same draws as the reference's (a graph replays from the generator's state)
+            torch.manual_seed(COMPARED_SEED)
         output = clone_outputs(prepared.call())
         timing = cuda_time(prepared.call, warmup=5, iters=iters)
         row.update(median_ms=timing.median_ms, min_ms=timing.min_ms, calls=timing.calls)
