@@ -1,7 +1,7 @@
 """What a wrapped model ran, read from its ``graph_info()``: its whole forward as one graph, split (graphs around
 operations run eager between them, or its submodules as graphs around the code that blocks the whole), or eager --
 and why not one graph, with the source line. The one reading of that structure that the bench, the conformance
-matrix, the differential harness and ``launchless explain`` share, so that they cannot come to tell it otherwise."""
+matrix, the differential harness and ``launchless doctor`` share, so that they cannot come to tell it otherwise."""
 
 from __future__ import annotations
 
