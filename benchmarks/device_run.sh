@@ -148,9 +148,11 @@ for step in "$@"; do
   tests) run tests python3 -m pytest -m cuda tests/ -q -rA -p no:cacheprovider ;;
   tests-core | tests-serving | tests-compiled | tests-differential | tests-multigpu)
     run "$step" python3 -m pytest -m cuda -q -rA -p no:cacheprovider ${test_groups[$step]} ;;
-  tests-at-once)  # the four groups as processes side by side on the one GPU: correctness, not timing
+  tests-at-once)  # the four groups as processes side by side on the one GPU: correctness, not timing; each test's
+    # verdict on its own line (-v), so that a group ended by TESTS_TIMEOUT (seconds; none by default) says how far it got
     for group in tests-core tests-serving tests-compiled tests-differential; do
-      run "$group" python3 -m pytest -m cuda -q -rA -p no:cacheprovider ${test_groups[$group]} &
+      run "$group" timeout "${TESTS_TIMEOUT:-0}" python3 -m pytest -m cuda -v -rA -p no:cacheprovider \
+        ${test_groups[$group]} &
     done
     wait ;;
   multigpu-bench)
