@@ -12,7 +12,7 @@ import pytest
 
 from launchless.apps.bench.runner import measure_suite, run_mode
 from launchless.apps.bench.serving_buckets import BUCKET_SIZES
-from launchless.apps.bench.serving_workloads import DECODE_MODES, batch_trace
+from launchless.apps.bench.serving_workloads import COMPILED_KERNELS, DECODE_MODES, batch_trace
 
 pytestmark = pytest.mark.cuda
 
@@ -68,8 +68,8 @@ def test_gpt2_small_decodes_in_every_mode(tmp_path: Path) -> None:
     assert rows["eager"]["identical"] is True and rows["launchless"]["identical"] is True
     assert rows["static-compile"]["graphs"] > 0  # the compiled forward replays CUDA graphs
     assert rows["static-compile"]["compile_s"] > rows["launchless"]["compile_s"]
-    raced = rows["launchless"]["interleaved_ms"]  # the three modes raced in the launchless worker
-    assert sorted(raced) == sorted(DECODE_MODES) and all(ms > 0 for ms in raced.values()), raced
+    raced = rows["launchless"]["interleaved_ms"]  # the three modes, and kernels="compiled", raced in one worker
+    assert sorted(raced) == sorted([*DECODE_MODES, COMPILED_KERNELS]) and all(ms > 0 for ms in raced.values()), raced
     assert rows["launchless"]["interleaved_rounds"] > 1 and "Raced in one process" in paths["md"].read_text()
     (verdict,) = doc["summary"]["verdicts"]
     assert verdict["workload"] == name and verdict["met"] in (True, False), verdict

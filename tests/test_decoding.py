@@ -1214,3 +1214,14 @@ def test_a_linear_attention_layer_recording_its_past_is_not_followed() -> None:
             return conv_states
 
     assert not cache_layers.followed(OwnUpdate())
+
+
+def test_the_room_left_in_a_cache_is_read_where_each_layer_holds_its_length() -> None:
+    """A layer no step has written keeps its length where it was made (Mllama's cross-attention layers stay on the
+    host while the self-attention layers' lengths are on the GPU): each is read where it is, none is stacked with
+    another device's, and the room ends at the fullest layer's end."""
+    written = types.SimpleNamespace(cumulative_length=torch.tensor(5), max_cache_len=8)
+    unwritten = types.SimpleNamespace(cumulative_length=torch.tensor(0), max_cache_len=8)
+    positions = cache_layers.DevicePositions(types.SimpleNamespace(layers=[unwritten, written]))
+    assert positions.fits(3) and not positions.fits(4)
+    assert cache_layers.DevicePositions(types.SimpleNamespace(layers=[])).fits(10**6)

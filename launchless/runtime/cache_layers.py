@@ -198,12 +198,17 @@ class DevicePositions:
 
     def fits(self, tokens: int) -> bool:
         """Whether ``tokens`` more steps of one token each, from the positions now, stay within every layer (one read
-        of the device)."""
-        if not self.tensors:
-            return True
-        room = torch.stack([t.reshape(()) for t in self.tensors]) + tokens
-        ends = torch.tensor([layer.max_cache_len for layer in self.layers], device=room.device)
-        return bool((room <= ends).all())
+        of each device the lengths are on: a layer no step has written yet -- Mllama's cross-attention layers, when
+        it decodes text alone -- still holds its length on the host)."""
+        by_device: dict[torch.device, list[int]] = {}
+        for i, length in enumerate(self.tensors):
+            by_device.setdefault(length.device, []).append(i)
+        for device, held in by_device.items():
+            room = torch.stack([self.tensors[i].reshape(()) for i in held]) + tokens
+            ends = torch.tensor([self.layers[i].max_cache_len for i in held], device=device)
+            if not bool((room <= ends).all()):
+                return False
+        return True
 
     def rewind(self) -> None:
         """The positions back to those at construction (one launch): between timed replays of a step's graph."""
