@@ -8,7 +8,8 @@
 # most 16 MiB each: one archive, checkpoints and generated images left out, loses nothing else; where OUT_DIR is a
 # folder of $OUT it is removed once packed, so that the archive alone comes back). Steps:
 #   install            pip install -e . into the interpreter that runs the rest (the README's backend="launchless"
-#                      block and the CLI need the entry points); run it first
+#                      block and the CLI need the entry points); run it first. WHEELS=dir installs the wheels
+#                      there as well (the device downloads nothing: the differential diffusers rows need diffusers)
 #   tests              python -m pytest -m cuda (all GPU tests; more than one device call holds: use the parts)
 #   tests-at-once      tests-core, tests-serving, tests-compiled and tests-differential as four processes side by side
 #                      on the one GPU (a test that judges speed may read the others' load: run it again alone)
@@ -144,7 +145,9 @@ differential_timing() {  # the timing pass, one library after the other, until D
 
 for step in "$@"; do
   case $step in
-  install) run install python3 -m pip install -e . --no-deps --no-build-isolation -q ;;
+  install)
+    run install python3 -m pip install -e . --no-deps --no-build-isolation -q
+    [ -n "${WHEELS:-}" ] && run install-wheels python3 -m pip install --no-deps -q "$WHEELS"/*.whl ;;
   tests) run tests python3 -m pytest -m cuda tests/ -q -rA -p no:cacheprovider ;;
   tests-core | tests-serving | tests-compiled | tests-differential | tests-multigpu)
     run "$step" python3 -m pytest -m cuda -q -rA -p no:cacheprovider ${test_groups[$step]} ;;
