@@ -18,7 +18,7 @@ from rich.text import Text
 from . import graphs, kernels_report, stats, workloads
 from .charts import BarPanel, bar_panels, chart_title
 from .formatting import MISSING, byte_size, factor, md_table, ms, reason_text
-from .tables import Row, header_line
+from .tables import Row, Target, header_line
 
 
 def _correctness_mark(row: Row) -> str | None:
@@ -210,8 +210,42 @@ def _latency_rows(view: _View, *, name: Callable[[str], str], latency: Callable[
     return rows
 
 
+def _with_graph_path(suite: str, rows: Sequence[Row]) -> list[Row]:
+    """The grace suite's rows and, beside them, launchless's graph path per workload (``stats.graph_path_rows``)."""
+    return [*rows, *stats.graph_path_rows(rows)] if suite == workloads.GRACE else list(rows)
+
+
+GRACE_TARGETS = {  # GraCE's headline figures, held against launchless's graph path
+    "population": Target("reduce-overhead's speed, geomean over the workloads", 1.29, at_least=True),
+    "detectors": Target("reduce-overhead's speed, geomean over the torchvision detectors", 1.5, at_least=True),
+    "worst": Target("the speed of the faster of compile and reduce-overhead, worst workload", 0.97, at_least=True),
+    "first_call": Target("reduce-overhead's first call (its compile), geomean", 2.21, at_least=False),
+}
+
+
+def _targets_lines(view: _View) -> list[str]:
+    """GraCE's targets, each measured on the graph path where the rows allow it."""
+    path = stats.GRAPH_PATH
+    detectors = [view.vs_ro.get(path, {}).get(w) for w in workloads.DETECTORS if w in view.workloads]
+    values = {
+        "population": view.summary["geomean_vs_reduce_overhead"].get(path),
+        "detectors": stats.geomean(detectors),
+        "worst": view.summary["worst_vs_best_pytorch"].get(path),
+        "first_call": view.summary["geomean_first_call_vs_reduce_overhead"].get(path),
+    }
+    lines = ["", f"## Targets ({path}: launchless-compile for inference, launchless for training)", ""]
+    cells = []
+    for key, target in GRACE_TARGETS.items():
+        value = values[key]
+        met = MISSING if value is None else ("yes" if target.met(value) else "**no**")
+        cells.append([target.text(value) if value is not None else f"{target.measured}: not measured", met])
+    note = f"Detectors measured: {sum(d is not None for d in detectors)} of {len(workloads.DETECTORS)}."
+    return [*lines, *md_table(["target", "met"], cells), "", note]
+
+
 def markdown(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) -> str:
     """The report as Markdown: latency table, first-call/memory table, geomean summary, skips and errors."""
+    rows = _with_graph_path(suite, rows)
     view = _View(rows)
     lines = [f"# launchless bench: {suite}", "", header_line(environment), ""]
 
@@ -259,6 +293,8 @@ def markdown(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) ->
     ]
     items = view.summary_items()
     lines += [f"- **{mode}**: {text}" for mode, text in items] or ["- no mode has a baseline to compare with"]
+    if suite == workloads.GRACE:
+        lines += _targets_lines(view)
 
     lines += kernels_report.markdown_lines(rows)
     lines += graphs.markdown_lines(rows)
@@ -297,7 +333,7 @@ def _rich_latency(view: _View, workload: str, mode: str) -> Text:
 
 def rich_table(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) -> Table:
     """The latency table for the terminal; speed-ups green at or above eager, red below."""
-    view = _View(rows)
+    view = _View(_with_graph_path(suite, rows))
     caption = [header_line(environment)]
     caption += [f"{mode}: {text}" for mode, text in view.summary_items()]
     caption += [

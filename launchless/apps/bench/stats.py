@@ -16,7 +16,11 @@ EAGER = "eager"
 COMPILE = "compile"
 REDUCE_OVERHEAD = "reduce-overhead"
 PYTORCH_MODES = (EAGER, COMPILE, REDUCE_OVERHEAD)
-COMPILING_MODES = (COMPILE, "launchless-compile")  # their first call is a torch.compile, like reduce-overhead's
+LAUNCHLESS_COMPILE = "launchless-compile"
+LAUNCHLESS = "launchless"
+# each workload on launchless's graph path: the compiler backend's rows for inference, graphed_step's for training
+GRAPH_PATH = "launchless-graph-path"
+COMPILING_MODES = (COMPILE, LAUNCHLESS_COMPILE, GRAPH_PATH)  # their first call compiles, like reduce-overhead's
 
 
 def geomean(values: Iterable[float | None]) -> float | None:
@@ -148,6 +152,19 @@ def first_call_vs_reduce_overhead(rows: Sequence[Row]) -> dict[str, dict[str, fl
             if mode in COMPILING_MODES and isinstance(ms, (int, float)) and ms > 0:
                 out.setdefault(mode, {})[workload] = ms / base_ms
     return {mode: out[mode] for mode in ordered_modes(rows) if mode in out}
+
+
+def graph_path_rows(rows: Sequence[Row]) -> list[Row]:
+    """The rows of ``GRAPH_PATH``: per workload, launchless-compile's row where it is inference and launchless's
+    (graphed_step) where it is training -- the one path launchless offers each, as GraCE sets its system against
+    PyTorch's graphs workload by workload. Derived for the report; never written to the record."""
+    by_key, out = index(rows), []
+    for workload in ordered_workloads(rows):
+        training = any(r.get("kind") == "training" for r in rows if r["workload"] == workload)
+        row = by_key.get((workload, LAUNCHLESS if training else LAUNCHLESS_COMPILE))
+        if row is not None:
+            out.append({**row, "mode": GRAPH_PATH})
+    return out
 
 
 def _geomeans(table: Mapping[str, Mapping[str, float]]) -> dict[str, float]:

@@ -83,6 +83,11 @@ _ALL = [
     ),
 ]
 MASK_RCNN = "tv:maskrcnn_resnet50_fpn"
+# the torchvision detectors GraCE's headroom is measured on (batch 1), as the compiler and grace suites name them
+DETECTORS = (
+    *(f"tv:{name}_resnet50_fpn" for name in ("fasterrcnn", "maskrcnn", "keypointrcnn", "retinanet", "fcos")),
+    "tv:ssdlite320_mobilenet_v3_large",
+)
 _ALL += [  # plain capture fails on a host->device copy in each (DESIGN.md): CGCT's cases
     BenchWorkload(
         name,
