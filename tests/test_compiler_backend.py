@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import types
 
 import pytest
 import torch
@@ -124,10 +125,34 @@ class _FakeCaptured:
         self.tensor_slots = [i for i, x in enumerate(flat.leaves) if isinstance(x, torch.Tensor) and i not in static]
         self.replays = 0
         self.collective_groups = []  # a single-process forward: no collectives
+        self.junctions, self.split_from = (), None  # one graph, not a chain around operations run eager
 
     def replay_cloned(self, leaves):
         self.replays += 1
         return self.fn(*leaves)
+
+
+class _FakeChain(_FakeCaptured):
+    """Test double of a chain: two graphs with one operation run eager between them; ``changed`` makes that
+    operation return another shape at the next replay (tests only)."""
+
+    def __init__(self, fn, flat, static) -> None:
+        from launchless.core.junctions import SegmentedGraph, Site
+
+        super().__init__(fn, flat, static)
+        self.graph = SegmentedGraph()
+        self.graph.graphs = [object(), object()]
+        self.junctions = (types.SimpleNamespace(name="lib::grouped_mm", row=lambda: {"op": "lib::grouped_mm"}),)
+        site = Site(op=None, name="lib::grouped_mm", why_not="", source="moe.py:12")
+        self.split_from = types.SimpleNamespace(site=site)
+        self.changed = False
+
+    def replay_cloned(self, leaves):
+        from launchless.core.junctions import JunctionShapeChanged
+
+        if self.changed:
+            raise JunctionShapeChanged("launchless: lib::grouped_mm returned (5,) on replay, (3,) when captured")
+        return super().replay_cloned(leaves)
 
 
 class _Report:
@@ -137,7 +162,7 @@ class _Report:
         return {"status": self.status, "passed": self.passed, "detail": self.detail}
 
 
-def _graphs_on_fakes(monkeypatch, tmp_path, times=None, **options):
+def _graphs_on_fakes(monkeypatch, tmp_path, times=None, captured=None, **options):
     """A CompiledGraphs whose capture, verification, device and timing are stand-ins: its bookkeeping runs."""
     from launchless.compiler import compiled_graphs as graphs_module
     from launchless.compiler import select
@@ -154,9 +179,8 @@ def _graphs_on_fakes(monkeypatch, tmp_path, times=None, **options):
         )
 
     monkeypatch.setattr(graphs_module, "capture_device", lambda leaves: torch.device("cpu"))
-    monkeypatch.setattr(
-        graphs_module._capture, "capture", lambda fn, flat, *, static, **kw: _FakeCaptured(fn, flat, static)
-    )
+    made = captured or _FakeCaptured
+    monkeypatch.setattr(graphs_module._capture, "capture", lambda fn, flat, *, static, **kw: made(fn, flat, static))
     monkeypatch.setattr(graphs_module, "verify", lambda *a, **k: _Report())
     monkeypatch.setattr(pool_module, "new_pool", lambda: ("pool",))  # CPU builds up to 2.13 have none
     monkeypatch.setattr(select, "measure", measure)
@@ -182,6 +206,35 @@ def test_capture_after_the_second_call_with_the_measured_variant(monkeypatch, tm
     assert graph["variant"] == "graph" and graph["times_ms"] == {"no-graph": 2.0, "graph": 1.0}
     assert graph["replays"] == 3 and measured == [["graph", "no-graph"]]
     assert graph["bytes_copied_per_replay"] == x.nbytes  # the batch is copied, the parameter is not
+
+
+def test_a_chain_around_an_operation_is_kept_said_once_and_dropped_when_that_operation_changes_shape(
+    monkeypatch, tmp_path, caplog
+) -> None:
+    """A compiled graph captured as graphs around an operation run eager: kept and replayed like one graph, said in
+    one line naming the operation, shown under ``region_split``, without pointer indirection. When the operation
+    returns another shape at a replay (nothing handed out yet), the chain goes and the call -- and every later one
+    of that signature -- runs the compiled code: the caller gets its result, never the error."""
+    compiled, w, _ = _graphs_on_fakes(monkeypatch, tmp_path, captured=_FakeChain)
+    x = torch.randn(3)
+    with caplog.at_level(logging.INFO, logger="launchless"):
+        for _ in range(4):
+            assert torch.equal(compiled(x, w), x * w)
+        (row,) = compiled.graph_info()["graphs"]
+        assert row["region_split"] == {
+            "graphs": 2, "eager_ops": [{"op": "lib::grouped_mm"}], "reason": "lib::grouped_mm", "source": "moe.py:12"
+        }  # fmt: skip
+        assert row["indirection"] == "a chain of graphs around operations run eager" and row["replays"] == 3
+        (entry,) = compiled._graphs.graphs.values()
+        entry.graph.changed = True
+        for _ in range(3):
+            assert torch.equal(compiled(x, w), x * w)
+    assert compiled.graph_info()["graphs"] == []
+    (fallback,) = compiled.graph_info()["fallbacks"]
+    assert "an operation run eager between graphs returned a data-dependent shape" in fallback["reason"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("cannot be captured as one graph (lib::grouped_mm at moe.py:12)" in m for m in lines) == 1, lines
+    assert sum("returned a data-dependent shape" in m for m in lines) == 1, lines
 
 
 def test_a_cached_decision_is_reused_and_a_slower_graph_is_not_used(monkeypatch, tmp_path) -> None:

@@ -465,3 +465,62 @@ def test_options_passed_through_torch_compile_reach_the_graphs() -> None:
             compiled(torch.randn(2, 8, device="cuda"))
             captured = any(g.graph_info()["graphs"] for g in _graphs())
             assert captured == (i == 3), i  # captured at the fourth call, not the second (the default)
+
+
+@torch.library.custom_op("launchless_test::grouped_mm_host", mutates_args=())
+def _grouped_mm_host(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """As transformers' float32 grouped matmul under torch.compile: the group ends read on the host, one matmul per
+    group; the output's shape follows from the inputs' shapes alone."""
+    out = torch.zeros(x.shape[0], weight.shape[2], device=x.device, dtype=x.dtype)
+    start = 0
+    for group, end in enumerate(offs.tolist()):
+        if end > start:
+            torch.mm(x[start:end], weight[group], out=out[start:end])
+        start = end
+    return out
+
+
+@_grouped_mm_host.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[2])
+
+
+class HostRoutedExperts(nn.Module):
+    """Tokens sorted by their expert, each expert's rows multiplied by its own weight through the custom operation."""
+
+    def __init__(self, experts: int = 4, width: int = 32) -> None:
+        super().__init__()
+        self.router = nn.Linear(width, experts)
+        self.weight = nn.Parameter(torch.randn(experts, width, width) / width**0.5)
+        self.out = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        expert = self.router(x).argmax(-1)
+        order = expert.argsort(stable=True)
+        experts = torch.arange(self.weight.shape[0], device=x.device)
+        offs = (expert[:, None] == experts).sum(0).cumsum(0)  # (bincount would read the largest id on the host)
+        mixed = torch.ops.launchless_test.grouped_mm_host(x[order], self.weight, offs)
+        return self.out(torch.relu(mixed[order.argsort()]))
+
+
+@pytest.mark.parametrize(
+    "grad_mode", [pytest.param(torch.no_grad, id="no_grad"), pytest.param(torch.inference_mode, id="inference_mode")]
+)
+def test_a_compiled_graph_that_syncs_inside_an_operation_replays_as_graphs_around_it(grad_mode, caplog) -> None:
+    """The operation reads its group ends on the host, so the compiled FX graph cannot be one CUDA graph; it can be
+    a chain with that operation run eager between two graphs. Fresh inputs route their tokens to other experts on
+    every call: a replay that reused the captured group ends would give other values."""
+    model = HostRoutedExperts().cuda().eval()
+    compiled = _compiled(model)
+    with grad_mode(), caplog.at_level(logging.INFO, logger="launchless"):
+        for call in range(6):
+            x = torch.randn(64, 32, device="cuda")
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5, msg=f"call {call}")
+    rows = [row for g in _graphs() for row in g.graph_info()["graphs"]]
+    (row,) = [r for r in rows if r.get("region_split")]
+    assert row["verification"]["passed"] and row["replays"] >= 3, row
+    region = row["region_split"]
+    assert region["graphs"] == 2 and [op["op"] for op in region["eager_ops"]] == ["launchless_test::grouped_mm_host"]
+    assert row["indirection"] == "a chain of graphs around operations run eager"
+    chained = [r.getMessage() for r in caplog.records if "cannot be captured as one graph" in r.getMessage()]
+    assert len(chained) == 1 and "launchless_test::grouped_mm_host" in chained[0], chained

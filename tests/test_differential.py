@@ -1045,6 +1045,27 @@ def test_a_compile_row_without_a_graph_names_the_backends_first_refusal_and_its_
     status, reason, _ = status_of([], Entry.COMPILE)
     assert status is Status.EAGER and reason is not None
     assert "Dynamo handed the launchless backend no FX graph" in reason
-    passed = {"verification": {"status": "passed", "passed": True}}
+    passed = {"verification": {"status": "passed", "passed": True}, "variant": "graph"}
     verified = [{"name": "graph 0", "graphs": [passed], "fallbacks": []}]
     assert status_of(verified, Entry.COMPILE) == (Status.GRAPH, None, None)
+
+
+def test_a_compile_row_is_split_by_its_chains_and_eager_where_every_graph_lost_to_the_compiled_code() -> None:
+    """A compiled FX graph replayed as graphs around an operation run eager is a split, naming the operation and
+    its line; verified graphs that the variant choice left unused ("no-graph": the compiled code alone was faster)
+    are not a graph that ran."""
+    from launchless.apps.differential.runner import status_of
+
+    ok = {"status": "bit-identical", "passed": True}
+    chain = {"verification": ok, "variant": "graph", "region_split": {
+        "graphs": 5, "eager_ops": [{"op": "transformers::grouped_mm_fallback", "source": "moe.py:332"}] * 4,
+        "reason": "transformers::grouped_mm_fallback", "source": "moe.py:332"}}  # fmt: skip
+    whole = {"verification": ok, "variant": "graph+pi"}
+    info = [{"name": "graph 0", "graphs": [chain], "fallbacks": []}, {"name": "graph 1", "graphs": [whole]}]
+    assert status_of(info, Entry.COMPILE) == (
+        Status.SPLIT, "runs transformers::grouped_mm_fallback eager between graphs", "moe.py:332"
+    )  # fmt: skip
+    assert status_of(info[1:], Entry.COMPILE) == (Status.GRAPH, None, None)
+    unused = [{"name": "graph 0", "graphs": [{**whole, "variant": "no-graph"}], "fallbacks": []}]
+    status, reason, _ = status_of(unused, Entry.COMPILE)
+    assert status is Status.EAGER and reason is not None and "faster than its verified graph" in reason

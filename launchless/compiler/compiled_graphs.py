@@ -6,21 +6,26 @@ does. Per signature the variant (no graph, graph, graph with pointer indirection
 cached on disk, a production sample in 1000 re-deciding when it drifts (``variants``). A graph gets one CGCT attempt:
 before it is compiled when it holds host tensors (``backend``), else when its capture fails on a host
 copy; moved constants are kept current on every call. Everything that keeps a graph from being used is
-one log line.
+one log line. A graph that fails to capture inside an operation that can run eager between two graphs (a custom
+operation that reads its group sizes on the host and returns device tensors of fixed shape: a mixture of experts'
+grouped matmul in float32) is captured as a chain of graphs around it, as the runtime does (``core.junctions``),
+verified and timed like any graph.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import fx
 
 from ..core import capture as _capture
 from ..core.cache import GraphCache, Refusal
+from ..core.capture import CapturedGraph
 from ..core.collectives import Agreement, agree
+from ..core.junctions import JunctionShapeChanged, SegmentedGraph
 from ..core.relocation import InputAddresses, picker
 from ..core.signature import FlatInputs, Signature, UnhashableInput, positional_rebuilder, signature_of_leaves
 from ..core.snapshot import RngState
@@ -138,9 +143,12 @@ class CompiledGraphs:
         if entry is not None:
             if entry.decision.variant == "no-graph":
                 return self.compiled(*args)
-            if entry.monitor is not None and entry.monitor.should_sample():
-                return self._variants.sampled(sig, entry, flat, args, self.compiled)
-            return entry.replay(flat.leaves)
+            try:
+                if entry.monitor is not None and entry.monitor.should_sample():
+                    return self._variants.sampled(sig, entry, flat, args, self.compiled)
+                return entry.replay(flat.leaves)
+            except JunctionShapeChanged as exc:
+                return self._shape_changed(sig, args, exc)
         if self._addresses.moved and self._demote(self._addresses.moved):  # .to(), an attribute reassigned
             sig = self._key(args)  # an attribute became an input: it is part of the signature now
         admission = graphs.admit(sig)
@@ -199,6 +207,7 @@ class CompiledGraphs:
                     warmup=1,
                     static=self.static,
                     keep_graph=self.indirection,
+                    junction_pool=graphs.pool.replace,
                 )
                 groups = graph.collective_groups
                 if groups:  # every rank captured? (verification runs collectives: all ranks or none)
@@ -249,7 +258,9 @@ class CompiledGraphs:
         entry.device = device
         with graphs.capturing(sig):
             variants = self._variants
-            if self.indirection and not groups:
+            if graph.junctions:  # pointer indirection rebinds one graph's inputs; a chain's are copied in
+                entry.pi_reason = "a chain of graphs around operations run eager"
+            elif self.indirection and not groups:
                 variants.add_indirection(entry, flat, self.compiled, keep=self.static, from_call=self.index_inputs)
             if not groups:  # with collectives every rank replays the graph: a timing could differ between ranks
                 entry.decision = variants.decide(sig, variants.runners(entry, flat, args, self.compiled), device)
@@ -258,8 +269,35 @@ class CompiledGraphs:
         if entry.indirect is not None and entry.decision.variant != "graph+pi":
             entry.indirect.reset()
         graphs.keep(sig, entry, report, args)
+        if graph.junctions:
+            self._log_chain(sig, entry)
         start.rewind()
-        return self.compiled(*args) if entry.decision.variant == "no-graph" else entry.replay(flat.leaves)
+        if entry.decision.variant == "no-graph":
+            return self.compiled(*args)
+        try:
+            return entry.replay(flat.leaves)
+        except JunctionShapeChanged as exc:
+            return self._shape_changed(sig, args, exc)
+
+    def _log_chain(self, sig: Signature, entry: GraphEntry) -> None:
+        """One line for a chain kept: what runs eager between how many graphs, and the variant chosen."""
+        graph = entry.graph
+        ops = ", ".join(dict.fromkeys(j.name for j in graph.junctions))
+        site = graph.split_from.site if graph.split_from is not None else None
+        where = f" at {site.source}" if site is not None and site.source else ""
+        self._log_once(
+            f"launchless: {self.name} {sig.describe()} cannot be captured as one graph ({ops}{where}); it replays "
+            f"{len(cast(SegmentedGraph, graph.graph).graphs)} graphs with {len(graph.junctions)} call(s) of {ops} "
+            f"run eager between them, verified against eager; variant chosen: {entry.decision.variant}"
+        )
+
+    def _shape_changed(self, sig: Signature, args: Sequence[Any], exc: JunctionShapeChanged) -> Any:
+        """An operation run eager between graphs returned another shape than at the capture (nothing was handed
+        out): the chain goes and the signature runs compiled, without a graph, from now on."""
+        self._graphs.forget(sig)
+        return self._refuse(
+            sig, args, Stage.CAPTURE, f"an operation run eager between graphs returned a data-dependent shape: {exc}"
+        )
 
     def _host_inputs_are_static(self, leaves: Sequence[Any]) -> bool:
         """Every host tensor input is static, and the others share one CUDA device: a case for CGCT."""
@@ -336,6 +374,22 @@ class CompiledGraphs:
             "bytes_copied_per_replay_with_pi": None  # the PI variant's, chosen or not
             if e.indirect is None
             else e.indirect.copied_bytes // max(1, e.indirect.replays),
+            **self._region_row(e.graph),
+        }
+
+    @staticmethod
+    def _region_row(graph: CapturedGraph) -> dict[str, Any]:
+        """For a chain: its graphs and the operations run eager between them (the runtime's ``region_split``)."""
+        if not graph.junctions:
+            return {}
+        site = graph.split_from.site if graph.split_from is not None else None
+        return {
+            "region_split": {
+                "graphs": len(cast(SegmentedGraph, graph.graph).graphs),
+                "eager_ops": [j.row() for j in graph.junctions],
+                "reason": site.name if site is not None else None,
+                "source": site.source if site is not None else None,
+            }
         }
 
     def graph_info(self) -> dict:

@@ -123,11 +123,26 @@ def verifications(info: Any) -> Iterator[dict[str, Any]]:
 def status_of(info: Any, entry: Entry) -> tuple[Status, str | None, str | None]:
     """(status, reason, source) from ``graph_info()``."""
     if entry is Entry.COMPILE:
-        if any(v["passed"] for v in verifications(info)):
-            return Status.GRAPH, None, None
-        return Status.EAGER, *_compiled_refusal(info)
+        return _compiled_status(info)
     ran = what_ran(info)
     return Status(str(ran.ran)), ran.reason, ran.source
+
+
+def _compiled_status(info: list[dict[str, Any]]) -> tuple[Status, str | None, str | None]:
+    """The compiler backend's verdict: a verified graph that replays (a chain around operations run eager between
+    graphs is a split), else eager -- where every verified graph lost to the compiled code alone (the variant
+    choice kept "no-graph"), or with the first refusal."""
+    verified = [g for graph in info for g in graph.get("graphs", []) if (g.get("verification") or {}).get("passed")]
+    replaying = [g for g in verified if g.get("variant") != "no-graph"]
+    if replaying:
+        regions = [g["region_split"] for g in replaying if g.get("region_split")]
+        if not regions:
+            return Status.GRAPH, None, None
+        ops = ", ".join(dict.fromkeys(op["op"] for region in regions for op in region["eager_ops"]))
+        return Status.SPLIT, f"runs {ops} eager between graphs", regions[0].get("source")
+    if verified:
+        return Status.EAGER, "the compiled code without a graph was faster than its verified graph", None
+    return Status.EAGER, *_compiled_refusal(info)
 
 
 def _compiled_refusal(info: list[dict[str, Any]]) -> tuple[str, str | None]:
