@@ -88,3 +88,19 @@ def test_the_variant_column_says_when_a_graph_has_more_shapes_than_max_graphs() 
     assert "max_graphs" not in _variants(info)[0]
     info["calls_over_max_graphs"] = 40
     assert _variants(info)[0].splitlines()[-1] == "more shapes than max_graphs: 40 calls without a graph"
+
+
+def test_the_variant_column_names_a_chain_and_what_runs_eager_between_its_graphs() -> None:
+    """A chain around an operation run eager says so in place of pointer indirection's verdict (it has none)."""
+    from launchless.compiler.explain import _variants
+
+    region = {"graphs": 3, "eager_ops": [{"op": "lib::grouped_mm"}] * 2, "reason": "lib::grouped_mm", "source": None}
+    graph = {
+        "variant": "graph",
+        "times_ms": {"no-graph": 2.0, "graph": 1.0},
+        "indirection": "a chain of graphs around operations run eager",
+        "bytes_copied_per_replay": 64,
+        "region_split": region,
+    }
+    lines = _variants({"graphs": [graph], "calls_over_max_graphs": None})[0].splitlines()
+    assert lines == ["graph (no-graph 2.000, graph 1.000)", "3 graphs, lib::grouped_mm run eager between them"]

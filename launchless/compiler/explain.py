@@ -77,7 +77,10 @@ def _variants(info: dict | None) -> tuple[str, str]:
     for g in info["graphs"]:
         times = ", ".join(f"{k} {v:.3f}" for k, v in g["times_ms"].items())
         lines.append(f"{g['variant']}" + (f" ({times})" if times else ""))
-        if g["indirection"] not in (None, "verified"):
+        if region := g.get("region_split"):  # a chain: no pointer indirection, by construction
+            ops = ", ".join(dict.fromkeys(op["op"] for op in region["eager_ops"]))
+            lines.append(f"{region['graphs']} graphs, {ops} run eager between them")
+        elif g["indirection"] not in (None, "verified"):
             lines.append(f"PI: {g['indirection']}")
         copied.append(f"{g['bytes_copied_per_replay']:,} B")
     if info.get("calls_over_max_graphs") is not None:
