@@ -43,6 +43,15 @@ def test_summary_counts_variants_refusals_and_cgct_over_all_graphs() -> None:
     )
 
 
+def test_summary_counts_the_signatures_replayed_as_graphs_around_an_operation() -> None:
+    chained = info(["graph", "graph"])
+    chained["graphs"][0]["region_split"] = {"graphs": 3, "eager_ops": [{"op": "lib::grouped_mm"}]}
+    s = graphs.summarize([chained], graph_breaks=0)
+    assert s["chains"] == 1
+    assert graphs.describe(s) == "1 Dynamo graphs (0 breaks): 2 graph; 1 as graphs around an operation run eager"
+    assert "around an operation" not in graphs.describe({**s, "chains": 0})
+
+
 def test_markdown_has_the_section_only_when_a_row_carries_a_summary() -> None:
     env = {"date": "2026-11-29", "gpu": "NVIDIA H200"}
     base = {"kind": "inference", "status": "ok", "reason": None, "median_ms": 1.0, "min_ms": 1.0, "calls": 10}

@@ -22,13 +22,14 @@ def summarize(infos: Iterable[Mapping[str, Any]], graph_breaks: int | None) -> d
     infos = list(infos)
     variants: Counter[str] = Counter()
     refused: Counter[str] = Counter()
-    replays = cgct = demoted = over = 0
+    replays = cgct = demoted = over = chains = 0
     per_graph = []
     for info in infos:
         demoted += len(info.get("demoted_inputs", ()))
         for graph in info["graphs"]:
             variants[graph["variant"]] += 1
             replays += graph["replays"]
+            chains += bool(graph.get("region_split"))
             per_graph.append(
                 {
                     "graph": info["name"],
@@ -49,6 +50,7 @@ def summarize(infos: Iterable[Mapping[str, Any]], graph_breaks: int | None) -> d
         "cgct_in_use": cgct,
         "demoted_inputs": demoted,  # module attributes reassigned every call, now copied like inputs
         "over_max_graphs": over,  # graphs with more shapes in use than max_graphs: eviction stopped
+        "chains": chains,  # signatures captured as graphs around an operation run eager between them
         "replays": replays,
         "graph_breaks": graph_breaks,
         "per_graph": per_graph,  # each captured signature: variant, measured times (the JSON only)
@@ -122,6 +124,8 @@ def describe(summary: Mapping[str, Any]) -> str:
         text += f"; refused {sum(summary['refused'].values())}: {reasons}"
     if summary["cgct_in_use"]:
         text += f"; CGCT in {summary['cgct_in_use']}"
+    if summary.get("chains"):  # absent from summaries written before chains were captured
+        text += f"; {summary['chains']} as graphs around an operation run eager"
     if summary.get("demoted_inputs"):  # absent from summaries written before it was counted
         text += f"; {summary['demoted_inputs']} attribute(s) reassigned every call, copied like inputs"
     if summary.get("over_max_graphs"):
