@@ -25,7 +25,7 @@ from ..core import capture as _capture
 from ..core.cache import GraphCache, Refusal
 from ..core.capture import CapturedGraph
 from ..core.collectives import Agreement, agree
-from ..core.junctions import JunctionShapeChanged, SegmentedGraph
+from ..core.junctions import JunctionShapeChanged, SegmentedGraph, op_names
 from ..core.relocation import InputAddresses, picker
 from ..core.signature import FlatInputs, Signature, UnhashableInput, positional_rebuilder, signature_of_leaves
 from ..core.snapshot import RngState
@@ -282,7 +282,7 @@ class CompiledGraphs:
     def _log_chain(self, sig: Signature, entry: GraphEntry) -> None:
         """One line for a chain kept: what runs eager between how many graphs, and the variant chosen."""
         graph = entry.graph
-        ops = ", ".join(dict.fromkeys(j.name for j in graph.junctions))
+        ops = op_names(graph.junctions)
         site = graph.split_from.site if graph.split_from is not None else None
         where = f" at {site.source}" if site is not None and site.source else ""
         self._log_once(

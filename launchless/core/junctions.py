@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -136,6 +136,11 @@ class Junction:
 
     def row(self) -> dict[str, Any]:
         return {"op": self.name, "source": self.source}
+
+
+def op_names(junctions: Iterable[Junction]) -> str:
+    """The operations run eager between graphs, each once: "aten::histc, aten::_grouped_mm"."""
+    return ", ".join(dict.fromkeys(j.name for j in junctions))
 
 
 class SegmentedGraph:

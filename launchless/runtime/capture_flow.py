@@ -23,7 +23,7 @@ from ..core import capture as _capture
 from ..core.cache import GraphCache, Refusal
 from ..core.capture_path import record_capture_branches
 from ..core.collectives import agree
-from ..core.junctions import SegmentedGraph
+from ..core.junctions import SegmentedGraph, op_names
 from ..core.pool import new_pool
 from ..core.relocation import RelocationWatch
 from ..core.signature import FlatInputs, Signature
@@ -337,11 +337,6 @@ def graph_row(cache: GraphCache[_capture.CapturedGraph], sig: Signature, graph: 
     elif graph.speed is not None:  # a whole graph "auto" timed against eager before keeping it
         row["speed"] = graph.speed.row()
     return row
-
-
-def op_names(junctions: tuple) -> str:
-    """The operations run eager between graphs, each once: "aten::histc, aten::_grouped_mm"."""
-    return ", ".join(dict.fromkeys(j.name for j in junctions))
 
 
 def add_note(error: Exception | None, note: str) -> None:
