@@ -852,6 +852,18 @@ def test_a_model_killed_in_the_timing_pass_leaves_its_correctness_rows_alone(tmp
     assert report.timed_models([tmp_path]) == {("timm", "m")}
 
 
+def test_a_timing_line_that_failed_for_want_of_a_package_is_timed_again_on_resume(tmp_path) -> None:
+    """The worker's environment lacked the library (a machine without diffusers): nothing was learnt of the model,
+    so ``--resume`` runs it again; a model that timed out stays done."""
+    lines = [
+        {"key": "unet", "library": "diffusers", "timings": [], "error": "ModuleNotFoundError: No module named 'x'"},
+        {"key": "vae", "library": "diffusers", "timings": [], "error": "timed out after 240 s on this model"},
+    ]
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    (tmp_path / "rows-diffusers-timing-1of1-p0-1-0.jsonl").write_text(text)
+    assert report.timed_models([tmp_path]) == {("diffusers", "vae")}
+
+
 def test_the_timing_pass_runs_one_process() -> None:
     with pytest.raises(SystemExit) as exit_:
         cli.main(["differential", "run", "--library", "timm", "--timing", "--processes", "4", "--out", "x"])

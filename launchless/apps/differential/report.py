@@ -84,12 +84,21 @@ def load_timings(directories: list[str | Path]) -> dict[tuple[str, str], dict[st
     return merged
 
 
+# A timing line with no timing whose error says the worker's environment lacked a package: nothing was learnt of the
+# model, so ``--resume`` tries it again (a time-out or a crash on the model stays: running it again costs as much)
+_ENVIRONMENT_ERROR = ("ModuleNotFoundError", "ImportError")
+
+
 def timed_models(directories: list[str | Path], *, entries: list[str] | None = None) -> set[tuple[str, str]]:
     """``(library, model)`` of every model the timing pass has a line for (with ``entries``: timings of each of
-    those entry points)."""
+    those entry points), but a line that failed for want of a package before timing anything."""
     timings = load_timings(directories)
     if entries is None:
-        return set(timings)
+        return {
+            key
+            for key, line in timings.items()
+            if line["timings"] or not str(line.get("error") or "").startswith(_ENVIRONMENT_ERROR)
+        }
     return {key for key, line in timings.items() if set(entries) <= {t["entry"] for t in line["timings"]}}
 
 
