@@ -1,7 +1,8 @@
 """GPU tests of region splits: a forward that cannot be captured because one operation syncs inside its own kernel
 code (``torch.histc`` without a range, ``torch._grouped_mm`` on float32) replays as graphs with that operation run
-eager between them -- verified against eager, timed, and dropped when not faster; operations whose value reaches
-the host (``.item()``, ``nonzero``) are never run between graphs."""
+eager between them -- verified against eager, timed, and dropped when not faster. A value read on the host
+(``.item()``, ``bool(t)``) is run between graphs too, read again at every replay and checked against the captured
+value; an operation whose shape follows the values (``nonzero``) or a host copy never is."""
 
 from __future__ import annotations
 
@@ -122,13 +123,12 @@ def test_grouped_mm_in_float32_runs_eager_between_graphs() -> None:
 @pytest.mark.parametrize(
     "blocker",
     [
-        lambda x: x * 2 if x.sum() > 0 else x,  # .item(): the host reads a value
         lambda x: x + x[x > 0].sum(),  # masked_select: a shape from the values
         lambda x: x + x.cpu().mean().to(x.device),  # a host copy
     ],
-    ids=["item", "masked-select", "cpu-copy"],
+    ids=["masked-select", "cpu-copy"],
 )
-def test_an_operation_whose_value_reaches_the_host_never_runs_between_graphs(blocker) -> None:
+def test_an_operation_whose_shape_or_host_copy_reaches_the_host_never_runs_between_graphs(blocker) -> None:
     class Blocked(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -146,6 +146,101 @@ def test_an_operation_whose_value_reaches_the_host_never_runs_between_graphs(blo
     assert all("region_split" not in row for row in _rows(m)), _rows(m)
     split = m.graph_info()["split"]
     assert split is not None and {p["module"] for p in split["pieces"]} == {"before", "after"}, split
+
+
+class Asserted(nn.Module):
+    """XLM's pattern: a count read on the host for an assertion, the same value for every call of one shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.before, self.after = Layers(), Layers()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.before(x)
+        assert torch.isfinite(x).sum().item() == x.numel()
+        return self.after(x)
+
+
+READ_OP = {"no_grad": "aten::_local_scalar_dense", "inference_mode": "aten::item"}  # .item() as a mode sees it
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+def test_a_value_read_on_the_host_runs_between_two_graphs_and_is_checked_at_every_replay(grad_mode, caplog) -> None:
+    model = Asserted().cuda().eval()
+    m = ll.wrap(model, cuda_graph="auto", capture_after=1)
+    with GRAD_MODES[grad_mode](), caplog.at_level(logging.INFO, logger="launchless"):
+        for i in range(5):
+            x = torch.randn(1, 64, device="cuda") * (i + 1)
+            assert identical(m(x), model(x)), f"call {i}"
+    (row,) = _rows(m)
+    region = row["region_split"]
+    (read,) = region["eager_ops"]
+    assert region["graphs"] == 2 and read["op"] == READ_OP[grad_mode] and read["value_read"] == 64, region
+    assert "test_cuda_region_split.py" in read["source"], read
+    assert row["verification"]["status"] == "bit-identical" and row["replays"] >= 5, row
+    assert m.graph_info()["split"] is None, "no split by submodule was needed"
+    lines = [r.getMessage() for r in caplog.records if "cannot be captured as one graph" in r.getMessage()]
+    assert len(lines) == 1 and "read again at every replay" in lines[0], lines
+
+
+class Branching(nn.Module):
+    """A branch on a value read on the host: taken by no call until one brings a huge value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.before, self.after = Layers(), Layers()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.before(x)
+        if bool((x.abs() > 1e4).any()):
+            x = x.clamp(-1e4, 1e4) * 2
+        return self.after(x)
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+def test_a_value_read_that_changes_at_a_replay_drops_the_graphs_and_the_call_is_eagers(grad_mode, caplog) -> None:
+    model = Branching().cuda().eval()
+    m = ll.wrap(model, cuda_graph="auto", capture_after=1)
+    with GRAD_MODES[grad_mode](), caplog.at_level(logging.INFO, logger="launchless"):
+        for i in range(3):
+            x = torch.randn(1, 64, device="cuda")
+            assert identical(m(x), model(x)), f"call {i}"
+        assert "region_split" in _rows(m)[0], _rows(m)
+        huge = torch.randn(1, 64, device="cuda")
+        huge[0, 0] = 1e6  # the read says True now: eager would take the branch
+        assert identical(m(huge), model(huge))
+        for i in range(3):
+            x = torch.randn(1, 64, device="cuda")
+            assert identical(m(x), model(x)), f"call {i} after the change"
+    assert _rows(m) == [], "the graphs after the read are dropped"
+    (refused,) = m.graph_info()["fallbacks"]
+    assert "another value than at its capture" in refused["reason"], refused
+    lines = [r.getMessage() for r in caplog.records if "read True on replay, False when captured" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+def test_xlms_length_assertions_run_between_graphs_on_fresh_token_ids(grad_mode) -> None:
+    """transformers' XLM reads the longest length on the host twice (``assert lengths.max().item() <= slen``): its
+    forward replays as three graphs around the two reads, token ids fresh at every call."""
+    pytest.importorskip("transformers")
+    from launchless.apps.differential.candidate import Library
+    from launchless.apps.differential.population import candidates, pick
+
+    (candidate,) = pick(candidates(Library.TRANSFORMERS_CAUSAL), ["xlm"])
+    built = candidate.build("cpu")
+    model = built.model.cuda().eval()
+    m = ll.wrap(model, cuda_graph="auto", capture_after=1)
+    with GRAD_MODES[grad_mode]():
+        for i in range(6):
+            args, kwargs = built.make_inputs(torch.Generator().manual_seed(i), "cuda")
+            assert identical(m(*args, **kwargs), model(*args, **kwargs)), f"call {i}"
+    (row,) = _rows(m)
+    reads = row["region_split"]["eager_ops"]
+    assert [r["op"] for r in reads] == [READ_OP[grad_mode]] * 2 and row["region_split"]["graphs"] == 3, row
+    assert all("modeling_xlm.py" in r["source"] for r in reads), reads
 
 
 def test_a_region_split_that_is_not_faster_is_dropped_with_the_reason(monkeypatch) -> None:

@@ -6,7 +6,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from launchless.core.junctions import Junction, JunctionShapeChanged, NotAJunction, is_capture_error, site_of
+from launchless.core.junctions import (
+    HOST_READS,
+    Junction,
+    JunctionShapeChanged,
+    JunctionValueChanged,
+    NotAJunction,
+    SegmentedGraph,
+    SegmentingMode,
+    guard_note,
+    is_capture_error,
+    same_value,
+    site_of,
+)
 
 aten = torch.ops.aten
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
@@ -15,12 +27,11 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 @pytest.mark.parametrize(
     ("op", "why"),
     [
-        (aten._local_scalar_dense.default, "hands a value it read to the host"),
         (aten.nonzero.default, "shape depends on the values"),
         (aten.masked_select.default, "shape depends on the values"),
         (aten.bernoulli.default, "random numbers"),
     ],
-    ids=["item", "nonzero", "masked_select", "bernoulli"],
+    ids=["nonzero", "masked_select", "bernoulli"],
 )
 def test_operations_tagged_data_dependent_or_random_are_never_junctions(op, why: str) -> None:
     site = site_of(op, (torch.ones(3),), {}, CPU)
@@ -38,12 +49,96 @@ def test_a_site_names_the_operation_and_the_line_that_called_it() -> None:
     assert site.name == "aten::histc" and "test_junctions.py" in site.source, site
 
 
-def test_a_junction_returning_a_host_value_is_refused() -> None:
+def test_a_junction_returning_a_host_value_is_refused_unless_it_is_a_host_read() -> None:
     x = torch.ones(3)
-    with pytest.raises(NotAJunction, match="aten::_local_scalar_dense returns float"):
-        Junction(aten._local_scalar_dense.default, (x,), {}, 1.0, CPU, None)
+    with pytest.raises(NotAJunction, match="aten::max returns float"):
+        Junction(aten.max.default, (x,), {}, 1.0, CPU, None)
     with pytest.raises(NotAJunction, match="cpu"):
         Junction(aten.clone.default, (x,), {}, x.clone(), CUDA, None)
+    assert Junction(aten._local_scalar_dense.default, (x,), {}, 1.0, CPU, None).read == 1.0
+
+
+@pytest.mark.parametrize("op", sorted(HOST_READS, key=str), ids=str)
+def test_a_host_read_of_the_graphs_tensors_is_a_junction_and_of_a_host_tensor_is_not(op) -> None:
+    """``.item()``, ``bool(t)``, ``torch.equal``: guarded by the value they return, on the capture device only."""
+    args = (torch.ones(1), torch.ones(1)) if op in (aten.equal.default, aten.allclose.default) else (torch.ones(1),)
+    assert site_of(op, args, {}, CPU).eligible
+    site = site_of(op, args, {}, CUDA)
+    assert not site.eligible and "host tensor" in site.why_not, site
+
+
+def test_a_host_read_is_read_again_at_each_replay_and_must_return_the_captured_value() -> None:
+    lengths = torch.tensor([16, 12])
+    junction = Junction(aten._local_scalar_dense.default, (lengths.max(),), {}, 16, CPU, "modeling_xlm.py:793")
+    maximum = junction.args[0]
+    junction.run()  # the same value: the Python code after it took the recorded path
+    assert junction.row() == {"op": "aten::_local_scalar_dense", "source": "modeling_xlm.py:793", "value_read": 16}
+    maximum.fill_(15)  # what the graph before it wrote this time
+    with pytest.raises(JunctionValueChanged, match=r"aten::_local_scalar_dense at modeling_xlm.py:793 read 15 on "):
+        junction.run()
+
+
+def test_values_are_the_same_to_python_only_with_their_type_sign_and_nan() -> None:
+    assert same_value(16, 16) and same_value(True, True) and same_value(float("nan"), float("nan"))
+    assert not same_value(1, True) and not same_value(1, 1.0), "another type can take another path"
+    assert not same_value(0.0, -0.0) and not same_value(1.5, float("nan")) and same_value(0.25, 0.25)
+
+
+class _Graph:
+    """Test double of one CUDA graph of a chain: what ``SegmentingMode`` asks of it (tests only)."""
+
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def capture_end(self) -> None:
+        pass
+
+    def replay(self) -> None:
+        self.replays += 1
+
+
+def _segmenting(chain: SegmentedGraph, ops: frozenset) -> SegmentingMode:
+    def begin() -> None:
+        chain.graphs.append(_Graph())
+        chain.empty.append(False)
+
+    return SegmentingMode(chain, junction_ops=ops, device=CPU, begin=begin)
+
+
+@pytest.mark.parametrize(
+    ("grad_mode", "op"),
+    [(torch.no_grad, aten._local_scalar_dense.default), (torch.inference_mode, aten.item.default)],
+    ids=["no_grad", "inference_mode"],
+)
+def test_a_chain_reads_host_values_between_its_graphs_and_checks_them_at_replay(grad_mode, op) -> None:
+    """Under inference_mode a dispatch mode sees ``.item()`` undecomposed: the read is a junction either way, and
+    a host read of a host tensor (the capture device here is the CPU: none is) stays host code."""
+    x = torch.tensor([3.0, 4.0])
+    chain = SegmentedGraph()
+    with grad_mode():
+        mode = _segmenting(chain, frozenset({op}))
+        mode.start()
+        with mode:
+            total = (x * 2).sum()
+            assert total.item() == 14.0
+            y = x + 1
+        mode.end()
+    assert len(chain.graphs) == 2 and [j.read for j in chain.junctions] == [14.0], chain.junctions
+    assert "1 value(s) read on the host" in guard_note(chain.junctions), guard_note(chain.junctions)
+    chain.replay()
+    assert [g.replays for g in chain.graphs] == [2, 2], "each graph ran once at its capture and once now"
+    with torch.inference_mode():  # the first graph wrote another sum this time (a graph writes any tensor)
+        total.fill_(15.0)
+    with pytest.raises(JunctionValueChanged, match=r"read 15\.0 on replay, 14\.0 when captured"):
+        chain.replay()
+    assert chain.graphs[1].replays == 2, "the graph after a changed read is not replayed"
+    assert torch.equal(y, x + 1)
+
+
+def test_a_chain_with_no_host_read_has_no_guard_note() -> None:
+    x = torch.ones(4)
+    junction = Junction(aten.histc.default, (x,), {"bins": 4}, torch.histc(x, bins=4), CPU, None)
+    assert guard_note([junction]) == "" and "value_read" not in junction.row()
 
 
 def test_a_junction_writes_its_new_result_into_the_buffer_the_next_graph_reads() -> None:

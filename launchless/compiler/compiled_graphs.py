@@ -25,7 +25,7 @@ from ..core import capture as _capture
 from ..core.cache import GraphCache, Refusal
 from ..core.capture import CapturedGraph
 from ..core.collectives import Agreement, agree
-from ..core.junctions import JunctionShapeChanged, SegmentedGraph, op_names
+from ..core.junctions import JunctionChanged, SegmentedGraph, guard_note, op_names
 from ..core.relocation import InputAddresses, picker
 from ..core.signature import FlatInputs, Signature, UnhashableInput, positional_rebuilder, signature_of_leaves
 from ..core.snapshot import RngState
@@ -147,8 +147,8 @@ class CompiledGraphs:
                 if entry.monitor is not None and entry.monitor.should_sample():
                     return self._variants.sampled(sig, entry, flat, args, self.compiled)
                 return entry.replay(flat.leaves)
-            except JunctionShapeChanged as exc:
-                return self._shape_changed(sig, args, exc)
+            except JunctionChanged as exc:
+                return self._junction_changed(sig, args, exc)
         if self._addresses.moved and self._demote(self._addresses.moved):  # .to(), an attribute reassigned
             sig = self._key(args)  # an attribute became an input: it is part of the signature now
         admission = graphs.admit(sig)
@@ -276,8 +276,8 @@ class CompiledGraphs:
             return self.compiled(*args)
         try:
             return entry.replay(flat.leaves)
-        except JunctionShapeChanged as exc:
-            return self._shape_changed(sig, args, exc)
+        except JunctionChanged as exc:
+            return self._junction_changed(sig, args, exc)
 
     def _log_chain(self, sig: Signature, entry: GraphEntry) -> None:
         """One line for a chain kept: what runs eager between how many graphs, and the variant chosen."""
@@ -288,16 +288,16 @@ class CompiledGraphs:
         self._log_once(
             f"launchless: {self.name} {sig.describe()} cannot be captured as one graph ({ops}{where}); it replays "
             f"{len(cast(SegmentedGraph, graph.graph).graphs)} graphs with {len(graph.junctions)} call(s) of {ops} "
-            f"run eager between them, verified against eager; variant chosen: {entry.decision.variant}"
+            f"run eager between them{guard_note(graph.junctions)}, verified against eager; variant chosen: "
+            f"{entry.decision.variant}"
         )
 
-    def _shape_changed(self, sig: Signature, args: Sequence[Any], exc: JunctionShapeChanged) -> Any:
-        """An operation run eager between graphs returned another shape than at the capture (nothing was handed
-        out): the chain goes and the signature runs compiled, without a graph, from now on."""
+    def _junction_changed(self, sig: Signature, args: Sequence[Any], exc: JunctionChanged) -> Any:
+        """An operation run eager between graphs returned another shape, or a host read another value, than at the
+        capture (nothing was handed out): the chain goes and the signature runs compiled, without a graph, from now
+        on. ``exc`` names which."""
         self._graphs.forget(sig)
-        return self._refuse(
-            sig, args, Stage.CAPTURE, f"an operation run eager between graphs returned a data-dependent shape: {exc}"
-        )
+        return self._refuse(sig, args, Stage.CAPTURE, f"graphs around an operation run eager dropped: {exc}")
 
     def _host_inputs_are_static(self, leaves: Sequence[Any]) -> bool:
         """Every host tensor input is static, and the others share one CUDA device: a case for CGCT."""

@@ -34,7 +34,15 @@ from .collectives import CollectiveTrace, distributed, wait_outputs
 from .fft_plans import holds_plans
 from .host_constants import HostCopies, HostSources, recording, replaying
 from .index_trace import IndexTrace
-from .junctions import MAX_JUNCTION_OPS, Junction, NotAJunction, SegmentedGraph, SegmentingMode, Site
+from .junctions import (
+    MAX_JUNCTION_OPS,
+    Junction,
+    NotAJunction,
+    SegmentedGraph,
+    SegmentingMode,
+    Site,
+    operation_name,
+)
 from .output_aliases import fill_aliases, find_input_aliases
 from .output_copies import IMMUTABLE_OUTPUTS, make_cloner
 from .output_tree import see_into
@@ -366,6 +374,13 @@ def _capture_with_junctions(
 
 
 def _why_no_junction(site: Site | None, junction_ops: frozenset[Any]) -> str:
+    """Why no chain was kept; where graphs around earlier operations were tried, which operation stopped them."""
+    if junction_ops and site is not None and site.op not in junction_ops:
+        tried = ", ".join(sorted(operation_name(op) for op in junction_ops))
+        where = f" at {site.source}" if site.source else ""
+        return f"graphs around {tried} were tried, then {site.name}{where} stopped them: " + _why_no_junction(
+            site, frozenset()
+        )
     if site is None:
         return "the capture did not fail inside one operation"
     if not site.eligible:

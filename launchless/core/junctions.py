@@ -12,16 +12,21 @@ An operation is a junction only when running it again on the same tensors is exa
 
 - every tensor it reads is on the capture device (a graph's buffer, a parameter, an input's static copy); a
   host tensor could hold another value at the next call, unseen;
-- it returns device tensors or nothing: a host tensor or a Python number could steer the Python code after it,
-  which the graphs after it froze (``.item()``, ``.cpu()``, ``.tolist()`` are not junctions);
+- it returns device tensors or nothing -- or it is a *guarded host read*: ``.item()``, ``bool(t)``, ``int(t)``,
+  ``torch.equal`` on device tensors hand Python one value, which may steer the Python code after it and so the
+  kernels the graphs after it froze. Such a read runs again at every replay, on the same tensor, and must return
+  the very value it returned at the capture: then the Python code after it took the path the graphs recorded
+  (XLM's ``assert lengths.max().item() <= slen``, a mask's ``if mask.all():``). A host tensor (``.cpu()``,
+  ``.tolist()``) is not a junction: the host code may keep or copy it back, unseen;
 - its output's shape follows from its inputs' shapes and it draws no random numbers: PyTorch tags some of the
   others (``dynamic_output_shape`` for ``nonzero``, ``unique``, ``masked_select``; ``data_dependent_output``;
   ``nondeterministic_seeded``), and the rest is proven on fake tensors (``shape_proof``): a composite such as
   ``where(condition)``, which a dispatch mode sees undecomposed under ``inference_mode``, and another library's
   operation such as ``torchvision::nms`` carry no tag, yet return as many elements as their data says.
 
-Should a junction still return another shape at a replay than at its capture, the replay raises
-``JunctionShapeChanged`` before any output is handed out; the policy runs that call eager and drops the graph.
+Should a junction still return another shape at a replay than at its capture, or a guarded read another value,
+the replay raises ``JunctionChanged`` (``JunctionShapeChanged``, ``JunctionValueChanged``) before any output is
+handed out; the policy runs that call eager and drops the graph.
 
 Junctions are found by capturing: a capture that fails inside an operation names it (``SegmentingMode`` counts
 nothing, it only watches which operation raised); every call of that operation becomes a junction and the
@@ -33,6 +38,7 @@ as ``histc`` fails on uninitialised memory). The chain is then verified against 
 from __future__ import annotations
 
 import dataclasses
+import math
 import traceback
 import warnings
 from collections.abc import Callable, Iterable
@@ -46,6 +52,17 @@ from ..diagnose.source import locate
 from .shape_proof import DATA_DEPENDENT_SHAPE, HOST_VALUE, data_dependence
 
 MAX_JUNCTION_OPS = 8  # kinds of operation one forward may run eager between its graphs
+_aten = torch.ops.aten
+HOST_READS = frozenset(
+    {
+        _aten._local_scalar_dense.default,
+        _aten.item.default,  # under inference_mode a dispatch mode sees .item() and bool(t) undecomposed
+        _aten.is_nonzero.default,
+        _aten.equal.default,
+        _aten.allclose.default,
+    }
+)
+"""Operations that hand the host one Python value read from device tensors: junctions guarded by that value."""
 _NOT_JUNCTION_TAGS = {
     torch.Tag.dynamic_output_shape: DATA_DEPENDENT_SHAPE,
     torch.Tag.data_dependent_output: HOST_VALUE,
@@ -73,7 +90,8 @@ class Site:
         return not self.why_not
 
 
-def _name(func: Any) -> str:
+def operation_name(func: Any) -> str:
+    """An operation as messages name it: "aten::histc"."""
     schema = getattr(func, "_schema", None)
     return str(schema.name) if schema is not None else str(func)
 
@@ -87,20 +105,46 @@ def _on(device: torch.device, t: torch.Tensor) -> bool:
 
 
 def site_of(func: Any, args: tuple, kwargs: dict, device: torch.device) -> Site:
-    """What ``func`` called with ``args`` is, as a junction candidate (outputs are checked when it runs)."""
-    why_not = next((why for tag, why in _NOT_JUNCTION_TAGS.items() if tag in getattr(func, "tags", ())), "")
-    if not why_not and any(not _on(device, t) for t in _tensors((args, kwargs))):
-        why_not = "it reads a host tensor, whose value may change between calls unseen"
-    if not why_not:
-        why_not = data_dependence(func, args, kwargs)
+    """What ``func`` called with ``args`` is, as a junction candidate (outputs are checked when it runs). A host
+    read of device tensors is one, guarded by the value it returns (``HOST_READS``)."""
+    on_host = any(not _on(device, t) for t in _tensors((args, kwargs)))
+    if func in HOST_READS:
+        why_not = "it reads a host tensor, whose value may change between calls unseen" if on_host else ""
+    else:
+        why_not = next((why for tag, why in _NOT_JUNCTION_TAGS.items() if tag in getattr(func, "tags", ())), "")
+        if not why_not and on_host:
+            why_not = "it reads a host tensor, whose value may change between calls unseen"
+        if not why_not:
+            why_not = data_dependence(func, args, kwargs)
     location = locate(traceback.extract_stack())
-    return Site(func, _name(func), why_not, str(location) if location else None)
+    return Site(func, operation_name(func), why_not, str(location) if location else None)
 
 
-class JunctionShapeChanged(RuntimeError):
+class JunctionChanged(RuntimeError):
+    """A junction returned at a replay what the graphs after it were not captured for. Raised before any output is
+    handed out, so the call can run eager instead."""
+
+
+class JunctionShapeChanged(JunctionChanged):
     """A junction returned another shape or dtype at a replay than at its capture: its output's shape depends on
-    values after all, and the graphs after it read buffers of the captured shape. Raised before any output is handed
-    out, so the call can run eager instead."""
+    values after all, and the graphs after it read buffers of the captured shape."""
+
+
+class JunctionValueChanged(JunctionChanged):
+    """A guarded host read returned another value at a replay than at its capture: the Python code after it may
+    take another path than the one the graphs after it recorded."""
+
+
+def same_value(a: object, b: object) -> bool:
+    """Whether two values a host read returned are the same to the Python code that reads them: equal, of one
+    type, a float's sign included (``-0.0`` and ``0.0`` divide otherwise) and NaN the same as NaN."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float) and isinstance(b, float):
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+    return a == b
 
 
 class NotAJunction(Exception):
@@ -108,20 +152,43 @@ class NotAJunction(Exception):
 
 
 class Junction:
-    """One call of a junction operation between two graphs: the tensors it reads are the graphs' own."""
+    """One call of a junction operation between two graphs: the tensors it reads are the graphs' own. A guarded host
+    read keeps the value it returned (``read``); any other junction, the tensors it wrote (``outputs``)."""
 
-    __slots__ = ("args", "func", "kwargs", "name", "outputs", "source")
+    __slots__ = ("args", "func", "kwargs", "name", "outputs", "read", "source")
 
     def __init__(self, func: Any, args: tuple, kwargs: dict, out: Any, device: torch.device, source: str | None):
+        self.func, self.args, self.kwargs, self.name, self.source = func, args, kwargs, operation_name(func), source
+        self.outputs: list[torch.Tensor] = []
+        self.read: bool | int | float | complex | None = None
+        if func in HOST_READS:
+            self.read = out
+            return
         leaves = pytree.tree_leaves(out)
         if any(not (x is None or (isinstance(x, torch.Tensor) and _on(device, x))) for x in leaves):
             kinds = sorted({type(x).__name__ if not isinstance(x, torch.Tensor) else str(x.device) for x in leaves})
-            raise NotAJunction(f"{_name(func)} returns {', '.join(kinds)}, which the host code after it may read")
-        self.func, self.args, self.kwargs, self.name, self.source = func, args, kwargs, _name(func), source
+            raise NotAJunction(
+                f"{operation_name(func)} returns {', '.join(kinds)}, which the host code after it may read"
+            )
         self.outputs = [x for x in leaves if isinstance(x, torch.Tensor)]
 
+    @property
+    def guarded(self) -> bool:
+        """Whether this is a host read: run again at each replay, it must return the captured value."""
+        return self.func in HOST_READS
+
     def run(self) -> None:
-        """Run the operation again on the same tensors; its results go where the next graph reads them."""
+        """Run the operation again on the same tensors; its results go where the next graph reads them (a host
+        read's value is compared with the captured one instead)."""
+        if self.guarded:
+            value = self.func(*self.args, **self.kwargs)
+            if not same_value(value, self.read):
+                where = f" at {self.source}" if self.source else ""
+                raise JunctionValueChanged(
+                    f"launchless: {self.name}{where} read {value!r} on replay, {self.read!r} when captured: the "
+                    "Python code after it may take another path than the graphs after it recorded"
+                )
+            return
         fresh = _tensors(self.func(*self.args, **self.kwargs))
         for static, new in zip(self.outputs, fresh, strict=True):
             if new is static or (new.data_ptr() == static.data_ptr() and new.shape == static.shape):
@@ -135,12 +202,26 @@ class Junction:
             static.copy_(new)
 
     def row(self) -> dict[str, Any]:
-        return {"op": self.name, "source": self.source}
+        row: dict[str, Any] = {"op": self.name, "source": self.source}
+        if self.guarded:  # JSON has no complex number
+            row["value_read"] = repr(self.read) if isinstance(self.read, complex) else self.read
+        return row
 
 
 def op_names(junctions: Iterable[Junction]) -> str:
     """The operations run eager between graphs, each once: "aten::histc, aten::_grouped_mm"."""
     return ", ".join(dict.fromkeys(j.name for j in junctions))
+
+
+def guard_note(junctions: Iterable[Junction]) -> str:
+    """What a chain with host reads checks at every replay (empty without one), for its log line."""
+    reads = [j for j in junctions if j.guarded]
+    if not reads:
+        return ""
+    return (
+        f"; {len(reads)} value(s) read on the host ({op_names(reads)}) are read again at every replay and must be "
+        "the ones captured, else that call runs eager and the graphs go"
+    )
 
 
 class SegmentedGraph:
@@ -207,7 +288,10 @@ class SegmentingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func in self.junction_ops:
+        # a host read of a host tensor is host code as any other: only reads of the graphs' tensors are junctions
+        if func in self.junction_ops and not (
+            func in HOST_READS and any(not _on(self.device, t) for t in _tensors((args, kwargs)))
+        ):
             location = locate(traceback.extract_stack())
             self.end()
             out = func(*args, **kwargs)

@@ -42,7 +42,7 @@ from torch.utils import _pytree as pytree
 from ..errors import one_line
 from .capture import CapturedGraph, CaptureFailed
 from .capture_path import pretend_capturing
-from .junctions import JunctionShapeChanged
+from .junctions import JunctionChanged
 from .output_tree import see_into
 from .signature import FlatInputs
 from .snapshot import RngState, Snapshot
@@ -404,7 +404,7 @@ def _compare_runs(
         raise _ProbeRefused(one_line(exc)) from exc
     try:
         graphed = [replay(p) for p in probes]
-    except JunctionShapeChanged as exc:  # the probes' values gave an operation between two graphs other shapes
+    except JunctionChanged as exc:  # the probes gave an operation between two graphs another shape or value
         return VerifyReport(VerifyStatus.FAILED, False, branches=branches, detail=str(exc))
     except torch.cuda.OutOfMemoryError:
         raise

@@ -60,7 +60,7 @@ def capture_error(
     where = f" at {location}" if location else " (source line not found)"
     said = str(fail.cause).strip()
     first_line = said.splitlines()[0].rstrip(".") if said else type(fail.cause).__name__
-    around = f" Graphs around it were not tried: {fail.no_junction}." if fail.no_junction else ""
+    around = f" No graphs around it: {fail.no_junction}." if fail.no_junction else ""
     return CaptureError(
         f"launchless cannot capture {name} for input {sig.describe()}: {what}{where}. PyTorch said: {first_line}. "
         f"A graph records kernels and addresses, not values or host work, so this cannot be replayed.{around} "

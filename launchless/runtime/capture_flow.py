@@ -23,7 +23,7 @@ from ..core import capture as _capture
 from ..core.cache import GraphCache, Refusal
 from ..core.capture_path import record_capture_branches
 from ..core.collectives import agree
-from ..core.junctions import SegmentedGraph, op_names
+from ..core.junctions import SegmentedGraph, guard_note, op_names
 from ..core.pool import new_pool
 from ..core.relocation import RelocationWatch
 from ..core.signature import FlatInputs, Signature
@@ -282,8 +282,8 @@ class CaptureFlow:
             logging.INFO,
             f"launchless: {self.name} {sig.describe()} cannot be captured as one graph ({what}{where}); it "
             f"replays {graphs} graphs with {len(graph.junctions)} call(s) of {ops} run eager "
-            f"between them, verified against eager, {graph.speed.speedup:.2f}x over eager. graph_info()['graphs'] "
-            "has the details",
+            f"between them{guard_note(graph.junctions)}, verified against eager, {graph.speed.speedup:.2f}x over "
+            "eager. graph_info()['graphs'] has the details",
         )
 
     def chain_note(self, flat: FlatInputs) -> str:

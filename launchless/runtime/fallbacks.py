@@ -13,7 +13,7 @@ import logging
 from typing import Any, cast
 
 from ..core.cache import GraphCache, Refusal
-from ..core.junctions import JunctionShapeChanged
+from ..core.junctions import JunctionChanged, JunctionValueChanged
 from ..core.signature import FlatInputs, Signature
 from ..core.status import SplitStatus, Stage
 from .capture_flow import CaptureFlow, add_note
@@ -93,15 +93,18 @@ class Fallbacks:
         args, kwargs = flat.rebuild(flat.leaves)
         return self.eager(args, kwargs)
 
-    def shape_changed(self, sig: Signature, flat: FlatInputs, exc: JunctionShapeChanged, *, split: bool = True) -> Any:
-        """A chain's junction returned another shape than at its capture: its shape depends on the values after all.
-        Nothing was handed out; the chain goes, and this signature runs as a refused one does from now on (split by
-        submodule where allowed, else eager), this call included. One log line. ``split``: False for a batch
-        bucket's signature, whose call runs eager as given."""
+    def junction_changed(self, sig: Signature, flat: FlatInputs, exc: JunctionChanged, *, split: bool = True) -> Any:
+        """A chain's junction returned another shape than at its capture (its shape depends on the values after all),
+        or a host read another value (the Python code after it may go another way). Nothing was handed out; the chain
+        goes, and this signature runs as a refused one does from now on (split by submodule where allowed, else
+        eager), this call included. One log line. ``split``: False for a batch bucket's signature, whose call runs
+        eager as given."""
         self.cache.forget(sig)
         refusal = Refusal(
             Stage.CAPTURE,
-            "an operation run eager between graphs returned a data-dependent shape",
+            "an operation run eager between graphs returned another "
+            + ("value" if isinstance(exc, JunctionValueChanged) else "shape")
+            + " than at its capture",
             f"launchless: {self.name} {sig.describe()}: {exc}. Its graphs are dropped and this input signature "
             "runs without them",
         )

@@ -29,7 +29,7 @@ import torch
 from ..core import capture as _capture
 from ..core.buckets import check_buckets
 from ..core.cache import GraphCache
-from ..core.junctions import JunctionShapeChanged
+from ..core.junctions import JunctionChanged
 from ..core.pool import SHARED
 from ..core.relocation import RelocationWatch
 from ..core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
@@ -251,8 +251,8 @@ class GraphedModule(ModelStandIn):
                     graph = self._compiled.swap(sig, flat, graph, model)
                 try:
                     return self._replay(graph, flat.leaves)
-                except JunctionShapeChanged as exc:
-                    return self._fallbacks.shape_changed(sig, flat, exc)
+                except JunctionChanged as exc:
+                    return self._fallbacks.junction_changed(sig, flat, exc)
         admission = self._admit(sig)
         if admission is Admission.CAPTURE:
             return self._capture_and_run(sig, flat, explicit=False)
@@ -278,8 +278,8 @@ class GraphedModule(ModelStandIn):
                 if graph.aliases:  # an output that is an input: it must be the padded input, as the graph returns it
                     return plan.take_rows(self._replay(graph, plan.padded_flat().leaves))
                 return plan.take_rows(self._replay(graph, plan.flat.leaves, rows=plan.rows))
-            except JunctionShapeChanged as exc:
-                return self._fallbacks.shape_changed(plan.signature, plan.flat, exc, split=False)
+            except JunctionChanged as exc:
+                return self._fallbacks.junction_changed(plan.signature, plan.flat, exc, split=False)
         admission = self._admit(plan.signature)
         if admission is Admission.CAPTURE:
             if not bucketing.proven(plan, self._flow.target()):
@@ -330,8 +330,8 @@ class GraphedModule(ModelStandIn):
             self._compiled.start(sig, self.model, flat)
         try:
             return self._replay(graph, flat.leaves)
-        except JunctionShapeChanged as exc:
-            return self._fallbacks.shape_changed(sig, flat, exc)
+        except JunctionChanged as exc:
+            return self._fallbacks.junction_changed(sig, flat, exc)
 
     def _name(self) -> str:
         return f"{type(self.model).__name__}.forward"
