@@ -35,18 +35,27 @@ class Layers(nn.Module):
         return x
 
 
-class Histogram(nn.Module):
-    """``torch.histc`` without a range reads the data's minimum and maximum on the host, inside its kernel code."""
+class Between(nn.Module):
+    """Layers, the operation under test (``middle``), layers."""
 
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.before, self.after = Layers(), Layers()
 
+    def middle(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.before(x)
+        return self.after(self.middle(self.before(x)))
+
+
+class Histogram(Between):
+    """``torch.histc`` without a range reads the data's minimum and maximum on the host, inside its kernel code."""
+
+    def middle(self, x: torch.Tensor) -> torch.Tensor:
         counts = torch.histc(x, bins=64)  # depends on the values: a different input, different counts
-        return self.after(x + counts.view(1, -1) / x.numel())
+        return x + counts.view(1, -1) / x.numel()
 
 
 def _rows(m) -> list[dict]:
@@ -129,13 +138,9 @@ def test_grouped_mm_in_float32_runs_eager_between_graphs() -> None:
     ids=["masked-select", "cpu-copy"],
 )
 def test_an_operation_whose_shape_or_host_copy_reaches_the_host_never_runs_between_graphs(blocker) -> None:
-    class Blocked(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.before, self.after = Layers(), Layers()
-
-        def forward(self, x):
-            return self.after(blocker(self.before(x)))
+    class Blocked(Between):
+        def middle(self, x):
+            return blocker(x)
 
     model = Blocked().cuda().eval()
     m = ll.wrap(model, cuda_graph="auto", capture_after=1)
@@ -148,18 +153,12 @@ def test_an_operation_whose_shape_or_host_copy_reaches_the_host_never_runs_betwe
     assert split is not None and {p["module"] for p in split["pieces"]} == {"before", "after"}, split
 
 
-class Asserted(nn.Module):
+class Asserted(Between):
     """XLM's pattern: a count read on the host for an assertion, the same value for every call of one shape."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.before, self.after = Layers(), Layers()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.before(x)
+    def middle(self, x: torch.Tensor) -> torch.Tensor:
         assert torch.isfinite(x).sum().item() == x.numel()
-        return self.after(x)
+        return x
 
 
 READ_OP = {"no_grad": "aten::_local_scalar_dense", "inference_mode": "aten::item"}  # .item() as a mode sees it
@@ -184,19 +183,13 @@ def test_a_value_read_on_the_host_runs_between_two_graphs_and_is_checked_at_ever
     assert len(lines) == 1 and "read again at every replay" in lines[0], lines
 
 
-class Branching(nn.Module):
+class Branching(Between):
     """A branch on a value read on the host: taken by no call until one brings a huge value."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.before, self.after = Layers(), Layers()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.before(x)
+    def middle(self, x: torch.Tensor) -> torch.Tensor:
         if bool((x.abs() > 1e4).any()):
-            x = x.clamp(-1e4, 1e4) * 2
-        return self.after(x)
+            return x.clamp(-1e4, 1e4) * 2
+        return x
 
 
 @pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
