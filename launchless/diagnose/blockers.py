@@ -40,7 +40,8 @@ _COPY_OPS = {"_to_copy", "copy_", "copy", "to", "_copy_from", "_copy_from_and_re
 
 FIXES = {
     HOST_SYNC: "remove the host sync (.item(), float(t), bool(t), print(t), `if tensor:`) from the forward, "
-    "or move it after the call",
+    "or move it after the call (a value that is the same at every call may stay: a call replays graphs around "
+    "the read and reads it again, checked, at each replay)",
     COPY: "create the tensor on the GPU (device=x.device) or move it once in __init__ (register a buffer) "
     "instead of copying it on every forward",
     DATA_DEPENDENT: "keep data-dependent shapes (nonzero, boolean masks, unique, NMS) out of the graphed part",
