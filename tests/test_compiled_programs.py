@@ -370,6 +370,9 @@ def test_a_spare_compiler_started_ahead_takes_the_first_job_and_a_later_one_star
     assert job.wait(COMPILE_S) is JobState.READY, job.reason
     assert job._child is waiting and spare._child is None  # the spare did the job
     assert spare.take(["a", "b", "0"]) is None  # taken once
+    parts = {name.removeprefix("start: "): s for name, s in job.phases.items() if name.startswith("start: ")}
+    assert parts.get("interpreter and torch", 0) > 0, job.phases  # the job came while the spare booted
+    assert abs(sum(parts.values()) - job.phases["start"]) < 0.05, job.phases
     ended = compiled_programs.SpareCompiler(model)
     ended.end()
     other = compile_in_background(
@@ -388,6 +391,15 @@ def test_a_spare_dropped_unused_ends_its_process() -> None:
 
     gc.collect()
     assert child.wait(30) != 0  # ended, not finished
+
+
+def test_the_start_phase_is_split_into_what_of_the_spares_work_the_job_waited_for() -> None:
+    marks = [("interpreter and torch", 0.0, 2.0), ("GPU context", 2.0, 3.0), ("import timm", 3.0, 3.5)]
+    assert compiler_process.start_parts(marks, 1.5, 3.2) == pytest.approx(
+        {"interpreter and torch": 0.5, "GPU context": 1.0, "import timm": 0.2}
+    )
+    assert compiler_process.start_parts(marks, 4.0, 4.3) == pytest.approx({"job read": 0.3}), "all done before"
+    assert compiler_process.start_parts([], 1.0, 1.0) == {}
 
 
 def test_the_spare_sees_a_job_waiting_even_when_it_came_with_the_warm_up_line() -> None:

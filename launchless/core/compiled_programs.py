@@ -248,10 +248,11 @@ class SpareCompiler:
 
     def __init__(self, model: torch.nn.Module) -> None:
         modules = sorted({type(m).__module__ for m in model.modules()} - {"__main__"})
+        spawned = time.time()  # its boot is the first part of a start phase it makes a job wait for
         self._child: subprocess.Popen | None = _start_compiler([SPARE])
         weakref.finalize(self, _end_waiting, self._child)  # dropped unused (its model released): it goes too
         try:
-            self._send({"path": list(sys.path), "modules": modules})
+            self._send({"path": list(sys.path), "modules": modules, "spawned": spawned})
         except OSError:  # it could not start (nothing to warm): a job starts its own process
             self.end()
         _SPARES.add(self)

@@ -52,7 +52,11 @@ class _Lines:
         return line.decode()
 
 
-def _warm_steps(modules: list[str]) -> tuple[list[Callable[[], Any]], list[Callable[[], Any]]]:
+Step = tuple[str, Callable[[], Any]]  # a warm step, named as the start phase's parts name it
+Mark = tuple[str, float, float]  # what the spare did, from and to (wall seconds)
+
+
+def _warm_steps(modules: list[str]) -> tuple[list[Step], list[Step]]:
     """What a compile will load: first, whatever the job's time -- the GPU's context and Inductor's compile workers
     (started, not waited for: they boot in processes of their own while the rest loads); then, until the job comes,
     the model's modules and Inductor's compiler."""
@@ -67,29 +71,47 @@ def _warm_steps(modules: list[str]) -> tuple[list[Callable[[], Any]], list[Calla
         AsyncCompile.warm_pool()
         AsyncCompile.use_process_pool()  # the workers start; the compile finds them ready or starting
 
-    imports = [functools.partial(importlib.import_module, module) for module in modules]
-    return [gpu, workers], [*imports, functools.partial(importlib.import_module, "torch._inductor.compile_fx")]
+    imports = [(f"import {module}", functools.partial(importlib.import_module, module)) for module in modules]
+    inductor = ("import Inductor", functools.partial(importlib.import_module, "torch._inductor.compile_fx"))
+    return [("GPU context", gpu), ("compile workers started", workers)], [*imports, inductor]
 
 
 def serve_as_spare() -> None:
     """The spare's side: load what the job will need, step by step, until the job comes (a job that comes early
     starts at once: what is not loaded yet, the compile loads as it would have -- but the compile workers, which
-    boot beside it, are started first), then compile it; nothing if the input ends first."""
+    boot beside it, are started first), then compile it; nothing if the input ends first. What it did and when
+    (``Mark``) goes to the compile, which tells which of it the job waited for."""
+    entered = time.time()
     lines = _Lines()
     warm = json.loads(lines.read() or "null")
     if warm is None:
         return
+    marks: list[Mark] = [("interpreter and torch", float(warm.get("spawned", entered)), entered)]
     sys.path[:] = warm["path"]
     at_once, until_the_job = _warm_steps(warm["modules"])
-    for step in [*at_once, *until_the_job]:
-        if lines.waiting() and step not in at_once:
+    for name, step in [*at_once, *until_the_job]:
+        if lines.waiting() and (name, step) not in at_once:
             break
+        began = time.time()
         with contextlib.suppress(Exception):  # what fails here fails the compile, with its own error
             step()
+        marks.append((name, began, time.time()))
     line = lines.read()
     if line:
         sent, program, started = json.loads(line)
-        compile_program(sent, program, float(started))
+        compile_program(sent, program, float(started), marks=marks)
+
+
+def start_parts(marks: list[Mark], handed: float, began: float) -> dict[str, float]:
+    """Which of the spare's work a job handed at ``handed`` waited for until its compile ``began`` (wall seconds):
+    each mark's overlap with that wait, the rest as "job read"; nothing without marks (no spare: the start phase is
+    a process's own boot)."""
+    if not marks:
+        return {}
+    parts = {name: min(end, began) - max(start, handed) for name, start, end in marks}
+    parts = {name: seconds for name, seconds in parts.items() if seconds > 0}
+    rest = (began - handed) - sum(parts.values())
+    return {**parts, "job read": rest} if rest > 0 else parts
 
 
 def random_operations(graph_module: torch.fx.GraphModule) -> list[str]:
@@ -142,16 +164,19 @@ def _numerics_of_eager(on: bool) -> Any:
     return config.patch({name: True for name in wanted if name in known})
 
 
-def compile_program(sent: str, program: str, started: float) -> None:
+def compile_program(sent: str, program: str, started: float, *, marks: list[Mark] | None = None) -> None:
     """The child process: the model's structure in, the compiled program and its plan out. An inference program is
     exported and compiled under ``no_grad``; a training program with autograd on, so that Inductor compiles its
     backward too (AOTAutograd's forward and backward, called through autograd as the model is). Every weight is an
     input of the program, none a constant of its code. The plan names the operations that draw random numbers
     (dropout in training): Inductor draws them otherwise than eager. ``started``: the wall time the parent started
-    it at; the plan keeps the seconds of each phase."""
+    it at; the plan keeps the seconds of each phase. ``marks``: what a spare did before (``start_parts`` of the
+    start phase, as "start: <part>")."""
     from torch.export.graph_signature import ConstantArgument, InputKind
 
-    phases = {"start": time.time() - started}  # the interpreter and torch imported
+    began = time.time()
+    phases = {"start": began - started}  # the interpreter and torch imported (a spare: what the job waited for)
+    phases.update({f"start: {name}": s for name, s in start_parts(marks or [], started, began).items()})
     mark = time.perf_counter()
 
     def phase(name: str) -> None:

@@ -158,14 +158,25 @@ def markdown_lines(rows: Sequence[Row]) -> list[str]:
 
 
 def phases_text(phases: Mapping[str, float] | None) -> str:
-    """A compile's seconds per phase, in their order ("start 0.0, build 0.4, export 1.3, compile 8.4"; "" if none)."""
-    return ", ".join(f"{name} {seconds:.1f}" for name, seconds in (phases or {}).items())
+    """A compile's seconds per phase, in their order ("start 2.1 (GPU context 1.2, import Inductor 0.9), build 0.4,
+    export 1.3, compile 8.4"; "" if none): a phase "start: <part>" is a part of the start phase, what a spare
+    compiler was doing while the job waited for it."""
+    texts: list[str] = []
+    for name, seconds in (phases or {}).items():
+        phase, _, part = name.partition(": ")
+        if part and texts and texts[-1].startswith(f"{phase} "):
+            head, _, inner = texts[-1].partition(" (")
+            inner = inner.rstrip(")")
+            texts[-1] = f"{head} ({inner + ', ' if inner else ''}{part} {seconds:.1f})"
+        else:
+            texts.append(f"{name} {seconds:.1f}")
+    return ", ".join(texts)
 
 
 def _time_to_swap_lines(workloads: Sequence[str], by_key: Mapping[tuple[str, str], Row]) -> list[str]:
     """Where each compiled-kernels row's time to its swap went: the compiler's phases (``start``: a process to begin
-    in, none where a spare was waiting; ``build``: the model's modules imported and its tensors made; ``export``,
-    ``compile``, ``save``) and the program's read into memory beside the calls."""
+    in, with what of a spare's boot the job waited for; ``build``: the model's modules imported and its tensors
+    made; ``export``, ``compile``, ``save``) and the program's read into memory beside the calls."""
     lines = []
     for w in workloads:
         for mode in KERNEL_MODES:

@@ -313,7 +313,8 @@ def _compiled_kernels_lines(view: _View) -> list[str]:
         f'`{COMPILED_KERNELS}`: `launchless.wrap(model, kernels="compiled")`, generating from its first call '
         "(eager-kernel decode graphs) until its decode step's compiled program was decided (swapped in at the start "
         "of a call once proven), then raced above. Swapped at: seconds from its first call's start. The compiler's "
-        "phases: `start` (a process to begin in, none where a spare was waiting), `build` (the model's modules "
+        "phases: `start` (a process to begin in; in parentheses what of a spare's boot the job waited for), "
+        "`build` (the model's modules "
         "imported, its tensors made), `export`, `compile`, `save`.",
         "",
         *md_table(header, body),
