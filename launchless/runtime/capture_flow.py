@@ -304,8 +304,8 @@ class CaptureFlow:
             return ""
         graphs = len(cast(SegmentedGraph, graph.graph).graphs)  # a report is made for a chain only
         return (
-            f" A call replays it as {graphs} graphs with {op_names(graph.junctions)} run eager between them, "
-            "verified against eager (if faster than eager)."
+            f" A call replays it as {graphs} graphs with {op_names(graph.junctions)} run eager between them"
+            f"{guard_note(graph.junctions)}, verified against eager (if faster than eager)."
         )
 
 
