@@ -2,16 +2,20 @@
 
 Each architecture is built from its own config class with ``shrink_config``'s sizes; its inputs are read off the
 forward's signature and the config (ids within the vocabulary, images of the configured size, audio of the
-length the encoder expects, decoder ids for encoder-decoders). When the shrunk model does not build, the default
-config is tried on ``meta``: if that fails too, the library itself cannot build the architecture here.
+length the encoder expects, decoder ids for encoder-decoders, and what a few families take beside these: region
+features, image slots in the ids, images packed as patches, clips). When the shrunk model does not build, the
+default config is tried on ``meta``: if that fails too, the library itself cannot build the architecture here; a
+default config that cannot run its own model whatever the inputs is the library's failure too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -20,13 +24,19 @@ import torch
 
 from . import inputs
 from .candidate import Built, Candidate, Inputs, Library, NotInLibraryError
-from .shrink import shrink_config
+from .shrink import HIDDEN, shrink_config
 
 BATCH = 2
 SEQUENCE = 16
 DECODER_SEQUENCE = 8
 AUDIO_SAMPLES = 7680  # half a second at 16 kHz, a multiple of every codec hop (256, 320, 480, 512, 960, 1920)
 AUDIO_FRAMES = 64
+# log-mel frames per text position where a streaming recogniser adds its audio to the ids position by position
+# (after the encoder's strides and its merge of neighbouring frames)
+FRAMES_PER_TOKEN = (2, 4, 8)
+VIDEO_FRAMES = 2  # frames of a clip where the config counts none
+REGIONS = 36  # regions a bottom-up detector keeps per image, what region-feature models (LXMERT) are fed
+PACKED_SIDE = 8  # patches a side of each image packed into one row (a multiple of two 2 x 2 merges)
 STACKED_FRAMES = (2, 4)  # log-mel frames a speech processor stacks into one (wav2vec2-bert: 2; with deltas: 4)
 KNOWN_INPUTS = (
     "input_ids",
@@ -39,16 +49,26 @@ KNOWN_INPUTS = (
     "decoder_input_ids",
     "pixel_attention_mask",
     "spatial_shapes",
+    "target_sizes",
+    "visual_feats",
+    "visual_pos",
+    "image_attention_mask",
+    "image_embeds_position_mask",
+    "pixel_values_videos",
+    "decoder_input_values",
 )
 # Made where the forward takes them, but not enough to feed a forward that requires them: the audio encoders that
-# require a frame mask also want their frames stacked or cut to windows of their own.
-ONLY_WHERE_OPTIONAL = {"input_features_mask"}
+# require a frame mask also want their frames stacked or cut to windows of their own; the video models that
+# require a clip want grids or a tubelet layout of their own.
+ONLY_WHERE_OPTIONAL = {"input_features_mask", "pixel_values_videos"}
 LAYOUT_SCALE = 1000  # layout tokenizers normalise word boxes to [0, 1000]
 MAIN_INPUTS = {"input_ids", "pixel_values", "input_values", "input_features"}
 # Derived sizes the shrinker's value is kept for: a vocabulary or token id derived again would be full size.
 _KEEPS_SHRUNK = re.compile(r".*(vocab.*|_id|_ids|_index)$")
 # A forward reading an attribute its own config class does not have: the library's failure whatever the inputs
 _CONFIG_LACKS = re.compile(r"AttributeError: '\w+Config' object has no attribute")
+# A forward reading a setting its config leaves unset (a sliding-window mask built where no window is set)
+_CONFIG_UNSET = re.compile(r"Could not find a `(\w+)` argument in the config, or it is not set")
 # Config attributes of models that match two images (keypoint detectors and matchers)
 _MATCHING = re.compile(r".*(matching|keypoint).*")
 # Config attributes that name the width of one log-mel frame (processors call it feature_size or num_mel_bins).
@@ -83,7 +103,16 @@ class Layout:
     keypoint settings). ``feature_channel``: log-mel frames with a channel axis, (batch, 1, frames, mels), what
     audio-text dual encoders' feature extractors return (CLAP). ``every_modality``: every main input the forward
     takes, where it fails on the ones the harness picks (text alone, where a dual encoder or a visual question
-    answerer needs the image or the audio as well).
+    answerer needs the image or the audio as well). ``frames``: log-mel frames in step with the ids, a whole
+    number of frames per text position (streaming recognisers add their audio to the ids position by position).
+    ``states``: audio inputs as states of the model's width, what a bare speech encoder-decoder without its
+    speech or text pre-nets takes (SpeechT5). ``videos``: a clip beside the other inputs, where the model needs
+    one. ``image_sets``: a set of images per sample, (batch, images, channels, height, width), and which text
+    positions see which image, (batch, sequence, images) -- what models cross-attending to interleaved images
+    take (IDEFICS). ``decoder_streams``: decoder ids of parallel codebooks per position, (batch, sequence,
+    codebooks), what the processors of decoders over audio codebooks write (Dia). ``one_sample``: a batch of
+    one, for a forward that fails on every larger batch (TVP views its column position embeddings with the batch
+    size): the library's limit, which the model's own examples keep to.
     """
 
     channels_first: bool = False
@@ -95,6 +124,12 @@ class Layout:
     feature_channel: bool = False
     streams: int | None = None
     every_modality: bool = False
+    frames: int | None = None
+    states: bool = False
+    videos: bool = False
+    image_sets: bool = False
+    decoder_streams: int | None = None
+    one_sample: bool = False
 
 
 def _one_line(exc: BaseException) -> str:
@@ -236,7 +271,8 @@ def _default_runs(model: torch.nn.Module, config_cls: type, model_cls: type, mak
     fails the same way on them (on ``meta``), where that failure is the library's own: a causal LM failing on ids
     and a mask -- the inputs every causal LM takes, ``generate`` feeds nothing else -- (a cache its forward cannot
     build, states it needs from another model), or any forward reading an attribute its own config class lacks.
-    Other failures on the default config too may be inputs the harness does not make yet: they stay the harness's.
+    Other failures on the default config too may be inputs the harness does not make yet: they stay the harness's,
+    unless the default config itself keeps the model from running whatever the inputs (``_default_config_defect``).
     """
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     if device.type == "meta":
@@ -248,6 +284,8 @@ def _default_runs(model: torch.nn.Module, config_cls: type, model_cls: type, mak
         return
     except Exception as exc:
         error = _one_line(exc)
+    if defect := _default_config_defect(config_cls, error):
+        raise NotInLibraryError(f"its default config cannot run its model ({defect}); on the harness's inputs: {error}")
     if not causal and not _CONFIG_LACKS.match(error):
         return
     args, kwargs = make(torch.Generator().manual_seed(0), "meta")
@@ -259,6 +297,92 @@ def _default_runs(model: torch.nn.Module, config_cls: type, model_cls: type, mak
     except Exception as exc:
         if _one_line(exc) == error:
             raise NotInLibraryError(f"its default config fails the same way on the harness's inputs: {error}") from exc
+
+
+def _default_config_defect(config_cls: type, error: str) -> str | None:
+    """What in the library's default config keeps its own model from running whatever the inputs, checked on the
+    installed library's default (a release that mends it runs the model again): a setting the forward reads that
+    every part of the config leaves unset; a sub-config given a misspelt setting, so the setting meant is never
+    applied; a detector with no feature levels for its encoder; and, by model type, parts the default config makes
+    disagree (``_DEFAULT_DISAGREES``)."""
+    try:
+        default = config_cls()
+    except Exception:
+        return None
+    if (unset := _CONFIG_UNSET.search(error)) and all(_attribute(c, unset[1]) is None for _, c in _configs(default)):
+        return f"it leaves `{unset[1]}` unset, which its forward reads"
+    checks = (_misspelt_setting, _no_feature_levels, *_DEFAULT_DISAGREES.get(getattr(default, "model_type", ""), ()))
+    return next((reason for check in checks if (reason := check(default))), None)
+
+
+def _configs(config: Any, path: str = "config") -> list[tuple[str, Any]]:
+    """(path, config) of the config and every sub-config under it."""
+    found = [(path, config)]
+    for name, value in vars(config).items():
+        if hasattr(value, "to_dict") and hasattr(value, "model_type") and not name.startswith("_"):
+            found += _configs(value, f"{path}.{name}")
+    return found
+
+
+def _misspelt_setting(config: Any) -> str | None:
+    """A sub-config holding a setting its class does not declare, a near spelling of one it does (EdgeTAM's
+    backbone ``archirecture``): the declared setting keeps its default (timm's resnet50 for the RepViT meant)."""
+    for path, sub in _configs(config):
+        try:
+            declared = {f.name for f in dataclasses.fields(sub)}
+        except TypeError:  # not a dataclass config: what it declares is not known
+            continue
+        for name in vars(sub):
+            near = difflib.get_close_matches(name, declared, n=1, cutoff=0.85)
+            if name not in declared and not name.startswith("_") and near:
+                return f"{path} sets `{name}`, which {type(sub).__name__} lacks: `{near[0]}` keeps its default"
+    return None
+
+
+def _no_feature_levels(config: Any) -> str | None:
+    """A detector whose default config builds no feature levels for its encoder (LW-DETR: no projector scales)."""
+    if getattr(config, "num_feature_levels", None) == 0:
+        return "`num_feature_levels` is 0: its encoder gets no feature map"
+    return None
+
+
+def _out_features(config: Any) -> int:
+    return len(getattr(getattr(config, "backbone_config", None), "out_features", None) or ())
+
+
+def _speech_vocabulary_too_small(config: Any) -> str | None:
+    """CLVP's speech encoder embeds the ids its speech decoder predicts (the argmax of its logits)."""
+    speech, decoder = config.speech_config.vocab_size, config.decoder_config.vocab_size
+    if speech >= decoder:
+        return None
+    return (
+        f"its speech encoder embeds the speech decoder's predicted ids, but its vocabulary ({speech}) is smaller "
+        f"than the decoder's ({decoder})"
+    )
+
+
+def _neck_inputs_missing(config: Any) -> str | None:
+    """PP-OCRv6's neck takes one feature map per entry of ``layer_list_out_channels`` from its backbone."""
+    wanted, given = len(config.layer_list_out_channels), _out_features(config)
+    if wanted == given:
+        return None
+    return f"its neck takes {wanted} feature maps (`layer_list_out_channels`), its backbone puts out {given}"
+
+
+def _bridge_inputs_missing(config: Any) -> str | None:
+    """UVDoc's head joins one bridge output per stage of its backbone."""
+    wanted, given = len(config.backbone_config.stage_configs), _out_features(config)
+    if wanted == given:
+        return None
+    return f"its head joins one bridge output per backbone stage ({wanted}), its backbone puts out {given}"
+
+
+# Parts of a model type's default config that disagree, so that its own model cannot run: each check says why.
+_DEFAULT_DISAGREES: dict[str, tuple[Callable[[Any], str | None], ...]] = {
+    "clvp": (_speech_vocabulary_too_small,),
+    "pp_ocrv6_small_det": (_neck_inputs_missing,),
+    "uvdoc": (_bridge_inputs_missing,),
+}
 
 
 def _fit_rope_sections(model: torch.nn.Module) -> None:
@@ -282,17 +406,54 @@ def _fit_rope_sections(model: torch.nn.Module) -> None:
 def _select_defaults(model: torch.nn.Module, config: Any) -> None:
     """State a model's API asks its user to set before a forward, set to the config's first choice.
 
-    X-MOD's adapters are picked by a language the user sets (``set_default_language``) from ``config.languages``."""
+    X-MOD's adapters are picked by a language the user sets (``set_default_language``) from ``config.languages``.
+    A model that writes its Q-Former's query outputs over image tokens (BLIP-2) has a default config that names no
+    image token: its processor adds ``<image>`` to the tokenizer, after the text's ids, and the checkpoints name
+    that id; the last id of the shrunk text vocabulary plays it (the harness draws text ids far below it)."""
     languages = getattr(config, "languages", None)
     if hasattr(model, "set_default_language") and languages:
         model.set_default_language(languages[0])
+    vocab = _int(_sub(config, "text_config"), "vocab_size", default=0)
+    if _query_tokens(config) and _image_token(config) is None and hasattr(config, "image_token_index") and vocab > 1:
+        config.image_token_index = vocab - 1
+
+
+def _query_tokens(config: Any) -> int | None:
+    """How many query outputs a Q-Former model writes over image tokens (BLIP-2's ``num_query_tokens``)."""
+    count = getattr(config, "num_query_tokens", None)
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
+
+
+def _image_token(config: Any) -> int | None:
+    for name in ("image_token_id", "image_token_index"):
+        value = _attribute(config, name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
 
 
 def _layouts(config: Any, wanted: tuple[str, ...]) -> list[Layout]:
-    """The layouts worth trying, the conventional ones first, then each with every main input the forward takes."""
-    layouts = _modality_layouts(config, wanted)
-    if "input_ids" in _names(wanted) and len(MAIN_INPUTS & set(_names(wanted))) > 1:
-        layouts += [replace(layout, every_modality=True) for layout in layouts]
+    """The layouts worth trying, the conventional ones first, then each with every main input the forward takes;
+    then the layouts a few model families need: audio in step with the ids, sets of images per sample, a clip
+    beside the other inputs."""
+    names = set(_names(wanted))
+    modality = _modality_layouts(config, wanted)
+    layouts = list(modality)
+    if "input_ids" in names and len(MAIN_INPUTS & names) > 1:
+        every = [replace(layout, every_modality=True) for layout in modality]
+        layouts += every
+        if "input_features" in names:
+            layouts += [
+                replace(layout, frames=SEQUENCE * k)
+                for k in FRAMES_PER_TOKEN
+                for layout in every
+                if not layout.feature_channel
+            ]
+        layouts += [replace(layout, one_sample=True) for layout in every]
+    if {"image_attention_mask", "pixel_values"} <= names:
+        layouts.append(Layout(every_modality=True, image_sets=True))
+    if "pixel_values_videos" in names:
+        layouts += [replace(layout, every_modality=True, videos=True) for layout in modality]
     return layouts
 
 
@@ -307,12 +468,18 @@ def _modality_layouts(config: Any, wanted: tuple[str, ...]) -> list[Layout]:
         plain = [Layout(time_major=t, mels=m) for t in (False, True) for m in mels]
         # frames stacked by the processor (pairs, or delta-expanded pairs): a multiple of the mel count wide
         stacked = [Layout(time_major=True, mels=k * m) for k in STACKED_FRAMES for m in mels]
-        return plain + stacked + [Layout(time_major=True, mels=m, feature_channel=True) for m in mels]
+        layouts = plain + stacked + [Layout(time_major=True, mels=m, feature_channel=True) for m in mels]
+        if "input_values" in wanted:  # a codec's waveform beside its semantic encoder's frames, in either layout
+            frames = _codec_frames(config)
+            return [replace(layout, channels_first=c, frames=frames) for layout in layouts for c in (False, True)]
+        return layouts
     if "input_values" in wanted:
-        return [Layout(), Layout(channels_first=True)]
+        return [Layout(), Layout(channels_first=True), Layout(states=True)]
     codebooks = getattr(config, "num_codebooks", None)
     if isinstance(codebooks, int):
         return [Layout(), Layout(codebook_rows=True), Layout(streams=codebooks + 1), Layout(streams=codebooks)]
+    if "decoder_input_ids" in wanted and (codebooks := _decoder_codebooks(config)):
+        return [Layout(), Layout(decoder_streams=codebooks)]
     if "pixel_values" in wanted and any(_MATCHING.match(str(k)) for k in config.to_dict()):
         return [Layout(), Layout(image_pairs=True)]
     return [Layout()]
@@ -413,8 +580,22 @@ def make_inputs(
         if "spatial_shapes" in wanted:  # images cut into a grid of patches, the grid stated beside them
             kw["pixel_values"], kw["spatial_shapes"] = _patched_pixels(config, generator)
             kw["pixel_attention_mask"] = torch.ones(kw["pixel_values"].shape[:2], dtype=torch.long)
+        elif "target_sizes" in wanted and "pixel_values" in required:
+            # a vision tower of packed images (every image's patches in one row, each image's grid beside); the
+            # whole model also wants the processor's token types beside the image tokens, and runs on its text
+            kw["pixel_values"], kw["target_sizes"] = _packed_patches(config, generator)
+        elif layout.image_sets:
+            kw["pixel_values"] = _pixels(config, generator, layout)[:, None]  # a set of one image per sample
+            if "input_ids" in kw:  # every text position sees the image
+                kw["image_attention_mask"] = torch.ones((*kw["input_ids"].shape[:2], 1), dtype=torch.long)
         else:
             kw["pixel_values"] = _pixels(config, generator, layout)
+    if {"input_ids", "pixel_values"} <= set(kw):
+        _image_places(config, wanted, kw)
+    if "visual_feats" in wanted:
+        kw["visual_feats"], kw["visual_pos"] = _regions(config, generator)
+    if layout.videos and "pixel_values_videos" in wanted:
+        kw["pixel_values_videos"] = _videos(config, generator)
     if "input_features" in wanted and ("input_ids" not in kw or "input_features" in required or every):
         kw["input_features"] = _audio_features(config, generator, layout)
         if "input_features_mask" in wanted:  # every frame is audio: ones over the time axis
@@ -425,9 +606,65 @@ def make_inputs(
         not {"input_ids", "input_features"} & set(kw) or "input_values" in required or every
     ):
         kw["input_values"] = _audio_values(config, generator, layout)
-    if "decoder_input_ids" in wanted and getattr(config, "is_encoder_decoder", False):
-        kw["decoder_input_ids"] = inputs.token_ids(generator, BATCH, DECODER_SEQUENCE, vocab)
+    if getattr(config, "is_encoder_decoder", False):
+        if "decoder_input_ids" in wanted:
+            streams = layout.decoder_streams or 1
+            ids = inputs.token_ids(generator, BATCH, DECODER_SEQUENCE * streams, vocab)
+            kw["decoder_input_ids"] = ids.view(BATCH, DECODER_SEQUENCE, streams) if layout.decoder_streams else ids
+        if "decoder_input_values" in wanted:  # the decoder's input frames: states where the encoder takes states
+            width = _int(config, "hidden_size", default=0) if layout.states else 0
+            width = width or _int(config, "num_mel_bins", default=80)
+            kw["decoder_input_values"] = inputs.features(generator, BATCH, DECODER_SEQUENCE, width)
+    if layout.one_sample:
+        kw = {k: v[:1] for k, v in kw.items()}
     return (), {k: v.to(device) for k, v in kw.items()}
+
+
+def _codec_frames(config: Any) -> int | None:
+    """Frames of a codec's own rate in the harness's waveform (its samples over the product of the codec's
+    downsampling ratios): a codec that encodes the waveform and its log-mel frames side by side (XCodec2) joins the
+    two frame by frame, so its processor cuts the frames to the codec's rate."""
+    ratios = getattr(config, "downsampling_ratios", None)
+    if not isinstance(ratios, (list, tuple)) or not ratios or not all(isinstance(r, int) and r > 0 for r in ratios):
+        return None
+    return max(1, AUDIO_SAMPLES // math.prod(ratios))
+
+
+def _decoder_codebooks(config: Any) -> int | None:
+    """Codebooks a decoder of audio codes reads in parallel (Dia's ``decoder_config.num_channels``): its ids come
+    as its processor writes them, one column per codebook, (batch, sequence, codebooks)."""
+    decoder = getattr(config, "decoder_config", None)
+    if decoder is None or not isinstance(getattr(decoder, "vocab_size", None), int):
+        return None
+    for name in ("num_codebooks", "num_channels"):
+        value = getattr(decoder, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            return value
+    return None
+
+
+def _image_places(config: Any, wanted: tuple[str, ...], kw: dict[str, Any]) -> None:
+    """The places in the ids where the model writes the image's features, as its processor marks them: a
+    Q-Former model (BLIP-2) writes its query outputs over as many image tokens at the start; Kosmos-2 writes its
+    latent queries where ``image_embeds_position_mask`` says, the slots its processor puts between ``<s><image>``
+    and ``</image>``."""
+    ids = kw["input_ids"]
+    queries, token = _query_tokens(config), _image_token(config)
+    slots = getattr(config, "latent_query_num", None)
+    if "bbox" in kw or ids.dim() != 2:  # word boxes are one per id: a layout model places no image in its ids
+        return
+    if queries and token is not None:
+        kw["input_ids"] = torch.cat([torch.full((ids.shape[0], queries), token, dtype=ids.dtype), ids], dim=1)
+    elif "image_embeds_position_mask" in wanted and isinstance(slots, int) and slots > 0:
+        placeholders = ids[:, 2:3].expand(-1, slots)  # any id: the image's features replace them
+        kw["input_ids"] = torch.cat([ids[:, :2], placeholders, ids[:, 2:]], dim=1)
+        places = torch.zeros_like(kw["input_ids"])
+        places[:, 2 : 2 + slots] = 1
+        kw["image_embeds_position_mask"] = places
+    else:
+        return
+    if "attention_mask" in kw:
+        kw["attention_mask"] = torch.ones(kw["input_ids"].shape[:2], dtype=torch.long)
 
 
 def _token_ids(config: Any, generator: torch.Generator, vocab: int, layout: Layout) -> torch.Tensor:
@@ -458,15 +695,29 @@ def _image_size(config: Any) -> tuple[int, int]:
     if isinstance(ratios, (list, tuple)) and ratios and isinstance(patch, int) and min(ratios) > 0:
         side = math.ceil(patch / min(ratios))
         return side, side
+    if windowed := _windowed_side(getattr(config, "backbone_config", None)):
+        return windowed, windowed
     vision = getattr(config, "vision_config", None)
     for source in (config, vision, getattr(vision, "backbone_config", None)):
-        for name in ("image_size", "img_size"):
+        for name in ("image_size", "img_size", "max_img_size"):
             value = getattr(source, name, None)
             if isinstance(value, int) and not isinstance(value, bool):
                 return value, value
             if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, int) for v in value):
                 return value[0], value[1]
     return 224, 224
+
+
+def _windowed_side(backbone: Any) -> int | None:
+    """The side of the image a windowed ViT backbone (RF-DETR's, LW-DETR's) is configured for, cut down to whole
+    windows of whole patches: it splits its patch grid into ``num_windows`` windows a side (``num_windows_side``
+    where ``num_windows`` counts them all), and a detector's pretraining size (518) need not split."""
+    size, patch = getattr(backbone, "image_size", None), getattr(backbone, "patch_size", None)
+    windows = getattr(backbone, "num_windows_side", None) or getattr(backbone, "num_windows", None)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (size, patch, windows)):
+        return None
+    step = patch * windows
+    return max(step, size // step * step)
 
 
 def _pixels(config: Any, generator: torch.Generator, layout: Layout = Layout()) -> torch.Tensor:
@@ -495,6 +746,59 @@ def _patched_pixels(config: Any, generator: torch.Generator) -> tuple[torch.Tens
     return grid.reshape(BATCH, side * side, patch * patch * channels), torch.tensor([[side, side]] * BATCH)
 
 
+def _packed_patches(config: Any, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images packed the way NaViT-style processors pack them (MiniCPM-V): every image's patches, in grid order,
+    side by side in one row, (1, channels, patch, patches x patch), and each image's grid (rows, columns) beside;
+    square grids of ``PACKED_SIDE`` patches a side, whole windows of the two 2 x 2 merges that follow."""
+    patch = _int(config, "patch_size", default=14)
+    channels = _int(config, "num_channels", default=3)
+    side = PACKED_SIDE
+    images = inputs.normalized_images(generator, BATCH, channels, side * patch, side * patch)
+    grid = images.reshape(BATCH, channels, side, patch, side, patch).permute(1, 3, 0, 2, 4, 5)
+    packed = grid.reshape(1, channels, patch, BATCH * side * side * patch)
+    return packed, torch.tensor([[side, side]] * BATCH, dtype=torch.int32)
+
+
+def _regions(config: Any, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """What region-feature models (LXMERT) take from a bottom-up object detector: ``REGIONS`` pooled features per
+    image, non-negative as the pooled activations after a ReLU are, and each region's box, (x0, y0, x1, y1) as
+    fractions of the image."""
+    width = _int(config, "visual_feat_dim", default=2048)
+    features = inputs.features(generator, BATCH, REGIONS, width).relu()
+    boxes = inputs.boxes(generator, BATCH, REGIONS)
+    position = _int(config, "visual_pos_dim", default=4)
+    if position != boxes.shape[-1]:  # a box encoding of another width: the corners, then their extents
+        extents = boxes[..., 2:] - boxes[..., :2]
+        boxes = torch.cat([boxes, extents, extents.prod(-1, keepdim=True)], dim=-1)[..., :position]
+    return features, boxes
+
+
+def _videos(config: Any, generator: torch.Generator) -> torch.Tensor:
+    """A clip, (batch, frames, channels, height, width), of the video tower's image size and frame count
+    (``VIDEO_FRAMES`` where its config counts none)."""
+    video = getattr(config, "video_config", None) or config
+    height, width = _tower_size(video)
+    frames = _int(video, "num_frames", default=VIDEO_FRAMES)
+    clip = inputs.video_clip(generator, BATCH, frames, max(height, width))[..., :height, :width]
+    return clip.transpose(1, 2).contiguous()
+
+
+def _tower_size(config: Any) -> tuple[int, int]:
+    """The image size of a vision tower: its config's, or, for a timm model named by its architecture (a
+    ``timm_wrapper`` config states no size), the input size of the architecture's pretrained configuration."""
+    tower = getattr(config, "vision_config", None) or config
+    architecture = getattr(tower, "architecture", None)
+    if isinstance(architecture, str) and getattr(tower, "image_size", None) is None:
+        try:
+            import timm
+
+            size = timm.models.get_pretrained_cfg(architecture).input_size
+            return int(size[-2]), int(size[-1])
+        except Exception:  # no pretrained configuration for that name: the configured size below
+            pass
+    return _image_size(config)
+
+
 def _audio(wanted: tuple[str, ...]) -> bool:
     return "input_features" in wanted or "input_values" in wanted
 
@@ -503,7 +807,9 @@ def _audio_features(config: Any, generator: torch.Generator, layout: Layout = La
     """Log-mel frames: Whisper-like encoders want exactly two frames per source position."""
     mels = layout.mels or _int(config, "num_mel_bins", "feature_size", default=80)
     source = getattr(config, "max_source_positions", None)
-    if (source and getattr(config, "model_type", "") in ("whisper",)) or (hasattr(config, "num_mel_bins") and source):
+    if layout.frames:
+        frames = layout.frames
+    elif (source and getattr(config, "model_type", "") in ("whisper",)) or (hasattr(config, "num_mel_bins") and source):
         frames = 2 * source
     else:
         frames = AUDIO_FRAMES
@@ -519,7 +825,9 @@ def _audio_features(config: Any, generator: torch.Generator, layout: Layout = La
 
 def _audio_values(config: Any, generator: torch.Generator, layout: Layout = Layout()) -> torch.Tensor:
     """A waveform -- (batch, channels, samples) for a codec -- or a spectrogram of the configured length for
-    spectrogram transformers (AST)."""
+    spectrogram transformers (AST), or states of the model's width (``Layout.states``)."""
+    if layout.states:
+        return inputs.features(generator, BATCH, SEQUENCE, _int(config, "hidden_size", "d_model", default=HIDDEN))
     if hasattr(config, "max_length") and hasattr(config, "num_mel_bins"):
         return inputs.features(generator, BATCH, config.max_length, config.num_mel_bins)
     wave = inputs.waveform(generator, BATCH, AUDIO_SAMPLES)

@@ -9,6 +9,7 @@ other (heads divide the width; a per-layer list keeps one layer of every kind; t
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ SLIDING_WINDOW = 64
 ROPE_AXES = ("time", "height", "width")  # the axes multimodal rope sections split a head's frequencies among
 TILE_PATCHES = 8  # patches a side of a tile cut out of a larger image (DepthPro)
 STATE = 16  # state sizes / ranks of state-space and low-rank layers
+FRAMES = 8  # frames of a clip: a multiple of every tubelet (two frames), few enough for a per-frame backbone
 
 _WIDTH = re.compile(
     r"^(hidden_size|d_model|n_embd|n_embed|embed_dim|model_dim|dim|d_embed|word_embed_proj_dim|hidden_dim|"
@@ -85,6 +87,9 @@ _PART = re.compile(r"^(n|num)_\w+_layers$")  # layers of one part of the stack
 _SIZES = re.compile(r".*(channels|size|_dim|hidden|width).*")  # a list of sizes per layer is not layer indices
 _OUTPUT = re.compile(r".*(out_|output|projection).*")  # widths a staged encoder hands to another model
 _FEATS = re.compile(r".*_feats$")
+# where a range of ids starts in the vocabulary (a codebook's codes placed after the text ids)
+_RANGE_OFFSET = re.compile(r".*_token_offset$")
+_CODEBOOK = re.compile(r"^codebook_size$")
 _STAGES = ("depths", "hidden_sizes", "stage_depths", "block_depths", "embed_dims")
 
 
@@ -229,6 +234,18 @@ def _image_tiles(config: dict[str, Any], out: dict[str, Any]) -> None:
         out[key]["image_size"] = out["patch_size"]
 
 
+def _bottlenecks(config: dict[str, Any], out: dict[str, Any]) -> None:
+    """A feed-forward narrower than its config's width, a whole fraction of it (an adaptor's bottleneck a quarter
+    of the width), keeps that fraction of the shrunk width: cut to ``FEED_FORWARD`` alone it would be wider than
+    the shrunk width, and configs that check the fraction (Fun-ASR's adaptor) refuse it."""
+    old_width, new_width = _width_of(config), _width_of(out)
+    if not old_width or not new_width or new_width == old_width:
+        return
+    for key, value in config.items():
+        if _FEED_FORWARD.match(str(key)) and _count(value) and value < old_width and old_width % value == 0:
+            out[key] = max(1, new_width // (old_width // value))
+
+
 def _compound_scaling(config: dict[str, Any], out: dict[str, Any]) -> None:
     """A compound-scaled convnet (EfficientNet) computes every layer's width as a base width of its code or its
     stage lists times ``width_coefficient``, and states only the resulting widths: the coefficient is set so the
@@ -346,10 +363,58 @@ def shrink_config(
     ``rope_sections``: rope settings that name no multimodal sections get (time, height, width) sections of the
     shrunk head -- for a model whose code falls back to sections of the full-size head (Ernie 4.5 VL)."""
     if ids is None:
-        shrunk = _shrink(config, _TokenIds(per_kind=per_kind, rope_sections=rope_sections))
+        ids = _TokenIds(per_kind=per_kind, rope_sections=rope_sections)
+        shrunk = _shrink(config, ids)
         _tie_widths(config, shrunk, _width_map(config, shrunk))
+        _vocabulary_ranges(config, shrunk, ids)
         return shrunk
     return _shrink(config, ids)
+
+
+def _vocabulary_ranges(old: dict[str, Any], new: dict[str, Any], ids: _TokenIds) -> None:
+    """Ranges of the vocabulary that codebooks fill (``image_token_offset``: where the visual codes start, right
+    after the text ids) keep their places in the shrunk vocabulary: each offset keeps its share of it, a codebook
+    that filled its range up to the next offset fills it again, and one that ends short of the vocabulary's end
+    keeps its share, below the special ids moved to the top. Shrunk alone, the offsets would point past the
+    vocabulary and the codebooks would not fit in it."""
+    offsets = sorted((v, k) for k, v in old.items() if _RANGE_OFFSET.match(str(k)) and _count(v) and v >= VOCAB)
+    indexed = [(v, s) for v, s in _paired_ints(old, new, _VOCAB) if offsets and v > offsets[-1][0]]
+    if not indexed:
+        return
+    vocab, shrunk_vocab = max(indexed)
+    starts = [value * shrunk_vocab // vocab for value, _ in offsets]
+    ends = [*starts[1:], shrunk_vocab - len(ids.moved)]
+    lengths = [b - a for a, b in itertools.pairwise([*(value for value, _ in offsets), vocab])]
+    codebooks = _codebooks(old, new)
+    for (_, key), start, end, length in zip(offsets, starts, ends, lengths, strict=True):
+        new[key] = start
+        fitting = [i for i, c in enumerate(codebooks) if c[0] == length]
+        fitting = fitting or [i for i, c in enumerate(codebooks) if c[0] < length]
+        if not fitting:
+            continue
+        size, parent, name = codebooks.pop(max(fitting, key=lambda i: codebooks[i][0]))
+        share = end - start if size == length else size * shrunk_vocab // vocab
+        parent[name] = max(1, min(share, end - start))
+
+
+def _paired_ints(old: Any, new: Any, names: re.Pattern[str]) -> list[tuple[int, int]]:
+    """(original, shrunk) of every positive int of the tree whose name matches."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return []
+    found = [(v, new[k]) for k, v in old.items() if names.match(str(k)) and _count(v) and _count(new.get(k))]
+    for key, value in old.items():
+        found += _paired_ints(value, new.get(key), names)
+    return found
+
+
+def _codebooks(old: Any, new: Any) -> list[tuple[int, dict[str, Any], str]]:
+    """(original size, shrunk sub-config, key) of every codebook size of the tree."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return []
+    found = [(v, new, k) for k, v in old.items() if _CODEBOOK.match(str(k)) and _count(v)]
+    for key, value in old.items():
+        found += _codebooks(value, new.get(key))
+    return found
 
 
 def _width_map(old: Any, new: Any, found: dict[int, int | None] | None = None) -> dict[int, int | None]:
@@ -393,6 +458,8 @@ def _tie_widths(old: Any, new: Any, widths: dict[int, int | None]) -> None:
             continue
         elif widths.get(value) not in (None, value):
             new[key] = widths[value]
+        elif value % 2 == 0 and widths.get(value // 2) not in (None, value // 2):
+            new[key] = 2 * widths[value // 2]  # two streams of one width side by side (a codec's two encoders)
         elif value in shares:
             new[key] = shares[value]
 
@@ -468,6 +535,8 @@ def _shrink(config: dict[str, Any], ids: _TokenIds) -> dict[str, Any]:
     _layer_parts(config, out, old_layers, layers)
     _compound_scaling(config, out)
     _image_tiles(config, out)
+    if not staged:
+        _bottlenecks(config, out)
     if "num_experts_per_tok" in out and out["num_experts_per_tok"] is None and _routes(config):
         out["num_experts_per_tok"] = EXPERTS_PER_TOKEN  # a default config routing to None experts per token
     if "qk_rope_head_dim" in out and "head_dim" in out:
@@ -548,6 +617,7 @@ def _shrink_int(key: str, value: int, *, staged: bool, layers: int, ids: _TokenI
         (_STATE.match(key) is not None, min(value, STATE)),
         (_ROPE_DIMS.match(key) is not None, min(value, HEAD_DIM // 2)),
         (_WINDOW.match(key) is not None, min(value, SLIDING_WINDOW)),
+        (key == "num_frames", min(value, FRAMES)),
         (_PERIOD.match(key) is not None, min(value, 2)),
         (key.endswith("_offset") and "layer" in key, value % 2),
         (_TOKEN_ID.match(key) is not None and value >= 0, ids.remap(value)),
