@@ -216,8 +216,9 @@ def test_a_value_read_that_changes_at_a_replay_drops_the_graphs_and_the_call_is_
 
 @pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
 def test_xlms_length_assertions_run_between_graphs_on_fresh_token_ids(grad_mode) -> None:
-    """transformers' XLM reads the longest length on the host twice (``assert lengths.max().item() <= slen``): its
-    forward replays as three graphs around the two reads, token ids fresh at every call."""
+    """transformers' XLM reads the longest length on the host (``assert lengths.max().item() <= slen``; again in
+    its mask code where no attention mask is given): its forward replays as graphs around the reads, token ids
+    fresh at every call."""
     pytest.importorskip("transformers")
     from launchless.apps.differential.candidate import Library
     from launchless.apps.differential.population import candidates, pick
@@ -232,7 +233,8 @@ def test_xlms_length_assertions_run_between_graphs_on_fresh_token_ids(grad_mode)
             assert identical(m(*args, **kwargs), model(*args, **kwargs)), f"call {i}"
     (row,) = _rows(m)
     reads = row["region_split"]["eager_ops"]
-    assert [r["op"] for r in reads] == [READ_OP[grad_mode]] * 2 and row["region_split"]["graphs"] == 3, row
+    assert reads and {r["op"] for r in reads} == {READ_OP[grad_mode]}, row
+    assert row["region_split"]["graphs"] == len(reads) + 1, row
     assert all("modeling_xlm.py" in r["source"] for r in reads), reads
 
 
