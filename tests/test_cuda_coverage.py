@@ -153,7 +153,7 @@ def test_a_split_that_is_not_faster_is_dropped(caplog) -> None:
 
         def forward(self, x):
             y = self.lin(x)
-            return y * 2 if y.sum() > 0 else y  # a host sync
+            return y + y[y > 0].sum()  # a data-dependent shape: no graphs around it either
 
     model = Slow().cuda().eval()
     m = ll.wrap(model, cuda_graph="auto", capture_after=1)
@@ -442,24 +442,24 @@ def test_launchless_verify_exits_0_for_a_verified_model_and_1_for_one_that_runs_
             """
             import torch
 
-            class Syncs(torch.nn.Module):
+            class KeepsPositive(torch.nn.Module):
                 def __init__(self):
                     super().__init__()
                     self.lin = torch.nn.Linear(8, 8)
 
                 def forward(self, x):
                     y = self.lin(x)
-                    return y * 2 if y.sum() > 0 else y  # a host sync; one small layer: no faster split
+                    return y + y[y > 0].sum()  # a data-dependent shape; one small layer: no faster split
 
             def mlp():
                 model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
                 return model, lambda: ((torch.randn(4, 64),), {})
 
-            def syncs():
-                return Syncs(), (torch.randn(2, 8),)
+            def keeps_positive():
+                return KeepsPositive(), (torch.randn(2, 8),)
             """
         )
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert cli.main(["verify", "user_models:mlp", "--iters", "10"]) == 0
-    assert cli.main(["verify", "user_models:syncs", "--iters", "10"]) == 1
+    assert cli.main(["verify", "user_models:keeps_positive", "--iters", "10"]) == 1

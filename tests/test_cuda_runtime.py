@@ -77,6 +77,18 @@ class CopiesFromHost(nn.Module):
         return self.lin(x) + offsets
 
 
+class KeepsPositive(nn.Module):
+    """A shape read from the values (a boolean mask): neither one graph nor graphs around it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        return y + y[y > 0].sum()  # the data-dependent shape under test
+
+
 class DataDependent(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x[x > 0].sum().reshape(1)
@@ -217,22 +229,29 @@ def test_invalidation_after_submodule_swap() -> None:
     assert m.graph_info()["invalidations"] == 1
 
 
-def test_item_raises_documented_error_and_process_recovers() -> None:
-    bad = ll.wrap(SyncsOnItem().cuda().eval(), cuda_graph=True)
+def test_item_raises_documented_error_where_one_graph_is_asked_for_and_process_recovers() -> None:
+    """``capture_graph()`` asks for the one graph, which ``.item()`` refuses: named, with its line and the fixes. A
+    call replays graphs around the read instead (checked at every replay: tests/test_cuda_region_split.py)."""
+    model = SyncsOnItem().cuda().eval()
+    bad = ll.wrap(model, cuda_graph=True)
     x = torch.randn(2, 8, device="cuda")
     with torch.no_grad(), pytest.raises(ll.CaptureError) as info:
-        bad(x)
+        bad.capture_graph(x)
     message = str(info.value)
     assert "SyncsOnItem.forward" in message and "host sync" in message
     assert "_local_scalar_dense" in message
     assert "test_cuda_runtime.py" in message and "y.sum().item()" in message
     assert "cuda_graph=False" in message and "'auto'" in message and "split" in message
-    # The process is not poisoned: eager works, the same call raises again, and other models capture.
+    # The process is not poisoned: eager works, the same capture raises again, calls work, and other models capture.
     with torch.no_grad():
         eager = SyncsOnItem().cuda().eval()
         assert eager(x).shape == (2, 8)
         with pytest.raises(ll.CaptureError):
-            bad(x)
+            bad.capture_graph(x)
+        auto = ll.wrap(model, capture_after=1)
+        for _ in range(3):
+            fresh = torch.randn(2, 8, device="cuda")
+            assert identical(auto(fresh), model(fresh))
         good_model = Mlp().cuda().eval()
         good = ll.wrap(good_model, cuda_graph=True)
         z = torch.randn(3, 64, device="cuda")
@@ -257,7 +276,7 @@ def test_data_dependent_shape_is_refused() -> None:
 
 
 def test_auto_falls_back_with_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
-    model = SyncsOnItem().cuda().eval()
+    model = KeepsPositive().cuda().eval()
     m = ll.wrap(model, cuda_graph="auto", capture_after=1)
     x = torch.randn(2, 8, device="cuda")
     with caplog.at_level(logging.INFO, logger="launchless"), torch.no_grad():
@@ -266,7 +285,7 @@ def test_auto_falls_back_with_one_log_line(caplog: pytest.LogCaptureFixture) -> 
     lines = [r for r in caplog.records if "cannot be captured whole" in r.getMessage()]
     assert len(lines) == 1, [r.getMessage() for r in caplog.records]  # the split's decision, once
     fallback = m.graph_info()["fallbacks"][0]
-    assert fallback["reason"] == "host sync" and "test_cuda_runtime.py" in fallback["source"]
+    assert fallback["reason"] == "data-dependent shape" and "test_cuda_runtime.py" in fallback["source"]
 
 
 @pytest.mark.parametrize("pinned", [False, True])

@@ -10,9 +10,10 @@ process still works: eager, random numbers, and a fresh capture of another model
 Scenarios (entry point) and what goes wrong without the library's protection:
 """
 
-# test_host_sync_under_cuda_graph_true_names_item_and_the_line (wrap): `.item()` during capture is "operation not
-#     permitted when stream is capturing", the capture is invalidated and the process poisoned; the library must
-#     raise CaptureError naming `.item()` and the source line, and stay usable.
+# test_host_sync_in_the_one_graph_asked_for_names_item_and_the_line (wrap): `.item()` during capture is "operation
+#     not permitted when stream is capturing", the capture is invalidated and the process poisoned; where the one
+#     graph is asked for (capture_graph()) the library must raise CaptureError naming `.item()` and the source line,
+#     and stay usable; a call replays graphs around the read, bit for bit.
 # test_exception_raised_inside_forward_for_one_input (wrap): the user's own exception during warm-up or capture
 #     must propagate unchanged and leave the lock, the stream and the other signatures' graphs working.
 # test_cuda_oom_during_capture_leaves_the_process_usable (wrap): an OutOfMemoryError in the middle of a capture
@@ -121,19 +122,25 @@ class Checkpointed(nn.Module):
 
 # ---- inference: wrap ---------------------------------------------------------------------------------------------
 @cuda
-def test_host_sync_under_cuda_graph_true_names_item_and_the_line(grad_mode) -> None:
-    bad = ll.wrap(SyncsOnItem().cuda().eval(), cuda_graph=True)
+def test_host_sync_in_the_one_graph_asked_for_names_item_and_the_line(grad_mode) -> None:
+    model = SyncsOnItem().cuda().eval()
+    bad = ll.wrap(model, cuda_graph=True)
     x = torch.randn(4, 64, device="cuda")
     with grad_mode(), pytest.raises(ll.CaptureError) as info:
-        bad(x)
+        bad.capture_graph(x)
     message = str(info.value)
     lines, first = inspect.getsourcelines(SyncsOnItem.forward)
     line = first + next(i for i, text in enumerate(lines) if ".item()" in text)
     assert ".item()" in message, message
     assert f"{Path(__file__).name}:{line}" in message, message
-    with grad_mode(), pytest.raises(ll.CaptureError):  # the same call raises again, it does not crash
-        bad(x)
+    with grad_mode(), pytest.raises(ll.CaptureError):  # the same capture raises again, it does not crash
+        bad.capture_graph(x)
     assert graph_count(bad) == 0
+    auto = ll.wrap(model, capture_after=1)  # a call replays graphs around the read (or runs split, or eager)
+    with grad_mode():
+        for i in range(3):
+            fresh = torch.randn(4, 64, device="cuda")
+            assert_bit_identical(auto(fresh), model(fresh), f"call {i} around the read")
     _process_still_works(grad_mode)
 
 
