@@ -214,6 +214,36 @@ def test_a_value_read_that_changes_at_a_replay_drops_the_graphs_and_the_call_is_
     assert len(lines) == 1, [r.getMessage() for r in caplog.records]
 
 
+class NoisyBranching(Branching):
+    """Noise drawn by the graph before the read: a replay stopped at the read must leave the generator as it found
+    it, for the call's eager run to draw what eager draws."""
+
+    def middle(self, x: torch.Tensor) -> torch.Tensor:
+        return super().middle(x + 0.01 * torch.randn_like(x))
+
+
+def _seeded(fn, x: torch.Tensor, seed: int) -> tuple[object, torch.Tensor]:
+    torch.manual_seed(seed)
+    return fn(x), torch.cuda.get_rng_state()
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+def test_a_replay_stopped_at_a_changed_read_leaves_eagers_draws(grad_mode) -> None:
+    model = NoisyBranching().cuda().eval()
+    m = ll.wrap(model, cuda_graph="auto", capture_after=1)
+    with GRAD_MODES[grad_mode]():
+        inputs = [torch.randn(1, 64, device="cuda") for _ in range(4)]
+        inputs[3][0, 0] = 1e6  # the read says True at the fourth call: the chain stops there
+        for i, x in enumerate(inputs):
+            want, eager_state = _seeded(model, x, 10 + i)
+            got, state = _seeded(m, x, 10 + i)
+            assert identical(got, want), f"call {i}: other draws than eager's"
+            assert torch.equal(state, eager_state), f"call {i}: the generator left elsewhere"
+            if i == 2:
+                assert "region_split" in _rows(m)[0], _rows(m)
+    assert _rows(m) == [], "the chain went at the changed read"
+
+
 @pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
 def test_xlms_length_assertions_run_between_graphs_on_fresh_token_ids(grad_mode) -> None:
     """transformers' XLM reads the longest length on the host (``assert lengths.max().item() <= slen``; again in

@@ -420,7 +420,7 @@ def _capture_chain(run: _Run, pool: Any, junction_ops: frozenset[Any]) -> tuple[
     """The forward captured as graphs with the calls of ``junction_ops`` run eager between them."""
     device, generator = run.device, run.generator
     rng_before = generator.clone_state()
-    chain = SegmentedGraph()
+    chain = SegmentedGraph(device)
 
     def begin() -> None:
         graph = torch.cuda.CUDAGraph()

@@ -228,14 +228,27 @@ class SegmentedGraph:
     """Graphs captured one after another into one pool with junctions between them; replays like one graph.
 
     Graphs sharing a pool must be replayed in the order they were captured (a later one may reuse memory an
-    earlier one freed): ``replay`` always runs the whole chain."""
+    earlier one freed): ``replay`` always runs the whole chain. A replay stopped at a junction
+    (``JunctionChanged``) gives the CUDA generator of ``device`` back the state the replay found: the graphs
+    before the junction may have drawn random numbers, and the call then runs eager from where it began, drawing
+    what eager draws."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
         self.graphs: list[torch.cuda.CUDAGraph] = []
         self.empty: list[bool] = []  # a graph with no kernel (two junctions in a row) is not replayed
         self.junctions: list[Junction] = []
+        self.device = device if device is not None and device.type == "cuda" else None
 
     def replay(self) -> None:
+        rng = torch.cuda.get_rng_state(self.device) if self.device is not None else None
+        try:
+            self._replay()
+        except JunctionChanged:
+            if rng is not None:
+                torch.cuda.set_rng_state(rng, self.device)
+            raise
+
+    def _replay(self) -> None:
         graphs, empty = self.graphs, self.empty
         if not empty[0]:
             graphs[0].replay()
