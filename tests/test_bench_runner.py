@@ -49,11 +49,12 @@ def _worker(crash: str = "", hang: str = "", env: bool = False) -> list[str]:
 def test_suites_and_registry() -> None:
     assert [w.name for w in workloads.suite("quick")] == ["timm:resnet18", "train:resnet18"]
     standard = workloads.suite("standard")
-    assert len(standard) == 14 and len(workloads.WORKLOADS) == 42  # plain-SGD training variants run by name
+    assert len(standard) == 14 and len(workloads.WORKLOADS) == 43  # plain-SGD training variants run by name
     grace = workloads.suite("grace")  # GraCE's workloads: each says whether it is GraCE's own or a stand-in
     assert len(grace) == 17 and all(w.origin for w in grace) and {w.zoo for w in grace} <= set(zoo.names())
     compiler = workloads.suite("compiler")  # inference workloads plus the models host copies keep out of capture
-    assert {w.kind for w in compiler} == {"inference"} and len(compiler) == 20
+    assert {w.kind for w in compiler} == {"inference"} and len(compiler) == 21
+    assert set(workloads.DETECTORS) <= {w.name for w in compiler}, "the detectors target needs all six measured"
     assert {w.zoo for w in compiler} <= set(zoo.names())
     training = [w.name for w in workloads.suite("training")]  # the training issue's per-step comparison
     assert training == [

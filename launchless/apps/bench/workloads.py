@@ -105,6 +105,7 @@ _ALL += [  # plain capture fails on a host->device copy in each (DESIGN.md): CGC
         "tv:retinanet_resnet50_fpn",
         "tv:fcos_resnet50_fpn",
         "tv:maskrcnn_resnet50_fpn",
+        "tv:keypointrcnn_resnet50_fpn",
         "tv:ssdlite320_mobilenet_v3_large",
         "tv:raft_small",
         "hf:mistral-tiny",
