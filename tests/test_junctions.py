@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from launchless.core import junctions
 from launchless.core.junctions import (
     HOST_READS,
     Junction,
@@ -133,6 +134,18 @@ def test_a_chain_reads_host_values_between_its_graphs_and_checks_them_at_replay(
         chain.replay()
     assert chain.graphs[1].replays == 2, "the graph after a changed read is not replayed"
     assert torch.equal(y, x + 1)
+
+
+def test_a_forward_calling_a_junction_too_often_is_not_captured_as_a_chain(monkeypatch) -> None:
+    monkeypatch.setattr(junctions, "MAX_JUNCTION_CALLS", 3)
+    chain = SegmentedGraph()
+    mode = _segmenting(chain, frozenset({aten._local_scalar_dense.default}))
+    x = torch.arange(8.0)
+    mode.start()
+    with torch.no_grad(), mode, pytest.raises(NotAJunction, match="called more than 3 times in one forward"):
+        for i in range(8):  # a read per token
+            x[i].item()
+    assert len(chain.junctions) == 3
 
 
 def test_a_chain_with_no_host_read_has_no_guard_note() -> None:

@@ -52,6 +52,7 @@ from ..diagnose.source import locate
 from .shape_proof import DATA_DEPENDENT_SHAPE, HOST_VALUE, data_dependence
 
 MAX_JUNCTION_OPS = 8  # kinds of operation one forward may run eager between its graphs
+MAX_JUNCTION_CALLS = 512  # calls of them in one forward: each ends a graph (a read in a loop over tokens would not)
 _aten = torch.ops.aten
 HOST_READS = frozenset(
     {
@@ -305,6 +306,11 @@ class SegmentingMode(TorchDispatchMode):
         if func in self.junction_ops and not (
             func in HOST_READS and any(not _on(self.device, t) for t in _tensors((args, kwargs)))
         ):
+            if len(self.chain.junctions) >= MAX_JUNCTION_CALLS:
+                raise NotAJunction(
+                    f"{operation_name(func)} is called more than {MAX_JUNCTION_CALLS} times in one forward: as many "
+                    "graphs would cost more than they save"
+                )
             location = locate(traceback.extract_stack())
             self.end()
             out = func(*args, **kwargs)
