@@ -80,9 +80,11 @@ class CaptureFlow:
             (x.device for x in flat.leaves if isinstance(x, torch.Tensor) and x.is_cuda), None
         )
 
-    def capture(self, sig: Signature, flat: FlatInputs, *, explicit: bool) -> Captured:
+    def capture(self, sig: Signature, flat: FlatInputs, *, explicit: bool, around_operations: bool = True) -> Captured:
         """Capture ``sig``'s forward on the call's inputs, prove it and judge it (``explicit``: one graph asked for,
-        by ``cuda_graph=True``'s first call or ``capture_graph()``: no graphs around operations, no timing)."""
+        by ``cuda_graph=True``'s first call or ``capture_graph()``: no graphs around operations, no timing;
+        ``around_operations``: False where graphs around operations are not allowed (a batch bucket's padded
+        call))."""
         device = self.device(flat)
         if device is None:
             error: LaunchlessError = NoCudaError(
@@ -94,7 +96,7 @@ class CaptureFlow:
         branches: list[str] = []
         # a forward that cannot be one graph may replay as graphs around the operations that block it (not where the
         # caller asked for this one graph: capture_graph())
-        around_junctions = self.splits and not explicit
+        around_junctions = self.splits and not explicit and around_operations
         # "auto" never runs slower than eager: a verified graph is timed against eager before it is kept (a graph
         # asked for -- cuda_graph=True, capture_graph() -- is the caller's choice; collectives would need agreeing)
         judged = self.mode == "auto" and self.judged and not explicit

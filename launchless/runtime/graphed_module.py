@@ -286,7 +286,10 @@ class GraphedModule(ModelStandIn):
                 return _OWN_SIGNATURE
             bucketing.count(plan)
             padded = plan.padded_flat()
-            return plan.take_rows(self._capture_and_run(plan.signature, padded, explicit=False, compile_kernels=False))
+            captured = self._capture_and_run(
+                plan.signature, padded, explicit=False, compile_kernels=False, around_operations=False
+            )
+            return plan.take_rows(captured)
         if admission is Admission.REFUSED:
             return self._fallbacks.refused(plan.signature, plan.flat, args, kwargs, split=False)
         return self._fallbacks.eager(args, kwargs)
@@ -314,12 +317,20 @@ class GraphedModule(ModelStandIn):
             return graph.replay(leaves, rows=rows)
 
     def _capture_and_run(
-        self, sig: Signature, flat: FlatInputs, *, explicit: bool, compile_kernels: bool = True
+        self,
+        sig: Signature,
+        flat: FlatInputs,
+        *,
+        explicit: bool,
+        compile_kernels: bool = True,
+        around_operations: bool = True,
     ) -> Any:
         """Capture, prove and judge ``sig``'s graph (``capture_flow``), then keep and replay it, or refuse it
         (``fallbacks``). ``compile_kernels``: with ``kernels="compiled"``, a whole graph kept starts the compile of
-        its forward (a batch bucket's graph replays eager's kernels)."""
-        captured = self._flow.capture(sig, flat, explicit=explicit)
+        its forward (a batch bucket's graph replays eager's kernels). ``around_operations``: whether the forward may
+        replay as graphs around operations run eager (a batch bucket's may not: such an operation, or a value read
+        on the host, would see the padding rows, which the call's own eager run never does)."""
+        captured = self._flow.capture(sig, flat, explicit=explicit, around_operations=around_operations)
         if captured.refusal is not None:
             return self._fallbacks.refuse(sig, flat, captured.refusal, explicit=explicit, level=captured.level)
         graph = cast(_capture.CapturedGraph, captured.graph)
