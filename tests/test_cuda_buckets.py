@@ -140,3 +140,26 @@ def test_a_convolutional_network_in_tf32_is_padded_within_tf32s_rounding() -> No
     assert buckets["padded_calls"] == 6 and all(
         p["status"] in ("bit-identical", "batch-shape") for p in buckets["proofs"].values()
     ), buckets
+
+
+class TrimsToLongest(PerRow):
+    """Reads on the host how many leading columns any row uses and keeps that many: over a padded batch the read
+    would also see the padding rows, which the call's own eager run does not."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.layers(x)
+        used = int((x != 0).any(dim=0).sum())  # a value read on the host, over every row
+        return h[:, :used]
+
+
+def test_a_bucket_never_replays_graphs_around_a_value_read_over_its_padding_rows() -> None:
+    model = TrimsToLongest().cuda().eval()
+    m = ll.wrap(model, capture_after=1, batch_buckets=[4])
+    with torch.no_grad():
+        for used in (48, 48, 16, 48):  # three rows padded to four: the padding rows hold earlier rows' columns
+            x = torch.randn(3, 64, device="cuda")
+            x[:, used:] = 0
+            out = m(x)
+            assert identical(out, model(x)) and out.shape == (3, used), used
+    padded = [g for g in m.graph_info()["graphs"] if g["signature"].startswith("(float32[4x64]")]
+    assert all("region_split" not in g for g in padded), padded
