@@ -230,23 +230,27 @@ class SegmentedGraph:
 
     Graphs sharing a pool must be replayed in the order they were captured (a later one may reuse memory an
     earlier one freed): ``replay`` always runs the whole chain. A replay stopped at a junction
-    (``JunctionChanged``) gives the CUDA generator of ``device`` back the state the replay found: the graphs
-    before the junction may have drawn random numbers, and the call then runs eager from where it began, drawing
-    what eager draws."""
+    (``JunctionChanged``) gives the CUDA generator of ``device`` back the offset the replay found (each replay of a
+    graph that draws random numbers moves it on): the call then runs eager from where it began, drawing what eager
+    draws."""
 
     def __init__(self, device: torch.device | None = None) -> None:
         self.graphs: list[torch.cuda.CUDAGraph] = []
         self.empty: list[bool] = []  # a graph with no kernel (two junctions in a row) is not replayed
         self.junctions: list[Junction] = []
-        self.device = device if device is not None and device.type == "cuda" else None
+        self.generator: torch.Generator | None = None
+        if device is not None and device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            self.generator = torch.cuda.default_generators[index]
 
     def replay(self) -> None:
-        rng = torch.cuda.get_rng_state(self.device) if self.device is not None else None
+        generator = self.generator
+        offset = generator.get_offset() if generator is not None else 0  # an int: no tensor on the replay path
         try:
             self._replay()
         except JunctionChanged:
-            if rng is not None:
-                torch.cuda.set_rng_state(rng, self.device)
+            if generator is not None:
+                generator.set_offset(offset)
             raise
 
     def _replay(self) -> None:
