@@ -303,7 +303,7 @@ def test_a_default_config_that_cannot_run_its_own_model_is_the_librarys_failure(
     """A setting the forward reads left unset everywhere; a sub-config given a misspelt setting (EdgeTAM's timm
     backbone ``archirecture``, which leaves ``architecture`` at its default)."""
     transformers = pytest.importorskip("transformers")
-    from launchless.apps.differential.hf import _default_config_defect, _misspelt_setting
+    from launchless.apps.differential.library_failures import _default_config_defect, _misspelt_setting
 
     unset = "ValueError: Could not find a `sliding_window` argument in the config, or it is not set"
     assert "`sliding_window` unset" in (_default_config_defect(transformers.LlamaConfig, unset) or "")
