@@ -93,12 +93,11 @@ class Fallbacks:
         args, kwargs = flat.rebuild(flat.leaves)
         return self.eager(args, kwargs)
 
-    def junction_changed(self, sig: Signature, flat: FlatInputs, exc: JunctionChanged, *, split: bool = True) -> Any:
+    def junction_changed(self, sig: Signature, flat: FlatInputs, exc: JunctionChanged) -> Any:
         """A chain's junction returned another shape than at its capture (its shape depends on the values after all),
         or a host read another value (the Python code after it may go another way). Nothing was handed out; the chain
         goes, and this signature runs as a refused one does from now on (split by submodule where allowed, else
-        eager), this call included. One log line. ``split``: False for a batch bucket's signature, whose call runs
-        eager as given."""
+        eager), this call included. One log line. (A batch bucket's padded call never replays a chain.)"""
         self.cache.forget(sig)
         refusal = Refusal(
             Stage.CAPTURE,
@@ -109,7 +108,7 @@ class Fallbacks:
             "runs without them",
         )
         self.cache.refuse(sig, refusal)
-        if split and self.flow.splits and not self.flow.collective:
+        if self.flow.splits and not self.flow.collective:
             return self.run_split(sig, flat, refusal)
         args, kwargs = flat.rebuild(flat.leaves)
         return self.eager(args, kwargs)
