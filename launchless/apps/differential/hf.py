@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ...errors import one_line
 from . import inputs
 from .candidate import Built, Candidate, Inputs, Library, NotInLibraryError
 from .library_failures import default_builds, default_runs
@@ -127,11 +128,6 @@ class Layout:
     one_sample: bool = False
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
-
-
 def _classes(model_type: str, model_class: str) -> tuple[type, type]:
     """(config class, model class) of an auto-mapping entry; an import failure means the library cannot build it."""
     import transformers
@@ -142,7 +138,7 @@ def _classes(model_type: str, model_class: str) -> tuple[type, type]:
         config_cls = getattr(model_cls, "config_class", None) or getattr(transformers, CONFIG_MAPPING_NAMES[model_type])
         return config_cls, model_cls
     except Exception as exc:  # missing optional package, class not exported
-        raise NotInLibraryError(f"not importable: {_one_line(exc)}") from exc
+        raise NotInLibraryError(f"not importable: {one_line(exc)}") from exc
 
 
 def _config(config_cls: type, model_cls: type, **shrinking: Any) -> Any:
@@ -238,7 +234,7 @@ def build_architecture(model_type: str, model_class: str, device: str = "cpu", *
     try:
         config, model = _build(config_cls, model_cls, device)
     except ImportError as exc:  # the architecture needs a package that is not installed
-        raise NotInLibraryError(f"needs a package that is not installed: {_one_line(exc)}") from exc
+        raise NotInLibraryError(f"needs a package that is not installed: {one_line(exc)}") from exc
     except Exception:
         default_builds(config_cls, model_cls)
         raise
