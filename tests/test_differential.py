@@ -190,7 +190,7 @@ def test_native_resolution_towers_get_their_image_as_a_grid_of_patches() -> None
     """Patches row by row, each patch's pixels channel-last, the grid beside them (a Siglip2 processor's layout)."""
     from types import SimpleNamespace
 
-    from launchless.apps.differential.hf import BATCH, _patched_pixels
+    from launchless.apps.differential.hf_inputs import BATCH, _patched_pixels
 
     config = SimpleNamespace(patch_size=4, num_channels=3, num_patches=16)
     patches, grid = _patched_pixels(config, torch.Generator().manual_seed(0))
@@ -215,7 +215,7 @@ def test_speech_encoders_are_tried_with_stacked_frames_and_dual_encoders_with_ev
     pytest.importorskip("transformers")
     from types import SimpleNamespace
 
-    from launchless.apps.differential.hf import Layout, _layouts
+    from launchless.apps.differential.hf_inputs import Layout, _layouts
 
     config = SimpleNamespace(to_dict=lambda: {"num_mel_bins": 80})
     audio = _layouts(config, ("input_features!",))
@@ -228,7 +228,7 @@ def test_ids_stay_inside_the_smallest_vocabulary_and_parallel_streams_get_one_co
     pytest.importorskip("transformers")
     from types import SimpleNamespace
 
-    from launchless.apps.differential.hf import Layout, make_inputs
+    from launchless.apps.differential.hf_inputs import Layout, make_inputs
 
     tree = {"encoder_config": {"vocab_size": 256}, "decoder_config": {"vocab_size": 1028}}
     config = SimpleNamespace(to_dict=lambda: tree)
@@ -264,7 +264,7 @@ def test_models_with_inputs_of_their_own_get_them_fresh_and_consistent() -> None
     pytest.importorskip("transformers")
     from types import SimpleNamespace
 
-    from launchless.apps.differential.hf import BATCH, PACKED_SIDE, REGIONS, Layout, make_inputs
+    from launchless.apps.differential.hf_inputs import BATCH, PACKED_SIDE, REGIONS, Layout, make_inputs
 
     def made(wanted: tuple[str, ...], layout: Layout | None = None, seed: int = 0, **config: object) -> dict:
         tree = SimpleNamespace(to_dict=lambda: {}, **config)

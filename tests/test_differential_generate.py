@@ -201,7 +201,7 @@ def test_a_multi_codebook_decoder_gets_a_row_of_ids_per_codebook_and_a_pad_id_it
 
 
 def test_a_row_of_ids_per_codebook_only_where_the_forward_took_them() -> None:
-    from launchless.apps.differential.hf import Layout, make_inputs
+    from launchless.apps.differential.hf_inputs import Layout, make_inputs
 
     model = _tiny_musicgen()
     assert generate._codebooks(model, Built(model, lambda generator, device: ((), {}))) == 1  # no layout fitted
