@@ -1225,3 +1225,35 @@ def test_the_room_left_in_a_cache_is_read_where_each_layer_holds_its_length() ->
     positions = cache_layers.DevicePositions(types.SimpleNamespace(layers=[unwritten, written]))
     assert positions.fits(3) and not positions.fits(4)
     assert cache_layers.DevicePositions(types.SimpleNamespace(layers=[])).fits(10**6)
+
+
+CUDA_CAPTURE_TEXT = (
+    "CUDA error: operation not permitted when stream is capturing\n"
+    "Search for `cudaErrorStreamCaptureUnsupported' in https://docs.nvidia.com/cuda/ for more information.\n"
+    "CUDA kernel errors might be asynchronously reported at some other API call.\n"
+)
+
+
+def test_a_decode_step_whose_blocker_cannot_be_named_is_refused_in_one_line(monkeypatch) -> None:
+    def failing_capture(fn, flat, **_):
+        try:
+            raise RuntimeError(CUDA_CAPTURE_TEXT)
+        except RuntimeError as exc:
+            raise CaptureFailed(Stage.CAPTURE, exc, str(exc)) from exc
+
+    def naming_fails(*_args, **_kwargs):
+        raise RuntimeError("the step could not run again")
+
+    monkeypatch.setattr(decode_steps, "capture", failing_capture)
+    monkeypatch.setattr(decode_steps, "capture_error", naming_fails)
+    model, request = tiny_llama()
+    reference = eager_static(model, request)
+    graphs = decode_graphs(model)
+    with torch.no_grad():
+        assert torch.equal(graphs.generate(model, (), dict(request)), reference)
+    reasons = list(graphs.info()["steps_eager"]) + [f["reason"] for f in graphs.info()["fallbacks"]]
+    refusal = next(why for why in reasons if "PyTorch said" in why)
+    assert "\n" not in refusal
+    assert refusal.startswith("host sync at ")
+    assert "test_decoding.py" in refusal  # where the error was raised: the line a user would look at
+    assert refusal.endswith("PyTorch said: CUDA error: operation not permitted when stream is capturing")

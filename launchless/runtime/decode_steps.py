@@ -28,8 +28,10 @@ from ..core.relocation import RelocationWatch
 from ..core.signature import FlatInputs, Signature, UnhashableInput, flatten_inputs, signature_of
 from ..core.status import Admission, Stage, VerifyStatus
 from ..core.verify import VerifyReport, identical, verify_step
+from ..diagnose.blockers import classify_message
 from ..diagnose.messages import capture_error
-from ..errors import CaptureError
+from ..diagnose.source import locate_exception
+from ..errors import CaptureError, one_line
 from ..options import KernelsMode
 from .cache_layers import CacheState, DevicePositions, HostCounters
 from .decode_kernels import DecodeKernels, other_tokens_probe
@@ -273,8 +275,15 @@ class DecodeSteps:
         said = str(fail.cause).strip().splitlines()[0].rstrip(".") if str(fail.cause).strip() else ""
         try:
             error = capture_error(step, f"{self.name} decode step", key, flat, fail, device)
-        except Exception:  # naming it is a courtesy: the refusal stands on what PyTorch said
-            return Blocking(f"{fail}; PyTorch said: {said}" if said else str(fail))
+        except Exception as exc:  # naming it is a courtesy: the refusal stands on what PyTorch said, in one line
+            logging.getLogger("launchless").debug(
+                "launchless: %s: the decode step's blocker could not be named: %s", self.name, one_line(exc)
+            )
+            kind = classify_message(str(fail.cause))
+            location = locate_exception(fail.cause) if fail.cause is not None else None
+            where = f" at {location}" if location else " (source line not found)"
+            source = str(location) if location else None
+            return Blocking(f"{kind}{where}" + (f"; PyTorch said: {said}" if said else ""), None, source)
         what = f"{error.reason} `{error.operation}`" if error.operation else error.reason
         where = f" at {error.source}" if error.source else " (source line not found)"
         source = str(error.source) if error.source else None
