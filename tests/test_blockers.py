@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from launchless.diagnose import blockers, source
-from launchless.diagnose.blockers import COPY, DATA_DEPENDENT, HOST_SYNC, Blocker, classify_message
+from launchless.diagnose.blockers import COPY, DATA_DEPENDENT, HOST_SYNC, Blocker, classify_message, classify_op
 from launchless.diagnose.dry_run import dry_run
 from launchless.diagnose.source import locate
 
@@ -298,3 +298,16 @@ def test_a_failed_capture_names_the_same_operation_and_kind_in_both_grad_modes(g
     assert recorder.blocker is not None
     assert (recorder.blocker.kind, recorder.blocker.operation) == (DATA_DEPENDENT, "aten.nonzero")
     assert recorder.blocker.location is not None and "torch.where(mask)" in recorder.blocker.location.code
+
+
+def test_indexing_with_a_boolean_mask_is_a_data_dependent_shape_and_with_positions_is_not() -> None:
+    """``x[x > 0]`` reaches CUDA as ``aten.index`` (a nonzero inside it, which the capture fails in): its kind is the
+    shape the values choose, not a host sync; indexing by positions can be captured."""
+    x = torch.randn(4, 8)
+    mask, positions = x > 0, torch.arange(2)
+    aten = torch.ops.aten
+    assert classify_op(aten.index.Tensor, (x, [mask]), {}) == DATA_DEPENDENT
+    assert classify_op(aten.index_put_.default, (x, [mask], torch.tensor(0.0)), {}) == DATA_DEPENDENT
+    assert classify_op(aten.index.Tensor, (x, [None, mask[0]]), {}) == DATA_DEPENDENT
+    assert classify_op(aten.index.Tensor, (x, [positions]), {}) is None
+    assert classify_op(aten.index_put_.default, (x, [positions], torch.tensor(0.0)), {}) is None

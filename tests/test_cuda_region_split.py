@@ -286,6 +286,30 @@ def test_a_region_split_that_is_not_faster_is_dropped_with_the_reason(monkeypatc
     assert "tried and dropped: not faster than eager" in refused["message"], refused
 
 
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+def test_a_dropped_chain_of_a_forward_that_draws_noise_leaves_eagers_draws(grad_mode, monkeypatch) -> None:
+    """A chain judged not faster is refused; naming its blocker captures the forward again, whose warm-up draws:
+    the call's own eager result must still draw from where the call began, and leave the generator where eager
+    leaves it."""
+
+    def slower(eager, candidate):
+        eager(), candidate()
+        return SpeedVerdict(1.0, 1.1, 1.0, 1.1, "not faster than eager (1.100 ms against 1.000 ms a call)")
+
+    monkeypatch.setattr(capture_flow, "judge_speed", slower)
+    model = NoisyBranching().cuda().eval()
+    m = ll.wrap(model, cuda_graph="auto", capture_after=1)
+    with GRAD_MODES[grad_mode]():
+        for i in range(4):
+            x = torch.randn(1, 64, device="cuda")
+            want, eager_state = _seeded(model, x, 10 + i)
+            got, state = _seeded(m, x, 10 + i)
+            assert identical(got, want), f"call {i}: other draws than eager's"
+            assert torch.equal(state, eager_state), f"call {i}: the generator left elsewhere"
+    assert all("region_split" not in row for row in _rows(m)), _rows(m)
+    assert any("tried and dropped" in row["message"] for row in m.graph_info()["fallbacks"]), m.graph_info()
+
+
 def test_capture_graph_does_not_run_operations_between_graphs_but_names_them() -> None:
     model = Histogram().cuda().eval()
     m = ll.wrap(model, cuda_graph=True)

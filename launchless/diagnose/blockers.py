@@ -37,6 +37,9 @@ DATA_DEPENDENT_OPS = {
     "masked_scatter",
 }
 _COPY_OPS = {"_to_copy", "copy_", "copy", "to", "_copy_from", "_copy_from_and_resize"}
+# indexing ops that take a list of index tensors: with a boolean mask among them, the rows they select (a nonzero
+# inside the op) depend on the values
+_INDEX_OPS = {"index", "_unsafe_index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put"}
 
 FIXES = {
     HOST_SYNC: "remove the host sync (.item(), float(t), bool(t), print(t), `if tensor:`) from the forward, "
@@ -98,12 +101,18 @@ def _devices(args: tuple, kwargs: dict) -> set[str]:
     return found
 
 
+def _masks(args: tuple) -> bool:
+    """Whether an indexing op's index list (its second argument) holds a boolean mask (``x[x > 0]``)."""
+    indices = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else ()
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
+
+
 def classify_op(func: object, args: tuple, kwargs: dict) -> str | None:
     """The blocker kind of one aten op on device tensors, or None when a capture can record it."""
     name = op_name(func)
     if name in HOST_SYNC_OPS:
         return HOST_SYNC
-    if name in DATA_DEPENDENT_OPS:
+    if name in DATA_DEPENDENT_OPS or (name in _INDEX_OPS and _masks(args)):
         return DATA_DEPENDENT
     if name in _COPY_OPS and len(_devices(args, kwargs)) > 1:
         return COPY

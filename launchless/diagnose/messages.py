@@ -11,6 +11,7 @@ import torch
 from ..core import capture as _capture
 from ..core.pool import new_pool
 from ..core.signature import FlatInputs, Signature
+from ..core.snapshot import RngState
 from ..core.verify import VerifyReport
 from ..errors import CaptureError, VerificationError
 from .blockers import Blocker, FailureRecorder, classify_message
@@ -23,15 +24,21 @@ FALLBACKS = (
 
 
 def find_blocker(model: Callable[..., Any], flat: FlatInputs, device: torch.device) -> Blocker | None:
-    """Capture again, into a throwaway pool, under a recorder that names the aten op that raised."""
+    """Capture again, into a throwaway pool, under a recorder that names the aten op that raised. The generators
+    go back to where they were: the capture's warm-up draws, and the call whose capture failed still makes its own
+    result from where it began (a random forward draws what eager draws)."""
     recorder = FailureRecorder()
+    rng = RngState()
 
     def recorded(*args: Any, **kwargs: Any) -> Any:
         with recorder:
             return model(*args, **kwargs)
 
-    with contextlib.suppress(_capture.CaptureFailed):
-        _capture.capture(recorded, flat, device=device, pool=new_pool(), warmup=1)
+    try:
+        with contextlib.suppress(_capture.CaptureFailed):
+            _capture.capture(recorded, flat, device=device, pool=new_pool(), warmup=1)
+    finally:
+        rng.rewind()
     return recorder.blocker
 
 
@@ -46,8 +53,8 @@ def capture_error(
     find: bool = True,
 ) -> CaptureError:
     """PyTorch says "operation not permitted when stream is capturing"; we say which, where and what to do.
-    ``find``: run the forward again on the meta device to name the blocking operation (not for a forward with
-    collectives: the other ranks would not run it with this one)."""
+    ``find``: capture the forward again to name the blocking operation (not for a forward with collectives: the
+    other ranks would not run it with this one)."""
     if fail.cause is None:  # refused before or after capture (outputs, input mutation): the message says why
         return CaptureError(
             f"launchless cannot capture {name} for input {sig.describe()}: {fail}; {FALLBACKS}", reason=str(fail)
