@@ -1130,3 +1130,18 @@ def test_a_compile_row_is_split_by_its_chains_and_eager_where_every_graph_lost_t
     unused = [{"name": "graph 0", "graphs": [{**whole, "variant": "no-graph"}], "fallbacks": []}]
     status, reason, _ = status_of(unused, Entry.COMPILE)
     assert status is Status.EAGER and reason is not None and "faster than its verified graph" in reason
+
+
+def test_the_report_says_which_gpus_ran_and_timed_the_rows(tmp_path) -> None:
+    """Runs of one report may come from several machines: each line names its GPU, the coverage table counts the
+    rows per GPU, and a line written before lines named one counts as the GPU its library was enumerated on."""
+    old = {"key": "a", "rows": [_row("a", Status.GRAPH, Result.IDENTICAL, 2.0)], "finished_at": 1.0}
+    new = {"key": "b", "rows": [_row("b", Status.GRAPH, Result.IDENTICAL, 2.0)], "finished_at": 2.0, "gpu": "H100"}
+    (tmp_path / "rows-timm-1of1-p0-0.jsonl").write_text(json.dumps(old) + "\n" + json.dumps(new) + "\n")
+    timing = {"key": "b", "library": "timm", "gpu": "H200", "timings": [{"entry": "wrap-auto", "grad_mode": "no_grad",
+              "eager_ms": 2.0, "accelerated_ms": 1.0, "speedup": 2.0}]}  # fmt: skip
+    rows = report.apply_timings(report.load([tmp_path]), {("timm", "b"): timing})
+    assert {r["model"]: (r["gpu"], r.get("timed_on")) for r in rows} == {"a": (None, None), "b": ("H100", "H200")}
+    populations = {"timm": {"models": ["a", "b"], "version": "1", "gpu": "H200", "torch": "2.11"}}
+    text = report.markdown(rows, populations)
+    assert "| timm | 1 | 2 of 2 | H100 (1), H200 (1) | H200 | 2.11 |" in text, text

@@ -23,6 +23,12 @@ def _driver() -> str | None:
         return None
 
 
+def gpu_name() -> str | None:
+    """The GPU this process runs on (None without one): a row says where it was measured, as runs of one report may
+    come from several machines."""
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
 def describe() -> dict:
     try:
         import triton
@@ -33,7 +39,7 @@ def describe() -> dict:
     cuda = torch.cuda.is_available()
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name() if cuda else None,
+        "gpu": gpu_name(),
         "driver": _driver() if cuda else None,
         "cuda": torch.version.cuda,
         "torch": torch.__version__,

@@ -50,7 +50,7 @@ def load(directories: list[str | Path]) -> list[dict[str, Any]]:
             else:
                 for key in [k for k in rows if k[0] in line["entries"] and k not in fresh]:
                     del rows[key]
-            rows.update({(r["entry"], r["grad_mode"]): r for r in line["rows"]})
+            rows.update({(r["entry"], r["grad_mode"]): {**r, "gpu": line.get("gpu")} for r in line["rows"]})
         out.extend(rows.values())
     return out
 
@@ -108,7 +108,7 @@ def apply_timings(rows: list[dict[str, Any]], timings: dict[tuple[str, str], dic
     ran the row again with its calls compared (``result`` in its timing), the row's verdict alone
     (``verdict_alone``) -- unless eager itself failed on the pass's inputs, which judges nothing of launchless."""
     by_row = {
-        (library, model, t["entry"], t["grad_mode"]): t
+        (library, model, t["entry"], t["grad_mode"]): {**t, "gpu": line.get("gpu")}
         for (library, model), line in timings.items()
         for t in line["timings"]
         if t.get("speedup") is not None or t.get("status") is not None
@@ -122,6 +122,7 @@ def apply_timings(rows: list[dict[str, Any]], timings: dict[tuple[str, str], dic
             row["timed_status"] = timed.get("status")  # what "auto" ran alone; its judgements there are its own
             row["eager_spread"] = timed.get("eager_spread")  # eager against itself in the same rounds
             row["repeated"] = bool(timed.get("repeated"))  # a close call measured again, in three times the rounds
+            row["timed_on"] = timed.get("gpu")
         if timed is not None and timed.get("status") and _judged(timed) and _judged(row):
             row = verdict_alone(row, timed)
         out.append(row)
@@ -322,10 +323,22 @@ def _coverage(rows: list[dict[str, Any]], populations: dict[str, dict[str, Any]]
     for library, record in sorted(populations.items()):
         listed = record["models"]
         done = sum((library, name) in run for name in listed)
-        body.append(
-            [library, record.get("version"), f"{done} of {len(listed)}", record.get("gpu"), record.get("torch")]
+        ran = Counter(r.get("gpu") or record.get("gpu") for r in rows if r["library"] == library)
+        timed = Counter(
+            r.get("timed_on") or record.get("gpu") for r in rows if r["library"] == library and r["timed_alone"]
         )
-    return [*_table(["library", "version", "models run", "GPU", "torch"], body), ""]
+        body.append(
+            [library, record.get("version"), f"{done} of {len(listed)}", _gpus(ran), _gpus(timed), record.get("torch")]
+        )
+    return [*_table(["library", "version", "models run", "rows run on", "rows timed alone on", "torch"], body), ""]
+
+
+def _gpus(counts: Counter) -> str:
+    """The GPUs rows ran on, with how many each where there are several (lines written before rows named their GPU
+    count as the GPU their library's list was enumerated on)."""
+    if len(counts) <= 1:
+        return str(next(iter(counts), None) or "-")
+    return ", ".join(f"{gpu} ({n})" for gpu, n in sorted(counts.items(), key=lambda item: (-item[1], str(item[0]))))
 
 
 def accelerated_and_verified(row: dict[str, Any]) -> bool:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...timing import interleaved_ms
+from ..environment import gpu_name
 from .candidate import Candidate, Library
 from .rows import Entry, GradMode
 from .runner import CALLS, forward_row
@@ -144,4 +145,5 @@ def timing_line(
         "library": candidate.library.value,
         "timings": model_timings(candidate, built, seed, entries=entries),
         "finished_at": time.time(),
+        "gpu": gpu_name(),
     }

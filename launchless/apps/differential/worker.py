@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ...errors import one_line
+from ..environment import gpu_name
 from ..workers import append_row, exit_if_gpu_unusable
 from .candidate import Built, Candidate, Library, NotInLibraryError
 from .population import candidates, pick
@@ -148,7 +149,7 @@ def run(
             append_row(out, timing_of(candidate, entries=entries))
         else:
             rows = model_rows(candidate, timed=not side_by_side, entries=entries)
-            line: dict[str, Any] = {"key": candidate.name, "rows": rows, "finished_at": time.time()}
+            line: dict[str, Any] = {"key": candidate.name, "rows": rows, "finished_at": time.time(), "gpu": gpu_name()}
             if entries is not None:  # the merge replaces only these entry points' rows of the model
                 line["entries"] = sorted(e.value for e in entries)
             append_row(out, line)
