@@ -266,41 +266,47 @@ def capture(
         caller = torch.cuda.current_stream(device)
         stream = stream or side_stream(device)
         stream.wait_stream(caller)
-        before = _versions(static_leaves, slots)
-        with torch.cuda.stream(stream), _capture_autocast():
-            traced = bool(trace_indices and warmup)  # the first warm-up run is the traced one
-            index_inputs = _traced_warmup(fn, args, kwargs, static_leaves) if traced else frozenset()
-            copies = HostCopies()
-            trace = CollectiveTrace() if distributed() else contextlib.nullcontext()
-            try:
-                for k in range(warmup - traced):
-                    if k == warmup - traced - 1:  # the last one records the host-to-device copies (and collectives)
-                        with trace:
-                            copies = _recorded_warmup(fn, args, kwargs)
-                    else:
-                        fn(*args, **kwargs)
-            except Exception as exc:
-                raise CaptureFailed(Stage.WARM_UP, exc, f"the forward failed during warm-up: {exc}") from exc
-        groups = trace.groups if isinstance(trace, CollectiveTrace) else []
         try:
-            if _versions(static_leaves, slots) != before:
-                raise CaptureFailed(
-                    Stage.INPUT_MUTATION,
-                    None,
-                    "the forward writes into its own input in place; a graph would change its static copy, not "
-                    "your tensor. Clone the input inside forward (x = x.clone()) or avoid the in-place op",
-                )
-            torch.cuda.synchronize(device)
-            reserved = torch.cuda.memory_reserved(device)
-            generator = torch.cuda.default_generators[device.index if device.index is not None else 0]
-            start = time.perf_counter()
-            run = _Run(fn, args, kwargs, copies, device, stream, generator, keep_graph, collective=bool(groups))
-            # graphs around operations run eager: a rank could need them where another does not (see collectives)
-            graph, outputs, first_failure = _capture_with_junctions(run, pool, None if groups else junction_pool)
-        except CaptureFailed as fail:
-            fail.collective_groups = groups
-            raise
-        caller.wait_stream(stream)
+            before = _versions(static_leaves, slots)
+            with torch.cuda.stream(stream), _capture_autocast():
+                traced = bool(trace_indices and warmup)  # the first warm-up run is the traced one
+                index_inputs = _traced_warmup(fn, args, kwargs, static_leaves) if traced else frozenset()
+                copies = HostCopies()
+                trace = CollectiveTrace() if distributed() else contextlib.nullcontext()
+                try:
+                    for k in range(warmup - traced):
+                        if k == warmup - traced - 1:  # the last one records the host-to-device copies (and collectives)
+                            with trace:
+                                copies = _recorded_warmup(fn, args, kwargs)
+                        else:
+                            fn(*args, **kwargs)
+                except Exception as exc:
+                    raise CaptureFailed(Stage.WARM_UP, exc, f"the forward failed during warm-up: {exc}") from exc
+            groups = trace.groups if isinstance(trace, CollectiveTrace) else []
+            try:
+                if _versions(static_leaves, slots) != before:
+                    raise CaptureFailed(
+                        Stage.INPUT_MUTATION,
+                        None,
+                        "the forward writes into its own input in place; a graph would change its static copy, not "
+                        "your tensor. Clone the input inside forward (x = x.clone()) or avoid the in-place op",
+                    )
+                torch.cuda.synchronize(device)
+                reserved = torch.cuda.memory_reserved(device)
+                generator = torch.cuda.default_generators[device.index if device.index is not None else 0]
+                start = time.perf_counter()
+                run = _Run(fn, args, kwargs, copies, device, stream, generator, keep_graph, collective=bool(groups))
+                # graphs around operations run eager: a rank could need them where another does not (see collectives)
+                graph, outputs, first_failure = _capture_with_junctions(run, pool, None if groups else junction_pool)
+            except CaptureFailed as fail:
+                fail.collective_groups = groups
+                raise
+        finally:
+            # whatever happened, the caller's stream goes on after the side stream's work: the static buffers (made
+            # on the caller's stream) are freed when a failed capture drops them, and the caller's next tensors may
+            # get their memory while warm-up kernels that write them are still queued on the side stream (a forward
+            # writing its input, with the GPU busy, wrote into the call's eager result)
+            caller.wait_stream(stream)
         capture_ms = (time.perf_counter() - start) * 1e3
         _check_outputs(outputs)
         growth = torch.cuda.memory_reserved(device) - reserved

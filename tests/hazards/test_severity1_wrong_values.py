@@ -18,6 +18,9 @@ Scenarios (entry point) and what goes wrong without the library's protection:
 #     copy of the input, never into the caller's tensor; it must be refused with a message about in-place writes.
 # test_forward_writing_into_its_input_under_auto_keeps_eager_semantics (wrap, "auto"): the caller's tensor must be
 #     written exactly as eager writes it.
+# test_a_refused_capture_with_its_warm_up_still_queued_leaves_the_eager_result_alone (wrap, "auto"): a capture
+#     refused after warm-up frees its static input buffers while kernels that write them are still queued on the
+#     side stream (a busy GPU); the call's eager result, given that memory, is written by them.
 # test_non_contiguous_and_channels_last_inputs (wrap): eager picks other kernels for another layout; a graph
 #     captured for a dense input and fed a transposed view or channels_last input returns other bits.
 # test_cpu_input_refilled_by_the_caller_right_after_the_call (wrap): an asynchronous copy from a pinned buffer
@@ -262,6 +265,31 @@ def test_forward_writing_into_its_input_under_auto_keeps_eager_semantics(grad_mo
     info = m.graph_info()
     assert info["graphs"] == [], info
     assert any("place" in str(f) for f in info["fallbacks"]), info
+
+
+class SlowlyWritesItsInput(WritesItsInput):
+    """Waits on the GPU before writing its input: a busy GPU, where warm-up kernels on the side stream are still
+    queued when the capture is refused."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.cuda._sleep(20_000_000)  # about 10 ms of the GPU spinning, queued before the write
+        return super().forward(x)
+
+
+@cuda
+def test_a_refused_capture_with_its_warm_up_still_queued_leaves_the_eager_result_alone(grad_mode) -> None:
+    model = SlowlyWritesItsInput().cuda().eval()
+    twin = copy.deepcopy(model)
+    with grad_mode():
+        for i in range(3):  # a new wrapper each time: its first call warms up, is refused and runs eager
+            m = ll.wrap(model, cuda_graph="auto", capture_after=1)
+            x = torch.randn(4, 64, device="cuda")
+            x_twin = x.clone()
+            y = m(x)
+            want = twin(x_twin)
+            assert_bit_identical(y, want, f"output of wrapper {i}'s first call")
+            assert_bit_identical(x, x_twin, f"the caller's input after wrapper {i}'s first call")
+            assert m.graph_info()["graphs"] == [] and m.graph_info()["fallbacks"], m.graph_info()
 
 
 @cuda
