@@ -216,11 +216,13 @@ def _eager(fn: Callable[..., Any], flat: FlatInputs, leaves: list, stream: torch
     args, kwargs = flat.rebuild(leaves)
     if stream is None:
         return fn(*args, **kwargs)
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        out = fn(*args, **kwargs)
-    torch.cuda.current_stream().wait_stream(stream)
-    return out
+    caller = torch.cuda.current_stream()
+    stream.wait_stream(caller)
+    try:
+        with torch.cuda.stream(stream):
+            return fn(*args, **kwargs)
+    finally:  # also when eager raises on a probe: the probe's memory is reused on the caller's stream next
+        caller.wait_stream(stream)
 
 
 def verify(

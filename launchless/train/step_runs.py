@@ -75,10 +75,11 @@ class StepRunner:
         self.stream.wait_stream(caller)
         args, kwargs = flat.rebuild(flat.leaves)
         self.grads_owner = None  # an eager step leaves its own gradients
-        with torch.cuda.stream(self.stream), self.watching_accumulator_streams():
-            out = self.fn(*args, **kwargs)
-        caller.wait_stream(self.stream)
-        return out
+        try:
+            with torch.cuda.stream(self.stream), self.watching_accumulator_streams():
+                return self.fn(*args, **kwargs)
+        finally:  # also when the step raises: the caller's next tensors may take memory its kernels still write
+            caller.wait_stream(self.stream)
 
     def watching_accumulator_streams(self) -> contextlib.AbstractContextManager[None]:
         """Under DDP, until the run trains eager: PyTorch's warning about the gradient accumulators' stream noted."""
