@@ -351,3 +351,40 @@ def test_no_collection_during_a_capture_and_the_collector_is_left_as_found(enabl
         assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+# ---- a forward that writes into its input: the replay's write copied back into the caller's tensor --------------
+
+
+def halves_its_input(x: torch.Tensor) -> torch.Tensor:
+    x.mul_(0.5)
+    return x + 1
+
+
+def test_an_input_the_forward_writes_gets_the_replays_write_as_eager_leaves_it() -> None:
+    example = torch.zeros(4)
+    g = captured(halves_its_input, example)  # the stand-in's first run wrote the static copy: restore it
+    g.written = (0,)
+    x = torch.randn(4)
+    want_x, mine = x * 0.5, x.clone()
+    out = g.replay_cloned([x])
+    assert torch.equal(x, want_x) and torch.equal(out, want_x + 1)
+    assert torch.equal(mine * 0.5 + 1, out)
+    bucket = torch.randn(4)
+    call = bucket[:3].clone()
+    g.replay_cloned([call], rows=3)  # a call padded to a bucket: only its rows come back
+    assert torch.equal(call, bucket[:3] * 0.5)
+
+
+def test_written_inputs_are_refused_without_write_back_or_where_they_share_memory() -> None:
+    from launchless.core.capture import CaptureFailed, _written_slots
+
+    a, b = torch.randn(4), torch.randn(4)
+    assert _written_slots([a, b], [0, 1], [0, 0], [0, 0], write_back=False) == ()
+    with pytest.raises(CaptureFailed, match="writes into its own input in place"):
+        _written_slots([a, b], [0, 1], [0, 0], [1, 0], write_back=False)
+    assert _written_slots([a, b], [0, 1], [0, 0], [1, 0], write_back=True) == (0,)
+    with pytest.raises(CaptureFailed, match="shares memory with another input"):
+        _written_slots([a, a[1:]], [0, 1], [0, 0], [1, 0], write_back=True)
+    empty = torch.empty(0)
+    assert _written_slots([empty, torch.empty(0)], [0, 1], [0, 0], [1, 0], write_back=True) == (0,)

@@ -673,3 +673,39 @@ def test_equal_outputs_holding_a_container_never_seen_before_are_identical() -> 
     b = {"logits": torch.ones(2), "cache": FirstSeen(torch.arange(3.0), 3)}
     assert identical(a, b) and difference(a, b, 64.0)[0] == 0.0
     assert not identical(a, {"logits": torch.ones(2), "cache": FirstSeen(torch.arange(3.0) + 1, 3)})
+
+
+class WritesItsInput(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(0.5)
+        return x.exp()
+
+
+class WritingGraph(FakeGraph):
+    """A graph of a forward that writes its input: it works on its own static copy and, with ``writes_back``,
+    copies the write into the caller's tensor as ``CapturedGraph.write_back`` does."""
+
+    written = (0,)
+
+    def __init__(self, model: nn.Module, *, writes_back: bool) -> None:
+        def produce(leaves: list) -> torch.Tensor:
+            static = leaves[0].clone()
+            out = model(static)
+            if writes_back:
+                leaves[0].copy_(static)
+            return out
+
+        super().__init__(produce)
+
+
+@torch.no_grad()
+def test_a_forward_writing_its_input_is_proven_on_its_writes_as_well_as_its_outputs(no_cuda_stream) -> None:
+    model = WritesItsInput()
+    x = torch.randn(3, 4)
+    flat, _ = setup(model, x)
+    before = x.clone()
+    report = verify(WritingGraph(model, writes_back=True), model, flat)
+    assert report.status == VerifyStatus.BIT_IDENTICAL and report.passed, report
+    assert torch.equal(x, before), "verification never writes the call's own tensors"
+    missing = verify(WritingGraph(model, writes_back=False), model, flat)
+    assert not missing.passed, "a replay that leaves the caller's tensor unwritten differs from eager"

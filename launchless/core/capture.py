@@ -158,6 +158,7 @@ class CapturedGraph:
         self.index_inputs: frozenset[int] = frozenset()  # float inputs read as addresses (capture's trace)
         self.host_constants: HostCopies = HostCopies()
         self.host_sources: HostSources | None = None  # host tensors its constants came from, still alive
+        self.written: tuple[int, ...] = ()  # inputs the forward writes in place: copied back after every replay
         self.junctions: tuple[Junction, ...] = ()  # operations run eager between the graphs of a chain
         self.split_from: CaptureFailed | None = None  # why the forward was not captured as one graph
         self.speed: Any = None  # a chain's timing against eager (the policy's ``SpeedVerdict``)
@@ -195,6 +196,7 @@ class CapturedGraph:
         self.load(leaves, rows=rows)
         self.graph.replay()
         self.replays += 1
+        self.write_back(leaves, rows=rows)
         return self.outputs
 
     def replay_cloned(self, leaves: list, *, rows: int | None = None) -> Any:
@@ -202,7 +204,16 @@ class CapturedGraph:
         self.load(leaves, rows=rows)
         self.graph.replay()
         self.replays += 1
+        self.write_back(leaves, rows=rows)
         return self.fresh_outputs(leaves)
+
+    def write_back(self, leaves: list, *, rows: int | None = None) -> None:
+        """The inputs the forward writes in place get what the replay wrote into their static copies, as eager
+        leaves them in the caller's tensors (``rows``: only the call's rows of a padded bucket)."""
+        for i in self.written:
+            static, target = self.static_leaves[i], leaves[i]
+            if target is not static:
+                target.copy_(static if rows is None else static[:rows])
 
     def fresh_outputs(self, leaves: list) -> Any:
         """Copies of the output buffers; an output that is (a view of) an input is that input of ``leaves``,
@@ -230,6 +241,39 @@ def _versions(static_leaves: list, slots: list[int]) -> list[int]:
     return [static_leaves[i]._version for i in slots]
 
 
+def _storage(t: torch.Tensor) -> tuple[torch.device, int]:
+    return t.device, t.untyped_storage().data_ptr()
+
+
+def _written_slots(
+    leaves: list, slots: list[int], before: list[int], after: list[int], write_back: bool
+) -> tuple[int, ...]:
+    """The inputs the warm-up wrote in place (their static copies' versions moved), where the graph can write them
+    back; raises ``CaptureFailed`` where it cannot."""
+    written = tuple(i for i, old, new in zip(slots, before, after, strict=True) if old != new)
+    if not written:
+        return written
+    if not write_back:
+        raise CaptureFailed(
+            Stage.INPUT_MUTATION,
+            None,
+            "the forward writes into its own input in place; a graph would change its static copy, not your "
+            "tensor. Clone the input inside forward (x = x.clone()) or avoid the in-place op",
+        )
+    storages = [_storage(leaves[i]) for i in slots]
+    for i in written:
+        mine = _storage(leaves[i])
+        if mine[1] and sum(storage == mine for storage in storages) > 1:
+            raise CaptureFailed(
+                Stage.INPUT_MUTATION,
+                None,
+                "the forward writes in place into an input that shares memory with another input; eager's write "
+                "changes both, a graph's separate copies of them would not. Pass separate tensors (x.clone()) or "
+                "avoid the in-place op",
+            )
+    return written
+
+
 def capture(
     fn: Callable[..., Any],
     flat: FlatInputs,
@@ -242,6 +286,7 @@ def capture(
     keep_graph: bool = False,
     trace_indices: bool = False,
     junction_pool: Callable[[], Any] | None = None,
+    write_back: bool = False,
 ) -> CapturedGraph:
     """Warm up ``fn`` on a side stream, capture it there, and return the replayable graph.
 
@@ -254,6 +299,10 @@ def capture(
     ``junction_pool``: a forward that fails to capture inside an operation that can run eager between two graphs
     (``junctions``) is captured again as a chain of graphs around it, into a new pool this returns (the pool of
     a failed capture must not be captured into again); ``CapturedGraph.junctions`` lists those operations.
+    ``write_back``: a forward that writes into its own inputs in place is captured, and every replay copies what
+    it wrote back into the caller's tensors (``CapturedGraph.written``; verification compares them like outputs);
+    without it such a forward is refused. An input written in place that shares memory with another input is
+    refused either way: eager's write changes the other input too, the graph's static copies do not.
     Raises ``CaptureFailed`` with the original exception; the process stays usable either way.
     """
     with CAPTURE_LOCK, torch.cuda.device(device):
@@ -284,13 +333,7 @@ def capture(
                     raise CaptureFailed(Stage.WARM_UP, exc, f"the forward failed during warm-up: {exc}") from exc
             groups = trace.groups if isinstance(trace, CollectiveTrace) else []
             try:
-                if _versions(static_leaves, slots) != before:
-                    raise CaptureFailed(
-                        Stage.INPUT_MUTATION,
-                        None,
-                        "the forward writes into its own input in place; a graph would change its static copy, not "
-                        "your tensor. Clone the input inside forward (x = x.clone()) or avoid the in-place op",
-                    )
+                written = _written_slots(flat.leaves, slots, before, _versions(static_leaves, slots), write_back)
                 torch.cuda.synchronize(device)
                 reserved = torch.cuda.memory_reserved(device)
                 generator = torch.cuda.default_generators[device.index if device.index is not None else 0]
@@ -315,6 +358,7 @@ def capture(
             graph, static_leaves, slots, outputs, capture_ms, growth, torch.cuda.current_device(), host_slots=host
         )
         captured.index_inputs = index_inputs
+        captured.written = written
         captured.collective_groups = groups
         if device.type == "cuda" and holds_plans(captured.device_index):
             captured.plan_devices = (captured.device_index,)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils import _pytree as pytree
@@ -44,7 +44,7 @@ from .capture import CapturedGraph, CaptureFailed
 from .capture_path import pretend_capturing
 from .junctions import JunctionChanged
 from .output_tree import see_into
-from .signature import FlatInputs
+from .signature import FlatInputs, flatten_inputs
 from .snapshot import RngState, Snapshot
 from .status import Stage, VerifyStatus
 
@@ -249,10 +249,38 @@ def verify(
     (see ``input_probes``) and passes only bit-identical there, with outputs that follow the inputs.
     Running out of GPU memory raises ``CaptureFailed`` (stage verification): the caller refuses the graph for now,
     the caller's own call is not failed."""
+    written: tuple[int, ...] = getattr(graph, "written", ())  # a joined split forward writes back nothing itself
+    if written:  # the writes are results too: every run on its own copies of those inputs, compared after
+        writes = _Writes(graph, fn, flat, written)
+        graph, fn = cast(CapturedGraph, writes), writes.eager
     try:
         return _verify(graph, fn, flat, mode, tolerance_ulps, list(branches or []), keep, from_call, lockstep)
     except torch.cuda.OutOfMemoryError as exc:
         raise CaptureFailed(Stage.VERIFICATION, exc, str(exc)) from exc
+
+
+class _Writes:
+    """A graph of a forward that writes inputs in place, and that forward, as verification runs them: each run on
+    its own copies of the written inputs (a probe serves several runs, and eager would otherwise hand the replay
+    its written values), returning its outputs and those copies after the run."""
+
+    def __init__(self, graph: CapturedGraph, fn: Callable[..., Any], flat: FlatInputs, written: tuple[int, ...]):
+        self.graph, self.fn, self.flat, self.written = graph, fn, flat, written
+
+    def _copied(self, leaves: list) -> list:
+        return [x.clone() if i in self.written else x for i, x in enumerate(leaves)]
+
+    def eager(self, *args: Any, **kwargs: Any) -> tuple[Any, tuple]:
+        leaves = self._copied(flatten_inputs(args, kwargs).leaves)
+        args, kwargs = self.flat.rebuild(leaves)
+        return self.fn(*args, **kwargs), tuple(leaves[i] for i in self.written)
+
+    def replay_cloned(self, leaves: list, **kwargs: Any) -> tuple[Any, tuple]:
+        leaves = self._copied(leaves)
+        return self.graph.replay_cloned(leaves, **kwargs), tuple(leaves[i] for i in self.written)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.graph, name)
 
 
 def _verify(

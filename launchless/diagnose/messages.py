@@ -36,7 +36,7 @@ def find_blocker(model: Callable[..., Any], flat: FlatInputs, device: torch.devi
 
     try:
         with contextlib.suppress(_capture.CaptureFailed):
-            _capture.capture(recorded, flat, device=device, pool=new_pool(), warmup=1)
+            _capture.capture(recorded, flat, device=device, pool=new_pool(), warmup=1, write_back=True)
     finally:
         rng.rewind()
     return recorder.blocker

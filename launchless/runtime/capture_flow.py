@@ -113,6 +113,7 @@ class CaptureFlow:
                         warmup=self.warmup,
                         trace_indices=self.verify_mode != "off",
                         junction_pool=cache.pool.replace if around_junctions else None,
+                        write_back=True,
                     )
                 groups = graph.collective_groups
                 if groups:  # every rank captured? (before verification runs collectives)
@@ -297,7 +298,13 @@ class CaptureFlow:
         try:
             with self.cache.lock:
                 graph = _capture.capture(
-                    self.target(), flat, device=device, pool=new_pool(), warmup=1, junction_pool=new_pool
+                    self.target(),
+                    flat,
+                    device=device,
+                    pool=new_pool(),
+                    warmup=1,
+                    junction_pool=new_pool,
+                    write_back=True,
                 )
                 report = self.verify(graph, flat, []) if graph.junctions else None
         except _capture.CaptureFailed:
