@@ -214,3 +214,20 @@ def test_traffic_that_fits_powers_of_two_is_padded_without_a_warning(caplog) -> 
         _through_buckets(bucketing, list(range(1, 33)) * PADDING_LOOK_EVERY)  # every size; under half is padding
     assert not [r for r in caplog.records if "were padding" in r.getMessage()]
     assert 0.0 < bucketing.info()["padding_share"] < 0.5
+
+
+class HalvesItsInput(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(0.5)
+        return x * 2
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode], ids=["no_grad", "inference_mode"])
+def test_a_forward_writing_its_input_is_refused_padding_and_the_callers_tensor_is_left_to_the_call(grad_mode) -> None:
+    """A padded call would write a padded copy of the input, never the caller's tensor; the proof runs on copies."""
+    with grad_mode():
+        x = torch.randn(3, 8)
+        before = x.clone()
+        verdict = prove_rows_independent(HalvesItsInput(), flatten_inputs((x,), {}), 8)
+    assert verdict.status is RowsVerdictStatus.WRITES_INPUT and not verdict.independent, verdict
+    assert torch.equal(x, before), "the proof wrote the caller's tensor"

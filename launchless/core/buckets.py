@@ -46,6 +46,7 @@ class RowsVerdictStatus(Label):
     BATCH_SHAPE = "batch-shape"  # equal within a measured bound: kernels chosen by the batch size
     ROWS_INTERACT = "rows interact"  # the padding rows changed the real rows
     NOT_PER_ROW = "not per row"  # an output without the batch as its first dimension, or no shared batch dimension
+    WRITES_INPUT = "writes its input"  # a padded call's copy of the input, not the caller's tensor, would be written
     DIFFERS = "differs"  # beyond the bound
 
 
@@ -140,6 +141,13 @@ def slice_rows(outputs: Any, rows: int, bucket: int) -> Any:
     return pytree.tree_map(first_rows, outputs)
 
 
+def _versioned_copy(x: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x`` with a version counter (a copy made under ``inference_mode`` has none), which tells whether the
+    forward wrote it."""
+    with torch.inference_mode(False):
+        return x.detach().clone()
+
+
 def prove_rows_independent(
     fn: Callable[..., Any], flat: FlatInputs, bucket: int, *, tolerance_ulps: float = 64.0
 ) -> RowsVerdict:
@@ -157,7 +165,17 @@ def prove_rows_independent(
         args, kwargs = flat.rebuild(leaves)
         return fn(*args, **kwargs)
 
-    exact = call(list(flat.leaves))
+    # on copies: the caller's own tensors are used once, by the call itself
+    own = [_versioned_copy(x) if isinstance(x, torch.Tensor) else x for x in flat.leaves]
+    versions = [x._version for x in own if isinstance(x, torch.Tensor)]
+    exact = call(own)
+    if [x._version for x in own if isinstance(x, torch.Tensor)] != versions:
+        return RowsVerdict(
+            RowsVerdictStatus.WRITES_INPUT,
+            bucket,
+            detail="the forward writes into its input in place; a padded call would write a padded copy, not the "
+            "caller's tensor",
+        )
     try:
         repeated = slice_rows(call(pad_rows(flat.leaves, bucket)), rows, bucket)
         shuffled = slice_rows(call(pad_rows(flat.leaves, bucket, shuffled=True)), rows, bucket)
