@@ -268,12 +268,18 @@ def test_xlms_length_assertions_run_between_graphs_on_fresh_token_ids(grad_mode)
     assert all("modeling_xlm.py" in r["source"] for r in reads), reads
 
 
-def test_a_region_split_that_is_not_faster_is_dropped_with_the_reason(monkeypatch) -> None:
+def _judged_slower(monkeypatch) -> None:
+    """Every chain is judged not faster than eager (its runs still made, as the real judge makes them)."""
+
     def slower(eager, candidate):
         eager(), candidate()
         return SpeedVerdict(1.0, 1.1, 1.0, 1.1, "not faster than eager (1.100 ms against 1.000 ms a call)")
 
     monkeypatch.setattr(capture_flow, "judge_speed", slower)
+
+
+def test_a_region_split_that_is_not_faster_is_dropped_with_the_reason(monkeypatch) -> None:
+    _judged_slower(monkeypatch)
     model = Histogram().cuda().eval()
     m = ll.wrap(model, cuda_graph="auto", capture_after=1)
     with torch.no_grad():
@@ -292,11 +298,7 @@ def test_a_dropped_chain_of_a_forward_that_draws_noise_leaves_eagers_draws(grad_
     the call's own eager result must still draw from where the call began, and leave the generator where eager
     leaves it."""
 
-    def slower(eager, candidate):
-        eager(), candidate()
-        return SpeedVerdict(1.0, 1.1, 1.0, 1.1, "not faster than eager (1.100 ms against 1.000 ms a call)")
-
-    monkeypatch.setattr(capture_flow, "judge_speed", slower)
+    _judged_slower(monkeypatch)
     model = NoisyBranching().cuda().eval()
     m = ll.wrap(model, cuda_graph="auto", capture_after=1)
     with GRAD_MODES[grad_mode]():
