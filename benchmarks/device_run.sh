@@ -44,7 +44,7 @@
 #                      (benchmarks/results/differential-runs), models with rows there already are left out, and
 #                      the folder comes back in the archive; MODEL_TIMEOUT seconds a model (240)
 #   differential-timing the timing pass over TIMING_LIBS="library ..." in turn, one process, until DEADLINE; resumable
-#   differential-timing-again  the timing pass again, one library after the other, for the models AGAIN names
+#   differential-timing-again  the timing pass again, one library after the other until DEADLINE, for the models AGAIN names
 #                      (ENTRIES="wrap-auto wrap-true compile generate-greedy-b1": those entry points run again alone)
 #   differential-again the models AGAIN="library:model,model ..." names run again (after a fix), a process per
 #                      library side by side (PER_LIBRARY=n: n each); the merge keeps each model's newest line;
@@ -119,12 +119,15 @@ differential_again() {  # named models run again, a process per library; their n
   mkdir -p "$out/differential-runs" && cp -r "$runs/." "$out/differential-runs/"
 }
 
-differential_timing_again() {  # the timing pass again for the models AGAIN names; the merge keeps the newest line
-  local runs=${RUNS:-benchmarks/results/differential-runs} spec lib models
+differential_timing_again() {  # the timing pass again for the models AGAIN names, one library after the other, all
+  # of them until DEADLINE (a device call cut at its limit returns nothing of the folder); the merge keeps the newest line
+  local runs=${RUNS:-benchmarks/results/differential-runs} spec lib models left end=$((SECONDS + ${DEADLINE:-540}))
   for spec in ${AGAIN:?AGAIN=\"library:model,model ...\" names the models to time again}; do
     lib=${spec%%:*} models=${spec#*:}
+    left=$((end - SECONDS))
+    ((left > 10)) || break
     mkdir -p "$runs/$lib"
-    timeout "${DEADLINE:-540}" python3 -m launchless.apps.cli differential run --library "$lib" --timing \
+    timeout "$left" python3 -m launchless.apps.cli differential run --library "$lib" --timing \
       --timeout "${MODEL_TIMEOUT:-240}" --models ${models//,/ } --out "$runs/$lib" ${ENTRIES:+--entries $ENTRIES} \
       >>"$out/differential-timing.log" 2>&1
   done
