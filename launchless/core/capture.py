@@ -196,7 +196,8 @@ class CapturedGraph:
         self.load(leaves, rows=rows)
         self.graph.replay()
         self.replays += 1
-        self.write_back(leaves, rows=rows)
+        if self.written:  # the replay path: no call at all for the forwards that write nothing
+            self.write_back(leaves, rows=rows)
         return self.outputs
 
     def replay_cloned(self, leaves: list, *, rows: int | None = None) -> Any:
@@ -204,7 +205,8 @@ class CapturedGraph:
         self.load(leaves, rows=rows)
         self.graph.replay()
         self.replays += 1
-        self.write_back(leaves, rows=rows)
+        if self.written:  # the replay path: no call at all for the forwards that write nothing
+            self.write_back(leaves, rows=rows)
         return self.fresh_outputs(leaves)
 
     def write_back(self, leaves: list, *, rows: int | None = None) -> None:
