@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import subprocess
 from pathlib import Path
 
@@ -1145,3 +1146,30 @@ def test_the_report_says_which_gpus_ran_and_timed_the_rows(tmp_path) -> None:
     populations = {"timm": {"models": ["a", "b"], "version": "1", "gpu": "H200", "torch": "2.11"}}
     text = report.markdown(rows, populations)
     assert "| timm | 1 | 2 of 2 | H100 (1), H200 (1) | H200 | 2.11 |" in text, text
+
+
+def test_where_no_layout_is_accepted_one_warning_names_each_layouts_failure(monkeypatch, caplog) -> None:
+    """The row runs the first layout, whose failure may be a shape it got wrong; the warning shows what the others met
+    (a model's own failure on the right layout: a tensor its library leaves on the host, say)."""
+    from launchless.apps.differential import hf_inputs
+    from launchless.apps.differential.hf_inputs import Layout, fit_layout
+
+    layouts = [Layout(mels=80), Layout(time_major=True, mels=160)]
+    monkeypatch.setattr(hf_inputs, "_layouts", lambda config, wanted: layouts)
+    monkeypatch.setattr(
+        hf_inputs, "make_inputs", lambda wanted, config, generator, device, *, layout: ((torch.ones(layout.mels),), {})
+    )
+
+    class Refuses(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise RuntimeError(f"cannot take {x.numel()} values")
+
+    with caplog.at_level(logging.WARNING, logger="launchless"):
+        assert fit_layout(Refuses(), None, ()) == layouts[0]
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("Refuses: no input layout runs its eager forward: ") and line.count("cannot take") == 2, line
+    assert "time_major=True, mels=160: RuntimeError: cannot take 160 values" in line, line

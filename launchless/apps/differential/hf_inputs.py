@@ -10,16 +10,20 @@ new values from the caller's generator.
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
 
+from ...errors import one_line
 from . import inputs
 from .candidate import Inputs
 from .shrink import HIDDEN
+
+log = logging.getLogger(__name__)
 
 BATCH = 2
 SEQUENCE = 16
@@ -222,20 +226,31 @@ def _named_ints(tree: Any, names: tuple[str, ...]) -> list[int]:
 
 
 def fit_layout(model: torch.nn.Module, config: Any, wanted: tuple[str, ...]) -> Layout:
-    """The first layout one eager forward accepts (on ``meta`` nothing runs: the conventional one)."""
+    """The first layout one eager forward accepts (on ``meta`` nothing runs: the conventional one). Where none is,
+    the first, with one WARNING naming each layout's failure: the row's reason is the first one's, which may be a
+    shape the layout got wrong where another layout met the model's own failure."""
     layouts = _layouts(config, wanted)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     if len(layouts) == 1 or device.type == "meta":
         return layouts[0]
+    failures = []
     for layout in layouts:
         args, kwargs = make_inputs(wanted, config, torch.Generator().manual_seed(0), device, layout=layout)
         try:
             with torch.inference_mode():
                 model(*args, **kwargs)
-        except Exception:
+        except Exception as exc:
+            failures.append(f"{_described(layout)}: {one_line(exc)}")
             continue
         return layout
+    log.warning("%s: no input layout runs its eager forward: %s", type(model).__name__, "; ".join(failures))
     return layouts[0]
+
+
+def _described(layout: Layout) -> str:
+    """The settings of ``layout`` that differ from the conventional one."""
+    changed = {f.name: getattr(layout, f.name) for f in fields(layout) if getattr(layout, f.name) != f.default}
+    return ", ".join(f"{name}={value}" for name, value in changed.items()) or "conventional"
 
 
 def _sub(config: Any, name: str) -> Any:
