@@ -94,7 +94,13 @@ def joined_group() -> Iterator[DataParallel]:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
     try:
-        yield DataParallel(rank=dist.get_rank(), local_rank=local_rank, world_size=dist.get_world_size(), device=device)
+        parallel = DataParallel(
+            rank=dist.get_rank(), local_rank=local_rank, world_size=dist.get_world_size(), device=device
+        )
+        yield parallel
+        # every rank arrives before any tears its end of the group down: a rank that leaves while rank 0 still writes
+        # the checkpoint or reads the last gather closes gloo's connections under it (an abort at exit)
+        parallel.barrier()
     finally:
         # a DDP model that only a reference cycle still holds is freed now, while its group exists: freed at
         # interpreter exit instead, after the group, gloo aborts the process (SIGABRT)
