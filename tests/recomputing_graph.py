@@ -1,7 +1,14 @@
 """A stand-in for a CUDA graph in CPU tests: ``replay()`` runs the captured function again on the static inputs,
-into the static outputs (the library itself never captures on a CPU; the ``cuda`` tests run the real graphs)."""
+into the static outputs (the library itself never captures on a CPU; the ``cuda`` tests run the real graphs).
+
+A CUDA graph replays kernels only: whatever the function changes on the host (a cache layer's length counted in a
+Python int) is not changed by a replay. The stand-in puts such state back after each recomputation, so that a test
+sees what a graph would leave, and the library's own bookkeeping of that state (advancing the counts after a
+replay) is what moves it."""
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from torch.utils import _pytree as pytree
@@ -10,17 +17,46 @@ from launchless.core.capture import CapturedGraph, CaptureFailed, _static_like
 from launchless.core.status import Stage
 
 
+def _host_holders(fn) -> list:
+    """The objects the captured function reaches through its closure whose Python attributes a step may change: a
+    decode step's cache and its layers."""
+    held = [_contents(cell) for cell in getattr(fn, "__closure__", None) or ()]
+    found = [x for x in held if hasattr(x, "layers") and isinstance(x.layers, list)]
+    return [*found, *(layer for cache in found for layer in cache.layers)]
+
+
+def _contents(cell) -> object:
+    try:
+        return cell.cell_contents
+    except ValueError:  # a cell not yet assigned
+        return None
+
+
+def _host_values(holder) -> dict:
+    """``holder``'s attributes that hold no tensor (lengths, flags), copied."""
+    return {
+        name: copy.copy(value)
+        for name, value in vars(holder).items()
+        if not any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(value))
+    }
+
+
 class RecomputingGraph:
-    """replay() runs the captured function again on the static inputs, into the static outputs."""
+    """replay() runs the captured function again on the static inputs, into the static outputs, and leaves the host
+    state it changed as it was (as a CUDA graph's replay does)."""
 
     def __init__(self, fn, flat, static_leaves: list, static_outputs) -> None:
         self.fn, self.flat, self.static_leaves, self.static_outputs = fn, flat, static_leaves, static_outputs
+        self.holders = _host_holders(fn)
 
     def replay(self) -> None:
+        kept = [(holder, _host_values(holder)) for holder in self.holders]
         args, kwargs = self.flat.rebuild(self.static_leaves)
         fresh = self.fn(*args, **kwargs)
         for dst, src in zip(pytree.tree_leaves(self.static_outputs), pytree.tree_leaves(fresh), strict=True):
             dst.copy_(src)
+        for holder, values in kept:
+            vars(holder).update(values)
 
 
 def recorded_capture(captures: list):

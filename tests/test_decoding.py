@@ -1257,3 +1257,18 @@ def test_a_decode_step_whose_blocker_cannot_be_named_is_refused_in_one_line(monk
     assert refusal.startswith("host sync at ")
     assert "test_decoding.py" in refusal  # where the error was raised: the line a user would look at
     assert refusal.endswith("PyTorch said: CUDA error: operation not permitted when stream is capturing")
+
+
+def test_where_a_sequence_parts_is_named_per_row_for_one_and_for_several_codebooks() -> None:
+    """A multi-codebook decoder's generate() returns a row of ids per codebook (batch x codebooks x length); the
+    proof once raised reading where such sequences part."""
+    from launchless.runtime.call_classes import parting
+
+    expected = torch.zeros(2, 4, 10, dtype=torch.long)
+    got = expected.clone()
+    got[1, 2, 7] = 5
+    got[1, 0, 9] = 5
+    assert parting(expected, got, start=4) == "row 1 at new token 4 (of 6)"
+    assert parting(expected[:, 0], got[:, 0], start=4) == "row 1 at new token 6 (of 6)"
+    assert parting(expected, expected.clone(), start=4) == ""
+    assert parting(expected, got[..., :8], start=4) == "it decoded 4 new tokens, generate() 6"

@@ -139,14 +139,17 @@ def parting(expected: torch.Tensor, got: torch.Tensor, *, start: int) -> str:
     """Where the host-ahead loop's sequences part from ``generate()``'s own (``start``: the prompt's length);
     empty where they are the same. Read on the host: once per class."""
     if got.shape != expected.shape:
-        return f"it decoded {got.shape[1] - start} new tokens, generate() {expected.shape[1] - start}"
+        return f"it decoded {got.shape[-1] - start} new tokens, generate() {expected.shape[-1] - start}"
     differ = (got != expected).cpu()
+    # a sequence over several audio codebooks is a row of ids per codebook (batch x codebooks x length): it differs
+    # at a token where any of its rows does
+    differ = differ.reshape(differ.shape[0], -1, differ.shape[-1]).any(dim=1)
     rows = [int(r) for r in differ.any(dim=1).nonzero().flatten()]
     if not rows:
         return ""
-    steps = [int(differ[r].nonzero()[0]) - start + 1 for r in rows]
+    steps = [int(differ[r].nonzero()[0, 0]) - start + 1 for r in rows]
     where = ", ".join(f"row {r} at new token {s}" for r, s in zip(rows, steps, strict=True))
-    return f"{where} (of {expected.shape[1] - start})"
+    return f"{where} (of {expected.shape[-1] - start})"
 
 
 def sequences(output: Any) -> torch.Tensor:

@@ -1,0 +1,96 @@
+"""The decode loop over transformers' whole causal-LM list, on the CPU: every architecture of
+``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` that builds, shrunk, decoded through decode graphs against ``model.generate()``
+on the harness's four requests (greedy batch 1 under both grad modes, greedy batch 4 left-padded in bfloat16, sampling
+under a seed in float32), fresh prompts on every call.
+
+The graphs are the recomputing stand-in (``recomputing_graph``), which like a CUDA graph leaves the host state a step
+changes alone on replay, so what is checked here is the loop, the static cache, the routing of the step's inputs and
+the per-class proofs -- on whatever transformers release is installed, so that a release that changes generate() in a
+way the loop does not follow fails here before it fails a user. The GPU's graphs are the ``cuda`` differential's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from recomputing_graph import recorded_capture  # noqa: E402
+
+import launchless.runtime.decode_steps as decode_steps  # noqa: E402
+from launchless.apps.differential import generate  # noqa: E402
+from launchless.apps.differential.candidate import Candidate, Library, NotInLibraryError  # noqa: E402
+from launchless.apps.differential.population import candidates  # noqa: E402
+from launchless.apps.differential.runner import grad_mode, one_line  # noqa: E402
+from launchless.runtime.decode_graphs import DecodeGraphs  # noqa: E402
+
+CALLS = 2  # per request: the first proves its class (both loops), the second decodes in the host-ahead loop
+
+try:
+    CAUSAL = candidates(Library.TRANSFORMERS_CAUSAL)
+except ImportError:  # an older transformers without the list's modules: the harness's own tests say so
+    CAUSAL = []
+
+
+@pytest.fixture
+def on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The requests move prompts with ``.cuda()``: they stay on the CPU; steps are captured by the stand-in; one
+    thread (bfloat16 kernels of models this small decode fastest so on a shared machine)."""
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _decode_graphs(model: torch.nn.Module) -> DecodeGraphs:
+    steps = decode_steps.DecodeSteps(
+        model,
+        name=type(model).__name__,
+        explicit=False,
+        capture_after=2,
+        max_graphs=4,
+        warmup=3,
+        verify="on",
+        tolerance_ulps=64.0,
+    )
+    return DecodeGraphs(steps=steps)
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("candidate", CAUSAL, ids=[c.name for c in CAUSAL])
+def test_every_causal_lm_decodes_through_graphs_with_the_tokens_of_generate(candidate: Candidate, on_cpu) -> None:
+    try:
+        built = candidate.build("cpu")
+    except NotInLibraryError as exc:
+        pytest.skip(f"does not build in the library itself: {exc}")
+    failed: list[str] = []
+    decoded = 0
+    for entry, mode in generate.REQUESTS:
+        model, requests = generate._requests(built, entry)
+        graphs = _decode_graphs(model)
+        prompts = torch.Generator().manual_seed(0)
+        with grad_mode(mode):
+            for call in range(CALLS):
+                request = requests(prompts)
+                try:
+                    wants, _ = generate._references(model, request, seed=call)
+                except Exception as exc:  # model.generate() itself raises on this request: nothing to compare
+                    failed.append(f"{entry.value}: eager generate() raises {one_line(exc)}")
+                    break
+                torch.manual_seed(call)
+                got = graphs.generate(model, (), dict(request))  # raising here, where generate() works, fails
+                assert any(got.shape == want.shape and torch.equal(got, want) for want in wants), (
+                    f"{entry.value} under {mode.value}, call {call}: tokens differ from model.generate(); "
+                    f"{_why(graphs.info())}"
+                )
+                decoded += 1
+    if not decoded:
+        pytest.skip("; ".join(failed))
+
+
+def _why(info: dict[str, Any]) -> str:
+    return f"classes {info.get('classes')}, eager {info.get('generations_eager')}, steps {info.get('steps_eager')}"
