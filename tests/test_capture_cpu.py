@@ -388,3 +388,7 @@ def test_written_inputs_are_refused_without_write_back_or_where_they_share_memor
         _written_slots([a, a[1:]], [0, 1], [0, 0], [1, 0], write_back=True)
     empty = torch.empty(0)
     assert _written_slots([empty, torch.empty(0)], [0, 1], [0, 0], [1, 0], write_back=True) == (0,)
+    # a CPU tensor given to a GPU graph: the graph would write it once, at capture, never on replay
+    with pytest.raises(CaptureFailed, match="writes in place into a CPU tensor"):
+        _written_slots([a, b], [0, 1], [0, 0], [0, 1], write_back=True, host=frozenset({1}))
+    assert _written_slots([a, b], [0, 1], [0, 0], [1, 0], write_back=True, host=frozenset({1})) == (0,)

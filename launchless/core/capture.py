@@ -248,13 +248,25 @@ def _storage(t: torch.Tensor) -> tuple[torch.device, int]:
 
 
 def _written_slots(
-    leaves: list, slots: list[int], before: list[int], after: list[int], write_back: bool
+    leaves: list,
+    slots: list[int],
+    before: list[int],
+    after: list[int],
+    write_back: bool,
+    host: frozenset[int] = frozenset(),
 ) -> tuple[int, ...]:
     """The inputs the warm-up wrote in place (their static copies' versions moved), where the graph can write them
-    back; raises ``CaptureFailed`` where it cannot."""
+    back; raises ``CaptureFailed`` where it cannot. ``host``: the slots of CPU tensors passed to a GPU graph."""
     written = tuple(i for i, old, new in zip(slots, before, after, strict=True) if old != new)
     if not written:
         return written
+    if any(i in host for i in written):
+        raise CaptureFailed(
+            Stage.INPUT_MUTATION,
+            None,
+            "the forward writes in place into a CPU tensor it was given; a graph replays GPU work only, so the "
+            "write would happen once, at capture. Pass the tensor on the GPU, or avoid the in-place op",
+        )
     if not write_back:
         raise CaptureFailed(
             Stage.INPUT_MUTATION,
@@ -335,7 +347,9 @@ def capture(
                     raise CaptureFailed(Stage.WARM_UP, exc, f"the forward failed during warm-up: {exc}") from exc
             groups = trace.groups if isinstance(trace, CollectiveTrace) else []
             try:
-                written = _written_slots(flat.leaves, slots, before, _versions(static_leaves, slots), write_back)
+                host = frozenset(i for i in slots if flat.leaves[i].device.type == "cpu" and device.type != "cpu")
+                after = _versions(static_leaves, slots)
+                written = _written_slots(flat.leaves, slots, before, after, write_back, host)
                 torch.cuda.synchronize(device)
                 reserved = torch.cuda.memory_reserved(device)
                 generator = torch.cuda.default_generators[device.index if device.index is not None else 0]
@@ -355,7 +369,6 @@ def capture(
         capture_ms = (time.perf_counter() - start) * 1e3
         _check_outputs(outputs)
         growth = torch.cuda.memory_reserved(device) - reserved
-        host = frozenset(i for i in slots if flat.leaves[i].device.type == "cpu" and device.type != "cpu")
         captured = CapturedGraph(
             graph, static_leaves, slots, outputs, capture_ms, growth, torch.cuda.current_device(), host_slots=host
         )

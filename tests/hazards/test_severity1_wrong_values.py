@@ -315,6 +315,34 @@ def test_a_written_input_that_shares_memory_with_another_input_is_refused(grad_m
     assert graph_count(m) == 0 and m.graph_info()["fallbacks"], m.graph_info()
 
 
+class CountsOnAHostTensor(nn.Module):
+    """Adds one to a CPU counter it is given, in place, and offsets its output by the count: a GPU graph would add
+    it once, at capture."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        count.add_(1)
+        return self.lin(x) + count.to(x.device, non_blocking=False)
+
+
+@cuda
+def test_a_forward_writing_a_cpu_tensor_it_was_given_is_refused_and_auto_counts_as_eager(grad_mode) -> None:
+    model = CountsOnAHostTensor().cuda().eval()
+    twin = copy.deepcopy(model)
+    with grad_mode(), pytest.raises(ll.CaptureError, match="writes in place into a CPU tensor"):
+        ll.wrap(model, cuda_graph=True)(torch.randn(4, 64, device="cuda"), torch.zeros(1))
+    m = ll.wrap(model, cuda_graph="auto", capture_after=1)
+    count, count_twin = torch.zeros(1), torch.zeros(1)
+    with grad_mode():
+        for i in range(4):
+            x = torch.randn(4, 64, device="cuda")
+            assert_bit_identical(m(x, count), twin(x.clone(), count_twin), f"output of call {i}")
+            assert torch.equal(count, count_twin), (i, count, count_twin)  # eager's count, once a call
+
+
 class SlowlyWritesItsInput(WritesOneReadsTheOther):
     """Waits on the GPU before writing its input: a busy GPU, where warm-up kernels on the side stream are still
     queued when the capture is refused (the written input shares memory with the other)."""
