@@ -17,6 +17,10 @@ from launchless.core import compiled_programs, compiler_process
 from launchless.core.compiled_programs import JobState, cache_dir, compile_in_background, program_key
 
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="Inductor's CPU kernels need a C++ compiler")
+saves_training = pytest.mark.skipif(
+    not compiled_programs.saves_training_programs(),
+    reason="this torch cannot compile a training program's backward with its forward (the job is refused at once)",
+)
 COMPILE_S = 600  # a cold Inductor compile on two CPU cores
 
 
@@ -137,6 +141,10 @@ def test_a_program_on_disk_that_cannot_be_read_fails_its_job_saying_so(tmp_path)
 
 
 @needs_compiler
+@pytest.mark.skipif(
+    torch.torch_version.TorchVersion(torch.__version__) < (2, 10),
+    reason="Inductor's C++ kernels of torch 2.9 reject emulated precision casts (CppVecOverrides.to_dtype raises)",
+)
 def test_a_program_with_eager_numerics_rounds_as_eager_does_and_is_another_program(tmp_path) -> None:
     torch.manual_seed(0)
     model = RoundingChain().eval()
@@ -313,6 +321,7 @@ class Dropping(nn.Module):
 
 
 @needs_compiler
+@saves_training
 def test_a_training_program_is_differentiated_by_autograd_and_updates_the_running_statistics(tmp_path) -> None:
     """A training program: Inductor's forward and backward, called through autograd as the model is; its gradients
     and the batch norm's running statistics (updated in place in the model's own buffers) as eager's, within
@@ -477,3 +486,17 @@ def test_a_tensor_held_outside_the_models_parameters_and_buffers_fails_the_compi
     assert job.wait(COMPILE_S) is JobState.FAILED
     assert "reads a tensor held outside the model's parameters and buffers" in job.reason, job.reason
     assert not job.program.exists()
+
+
+def test_a_training_program_this_torch_cannot_save_fails_at_once_saying_why(tmp_path, monkeypatch) -> None:
+    """A torch whose AOTAutograd lowers the backward only at the first ``backward()`` (2.9) saves a training program
+    without it, and the save fails inside the compiler process with an assertion that names nothing: no process is
+    started, and the job says why."""
+    monkeypatch.setattr(compiled_programs, "saves_training_programs", lambda: False)
+    started = []
+    monkeypatch.setattr(compiled_programs, "_start_compiler", lambda arguments: started.append(arguments))
+    model = Net(width=6).train()
+    job = compile_in_background(model, (torch.randn(2, 3, 8, 8),), signature="s", training=True, directory=tmp_path)
+    assert job.done and job.wait(0) is JobState.FAILED and not started
+    assert f"this torch ({torch.__version__}) cannot compile a training program's backward" in job.reason
+    assert "keeps eager's kernels" in job.reason

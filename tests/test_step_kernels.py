@@ -12,10 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from launchless.core.compiled_programs import JobState, compile_in_background
+from launchless.core.compiled_programs import JobState, compile_in_background, saves_training_programs
 from launchless.train.compiled_kernels import ModelCall, forward_replaced, recorded_call, training_accuracy
 
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="Inductor's CPU kernels need a C++ compiler")
+saves_training = pytest.mark.skipif(
+    not saves_training_programs(), reason="this torch cannot compile a training program's backward with its forward"
+)
 COMPILE_S = 600
 
 
@@ -57,6 +60,7 @@ def test_the_forward_is_replaced_inside_the_block_only() -> None:
 
 
 @needs_compiler
+@saves_training
 def test_a_training_program_is_proven_on_outputs_gradients_and_statistics_and_a_skewed_one_is_not(tmp_path) -> None:
     torch.manual_seed(0)
     model = Net().train()
@@ -105,6 +109,7 @@ def test_graphed_step_takes_the_kernels_option_and_a_cpu_run_says_it_trains_eage
     assert info["level"] == "eager" and info["compiled_kernels"] == []  # nothing captured: nothing compiled
 
 
+@saves_training  # its second signature's compile must be in flight to be cancelled
 def test_a_step_that_cannot_use_a_program_keeps_eager_kernels_saying_why_and_nothing_is_compiled(tmp_path, monkeypatch):
     from launchless.core.signature import flatten_inputs, signature_of
     from launchless.train.compiled_kernels import StepKernels

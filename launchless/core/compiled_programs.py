@@ -325,6 +325,10 @@ def compile_in_background(
     key = program_key(model, signature + kind)
     device = next((t.device for t in [*model.parameters(), *model.buffers()] if t.is_cuda), None)
     job = CompileJob(key, (directory or cache_dir()) / f"{key}.bin", device)
+    if training and job.state is JobState.COMPILING and not saves_training_programs():
+        job.state, job.reason = JobState.FAILED, TRAINING_PROGRAMS_UNSAVED.format(version=torch.__version__)
+        job._done.set()
+        return job
     if job.state is JobState.READY:  # read into memory beside the calls, as a compiled one is
         threading.Thread(target=job._read_program, name=f"launchless-read-{key[:8]}", daemon=True).start()
         return job
@@ -337,6 +341,21 @@ def compile_in_background(
     )
     worker.start()
     return job
+
+
+TRAINING_PROGRAMS_UNSAVED = (
+    "this torch ({version}) cannot compile a training program's backward together with its forward, which a program "
+    "kept on disk needs (Inductor's force_non_lazy_backward_lowering, in newer torch releases): the step keeps "
+    "eager's kernels"
+)
+
+
+def saves_training_programs() -> bool:
+    """Whether this torch can compile a training program's backward with its forward (AOTAutograd lowers it at the
+    first ``backward()`` otherwise, after the program was saved without it; ``compiler_process``)."""
+    import torch._functorch.config as config
+
+    return hasattr(config, "force_non_lazy_backward_lowering")
 
 
 @atexit.register

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from .compiled_programs import SENT, SPARE, _attribute, constants_of, plan_of
+from .compiled_programs import SENT, SPARE, _attribute, constants_of, plan_of, saves_training_programs
 
 
 class _Lines:
@@ -144,10 +144,11 @@ def _holds(model: torch.nn.Module, spec: Any) -> bool:
 def _backward_compiled_now(training: bool) -> Any:
     """A training program's backward compiled with its forward: AOTAutograd lowers the backward at the first
     ``backward()`` otherwise, after ``standalone_compile`` has collected what it saves -- a program without its
-    backward cannot be saved (newer PyTorch sets this itself; older ones leave the option off)."""
+    backward cannot be saved (newer PyTorch sets this itself; older ones leave the option off; a torch without it
+    gets no training job: ``saves_training_programs``)."""
     import torch._functorch.config as config
 
-    if not training or not hasattr(config, "force_non_lazy_backward_lowering"):
+    if not training or not saves_training_programs():
         return contextlib.nullcontext()
     return config.patch(force_non_lazy_backward_lowering=True)
 
