@@ -345,7 +345,7 @@ def compile_in_background(
 
 TRAINING_PROGRAMS_UNSAVED = (
     "this torch ({version}) cannot compile a training program's backward together with its forward, which a program "
-    "kept on disk needs (Inductor's force_non_lazy_backward_lowering, in newer torch releases): the step keeps "
+    "kept on disk needs (AOTAutograd's force_non_lazy_backward_lowering, torch 2.10 and newer): the step keeps "
     "eager's kernels"
 )
 
