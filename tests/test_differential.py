@@ -1173,3 +1173,29 @@ def test_where_no_layout_is_accepted_one_warning_names_each_layouts_failure(monk
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("Refuses: no input layout runs its eager forward: ") and line.count("cannot take") == 2, line
     assert "time_major=True, mels=160: RuntimeError: cannot take 160 values" in line, line
+
+
+def test_greedy_decoding_is_timed_under_both_grad_modes_and_a_line_of_one_is_timed_again(monkeypatch, tmp_path) -> None:
+    """The correctness rows decode greedily under no_grad and inference_mode, with graphs of each: the timing pass
+    times both, and resumed for decoding it runs again a model whose line has decoding under one grad mode only --
+    but not a model it already ran for decoding that had nothing to decode (no generate())."""
+    from types import SimpleNamespace
+
+    from launchless.apps.differential import timing
+
+    ran: list[GradMode] = []
+    monkeypatch.setattr(timing, "_decode_timing", lambda c, b, mode, seed: ran.append(mode) or {})
+    model = SimpleNamespace(model=SimpleNamespace(generate=None))
+    candidate = Candidate(Library.TRANSFORMERS_CAUSAL, "lm", "causal-lm", lambda device: model)
+    timing.model_timings(candidate, model, 0, entries=frozenset({Entry.GENERATE_GREEDY_B1}))
+    assert ran == [GradMode.NO_GRAD, GradMode.INFERENCE_MODE]
+    decode = {"entry": "generate-greedy-b1", "speedup": 2.0}
+    lines = [
+        {"key": "one", "library": "transformers-causal", "timings": [{**decode, "grad_mode": "inference_mode"}]},
+        {"key": "both", "library": "transformers-causal", "timings": [{**decode, "grad_mode": m} for m in GradMode]},
+        {"key": "none", "library": "transformers-causal", "timings": [], "entries": ["generate-greedy-b1"]},
+    ]
+    (tmp_path / "rows-transformers-causal-timing-1.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    done = report.timed_models([tmp_path], entries=["generate-greedy-b1"])
+    assert done == {("transformers-causal", "both"), ("transformers-causal", "none")}
+    assert report.timed_models([tmp_path]) == {("transformers-causal", k) for k in ("one", "both", "none")}

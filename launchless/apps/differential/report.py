@@ -14,7 +14,7 @@ from typing import Any
 
 from ..workers import read_rows
 from .generate import WAITING
-from .rows import BROKEN, SEVERITY, VERIFIED, Entry, Result, Status
+from .rows import BROKEN, SEVERITY, VERIFIED, Entry, GradMode, Result, Status
 
 SLOWER_LIMIT = 0.97  # a speed-up below this is slower than eager by more than 3 %
 ACCELERATED_SHARE = 0.95
@@ -99,7 +99,17 @@ def timed_models(directories: list[str | Path], *, entries: list[str] | None = N
             for key, line in timings.items()
             if line["timings"] or not str(line.get("error") or "").startswith(_ENVIRONMENT_ERROR)
         }
-    return {key for key, line in timings.items() if set(entries) <= {t["entry"] for t in line["timings"]}}
+    return {key for key, line in timings.items() if set(entries) <= set(line.get("entries") or ()) | _covered(line)}
+
+
+def _covered(line: dict[str, Any]) -> set[str]:
+    """The entry points a model's timings cover: a forward entry timed at all, greedy decoding under every grad mode
+    (a line of a pass that timed it under one grad mode only is timed again)."""
+    modes: dict[str, set[str]] = {}
+    for t in line["timings"]:
+        modes.setdefault(t["entry"], set()).add(t["grad_mode"])
+    everywhere = {mode.value for mode in GradMode}
+    return {entry for entry, seen in modes.items() if entry != Entry.GENERATE_GREEDY_B1.value or seen >= everywhere}
 
 
 def apply_timings(rows: list[dict[str, Any]], timings: dict[tuple[str, str], dict[str, Any]]) -> list[dict[str, Any]]:

@@ -34,9 +34,12 @@ TIMED: tuple[tuple[Entry, GradMode], ...] = (
     (Entry.WRAP_AUTO, GradMode.NO_GRAD),
     (Entry.WRAP_AUTO, GradMode.INFERENCE_MODE),
 )
-DECODE_TIMED = (Entry.GENERATE_GREEDY_B1, GradMode.INFERENCE_MODE)
+# greedy batch-1 decoding, timed under both grad modes as the correctness rows run it (graphs captured under one grad
+# mode are not the other's)
+DECODE_TIMED: tuple[tuple[Entry, GradMode], ...] = tuple((Entry.GENERATE_GREEDY_B1, mode) for mode in GradMode)
+DECODE_ENTRY = Entry.GENERATE_GREEDY_B1
 FORWARD = (Entry.WRAP_AUTO, Entry.WRAP_TRUE, Entry.COMPILE)
-TIMABLE = (*FORWARD, DECODE_TIMED[0])  # the entry points the timing pass can run again alone
+TIMABLE = (*FORWARD, DECODE_ENTRY)  # the entry points the timing pass can run again alone
 ROUNDS = 9
 PER_ROUND = 3
 # the timing pass's calls draw other inputs than the correctness run's (its seed and the next CALLS ones)
@@ -74,10 +77,10 @@ def model_timings(
         forward, decode = list(TIMED), True
     else:
         forward = [(entry, mode) for entry in Entry if entry in entries and entry in FORWARD for mode in GradMode]
-        decode = DECODE_TIMED[0] in entries
+        decode = DECODE_ENTRY in entries
     timings = [_forward_timing(candidate, built, entry, mode, seed) for entry, mode in forward]
     if decode and candidate.library is Library.TRANSFORMERS_CAUSAL and hasattr(built.model, "generate"):
-        timings.append(_decode_timing(candidate, built, seed))
+        timings += [_decode_timing(candidate, built, mode, seed) for _, mode in DECODE_TIMED]
     return timings
 
 
@@ -128,10 +131,10 @@ def _reading(
     }
 
 
-def _decode_timing(candidate: Candidate, built: Any, seed: int) -> dict[str, Any]:
+def _decode_timing(candidate: Candidate, built: Any, mode: GradMode, seed: int) -> dict[str, Any]:
     from .generate import generate_row
 
-    entry, mode = DECODE_TIMED
+    entry = DECODE_ENTRY
     reading = functools.partial(measured, waited_only=True)  # a generation waits for its tokens
     return _timing_of(generate_row(candidate, built, entry, mode, seed + TIMING_SEED, measure=reading))
 
@@ -139,10 +142,12 @@ def _decode_timing(candidate: Candidate, built: Any, seed: int) -> dict[str, Any
 def timing_line(
     candidate: Candidate, built: Any, seed: int, *, entries: frozenset[Entry] | None = None
 ) -> dict[str, Any]:
-    """The line a timing worker writes for ``candidate``."""
+    """The line a timing worker writes for ``candidate``, with the entry points the pass was asked for (``None``: all
+    it times), so that a resumed pass knows the model done even where it had nothing of them to time."""
     return {
         "key": candidate.name,
         "library": candidate.library.value,
+        "entries": None if entries is None else sorted(entry.value for entry in entries),
         "timings": model_timings(candidate, built, seed, entries=entries),
         "finished_at": time.time(),
         "gpu": gpu_name(),
