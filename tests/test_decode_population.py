@@ -6,7 +6,9 @@ under a seed in float32), fresh prompts on every call.
 The graphs are the recomputing stand-in (``recomputing_graph``), which like a CUDA graph leaves the host state a step
 changes alone on replay, so what is checked here is the loop, the static cache, the routing of the step's inputs and
 the per-class proofs -- on whatever transformers release is installed, so that a release that changes generate() in a
-way the loop does not follow fails here before it fails a user. The GPU's graphs are the ``cuda`` differential's."""
+way the loop does not follow fails here before it fails a user. A request that decodes without replaying a single
+step must name why in ``graph_info()["decode"]``: no fallback is silent. The GPU's graphs are the ``cuda``
+differential's."""
 
 from __future__ import annotations
 
@@ -71,6 +73,7 @@ def test_every_causal_lm_decodes_through_graphs_with_the_tokens_of_generate(cand
     failed: list[str] = []
     decoded = 0
     for entry, mode in generate.REQUESTS:
+        decoded_before = decoded
         model, requests = generate._requests(built, entry)
         graphs = _decode_graphs(model)
         prompts = torch.Generator().manual_seed(0)
@@ -89,8 +92,19 @@ def test_every_causal_lm_decodes_through_graphs_with_the_tokens_of_generate(cand
                     f"{_why(graphs.info())}"
                 )
                 decoded += 1
+        if decoded > decoded_before:  # eager generate() itself may raise on a request: then nothing decoded
+            _assert_a_fallback_names_its_reason(graphs.info(), f"{entry.value} under {mode.value}")
     if not decoded:
         pytest.skip("; ".join(failed))
+
+
+def _assert_a_fallback_names_its_reason(info: dict[str, Any], request: str) -> None:
+    """A request whose generations decoded without replaying a single decode step must say why in
+    ``graph_info()["decode"]``: a generation sent through ``generate()`` as called, or a step run eager, by reason."""
+    if not info["steps_replayed"]:
+        assert info["generations_eager"] or info["steps_eager"], (
+            f"{request}: no decode step replayed, and no reason was recorded; {_why(info)}"
+        )
 
 
 def _why(info: dict[str, Any]) -> str:

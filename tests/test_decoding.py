@@ -1029,6 +1029,93 @@ def test_a_class_none_of_whose_steps_can_be_captured_goes_through_generate_as_ca
     assert sum(info["generations_eager"].values()) == (3 if vouches else 2), info
 
 
+def tiny_rwkv() -> tuple[torch.nn.Module, dict]:
+    """A tiny RWKV: a recurrent causal LM whose forward takes no cache argument (its state goes as ``state``)."""
+    config = transformers.RwkvConfig(
+        vocab_size=100,
+        hidden_size=32,
+        attention_hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        context_length=64,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+    torch.manual_seed(0)
+    model = transformers.RwkvForCausalLM(config).eval()
+    ids = torch.randint(0, 100, (1, 5), generator=torch.Generator().manual_seed(1))
+    return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": NEW_TOKENS}
+
+
+def test_a_model_whose_steps_keep_their_own_state_goes_through_generate_as_called_naming_why(
+    monkeypatch, caplog
+) -> None:
+    """RWKV's decode steps carry their own state (``state``) and never run on the static cache: each is refused with
+    that reason (its forward and source line) in ``steps_eager``, and its class goes through generate() as called,
+    named in ``classes`` and ``generations_eager``, with one line (INFO: nothing the caller can change), not one per
+    call. Its tokens are generate()'s own."""
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
+    model, request = tiny_rwkv()
+    graphs = decode_graphs(model)
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="launchless"):
+        for seed in range(4):
+            call = fresh(request, seed)
+            assert torch.equal(graphs.generate(model, (), dict(call)), model.generate(**call)), seed
+    info = graphs.info()
+    said = f"{static_cache.OffCache.NO_CACHE_ARGUMENT}: RwkvForCausalLM.forward at modeling_rwkv.py:"
+    assert info["steps_replayed"] == 0 and info["generate_calls"] == 1, info  # the first call proves the cache
+    (step_reason,) = info["steps_eager"]
+    keyword = static_cache.cache_keyword(model)
+    assert step_reason.startswith(said), step_reason
+    assert step_reason.endswith(f"takes no `{keyword}` and carries its own state in `state`"), step_reason
+    assert [(c["proof"], step_reason in c["reason"]) for c in info["classes"]] == [("fell back", True)], info
+    (reason,) = info["generations_eager"]
+    assert step_reason in reason and info["generations_eager"][reason] == 2, info  # the third and fourth calls
+    lines = [r for r in caplog.records if step_reason in r.getMessage()]
+    assert [r.levelno for r in lines] == [logging.INFO], [r.getMessage() for r in caplog.records]
+
+
+def test_cuda_graph_true_raises_for_a_step_that_keeps_its_own_state(monkeypatch) -> None:
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
+    model, request = tiny_rwkv()
+    graphs = decode_graphs(model, explicit=True)
+    with torch.no_grad():
+        graphs.generate(model, (), dict(fresh(request, 0)))  # the static cache proven against generate() as called
+        with pytest.raises(CaptureError, match="a decode step is not replayed as a graph") as raised:
+            graphs.generate(model, (), dict(fresh(request, 1)))
+    assert raised.value.reason.startswith(static_cache.OffCache.NO_CACHE_ARGUMENT.value)
+
+
+class TakesTheCache(torch.nn.Module):
+    def forward(self, input_ids, cache=None): ...
+
+
+class KeepsItsState(torch.nn.Module):
+    def forward(self, input_ids, mems=None, **kwargs): ...
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "kwargs", "says"),
+    [
+        (TakesTheCache(), (), {"cache": "ours"}, None),
+        (TakesTheCache(), (torch.zeros(1, 1),), {"cache": "ours"}, "TakesTheCache.forward at test_decoding.py:"),
+        (TakesTheCache(), (), {"cache": None}, "TakesTheCache.forward at test_decoding.py:"),
+        # the static cache reaches its **kwargs under another name than the one the model takes a cache by
+        (KeepsItsState(), (), {"mems": (torch.zeros(1),), "past_key_values": "ours"}, "takes no `cache` and carries"),
+    ],
+    ids=["on the cache", "by position", "not handed", "own state"],
+)
+def test_a_decode_step_off_the_static_cache_says_why(module, args: tuple, kwargs: dict, says: str | None) -> None:
+    """Every step that does not run on the static cache is named by its ``OffCache`` kind, the forward and the
+    source line defining it; a step on the cache is not."""
+    why = static_cache.off_cache(module.forward, "ours", "cache", args, kwargs)
+    if says is None:
+        assert why == ""
+        return
+    assert says in why, why
+    assert sum(why.startswith(f"{kind}: ") for kind in static_cache.OffCache) == 1, why
+
+
 def test_a_class_whose_loop_parts_keeps_to_generates_own_loop_with_one_warning(monkeypatch, caplog) -> None:
     """A loop that parts from generate()'s own loop (here: it feeds row 1 a wrong token from the fourth step) is
     caught at the class's first call: the caller gets generate()'s tokens, one WARNING says where it parted, and the

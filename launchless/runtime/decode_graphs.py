@@ -31,7 +31,9 @@ on the same memory, so one graph replays them all. ``wrap(model).generate(...)``
    and generator state alike: later calls of the class decode through graphs; else one WARNING says where they
    parted, and the class goes through ``generate()`` as called from then on;
 7. sends a class of calls none of whose decode steps can be a graph (each refused, named by its operation and
-   source line) through ``generate()`` as called from its next call: eager steps on a static cache cost more.
+   source line, or by why it does not run on the static cache: a forward that takes no cache argument and carries
+   its own state, RWKV's ``state``, XLNet's ``mems``) through ``generate()`` as called from its next call, with one
+   line: eager steps on a static cache cost more.
 
 Decoding goes through ``model.generate()`` as called (the model's own cache, nothing of ours per step), with one
 WARNING naming why, for a static cache whose layers a graph cannot replay (``cache_layers``: a dynamic attention
@@ -318,9 +320,10 @@ class DecodeGraphs:
         )
 
     def _nothing_replays(self, kind: CallClass) -> None:
-        """A generation whose decode steps all ran eager, their graph refused for good: eager steps on a static cache
-        (attention over its whole masked length) cost more than ``generate()`` as called, so the class goes through
-        that from then on, said once."""
+        """A generation whose decode steps all ran eager, their graph refused for good (or the steps not run on the
+        static cache at all, ``static_cache.off_cache``): eager steps on a static cache (attention over its whole
+        masked length) cost more than ``generate()`` as called, so the class goes through that from then on, said
+        once, at INFO: nothing the caller can change."""
         reason = (
             f"no decode step replays as a graph ({self.steps.refusal}); eager steps on a static cache cost more than "
             "generate() as called"

@@ -35,7 +35,7 @@ from ..errors import CaptureError, one_line
 from ..options import KernelsMode
 from .cache_layers import CacheState, DevicePositions, HostCounters
 from .decode_kernels import DecodeKernels, other_tokens_probe
-from .static_cache import cache_slots, cache_tensors, host_state
+from .static_cache import cache_slots, cache_tensors, host_state, off_cache
 
 
 @dataclasses.dataclass
@@ -130,11 +130,19 @@ class DecodeSteps:
     def step(
         self, forward: Callable[..., Any], cache: Any, keyword: str, first: bool, args: tuple, kwargs: dict[str, Any]
     ) -> Any:
-        """One forward of the routed model while ``generate()`` runs: the prompt's (``first``) and any not on
-        ``cache`` eager; a decode step replayed, captured, or eager with its reason counted."""
-        if first or args or kwargs.get(keyword) is not cache:
-            self.prefills += first
+        """One forward of the routed model while ``generate()`` runs: the prompt's (``first``) eager; a decode step
+        replayed, captured, or eager with its reason counted. A step that does not run on ``cache`` (``off_cache``:
+        a model that keeps its decoding state in inputs of its own) can never replay: it is refused with its reason,
+        so that ``DecodeGraphs`` sends its class through ``generate()`` as called, saying why."""
+        if first:
+            self.prefills += 1
             return forward(*args, **kwargs)  # the prompt's forward runs eager
+        elsewhere = off_cache(forward, cache, keyword, args, kwargs)
+        if elsewhere:
+            if self.explicit:
+                message = f"launchless: {self.name}: a decode step is not replayed as a graph: {elsewhere}"
+                raise CaptureError(message, reason=elsewhere)
+            return self._refused_step(elsewhere, forward, args, kwargs)
         ids = kwargs.get("input_ids")
         if ids is None or ids.dim() != 2 or ids.shape[1] != 1:
             return self._eager_step("a step of more than one token per sequence", forward, args, kwargs)

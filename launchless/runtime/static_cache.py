@@ -3,17 +3,21 @@
 transformers' ``StaticCache`` allocates keys and values for a fixed length up front and keeps the length written so
 far on the device: every decode step runs the same shapes on the same memory, which is what a graph replays. Here:
 the length a generation gets (a power of two, so that requests of similar lengths share a cache and a graph), the
-keyword the model takes its cache by, a new cache for a model, and the tensors and host-side state a cache holds (a
+keyword the model takes its cache by (and why a decode step does not run on the cache: a model that keeps its decoding
+state in inputs of its own), a new cache for a model, and the tensors and host-side state a cache holds (a
 graph reads and writes the former in place; a step that changed the latter could not be replayed).
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+
+from ..core.status import Label
 
 MIN_CACHE_LENGTH = 64
 
@@ -42,6 +46,52 @@ def cache_keyword(model: torch.nn.Module) -> str:
     if "cache_params" in parameters and "past_key_values" not in parameters:
         return "cache_params"
     return "past_key_values"
+
+
+class OffCache(Label):
+    """Why a decode step's forward does not run on the static cache ``generate()`` was handed: decode graphs capture
+    and replay steps on that cache's tensors only, so such a step runs eager."""
+
+    POSITIONAL = "the forward is called with positional arguments"  # a graph takes a step's inputs by keyword
+    NO_CACHE_ARGUMENT = "the forward takes no cache argument"  # the model keeps its decoding state in inputs of its own
+    NOT_HANDED = "the forward is not handed the static cache"  # it takes one, but the step passes another or none
+
+
+def off_cache(forward: Callable[..., Any], cache: Any, keyword: str, args: tuple, kwargs: Mapping[str, Any]) -> str:
+    """Why a decode step of ``forward`` does not run on ``cache`` (an ``OffCache`` and what the step shows of it:
+    the forward and where it is defined, the inputs that carry the model's own state); empty where it does."""
+    if not args and kwargs.get(keyword) is cache:
+        return ""
+    where = _defined_at(forward)
+    if args:
+        return f"{OffCache.POSITIONAL}: {where} gets {len(args)} of a decode step's inputs by position"
+    try:
+        takes = keyword in inspect.signature(forward).parameters
+    except (TypeError, ValueError):  # a forward without a signature: read as one that takes the keyword
+        takes = True
+    if takes:
+        handed = kwargs.get(keyword)
+        what = "none" if handed is None else f"a {type(handed).__name__}"
+        return f"{OffCache.NOT_HANDED}: {where} is handed {what} as `{keyword}` at a decode step"
+    own = [f"`{name}`" for name, value in kwargs.items() if value is not cache and _carries_state(value)]
+    carried = f" and carries its own state in {', '.join(own)}" if own else ""
+    return f"{OffCache.NO_CACHE_ARGUMENT}: {where} takes no `{keyword}`{carried}"
+
+
+def _carries_state(value: Any) -> bool:
+    """Whether a step's input looks like a model's own decoding state: a cache object, or tensors per layer."""
+    if hasattr(value, "get_seq_length"):  # transformers' cache interface
+        return True
+    return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(x, torch.Tensor) for x in _leaves(value))
+
+
+def _defined_at(forward: Callable[..., Any]) -> str:
+    """The forward's name and the source line that defines it (``RwkvForCausalLM.forward at modeling_rwkv.py:700``),
+    read from its code object (no file read); its bare name where it has none."""
+    function = inspect.unwrap(getattr(forward, "__func__", forward))
+    name = getattr(function, "__qualname__", None) or type(forward).__name__
+    code = getattr(function, "__code__", None)
+    return f"{name} at {os.path.basename(code.co_filename)}:{code.co_firstlineno}" if code is not None else name
 
 
 def static_cache_class() -> type | None:
