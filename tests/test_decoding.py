@@ -1069,6 +1069,7 @@ def test_a_model_whose_steps_keep_their_own_state_goes_through_generate_as_calle
     assert step_reason.startswith(said), step_reason
     assert step_reason.endswith(f"takes no `{keyword}` and carries its own state in `state`"), step_reason
     assert [(c["proof"], step_reason in c["reason"]) for c in info["classes"]] == [("fell back", True)], info
+    assert info["classes"][0]["reason"].startswith("no decode step runs on the static cache"), info
     (reason,) = info["generations_eager"]
     assert step_reason in reason and info["generations_eager"][reason] == 2, info  # the third and fourth calls
     lines = [r for r in caplog.records if step_reason in r.getMessage()]

@@ -80,7 +80,7 @@ from .decode_loop import decoding_method, device_generator, settings_of
 from .decode_steps import DecodeSteps
 from .generate_call import GenerateCall, by_keyword
 from .loop_proofs import LoopProofs
-from .static_cache import cache_keyword, given_cache, static_cache_class
+from .static_cache import OffCache, cache_keyword, given_cache, static_cache_class
 from .static_caches import StaticCaches
 from .step_routing import StepRouting
 
@@ -323,11 +323,16 @@ class DecodeGraphs:
         """A generation whose decode steps all ran eager, their graph refused for good (or the steps not run on the
         static cache at all, ``static_cache.off_cache``): eager steps on a static cache (attention over its whole
         masked length) cost more than ``generate()`` as called, so the class goes through that from then on, said
-        once, at INFO: nothing the caller can change."""
-        reason = (
-            f"no decode step replays as a graph ({self.steps.refusal}); eager steps on a static cache cost more than "
-            "generate() as called"
-        )
+        once, at INFO: nothing the caller can change. Steps that never ran on the static cache are said so: the
+        cache was of no use to them, and generate() as called decodes them with the model's own state."""
+        refusal = self.steps.refusal
+        if any(refusal.startswith(kind.value) for kind in OffCache):
+            reason = f"no decode step runs on the static cache ({refusal}); generate() as called decodes without it"
+        else:
+            reason = (
+                f"no decode step replays as a graph ({refusal}); eager steps on a static cache cost more than "
+                "generate() as called"
+            )
         self._loop.classes[kind] = ClassRecord(LoopProof.FELL_BACK, reason)
         self.steps.graphs.log_once(
             f"nothing-replays:{kind}",
