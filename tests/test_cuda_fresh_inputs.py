@@ -216,3 +216,29 @@ def test_deformable_detr_fed_fresh_images_returns_eagers_result(grad_mode: str) 
         for call in range(CALLS):
             pixels = real_looking_image(generator)[None]
             assert identical(fast(pixel_values=pixels), model(pixel_values=pixels)), f"call {call}"
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+def test_mask_rcnn_pastes_its_masks_through_the_rewrite_proven_on_the_gpu(grad_mode: str) -> None:
+    """Mask R-CNN's paste of each detection's mask waits for the GPU a dozen times a detection; inside the wrapped
+    call it reads the boxes once, proven bit-identical to torchvision's function on its first call on the GPU; every
+    fresh image's result is still the model's own."""
+    from launchless.runtime import library_rewrites
+
+    model = _detector("maskrcnn_resnet50_fpn")
+    fast = ll.wrap(model)
+    paste = library_rewrites.REWRITES[0]
+    calls_before = paste.calls
+    generator = torch.Generator().manual_seed(3)
+    pasted = 0
+    with GRAD_MODES[grad_mode]():
+        for call in range(4):
+            image = real_looking_image(generator)
+            expected = model([image])
+            got = fast([image])
+            assert identical(got, expected), call
+            pasted += len(expected[0]["masks"]) > 0
+    assert pasted, "no detection: nothing was pasted"
+    info = fast.graph_info()["library_rewrites"]["torchvision paste_masks_in_image"]
+    assert info["states"] == {"cuda torch.float32": "proven"}, info
+    assert paste.calls - calls_before == 4

@@ -355,8 +355,10 @@ def test_graph_info_structure() -> None:
         "decode",
         "memory_pool",
         "compiled_kernels",
+        "library_rewrites",
     }
     assert info["mode"] == "auto" and info["max_graphs"] == 5 and info["split"] is None
+    assert wrap(net().eval(), cuda_graph=False).graph_info()["library_rewrites"] == {}
     assert info["compiled_kernels"] is None  # kernels="eager"
     assert wrap(net().eval(), kernels="compiled").graph_info()["compiled_kernels"] == []
     assert info["batch_buckets"] is None and info["decode"] is None and info["memory_pool"] == "own"

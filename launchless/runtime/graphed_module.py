@@ -36,6 +36,7 @@ from ..core.signature import FlatInputs, Signature, UnhashableInput, flatten_inp
 from ..core.status import Admission
 from ..errors import ConfigError
 from ..options import KERNELS, KernelsMode, VerifyMode, check_choice, check_int, check_number, check_verify
+from . import library_rewrites
 from .batch_buckets import AUTO, BatchBucketing, BucketPlan
 from .capture_flow import CaptureFlow, graph_row
 from .compiled_kernels import CompiledKernels
@@ -58,7 +59,7 @@ ADDRESS_CHECKS = {
 }
 # process state: never copied or pickled
 _RUNTIME_STATE = frozenset(
-    {"_cache", "_watch", "_flow", "_fallbacks", "_model_split", "_bucketing", "_decode", "_compiled"}
+    {"_cache", "_watch", "_flow", "_fallbacks", "_model_split", "_bucketing", "_decode", "_compiled", "_rewrites"}
 )
 
 
@@ -169,6 +170,8 @@ class GraphedModule(ModelStandIn):
             else BatchBucketing(self.batch_buckets, name=self._name(), tolerance_ulps=self.tolerance_ulps)
         )
         self._decode: DecodeGraphs | None = None  # generate()'s decode steps, made at its first call
+        # library functions that wait for the GPU once per element, run inside this model's calls reading it once
+        self._rewrites = [] if self.cuda_graph is False else library_rewrites.install(self.model)
         self._compiled = (  # Inductor's programs compiled beside the calls, swapped in once proven
             CompiledKernels(
                 model=self.model, name=self._name(), cache=self._cache, warmup=self.warmup, verify=self.verify
@@ -212,6 +215,12 @@ class GraphedModule(ModelStandIn):
 
     # ---- the call -----------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._rewrites:  # the model's code calls a library function rewritten to wait for the GPU once
+            with library_rewrites.active():
+                return self._call(args, kwargs)
+        return self._call(args, kwargs)
+
+    def _call(self, args: tuple, kwargs: dict[str, Any]) -> Any:
         model: Any = self._modules["model"]  # not self.model: nn.Module.__getattr__ is slow on the replay path
         if self.cuda_graph is False:
             return model(*args, **kwargs)
@@ -394,6 +403,8 @@ class GraphedModule(ModelStandIn):
             "decode": None if self._decode is None else self._decode.info(),  # generate()'s decode steps
             # kernels="compiled": per signature, Inductor's program compiling, swapped in, or why eager's stay
             "compiled_kernels": None if self._compiled is None else self._compiled.info(lambda sig: sig.describe()),
+            # library functions run inside the calls rewritten to wait for the GPU once (proven on their first call)
+            "library_rewrites": library_rewrites.info(self._rewrites),
         }
 
 

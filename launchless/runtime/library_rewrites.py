@@ -1,0 +1,189 @@
+"""Library functions that stop at the host once per element, rewritten to stop once per call.
+
+A graph replays GPU work; it cannot remove a forward's host work. Some library functions spend nearly all of a
+model's time there: torchvision's ``paste_masks_in_image`` (every Mask R-CNN's last step) reads each detection's box
+from the GPU with a dozen ``int(tensor)`` and ``max(tensor, 0)`` -- each a wait for the GPU -- before launching three
+kernels for it; at a hundred detections that is some 1300 waits, most of the model's time, and splits every graph
+around it (under ``torch.compile`` too: each read is a graph break). The rewrite reads all the boxes in one copy and
+launches the same kernels with the same arguments: the same values by construction, without the waits.
+
+"By construction" is still proven: the first call of a rewrite in a process (per device type and dtype) runs the
+library's own function as well and compares the two bit for bit; a difference (a library release that changed the
+function) or an error drops the rewrite for good, with one WARNING, and the library's result is the call's. A
+rewrite runs only inside a call of a wrapped model (``active()``, a context variable, so other threads and code
+outside launchless call the library's function untouched); ``install`` puts the dispatching function in place of
+the library's where the library's modules are imported, and only where the function is the one it rewrites (its
+signature unchanged).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import inspect
+import logging
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..core.status import Label
+from ..core.verify import identical
+from ..errors import one_line
+
+logger = logging.getLogger("launchless")
+
+_ACTIVE: contextvars.ContextVar[bool] = contextvars.ContextVar("launchless_library_rewrites", default=False)
+
+
+class RewriteState(Label):
+    """Where a rewrite stands in this process, per device type and dtype it ran on."""
+
+    UNPROVEN = "unproven"  # not run yet: its first call runs the library's function too, and compares
+    PROVEN = "proven"  # bit-identical to the library's function on its first call
+    DROPPED = "dropped"  # differed or raised: the library's function runs from then on
+
+
+@dataclasses.dataclass
+class Rewrite:
+    """One library function, where its callers find it, and what replaces it inside wrapped calls."""
+
+    name: str  # as the log and graph_info() say it: ``torchvision paste_masks_in_image``
+    module: str  # the module whose attribute the model's code calls
+    attribute: str
+    parameters: tuple[str, ...]  # the library function's parameters: another signature is another function
+    rewritten: Callable[..., Any]
+    states: dict[tuple[str, torch.dtype], RewriteState] = dataclasses.field(default_factory=dict)
+    reasons: dict[tuple[str, torch.dtype], str] = dataclasses.field(default_factory=dict)
+    calls: int = 0  # calls that ran the rewrite
+
+
+def _paste_masks_in_image(masks: torch.Tensor, boxes: torch.Tensor, img_shape: Any, padding: int = 1) -> torch.Tensor:
+    """torchvision's ``paste_masks_in_image`` with the boxes read in one copy: per detection the same interpolation,
+    the same zero image and the same slice copy as ``paste_mask_in_image`` (written straight into the stacked
+    result, which ``torch.stack`` would copy them into), each bound computed from the same integers the library's
+    ``int(tensor)``, ``max`` and ``min`` reach one wait at a time."""
+    from torchvision.models.detection import roi_heads
+
+    padded, scale = roi_heads.expand_masks(masks, padding=padding)
+    boxes = roi_heads.expand_boxes(boxes, scale).to(dtype=torch.int64)
+    im_h, im_w = img_shape
+    out = padded.new_zeros((len(padded), 1, im_h, im_w))
+    for i, (x0, y0, x1, y1) in enumerate(boxes.tolist()):  # the one wait for the GPU
+        w, h = max(x1 - x0 + 1, 1), max(y1 - y0 + 1, 1)
+        mask = F.interpolate(padded[i][0].expand((1, 1, -1, -1)), size=(h, w), mode="bilinear", align_corners=False)
+        left, right, top, bottom = max(x0, 0), min(x1 + 1, im_w), max(y0, 0), min(y1 + 1, im_h)
+        out[i, 0, top:bottom, left:right] = mask[0][0][top - y0 : bottom - y0, left - x0 : right - x0]
+    return out
+
+
+def _tracing() -> bool:
+    """Whether TorchScript or ONNX export traces the call (torchvision then takes its traceable path)."""
+    return bool(torch.jit.is_scripting() or torch._C._get_tracing_state())
+
+
+REWRITES: tuple[Rewrite, ...] = (
+    Rewrite(
+        name="torchvision paste_masks_in_image",
+        module="torchvision.models.detection.transform",
+        attribute="paste_masks_in_image",
+        parameters=("masks", "boxes", "img_shape", "padding"),
+        rewritten=_paste_masks_in_image,
+    ),
+)
+_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def active() -> Iterator[None]:
+    """The rewrites in force for the calls made inside (a wrapped model's forward)."""
+    token = _ACTIVE.set(True)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def install(model: torch.nn.Module) -> list[Rewrite]:
+    """The rewrites of the library functions ``model`` calls -- a submodule of the class whose module calls the
+    function (Mask R-CNN's ``GeneralizedRCNNTransform``) -- each put in place of the library function where the
+    function there is the one rewritten (idempotent)."""
+    modules = {type(m).__module__ for m in model.modules()}
+    installed = []
+    with _LOCK:
+        for rewrite in REWRITES:
+            module = sys.modules.get(rewrite.module) if rewrite.module in modules else None
+            current = getattr(module, rewrite.attribute, None) if module is not None else None
+            if current is None:
+                continue
+            if getattr(current, "__launchless_rewrite__", None) is rewrite:
+                installed.append(rewrite)
+                continue
+            try:
+                parameters = tuple(inspect.signature(current).parameters)
+            except (TypeError, ValueError):
+                continue
+            if parameters != rewrite.parameters:
+                continue  # another function than the one rewritten: left alone
+            setattr(module, rewrite.attribute, _dispatching(rewrite, current))
+            installed.append(rewrite)
+    return installed
+
+
+def _dispatching(rewrite: Rewrite, original: Callable[..., Any]) -> Callable[..., Any]:
+    """The library function inside wrapped calls rewritten (proven on its first call), elsewhere itself."""
+
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        if not _ACTIVE.get() or _tracing():
+            return original(*args, **kwargs)
+        tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        key = (tensor.device.type, tensor.dtype) if tensor is not None else ("", torch.float32)
+        state = rewrite.states.get(key, RewriteState.UNPROVEN)
+        if state is RewriteState.PROVEN:
+            rewrite.calls += 1
+            return rewrite.rewritten(*args, **kwargs)
+        if state is RewriteState.DROPPED:
+            return original(*args, **kwargs)
+        want = original(*args, **kwargs)
+        try:
+            got = rewrite.rewritten(*args, **kwargs)
+            same = identical(got, want)
+            why = "" if same else "its result differs from the library's"
+        except Exception as exc:  # whatever the rewrite raises, the library's result stands
+            why = f"it raised {one_line(exc)}"
+        if why:
+            rewrite.states[key], rewrite.reasons[key] = RewriteState.DROPPED, why
+            logger.warning(
+                "launchless: the rewrite of %s (one read of the GPU per call instead of one per element) is dropped "
+                "on %s %s: %s; the library's own function runs from now on",
+                rewrite.name,
+                key[0],
+                key[1],
+                why,
+            )
+            return want
+        rewrite.states[key] = RewriteState.PROVEN
+        rewrite.calls += 1
+        return want
+
+    dispatch.__launchless_rewrite__ = rewrite  # type: ignore[attr-defined]
+    dispatch.__wrapped__ = original  # type: ignore[attr-defined]
+    dispatch.__name__ = getattr(original, "__name__", rewrite.attribute)
+    dispatch.__doc__ = getattr(original, "__doc__", None)
+    return dispatch
+
+
+def info(rewrites: list[Rewrite]) -> dict[str, Any]:
+    """For ``graph_info()["library_rewrites"]``: per rewrite its state per device type and dtype, calls, reasons."""
+    return {
+        rewrite.name: {
+            "states": {f"{device} {dtype}".strip(): str(state) for (device, dtype), state in rewrite.states.items()},
+            "calls": rewrite.calls,
+            "dropped_because": {f"{d} {t}".strip(): why for (d, t), why in rewrite.reasons.items()},
+        }
+        for rewrite in rewrites
+    }

@@ -1,0 +1,150 @@
+"""Library functions rewritten to wait for the GPU once per call: the same values as the library's function (the
+first call in a process proves it, bit for bit), only inside wrapped calls, and dropped with one WARNING where they
+differ. On the CPU the waits are host reads all the same (``aten::_local_scalar_dense``), counted here."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+torchvision = pytest.importorskip("torchvision")
+
+from torchvision.models.detection import roi_heads  # noqa: E402
+from torchvision.models.detection import transform as detection_transform  # noqa: E402
+
+import launchless  # noqa: E402
+from launchless.runtime import library_rewrites  # noqa: E402
+from launchless.runtime.library_rewrites import RewriteState  # noqa: E402
+
+PASTE = library_rewrites.REWRITES[0]
+# the submodule of every R-CNN that calls paste_masks_in_image
+MASK_RCNN_TRANSFORM = detection_transform.GeneralizedRCNNTransform(32, 64, [0.5] * 3, [0.2] * 3)
+READS = {"aten._local_scalar_dense.default", "aten.item.default", "aten.is_nonzero.default"}
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _detections(n: int, seed: int, *, size: tuple[int, int] = (48, 64)) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask probabilities and boxes as Mask R-CNN hands them over (clipped to the image: the paste then reaches a
+    little past its edges), some of no extent, some at the image's edges, a few the same."""
+    g = torch.Generator().manual_seed(seed)
+    masks = torch.rand(n, 1, 28, 28, generator=g)
+    h, w = size
+    corners = torch.rand(n, 2, generator=g) * torch.tensor([float(w), float(h)])
+    extents = torch.rand(n, 2, generator=g) * torch.tensor([w / 2.0, h / 2.0])
+    extents[: n // 8] = 0  # boxes of no extent
+    boxes = torch.cat([corners, corners + extents], dim=1)
+    boxes[n // 8 : n // 4, :2] = 0  # at the top left corner
+    boxes[n // 4 : n // 3] = boxes[:1]  # the same as the first
+    return masks, torchvision.ops.clip_boxes_to_image(boxes, size)
+
+
+@pytest.mark.parametrize("n", [0, 1, 37])
+def test_the_rewrite_pastes_the_masks_the_library_pastes_bit_for_bit(n: int) -> None:
+    for seed in range(3):
+        masks, boxes = _detections(n, seed)
+        want = roi_heads.paste_masks_in_image(masks, boxes, (48, 64))
+        got = library_rewrites._paste_masks_in_image(masks, boxes, (48, 64))
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert torch.equal(got, want), (n, seed)
+
+
+def test_the_rewrite_reads_the_host_once_where_the_library_reads_a_dozen_times_a_detection() -> None:
+    masks, boxes = _detections(40, 0)
+    with _Ops() as library:
+        roi_heads.paste_masks_in_image(masks, boxes, (48, 64))
+    with _Ops() as rewritten:
+        library_rewrites._paste_masks_in_image(masks, boxes, (48, 64))
+    assert sum(library.ops[op] for op in READS) >= 10 * 40, library.ops
+    assert sum(rewritten.ops[op] for op in READS) == 0, rewritten.ops
+    assert sum(rewritten.ops.values()) < sum(library.ops.values()) / 3
+
+
+@pytest.fixture
+def fresh_states(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test proves the rewrite anew (the states are the process's)."""
+    monkeypatch.setattr(PASTE, "states", {})
+    monkeypatch.setattr(PASTE, "reasons", {})
+    monkeypatch.setattr(PASTE, "calls", 0)
+
+
+def test_outside_a_wrapped_call_the_library_function_runs_untouched(fresh_states, monkeypatch) -> None:
+    library_rewrites.install(MASK_RCNN_TRANSFORM)
+    assert detection_transform.paste_masks_in_image.__wrapped__ is roi_heads.paste_masks_in_image
+    ran: list[str] = []
+    monkeypatch.setattr(PASTE, "rewritten", lambda *a, **k: ran.append("rewrite"))
+    masks, boxes = _detections(5, 1)
+    out = detection_transform.paste_masks_in_image(masks, boxes, (48, 64))
+    assert torch.equal(out, roi_heads.paste_masks_in_image(masks, boxes, (48, 64))) and ran == []
+    assert PASTE.states == {}
+
+
+def test_the_first_call_proves_the_rewrite_and_later_calls_run_it_alone(fresh_states, monkeypatch) -> None:
+    library_rewrites.install(MASK_RCNN_TRANSFORM)
+    library: list[int] = []
+    original = detection_transform.paste_masks_in_image.__wrapped__
+    monkeypatch.setattr(roi_heads, "paste_masks_in_image", original)
+    counted = library_rewrites._dispatching(PASTE, lambda *a, **k: library.append(1) or original(*a, **k))
+    with library_rewrites.active():
+        for seed in range(3):
+            masks, boxes = _detections(9, seed)
+            assert torch.equal(counted(masks, boxes, (48, 64)), original(masks, boxes, (48, 64)))
+    assert library == [1]  # the library's function ran on the first call only, beside the rewrite
+    assert PASTE.states == {("cpu", torch.float32): RewriteState.PROVEN} and PASTE.calls == 3
+
+
+def test_a_rewrite_that_differs_is_dropped_with_one_warning_and_the_librarys_result_stands(
+    fresh_states, monkeypatch, caplog
+) -> None:
+    library_rewrites.install(MASK_RCNN_TRANSFORM)
+    original = detection_transform.paste_masks_in_image.__wrapped__
+    monkeypatch.setattr(PASTE, "rewritten", lambda *a, **k: original(*a, **k) + 1e-6)
+    dispatch = library_rewrites._dispatching(PASTE, original)
+    with caplog.at_level(logging.WARNING, logger="launchless"), library_rewrites.active():
+        for seed in range(3):
+            masks, boxes = _detections(6, seed)
+            assert torch.equal(dispatch(masks, boxes, (48, 64)), original(masks, boxes, (48, 64)))
+    lines = [r.getMessage() for r in caplog.records if "rewrite of torchvision paste_masks_in_image" in r.getMessage()]
+    assert len(lines) == 1 and "its result differs from the library's" in lines[0], lines
+    assert PASTE.states == {("cpu", torch.float32): RewriteState.DROPPED} and PASTE.calls == 0
+
+
+def test_a_function_of_another_signature_is_left_alone(monkeypatch) -> None:
+    def paste_masks_in_image(masks, boxes, img_shape, padding=1, *, new=None): ...
+
+    monkeypatch.setattr(detection_transform, "paste_masks_in_image", paste_masks_in_image)
+    assert PASTE not in library_rewrites.install(MASK_RCNN_TRANSFORM)
+    assert library_rewrites.install(torch.nn.Linear(2, 2)) == []  # a model that never calls it
+    assert detection_transform.paste_masks_in_image is paste_masks_in_image
+
+
+@pytest.mark.zoo
+def test_a_wrapped_mask_rcnn_returns_the_models_masks_with_the_rewrite_proven(fresh_states) -> None:
+    """Fresh images each call, both grad modes: the wrapper's detections are the model's; the rewrite ran."""
+    torch.manual_seed(0)
+    model = torchvision.models.detection.maskrcnn_resnet50_fpn(
+        weights=None, weights_backbone=None, min_size=160, max_size=224, box_score_thresh=0.0
+    ).eval()
+    wrapped = launchless.wrap(model)
+    g = torch.Generator().manual_seed(1)
+    for grad_mode in (torch.no_grad, torch.inference_mode):
+        with grad_mode():
+            for _ in range(2):
+                images = [torch.rand(3, 150, 200, generator=g)]
+                want, got = model(images), wrapped(images)
+                assert len(want[0]["masks"]) > 0
+                assert all(torch.equal(got[0][k], want[0][k]) for k in want[0]), grad_mode
+    info = wrapped.graph_info()["library_rewrites"]["torchvision paste_masks_in_image"]
+    assert info["states"] == {"cpu torch.float32": "proven"} and info["calls"] == 4, info
