@@ -39,11 +39,13 @@
 #                      (COVER="name ..." instead of the blocked models and fasterrcnn_mobilenet)
 #   profile            launchless bench --profile over the workloads DIAG="name ..." names, in the compiler steps'
 #                      modes (MODES): where each call's time goes, recompiles logged
+#   maskrcnn-paste     benchmarks/maskrcnn_paste.py: Mask R-CNN eager against wrap, its masks pasted through the rewrite
 #   differential       launchless differential run over LIBS="library:workers ..." side by side (default: all five
 #                      populations, 14 workers) until DEADLINE seconds (540), resumable: rows go to RUNS/<library>
 #                      (benchmarks/results/differential-runs), models with rows there already are left out, and
 #                      the folder comes back in the archive; MODEL_TIMEOUT seconds a model (240)
 #   differential-timing the timing pass over TIMING_LIBS="library ..." in turn, one process, until DEADLINE; resumable
+#                      (ENTRIES="generate-greedy-b1": only those entry points, a model counted done once they are timed)
 #   differential-timing-again  the timing pass again, one library after the other until DEADLINE, for the models AGAIN names
 #                      (ENTRIES="wrap-auto wrap-true compile generate-greedy-b1": those entry points run again alone)
 #   differential-again the models AGAIN="library:model,model ..." names run again (after a fix), a process per
@@ -141,7 +143,8 @@ differential_timing() {  # the timing pass, one library after the other, until D
     ((left > 10)) || break
     mkdir -p "$runs/$lib"
     timeout "$left" python3 -m launchless.apps.cli differential run --library "$lib" --timing --resume \
-      --timeout "${MODEL_TIMEOUT:-240}" --out "$runs/$lib" >>"$out/differential-timing.log" 2>&1
+      --timeout "${MODEL_TIMEOUT:-240}" --out "$runs/$lib" ${ENTRIES:+--entries $ENTRIES} \
+      >>"$out/differential-timing.log" 2>&1
   done
   mkdir -p "$out/differential-runs" && cp -r "$runs/." "$out/differential-runs/"
 }
@@ -188,6 +191,9 @@ for step in "$@"; do
     read -r -a grace_modes <<<"${MODES:-compile reduce-overhead launchless-compile launchless}"
     run grace-bench python3 -m launchless.apps.cli bench --suite grace ${grace[@]:+--workloads "${grace[@]}"} \
       --modes eager "${grace_modes[@]}" --gpus "${gpus[@]}" --timeout 400 --out "$out/grace-bench" "${balance[@]}" ;;
+  maskrcnn-paste)
+    mkdir -p "$out/maskrcnn-paste"
+    run maskrcnn-paste python3 benchmarks/maskrcnn_paste.py "$out/maskrcnn-paste/maskrcnn-paste.json" ;;
   training)
     run training python3 -m launchless.apps.cli bench --suite training --timeout 300 --gpus "${gpus[@]}" \
       --modes eager compile reduce-overhead hand-graph launchless \

@@ -241,4 +241,4 @@ def test_mask_rcnn_pastes_its_masks_through_the_rewrite_proven_on_the_gpu(grad_m
     assert pasted, "no detection: nothing was pasted"
     info = fast.graph_info()["library_rewrites"]["torchvision paste_masks_in_image"]
     assert info["states"] == {"cuda torch.float32": "proven"}, info
-    assert paste.calls - calls_before == 4
+    assert paste.calls - calls_before >= 4  # every call pastes (and capture, verification and timing run it too)
