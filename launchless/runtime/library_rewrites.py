@@ -11,9 +11,10 @@ launches the same kernels with the same arguments: the same values by constructi
 library's own function as well and compares the two bit for bit; a difference (a library release that changed the
 function) or an error drops the rewrite for good, with one WARNING, and the library's result is the call's. A
 rewrite runs only inside a call of a wrapped model (``active()``, a context variable, so other threads and code
-outside launchless call the library's function untouched); ``install`` puts the dispatching function in place of
-the library's where the library's modules are imported, and only where the function is the one it rewrites (its
-signature unchanged).
+outside launchless call the library's function untouched), never while a stream captures (the library's function
+meets the capture as it would; a rewrite's proof is never taken inside one); ``install`` puts the dispatching
+function in place of the library's where the library's modules are imported, and only where the function is the one
+it rewrites (its signature unchanged).
 """
 
 from __future__ import annotations
@@ -141,6 +142,8 @@ def _dispatching(rewrite: Rewrite, original: Callable[..., Any]) -> Callable[...
         if not _ACTIVE.get() or _tracing():
             return original(*args, **kwargs)
         tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        if tensor is not None and tensor.is_cuda and torch.cuda.is_current_stream_capturing():
+            return original(*args, **kwargs)  # while a stream captures, what blocks the capture is the library's
         key = (tensor.device.type, tensor.dtype) if tensor is not None else ("", torch.float32)
         state = rewrite.states.get(key, RewriteState.UNPROVEN)
         if state is RewriteState.PROVEN:
