@@ -326,7 +326,7 @@ class DecodeGraphs:
         once, at INFO: nothing the caller can change. Steps that never ran on the static cache are said so: the
         cache was of no use to them, and generate() as called decodes them with the model's own state."""
         refusal = self.steps.refusal
-        if any(refusal.startswith(kind.value) for kind in OffCache):
+        if any(refusal.startswith(off.value) for off in OffCache):
             reason = f"no decode step runs on the static cache ({refusal}); generate() as called decodes without it"
         else:
             reason = (
