@@ -148,3 +148,71 @@ def test_a_wrapped_mask_rcnn_returns_the_models_masks_with_the_rewrite_proven(fr
                 assert all(torch.equal(got[0][k], want[0][k]) for k in want[0]), grad_mode
     info = wrapped.graph_info()["library_rewrites"]["torchvision paste_masks_in_image"]
     assert info["states"] == {"cpu torch.float32": "proven"} and info["calls"] == 4, info
+
+
+class _MaskIndexing(TorchDispatchMode):
+    """Counts indexing by a boolean mask (on the GPU a wait: how many elements it keeps is read on the host) and
+    ``torch.where(mask)`` (``nonzero``), as a dispatch mode sees them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.index.Tensor:
+            self.waits += any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1])
+        elif func in (torch.ops.aten.nonzero.default, torch.ops.aten.where.default):
+            self.waits += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("n", [0, 1, 300])
+def test_batched_nms_per_class_keeps_the_librarys_boxes_in_its_order(n: int) -> None:
+    from torchvision.ops import boxes as box_ops
+
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        corners = torch.rand(n, 2, generator=g) * 100
+        boxes = torch.cat([corners, corners + 1 + torch.rand(n, 2, generator=g) * 40], dim=1)
+        scores = torch.rand(n, generator=g).round(decimals=2)  # ties
+        idxs = torch.randint(0, 12, (n,), generator=g)  # classes in no order, some absent
+        want = box_ops._batched_nms_vanilla(boxes, scores, idxs, 0.5)
+        got = library_rewrites._batched_nms_vanilla(boxes, scores, idxs, 0.5)
+        assert torch.equal(got, want), (n, seed)
+        with _MaskIndexing() as library:
+            box_ops._batched_nms_vanilla(boxes, scores, idxs, 0.5)
+        with _MaskIndexing() as rewritten:
+            library_rewrites._batched_nms_vanilla(boxes, scores, idxs, 0.5)
+        assert rewritten.waits <= 1 and library.waits >= len(idxs.unique()), (library.waits, rewritten.waits)
+
+
+@pytest.mark.zoo
+def test_a_wrapped_ssdlite_returns_the_models_detections_with_its_rewrites_proven(fresh_states, monkeypatch) -> None:
+    """SSDlite's post-processing masks each of 90 classes' scores (a wait each on the GPU): inside the wrapped call
+    the classes' boxes are found at once; fresh images, both grad modes, every detection the model's own."""
+    nms = library_rewrites.REWRITES[2]
+    ssd = library_rewrites.REWRITES[1]
+    for rewrite in (ssd, nms):
+        monkeypatch.setattr(rewrite, "states", {})
+        monkeypatch.setattr(rewrite, "calls", 0)
+    torch.manual_seed(0)
+    model = torchvision.models.detection.ssdlite320_mobilenet_v3_large(
+        weights=None, weights_backbone=None, score_thresh=0.0
+    ).eval()
+    wrapped = launchless.wrap(model)
+    g = torch.Generator().manual_seed(1)
+    for grad_mode in (torch.no_grad, torch.inference_mode):
+        with grad_mode():
+            for _ in range(2):
+                images = [torch.rand(3, 320, 320, generator=g)]
+                want, got = model(images), wrapped(images)
+                assert len(want[0]["boxes"]) > 0
+                assert all(torch.equal(got[0][k], want[0][k]) for k in want[0]), grad_mode
+    info = wrapped.graph_info()["library_rewrites"]
+    assert info[ssd.name]["states"] == {"cpu torch.float32": "proven"} and info[ssd.name]["calls"] == 4, info
+    assert info[nms.name]["states"] == {"cpu torch.float32": "proven"} and info[nms.name]["calls"] >= 4, info
+    with torch.no_grad(), _MaskIndexing() as library:
+        model(images)
+    with torch.no_grad(), _MaskIndexing() as rewritten:
+        wrapped(images)
+    assert library.waits >= 2 * 90 and rewritten.waits <= 10, (library.waits, rewritten.waits)

@@ -5,7 +5,10 @@ model's time there: torchvision's ``paste_masks_in_image`` (every Mask R-CNN's l
 from the GPU with a dozen ``int(tensor)`` and ``max(tensor, 0)`` -- each a wait for the GPU -- before launching three
 kernels for it; at a hundred detections that is some 1300 waits, most of the model's time, and splits every graph
 around it (under ``torch.compile`` too: each read is a graph break). The rewrite reads all the boxes in one copy and
-launches the same kernels with the same arguments: the same values by construction, without the waits.
+launches the same kernels with the same arguments: the same values by construction, without the waits. SSD and
+SSDlite mask each class's scores in turn (a wait per class and tensor: some 180 for COCO's classes), and
+``batched_nms`` over many boxes finds each class's with a ``torch.where`` (a wait per class): both find them for
+every class at once.
 
 "By construction" is still proven: the first call of a rewrite in a process (per device type and dtype) runs the
 library's own function as well and compares the two bit for bit; a difference (a library release that changed the
@@ -22,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import inspect
 import logging
 import sys
@@ -31,6 +35,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils import _pytree as pytree
 
 from ..core.status import Label
 from ..core.verify import identical
@@ -55,9 +60,10 @@ class Rewrite:
 
     name: str  # as the log and graph_info() say it: ``torchvision paste_masks_in_image``
     module: str  # the module whose attribute the model's code calls
-    attribute: str
+    attribute: str  # dotted for a method: ``SSD.postprocess_detections``
     parameters: tuple[str, ...]  # the library function's parameters: another signature is another function
     rewritten: Callable[..., Any]
+    callers: tuple[str, ...]  # modules of the classes that call it: a model with one of them as a submodule uses it
     states: dict[tuple[str, torch.dtype], RewriteState] = dataclasses.field(default_factory=dict)
     reasons: dict[tuple[str, torch.dtype], str] = dataclasses.field(default_factory=dict)
     calls: int = 0  # calls that ran the rewrite
@@ -82,6 +88,77 @@ def _paste_masks_in_image(masks: torch.Tensor, boxes: torch.Tensor, img_shape: A
     return out
 
 
+def _ssd_postprocess_detections(
+    self: Any, head_outputs: dict[str, torch.Tensor], image_anchors: list[torch.Tensor], image_shapes: list[Any]
+) -> list[dict[str, torch.Tensor]]:
+    """torchvision's ``SSD.postprocess_detections`` with the boxes above the score threshold found for every class
+    at once: its loop over the classes masks each class's scores (``score[score > threshold]``, a wait for the GPU
+    per class and per tensor so indexed: some 180 for COCO's 91 classes); here one ``nonzero`` over all classes, in
+    the same order, and the counts per class in one copy, then per class the same gathers, ``topk`` and labels on
+    the same values."""
+    from torchvision.models.detection import _utils as det_utils
+    from torchvision.ops import boxes as box_ops
+
+    bbox_regression = head_outputs["bbox_regression"]
+    pred_scores = F.softmax(head_outputs["cls_logits"], dim=-1)
+    num_classes = pred_scores.size(-1)
+    device = pred_scores.device
+    detections: list[dict[str, torch.Tensor]] = []
+    for boxes, scores, anchors, image_shape in zip(
+        bbox_regression,
+        pred_scores,
+        image_anchors,
+        image_shapes,
+        strict=False,  # as the library zips them
+    ):
+        boxes = self.box_coder.decode_single(boxes, anchors)
+        boxes = box_ops.clip_boxes_to_image(boxes, image_shape)
+        above = (scores[:, 1:] > self.score_thresh).t()  # per class (but the background), per anchor
+        found = above.nonzero()[:, 1]  # the anchors above, class by class, each class's in ascending order
+        counts = above.sum(dim=1).tolist()  # the one copy: how many of each class
+        image_boxes, image_scores, image_labels = [], [], []
+        start = 0
+        for label, count in zip(range(1, num_classes), counts, strict=True):
+            keep_idxs = found[start : start + count]
+            start += count
+            score = scores[:, label][keep_idxs]
+            box = boxes[keep_idxs]
+            num_topk = det_utils._topk_min(score, self.topk_candidates, 0)
+            score, idxs = score.topk(num_topk)
+            box = box[idxs]
+            image_boxes.append(box)
+            image_scores.append(score)
+            image_labels.append(torch.full_like(score, fill_value=label, dtype=torch.int64, device=device))
+        all_boxes = torch.cat(image_boxes, dim=0)
+        all_scores = torch.cat(image_scores, dim=0)
+        all_labels = torch.cat(image_labels, dim=0)
+        keep = box_ops.batched_nms(all_boxes, all_scores, all_labels, self.nms_thresh)
+        keep = keep[: self.detections_per_img]
+        detections.append({"boxes": all_boxes[keep], "scores": all_scores[keep], "labels": all_labels[keep]})
+    return detections
+
+
+def _batched_nms_vanilla(
+    boxes: torch.Tensor, scores: torch.Tensor, idxs: torch.Tensor, iou_threshold: float
+) -> torch.Tensor:
+    """torchvision's per-class ``batched_nms`` (taken for many boxes) with each class's boxes found in one stable
+    sort instead of a ``torch.where(idxs == class)`` -- a wait for the GPU -- per class: the same indices in the
+    same ascending order, then the same ``nms`` per class (which reads its own result on the host)."""
+    from torchvision.ops import boxes as box_ops
+
+    keep_mask = torch.zeros_like(scores, dtype=torch.bool)
+    _, counts = torch.unique(idxs, return_counts=True)  # sorted, as the library's loop takes the classes
+    order = torch.sort(idxs, stable=True).indices  # grouped by class, each class's indices ascending
+    start = 0
+    for count in counts.tolist():  # the one copy
+        curr_indices = order[start : start + count]
+        start += count
+        curr_keep_indices = box_ops.nms(boxes[curr_indices], scores[curr_indices], iou_threshold)
+        keep_mask[curr_indices[curr_keep_indices]] = True
+    keep_indices = torch.where(keep_mask)[0]
+    return keep_indices[scores[keep_indices].sort(descending=True)[1]]
+
+
 def _tracing() -> bool:
     """Whether TorchScript or ONNX export traces the call (torchvision then takes its traceable path)."""
     return bool(torch.jit.is_scripting() or torch._C._get_tracing_state())
@@ -94,6 +171,25 @@ REWRITES: tuple[Rewrite, ...] = (
         attribute="paste_masks_in_image",
         parameters=("masks", "boxes", "img_shape", "padding"),
         rewritten=_paste_masks_in_image,
+        callers=("torchvision.models.detection.transform",),  # GeneralizedRCNNTransform.postprocess
+    ),
+    Rewrite(
+        name="torchvision SSD.postprocess_detections",
+        module="torchvision.models.detection.ssd",
+        attribute="SSD.postprocess_detections",
+        parameters=("self", "head_outputs", "image_anchors", "image_shapes"),
+        rewritten=_ssd_postprocess_detections,
+        callers=("torchvision.models.detection.ssd",),  # SSD and SSDlite
+    ),
+    Rewrite(
+        name="torchvision batched_nms per class",
+        module="torchvision.ops.boxes",
+        attribute="_batched_nms_vanilla",
+        parameters=("boxes", "scores", "idxs", "iou_threshold"),
+        rewritten=_batched_nms_vanilla,
+        callers=tuple(  # the detectors whose post-processing calls batched_nms
+            f"torchvision.models.detection.{name}" for name in ("ssd", "roi_heads", "rpn", "retinanet", "fcos")
+        ),
     ),
 )
 _LOCK = threading.Lock()
@@ -117,8 +213,11 @@ def install(model: torch.nn.Module) -> list[Rewrite]:
     installed = []
     with _LOCK:
         for rewrite in REWRITES:
-            module = sys.modules.get(rewrite.module) if rewrite.module in modules else None
-            current = getattr(module, rewrite.attribute, None) if module is not None else None
+            if not modules.intersection(rewrite.callers):
+                continue
+            *path, name = rewrite.attribute.split(".")
+            owner = functools.reduce(lambda o, part: getattr(o, part, None), path, sys.modules.get(rewrite.module))
+            current = getattr(owner, name, None) if owner is not None else None
             if current is None:
                 continue
             if getattr(current, "__launchless_rewrite__", None) is rewrite:
@@ -130,7 +229,7 @@ def install(model: torch.nn.Module) -> list[Rewrite]:
                 continue
             if parameters != rewrite.parameters:
                 continue  # another function than the one rewritten: left alone
-            setattr(module, rewrite.attribute, _dispatching(rewrite, current))
+            setattr(owner, name, _dispatching(rewrite, current))
             installed.append(rewrite)
     return installed
 
@@ -141,7 +240,7 @@ def _dispatching(rewrite: Rewrite, original: Callable[..., Any]) -> Callable[...
     def dispatch(*args: Any, **kwargs: Any) -> Any:
         if not _ACTIVE.get() or _tracing():
             return original(*args, **kwargs)
-        tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        tensor = next((t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)), None)
         if tensor is not None and tensor.is_cuda and torch.cuda.is_current_stream_capturing():
             return original(*args, **kwargs)  # while a stream captures, what blocks the capture is the library's
         key = (tensor.device.type, tensor.dtype) if tensor is not None else ("", torch.float32)
