@@ -242,3 +242,25 @@ def test_mask_rcnn_pastes_its_masks_through_the_rewrite_proven_on_the_gpu(grad_m
     info = fast.graph_info()["library_rewrites"]["torchvision paste_masks_in_image"]
     assert info["states"] == {"cuda torch.float32": "proven"}, info
     assert paste.calls - calls_before >= 4  # every call pastes (and capture, verification and timing run it too)
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+def test_ssdlite_finds_every_classs_boxes_at_once_proven_on_the_gpu(grad_mode: str) -> None:
+    """SSDlite masks each of its 90 classes' scores in turn (a wait for the GPU each) and its per-class batched_nms
+    finds each class with a torch.where: inside the wrapped call both find all classes at once, proven bit-identical
+    on the GPU; every fresh image's detections are the model's own."""
+    from launchless.runtime import library_rewrites
+
+    model = _detector("ssdlite320_mobilenet_v3_large")
+    fast = ll.wrap(model)
+    generator = torch.Generator().manual_seed(4)
+    with GRAD_MODES[grad_mode]():
+        for call in range(4):
+            image = real_looking_image(generator, height=320, width=320)
+            expected = model([image])
+            got = fast([image])
+            assert identical(got, expected), call
+            assert len(expected[0]["boxes"]) > 0
+    info = fast.graph_info()["library_rewrites"]
+    ssd = library_rewrites.REWRITES[1].name
+    assert info[ssd]["states"] == {"cuda torch.float32": "proven"}, info
