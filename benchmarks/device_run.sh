@@ -39,7 +39,8 @@
 #                      (COVER="name ..." instead of the blocked models and fasterrcnn_mobilenet)
 #   profile            launchless bench --profile over the workloads DIAG="name ..." names, in the compiler steps'
 #                      modes (MODES): where each call's time goes, recompiles logged
-#   maskrcnn-paste     benchmarks/maskrcnn_paste.py: Mask R-CNN eager against wrap, its masks pasted through the rewrite
+#   detector-host-reads benchmarks/detector_host_reads.py: Mask R-CNN, SSDlite and SSD eager against wrap, their
+#                      post-processing through torchvision's functions rewritten to wait for the GPU once
 #   differential       launchless differential run over LIBS="library:workers ..." side by side (default: all five
 #                      populations, 14 workers) until DEADLINE seconds (540), resumable: rows go to RUNS/<library>
 #                      (benchmarks/results/differential-runs), models with rows there already are left out, and
@@ -191,9 +192,9 @@ for step in "$@"; do
     read -r -a grace_modes <<<"${MODES:-compile reduce-overhead launchless-compile launchless}"
     run grace-bench python3 -m launchless.apps.cli bench --suite grace ${grace[@]:+--workloads "${grace[@]}"} \
       --modes eager "${grace_modes[@]}" --gpus "${gpus[@]}" --timeout 400 --out "$out/grace-bench" "${balance[@]}" ;;
-  maskrcnn-paste)
-    mkdir -p "$out/maskrcnn-paste"
-    run maskrcnn-paste python3 benchmarks/maskrcnn_paste.py "$out/maskrcnn-paste/maskrcnn-paste.json" ;;
+  detector-host-reads)
+    mkdir -p "$out/detector-host-reads"
+    run detector-host-reads python3 benchmarks/detector_host_reads.py "$out/detector-host-reads/detectors.json" ;;
   training)
     run training python3 -m launchless.apps.cli bench --suite training --timeout 300 --gpus "${gpus[@]}" \
       --modes eager compile reduce-overhead hand-graph launchless \

@@ -1,12 +1,13 @@
-"""Mask R-CNN eager against ``launchless.wrap`` ("auto") on the GPU, where the wrapped call pastes its masks through
-the rewrite of torchvision's ``paste_masks_in_image`` (one read of the boxes instead of a dozen per detection).
+"""Detectors whose post-processing waits for the GPU per detection or per class, eager against ``launchless.wrap``
+("auto") on the GPU, where the wrapped call runs torchvision's functions rewritten to wait once
+(``runtime/library_rewrites``): Mask R-CNN's mask paste, SSDlite's per-class score masks and batched_nms.
 
-    PYTHONPATH=. python benchmarks/maskrcnn_paste.py OUT_JSON
+    PYTHONPATH=. python benchmarks/detector_host_reads.py OUT_JSON
 
 Random weights, batch 1, six fresh real-looking 320x416 images (the cuda tests' ``real_looking_image``), both grad
 modes: every wrapped call's result compared bit for bit with eager's on the same image, then the wall time of a call
 waited for (synchronized before and after), median of 12 calls, eager and wrapped interleaved twice. The markdown and
-chart of ``benchmarks/results/*-maskrcnn-paste.*`` are made from what it writes.
+chart of ``benchmarks/results/*-maskrcnn-paste.*`` were made from what it wrote for the Mask R-CNNs.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from test_cuda_fresh_inputs import real_looking_image
 import launchless as ll
 from launchless.core.verify import identical
 
-MODELS = ("maskrcnn_resnet50_fpn", "maskrcnn_resnet50_fpn_v2")
+MODELS = ("maskrcnn_resnet50_fpn", "maskrcnn_resnet50_fpn_v2", "ssdlite320_mobilenet_v3_large", "ssd300_vgg16")
 CALLS = 12
 
 
