@@ -1,6 +1,7 @@
 """Detectors whose post-processing waits for the GPU per detection or per class, eager against ``launchless.wrap``
 ("auto") on the GPU, where the wrapped call runs torchvision's functions rewritten to wait once
-(``runtime/library_rewrites``): Mask R-CNN's mask paste, SSDlite's per-class score masks and batched_nms.
+(``runtime/library_rewrites``): Mask R-CNN's mask paste, Keypoint R-CNN's heatmap sizes, SSD's and SSDlite's
+per-class score masks and batched_nms.
 
     PYTHONPATH=. python benchmarks/detector_host_reads.py OUT_JSON
 
@@ -27,7 +28,13 @@ from test_cuda_fresh_inputs import real_looking_image
 import launchless as ll
 from launchless.core.verify import identical
 
-MODELS = ("maskrcnn_resnet50_fpn", "maskrcnn_resnet50_fpn_v2", "ssdlite320_mobilenet_v3_large", "ssd300_vgg16")
+MODELS = (
+    "maskrcnn_resnet50_fpn",
+    "maskrcnn_resnet50_fpn_v2",
+    "keypointrcnn_resnet50_fpn",
+    "ssdlite320_mobilenet_v3_large",
+    "ssd300_vgg16",
+)
 CALLS = 12
 
 

@@ -227,7 +227,7 @@ def test_mask_rcnn_pastes_its_masks_through_the_rewrite_proven_on_the_gpu(grad_m
 
     model = _detector("maskrcnn_resnet50_fpn")
     fast = ll.wrap(model)
-    paste = library_rewrites.REWRITES[0]
+    (paste,) = [r for r in library_rewrites.REWRITES if r.name == "torchvision paste_masks_in_image"]
     calls_before = paste.calls
     generator = torch.Generator().manual_seed(3)
     pasted = 0
@@ -262,5 +262,30 @@ def test_ssdlite_finds_every_classs_boxes_at_once_proven_on_the_gpu(grad_mode: s
             assert identical(got, expected), call
             assert len(expected[0]["boxes"]) > 0
     info = fast.graph_info()["library_rewrites"]
-    ssd = library_rewrites.REWRITES[1].name
+    ssd = "torchvision SSD.postprocess_detections"
+    assert ssd in {rewrite.name for rewrite in library_rewrites.REWRITES}
     assert info[ssd]["states"] == {"cuda torch.float32": "proven"}, info
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+def test_keypoint_rcnn_reads_its_heatmap_sizes_at_once_proven_on_the_gpu(grad_mode: str) -> None:
+    """Keypoint R-CNN reads two heatmap sizes per detection with .item(): inside the wrapped call all at once,
+    proven bit-identical on the GPU; every fresh image's keypoints are the model's own."""
+    torch.manual_seed(0)
+    model = (
+        torchvision.models.detection.keypointrcnn_resnet50_fpn(
+            weights=None, weights_backbone=None, box_score_thresh=0.0
+        )
+        .cuda()
+        .eval()
+    )
+    fast = ll.wrap(model)
+    generator = torch.Generator().manual_seed(5)
+    with GRAD_MODES[grad_mode]():
+        for call in range(4):
+            image = real_looking_image(generator)
+            expected = model([image])
+            assert len(expected[0]["keypoints"]) > 0
+            assert identical(fast([image]), expected), call
+    info = fast.graph_info()["library_rewrites"]["torchvision heatmaps_to_keypoints"]
+    assert info["states"] == {"cuda torch.float32": "proven"}, info

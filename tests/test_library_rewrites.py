@@ -20,7 +20,8 @@ import launchless  # noqa: E402
 from launchless.runtime import library_rewrites  # noqa: E402
 from launchless.runtime.library_rewrites import RewriteState  # noqa: E402
 
-PASTE = library_rewrites.REWRITES[0]
+REWRITES = {rewrite.name: rewrite for rewrite in library_rewrites.REWRITES}
+PASTE = REWRITES["torchvision paste_masks_in_image"]
 # the submodule of every R-CNN that calls paste_masks_in_image
 MASK_RCNN_TRANSFORM = detection_transform.GeneralizedRCNNTransform(32, 64, [0.5] * 3, [0.2] * 3)
 READS = {"aten._local_scalar_dense.default", "aten.item.default", "aten.is_nonzero.default"}
@@ -190,8 +191,7 @@ def test_batched_nms_per_class_keeps_the_librarys_boxes_in_its_order(n: int) -> 
 def test_a_wrapped_ssdlite_returns_the_models_detections_with_its_rewrites_proven(fresh_states, monkeypatch) -> None:
     """SSDlite's post-processing masks each of 90 classes' scores (a wait each on the GPU): inside the wrapped call
     the classes' boxes are found at once; fresh images, both grad modes, every detection the model's own."""
-    nms = library_rewrites.REWRITES[2]
-    ssd = library_rewrites.REWRITES[1]
+    ssd, nms = REWRITES["torchvision SSD.postprocess_detections"], REWRITES["torchvision batched_nms per class"]
     for rewrite in (ssd, nms):
         monkeypatch.setattr(rewrite, "states", {})
         monkeypatch.setattr(rewrite, "calls", 0)
@@ -216,3 +216,20 @@ def test_a_wrapped_ssdlite_returns_the_models_detections_with_its_rewrites_prove
     with torch.no_grad(), _MaskIndexing() as rewritten:
         wrapped(images)
     assert library.waits >= 2 * 90 and rewritten.waits <= 10, (library.waits, rewritten.waits)
+
+
+@pytest.mark.parametrize("n", [0, 1, 23])
+def test_keypoints_are_read_from_the_librarys_heatmaps_bit_for_bit(n: int) -> None:
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        maps = torch.randn(n, 17, 56, 56, generator=g)
+        corners = torch.rand(n, 2, generator=g) * 200
+        rois = torch.cat([corners, corners + torch.rand(n, 2, generator=g) * 120], dim=1)  # some under a pixel
+        want = roi_heads.heatmaps_to_keypoints(maps, rois)
+        got = library_rewrites._heatmaps_to_keypoints(maps, rois)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), (n, seed)
+        with _Ops() as library:
+            roi_heads.heatmaps_to_keypoints(maps, rois)
+        with _Ops() as rewritten:
+            library_rewrites._heatmaps_to_keypoints(maps, rois)
+        assert sum(library.ops[op] for op in READS) == 2 * n and sum(rewritten.ops[op] for op in READS) == 0

@@ -8,7 +8,7 @@ around it (under ``torch.compile`` too: each read is a graph break). The rewrite
 launches the same kernels with the same arguments: the same values by construction, without the waits. SSD and
 SSDlite mask each class's scores in turn (a wait per class and tensor: some 180 for COCO's classes), and
 ``batched_nms`` over many boxes finds each class's with a ``torch.where`` (a wait per class): both find them for
-every class at once.
+every class at once. Keypoint R-CNN reads two heatmap sizes per detection with ``.item()``: read at once too.
 
 "By construction" is still proven: the first call of a rewrite in a process (per device type and dtype) runs the
 library's own function as well and compares the two bit for bit; a difference (a library release that changed the
@@ -159,6 +159,38 @@ def _batched_nms_vanilla(
     return keep_indices[scores[keep_indices].sort(descending=True)[1]]
 
 
+def _heatmaps_to_keypoints(maps: torch.Tensor, rois: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchvision's ``heatmaps_to_keypoints`` (Keypoint R-CNN) with every box's heatmap size read in one copy: the
+    library reads two per detection with ``.item()``; then per detection the same interpolation, argmax and writes
+    on the same values."""
+    offset_x = rois[:, 0]
+    offset_y = rois[:, 1]
+    widths = (rois[:, 2] - rois[:, 0]).clamp(min=1)
+    heights = (rois[:, 3] - rois[:, 1]).clamp(min=1)
+    sizes = torch.stack([widths.ceil(), heights.ceil()], dim=1).tolist()  # the one copy
+    num_keypoints = maps.shape[1]
+    xy_preds = torch.zeros((len(rois), 3, num_keypoints), dtype=torch.float32, device=maps.device)
+    end_scores = torch.zeros((len(rois), num_keypoints), dtype=torch.float32, device=maps.device)
+    for i, (width_ceil, height_ceil) in enumerate(sizes):
+        roi_map_width, roi_map_height = int(width_ceil), int(height_ceil)
+        width_correction = widths[i] / roi_map_width
+        height_correction = heights[i] / roi_map_height
+        roi_map = F.interpolate(
+            maps[i][:, None], size=(roi_map_height, roi_map_width), mode="bicubic", align_corners=False
+        )[:, 0]
+        w = roi_map.shape[2]
+        pos = roi_map.reshape(num_keypoints, -1).argmax(dim=1)
+        x_int = pos % w
+        y_int = torch.div(pos - x_int, w, rounding_mode="floor")
+        x = (x_int.float() + 0.5) * width_correction
+        y = (y_int.float() + 0.5) * height_correction
+        xy_preds[i, 0, :] = x + offset_x[i]
+        xy_preds[i, 1, :] = y + offset_y[i]
+        xy_preds[i, 2, :] = 1
+        end_scores[i, :] = roi_map[torch.arange(num_keypoints, device=roi_map.device), y_int, x_int]
+    return xy_preds.permute(0, 2, 1), end_scores
+
+
 def _tracing() -> bool:
     """Whether TorchScript or ONNX export traces the call (torchvision then takes its traceable path)."""
     return bool(torch.jit.is_scripting() or torch._C._get_tracing_state())
@@ -172,6 +204,14 @@ REWRITES: tuple[Rewrite, ...] = (
         parameters=("masks", "boxes", "img_shape", "padding"),
         rewritten=_paste_masks_in_image,
         callers=("torchvision.models.detection.transform",),  # GeneralizedRCNNTransform.postprocess
+    ),
+    Rewrite(
+        name="torchvision heatmaps_to_keypoints",
+        module="torchvision.models.detection.roi_heads",
+        attribute="heatmaps_to_keypoints",
+        parameters=("maps", "rois"),
+        rewritten=_heatmaps_to_keypoints,
+        callers=("torchvision.models.detection.roi_heads",),  # RoIHeads' keypoint branch
     ),
     Rewrite(
         name="torchvision SSD.postprocess_detections",
