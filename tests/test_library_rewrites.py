@@ -131,6 +131,22 @@ def test_a_function_of_another_signature_is_left_alone(monkeypatch) -> None:
     assert detection_transform.paste_masks_in_image is paste_masks_in_image
 
 
+def _the_models_detections_on_fresh_images(
+    model: torch.nn.Module, wrapped: torch.nn.Module, *, size: tuple[int, int], found: str
+) -> list[torch.Tensor]:
+    """Two fresh images per grad mode: the wrapper's detections are the model's bit for bit (and it finds some
+    ``found``); the last call's images."""
+    g = torch.Generator().manual_seed(1)
+    for grad_mode in (torch.no_grad, torch.inference_mode):
+        with grad_mode():
+            for _ in range(2):
+                images = [torch.rand(3, *size, generator=g)]
+                want, got = model(images), wrapped(images)
+                assert len(want[0][found]) > 0
+                assert all(torch.equal(got[0][k], want[0][k]) for k in want[0]), grad_mode
+    return images
+
+
 @pytest.mark.zoo
 def test_a_wrapped_mask_rcnn_returns_the_models_masks_with_the_rewrite_proven(fresh_states) -> None:
     """Fresh images each call, both grad modes: the wrapper's detections are the model's; the rewrite ran."""
@@ -139,14 +155,7 @@ def test_a_wrapped_mask_rcnn_returns_the_models_masks_with_the_rewrite_proven(fr
         weights=None, weights_backbone=None, min_size=160, max_size=224, box_score_thresh=0.0
     ).eval()
     wrapped = launchless.wrap(model)
-    g = torch.Generator().manual_seed(1)
-    for grad_mode in (torch.no_grad, torch.inference_mode):
-        with grad_mode():
-            for _ in range(2):
-                images = [torch.rand(3, 150, 200, generator=g)]
-                want, got = model(images), wrapped(images)
-                assert len(want[0]["masks"]) > 0
-                assert all(torch.equal(got[0][k], want[0][k]) for k in want[0]), grad_mode
+    _the_models_detections_on_fresh_images(model, wrapped, size=(150, 200), found="masks")
     info = wrapped.graph_info()["library_rewrites"]["torchvision paste_masks_in_image"]
     assert info["states"] == {"cpu torch.float32": "proven"} and info["calls"] == 4, info
 
@@ -200,14 +209,7 @@ def test_a_wrapped_ssdlite_returns_the_models_detections_with_its_rewrites_prove
         weights=None, weights_backbone=None, score_thresh=0.0
     ).eval()
     wrapped = launchless.wrap(model)
-    g = torch.Generator().manual_seed(1)
-    for grad_mode in (torch.no_grad, torch.inference_mode):
-        with grad_mode():
-            for _ in range(2):
-                images = [torch.rand(3, 320, 320, generator=g)]
-                want, got = model(images), wrapped(images)
-                assert len(want[0]["boxes"]) > 0
-                assert all(torch.equal(got[0][k], want[0][k]) for k in want[0]), grad_mode
+    images = _the_models_detections_on_fresh_images(model, wrapped, size=(320, 320), found="boxes")
     info = wrapped.graph_info()["library_rewrites"]
     assert info[ssd.name]["states"] == {"cpu torch.float32": "proven"} and info[ssd.name]["calls"] == 4, info
     assert info[nms.name]["states"] == {"cpu torch.float32": "proven"} and info[nms.name]["calls"] >= 4, info
