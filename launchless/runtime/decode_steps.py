@@ -137,8 +137,8 @@ class DecodeSteps:
         if first:
             self.prefills += 1
             return forward(*args, **kwargs)  # the prompt's forward runs eager
-        elsewhere = off_cache(forward, cache, keyword, args, kwargs)
-        if elsewhere:
+        if args or kwargs.get(keyword) is not cache:  # off the cache: named only then (the replay path stays lean)
+            elsewhere = off_cache(forward, cache, keyword, args, kwargs)
             if self.explicit:
                 message = f"launchless: {self.name}: a decode step is not replayed as a graph: {elsewhere}"
                 raise CaptureError(message, reason=elsewhere)
