@@ -1,6 +1,6 @@
 """Detectors whose post-processing waits for the GPU per detection or per class, eager against ``launchless.wrap``
 ("auto") on the GPU, where the wrapped call runs torchvision's functions rewritten to wait once
-(``runtime/library_rewrites``): Mask R-CNN's mask paste, Keypoint R-CNN's heatmap sizes, SSD's and SSDlite's
+(``core/library_rewrites``): Mask R-CNN's mask paste, Keypoint R-CNN's heatmap sizes, SSD's and SSDlite's
 per-class score masks and batched_nms.
 
     PYTHONPATH=. python benchmarks/detector_host_reads.py OUT_JSON

@@ -223,7 +223,7 @@ def test_mask_rcnn_pastes_its_masks_through_the_rewrite_proven_on_the_gpu(grad_m
     """Mask R-CNN's paste of each detection's mask waits for the GPU a dozen times a detection; inside the wrapped
     call it reads the boxes once, proven bit-identical to torchvision's function on its first call on the GPU; every
     fresh image's result is still the model's own."""
-    from launchless.runtime import library_rewrites
+    from launchless.core import library_rewrites
 
     model = _detector("maskrcnn_resnet50_fpn")
     fast = ll.wrap(model)
@@ -249,7 +249,7 @@ def test_ssdlite_finds_every_classs_boxes_at_once_proven_on_the_gpu(grad_mode: s
     """SSDlite masks each of its 90 classes' scores in turn (a wait for the GPU each) and its per-class batched_nms
     finds each class with a torch.where: inside the wrapped call both find all classes at once, proven bit-identical
     on the GPU; every fresh image's detections are the model's own."""
-    from launchless.runtime import library_rewrites
+    from launchless.core import library_rewrites
 
     model = _detector("ssdlite320_mobilenet_v3_large")
     fast = ll.wrap(model)
@@ -265,6 +265,37 @@ def test_ssdlite_finds_every_classs_boxes_at_once_proven_on_the_gpu(grad_mode: s
     ssd = "torchvision SSD.postprocess_detections"
     assert ssd in {rewrite.name for rewrite in library_rewrites.REWRITES}
     assert info[ssd]["states"] == {"cuda torch.float32": "proven"}, info
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+def test_ssdlite_compiled_by_the_backend_meets_its_rewrites_proven_on_the_gpu(grad_mode: str, monkeypatch) -> None:
+    """Under torch.compile(backend="launchless") Dynamo meets the rewrites (one graph break each, run eagerly, proven
+    on their first call on the GPU) instead of torchvision's per-class masks (a graph break and a wait each): every
+    fresh image's detections are those of the same compiled model with torchvision's own function at that break."""
+    from launchless.core import library_rewrites
+    from launchless.core.library_rewrites import RewriteState
+
+    rewrites = {r.name: r for r in library_rewrites.REWRITES}
+    ssd = rewrites["torchvision SSD.postprocess_detections"]
+    key = ("cuda", torch.float32)
+    monkeypatch.setattr(ssd, "states", dict(ssd.states))  # restored after: the states are the process's
+    model = _detector("ssdlite320_mobilenet_v3_large")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="launchless")
+    generator = torch.Generator().manual_seed(6)
+    try:
+        with GRAD_MODES[grad_mode]():
+            for call in range(4):
+                image = real_looking_image(generator, height=320, width=320)
+                calls = ssd.calls
+                got = compiled([image])
+                assert ssd.calls == calls + 1 and ssd.states[key] is RewriteState.PROVEN, (call, ssd.states)
+                ssd.states[key] = RewriteState.DROPPED  # the same compiled code, torchvision's function at the break
+                want = compiled([image])
+                ssd.states[key] = RewriteState.PROVEN
+                assert len(want[0]["boxes"]) > 0 and identical(got, want), call
+    finally:
+        torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("grad_mode", list(GRAD_MODES))

@@ -17,8 +17,8 @@ from torchvision.models.detection import roi_heads  # noqa: E402
 from torchvision.models.detection import transform as detection_transform  # noqa: E402
 
 import launchless  # noqa: E402
-from launchless.runtime import library_rewrites  # noqa: E402
-from launchless.runtime.library_rewrites import RewriteState  # noqa: E402
+from launchless.core import library_rewrites  # noqa: E402
+from launchless.core.library_rewrites import RewriteState  # noqa: E402
 
 REWRITES = {rewrite.name: rewrite for rewrite in library_rewrites.REWRITES}
 PASTE = REWRITES["torchvision paste_masks_in_image"]
@@ -235,3 +235,56 @@ def test_keypoints_are_read_from_the_librarys_heatmaps_bit_for_bit(n: int) -> No
         with _Ops() as rewritten:
             library_rewrites._heatmaps_to_keypoints(maps, rois)
         assert sum(library.ops[op] for op in READS) == 2 * n and sum(rewritten.ops[op] for op in READS) == 0
+
+
+def _graphs_handed_over(model: torch.nn.Module, images: list[torch.Tensor], *, rewrites: bool) -> int:
+    """How many FX graphs ``torch.compile`` hands the launchless backend for one call of ``model`` (the
+    backend's own graph handling left out: each graph runs as Dynamo traced it)."""
+    from launchless.compiler.backend import make_backend
+
+    handed: list[int] = []
+
+    def inner(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        handed.append(1)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=make_backend(inner, library_rewrites=rewrites))
+    with torch.no_grad():
+        compiled(images)
+    torch._dynamo.reset()
+    return len(handed)
+
+
+@pytest.mark.zoo
+def test_a_compiled_ssdlite_meets_its_rewrites_at_one_graph_break_each_proven(monkeypatch) -> None:
+    """Under ``torch.compile(backend="launchless")`` Dynamo meets the rewrites: SSDlite's post-processing runs
+    eagerly at one graph break (the library's breaks the graph at every class's mask), proven on its first call;
+    fresh images, both grad modes, every detection the model's own; the model called as itself, outside the
+    compiled code, still runs the library's functions."""
+    from launchless.compiler.backend import make_backend
+
+    ssd, nms = REWRITES["torchvision SSD.postprocess_detections"], REWRITES["torchvision batched_nms per class"]
+    for rewrite in (ssd, nms):
+        monkeypatch.setattr(rewrite, "states", {})
+        monkeypatch.setattr(rewrite, "reasons", {})
+        monkeypatch.setattr(rewrite, "calls", 0)
+        monkeypatch.setattr(rewrite, "under_compile", None)
+    torch.manual_seed(0)
+    model = torchvision.models.detection.ssdlite320_mobilenet_v3_large(
+        weights=None, weights_backbone=None, num_classes=8, score_thresh=0.0
+    ).eval()
+    images = [torch.rand(3, 320, 320, generator=torch.Generator().manual_seed(7))]
+    without, with_rewrites = (_graphs_handed_over(model, images, rewrites=r) for r in (False, True))
+    assert with_rewrites < without, (with_rewrites, without)
+    monkeypatch.setattr(ssd, "calls", 0)
+    compiled = torch.compile(model, backend=make_backend(lambda gm, example_inputs: gm.forward))
+    try:
+        images = _the_models_detections_on_fresh_images(model, compiled, size=(320, 320), found="boxes")
+    finally:
+        torch._dynamo.reset()
+    assert ssd.states == {("cpu", torch.float32): RewriteState.PROVEN} and ssd.calls == 4, (ssd.states, ssd.calls)
+    assert nms.states == {("cpu", torch.float32): RewriteState.PROVEN}, nms.states
+    with torch.no_grad(), _MaskIndexing() as library:
+        model(images)
+    assert ssd.calls == 4 and library.waits >= 2 * 7, (ssd.calls, library.waits)

@@ -25,6 +25,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from ..core import relocation
+from ..core.library_rewrites import install_for
 from ..errors import ConfigError, one_line
 from ..options import VerifyMode, check_bool, check_int, check_known, check_verify
 from .cgct import try_rewrite
@@ -75,6 +76,16 @@ def tensor_attribute_indices(
     )
 
 
+def calling_modules(gm: fx.GraphModule) -> set[str]:
+    """The modules of the classes whose forwards the FX graph holds code of (Dynamo's ``nn_module_stack``, a class
+    or its qualified name): the library code the rest of the compiled model calls is theirs."""
+    modules = set()
+    for node in gm.graph.nodes:
+        for _, kind in (node.meta.get("nn_module_stack") or {}).values():
+            modules.add(kind.rsplit(".", 1)[0] if isinstance(kind, str) else getattr(kind, "__module__", ""))
+    return modules
+
+
 def holds_host_tensors(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
     """CUDA tensors and host tensors in one graph: its capture would stop at the first host-to-device copy."""
     values = [*example_inputs, *(n.meta.get("example_value", n.meta.get("val")) for n in gm.graph.nodes)]
@@ -117,6 +128,9 @@ class BackendOptions:
     cache_dir=None: where decisions are cached (default ``~/.cache/launchless/decisions`` or
         ``$LAUNCHLESS_CACHE_DIR``).
     reprofile=False: measure again instead of using cached decisions.
+    library_rewrites=True: library functions that wait for the GPU once per element (torchvision's mask paste,
+        SSD's per-class masks, ...) are called by the compiled code rewritten to wait once per call, at one graph
+        break each, proven bit for bit on their first call (``core.library_rewrites``).
     """
 
     capture_after: int = 2
@@ -127,12 +141,13 @@ class BackendOptions:
     cgct: bool = True
     cache_dir: str | None = None
     reprofile: bool = False
+    library_rewrites: bool = True
 
     def __post_init__(self) -> None:
         check_int("capture_after", self.capture_after, minimum=1)
         check_int("max_graphs", self.max_graphs, minimum=1)
         check_verify(self.verify)
-        for name in ("selective", "indirection", "cgct", "reprofile"):
+        for name in ("selective", "indirection", "cgct", "reprofile", "library_rewrites"):
             check_bool(name, getattr(self, name))
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
             raise ConfigError(f"cache_dir={self.cache_dir!r} is not accepted; pass a directory path or None")
@@ -162,6 +177,7 @@ def make_backend(
     cgct: bool = True,
     cache_dir: str | None = None,
     reprofile: bool = False,
+    library_rewrites: bool = True,
 ) -> Callable[..., Any]:
     """A Dynamo backend with these options (see ``BackendOptions``); ``torch.compile(..., options={...})`` given
     to the backend it returns overrides them for that compile."""
@@ -174,6 +190,7 @@ def make_backend(
         cgct=cgct,
         cache_dir=cache_dir,
         reprofile=reprofile,
+        library_rewrites=library_rewrites,
     )
     caches: dict[tuple[str | None, bool], DecisionCache] = {}
     # the relocation hooks (global module registration hooks) go in now, before Dynamo traces anything: Dynamo
@@ -196,6 +213,8 @@ def make_backend(
                 "graphs); leave mode out and pass launchless's options as options={...}"
             )
         opts = defaults.updated(options)
+        if opts.library_rewrites:  # before Dynamo traces the code after this graph's break, where they are called
+            install_for(calling_modules(gm), compiled=True)
         global _counter
         _counter += 1
         name = f"graph {_counter}"

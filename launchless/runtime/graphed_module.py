@@ -27,6 +27,7 @@ from typing import Any, Literal, cast
 import torch
 
 from ..core import capture as _capture
+from ..core import library_rewrites
 from ..core.buckets import check_buckets
 from ..core.cache import GraphCache
 from ..core.junctions import JunctionChanged
@@ -36,7 +37,6 @@ from ..core.signature import FlatInputs, Signature, UnhashableInput, flatten_inp
 from ..core.status import Admission
 from ..errors import ConfigError
 from ..options import KERNELS, KernelsMode, VerifyMode, check_choice, check_int, check_number, check_verify
-from . import library_rewrites
 from .batch_buckets import AUTO, BatchBucketing, BucketPlan
 from .capture_flow import CaptureFlow, graph_row
 from .compiled_kernels import CompiledKernels

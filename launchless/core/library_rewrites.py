@@ -18,6 +18,13 @@ outside launchless call the library's function untouched), never while a stream 
 meets the capture as it would; a rewrite's proof is never taken inside one); ``install`` puts the dispatching
 function in place of the library's where the library's modules are imported, and only where the function is the one
 it rewrites (its signature unchanged).
+
+Under ``torch.compile`` the rewrite is what Dynamo meets: the launchless backend installs the rewrites of the library
+functions the compiled code's modules call (``install_for``, from the modules of each FX graph it is handed, before
+Dynamo traces the code after that graph's break) and lets code that Dynamo traces call them (``under_compile``): the
+call becomes one graph break, where the rewrite runs eagerly, proven as above -- where the library's function breaks
+the graph at each of its waits. Once installed so, that holds for every ``torch.compile`` in the process, whichever
+backend (the values are the library's, proven); ``torch.export`` and TorchScript keep the library's function.
 """
 
 from __future__ import annotations
@@ -37,9 +44,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 
-from ..core.status import Label
-from ..core.verify import identical
 from ..errors import one_line
+from .status import Label
+from .verify import identical
 
 logger = logging.getLogger("launchless")
 
@@ -67,6 +74,7 @@ class Rewrite:
     states: dict[tuple[str, torch.dtype], RewriteState] = dataclasses.field(default_factory=dict)
     reasons: dict[tuple[str, torch.dtype], str] = dataclasses.field(default_factory=dict)
     calls: int = 0  # calls that ran the rewrite
+    under_compile: Callable[..., Any] | None = None  # set by the compiler backend: code Dynamo traces runs the rewrite
 
 
 def _paste_masks_in_image(masks: torch.Tensor, boxes: torch.Tensor, img_shape: Any, padding: int = 1) -> torch.Tensor:
@@ -203,7 +211,10 @@ REWRITES: tuple[Rewrite, ...] = (
         attribute="paste_masks_in_image",
         parameters=("masks", "boxes", "img_shape", "padding"),
         rewritten=_paste_masks_in_image,
-        callers=("torchvision.models.detection.transform",),  # GeneralizedRCNNTransform.postprocess
+        callers=(  # GeneralizedRCNNTransform.postprocess; under torch.compile the mask head may be all it sees
+            "torchvision.models.detection.transform",
+            "torchvision.models.detection.mask_rcnn",
+        ),
     ),
     Rewrite(
         name="torchvision heatmaps_to_keypoints",
@@ -211,7 +222,10 @@ REWRITES: tuple[Rewrite, ...] = (
         attribute="heatmaps_to_keypoints",
         parameters=("maps", "rois"),
         rewritten=_heatmaps_to_keypoints,
-        callers=("torchvision.models.detection.roi_heads",),  # RoIHeads' keypoint branch
+        callers=(  # RoIHeads' keypoint branch; under torch.compile its keypoint head may be all it sees
+            "torchvision.models.detection.roi_heads",
+            "torchvision.models.detection.keypoint_rcnn",
+        ),
     ),
     Rewrite(
         name="torchvision SSD.postprocess_detections",
@@ -219,7 +233,7 @@ REWRITES: tuple[Rewrite, ...] = (
         attribute="SSD.postprocess_detections",
         parameters=("self", "head_outputs", "image_anchors", "image_shapes"),
         rewritten=_ssd_postprocess_detections,
-        callers=("torchvision.models.detection.ssd",),  # SSD and SSDlite
+        callers=("torchvision.models.detection.ssd", "torchvision.models.detection.ssdlite"),  # SSD and SSDlite
     ),
     Rewrite(
         name="torchvision batched_nms per class",
@@ -228,7 +242,8 @@ REWRITES: tuple[Rewrite, ...] = (
         parameters=("boxes", "scores", "idxs", "iou_threshold"),
         rewritten=_batched_nms_vanilla,
         callers=tuple(  # the detectors whose post-processing calls batched_nms
-            f"torchvision.models.detection.{name}" for name in ("ssd", "roi_heads", "rpn", "retinanet", "fcos")
+            f"torchvision.models.detection.{name}"
+            for name in ("ssd", "ssdlite", "roi_heads", "rpn", "retinanet", "fcos")
         ),
     ),
 )
@@ -249,7 +264,12 @@ def install(model: torch.nn.Module) -> list[Rewrite]:
     """The rewrites of the library functions ``model`` calls -- a submodule of the class whose module calls the
     function (Mask R-CNN's ``GeneralizedRCNNTransform``) -- each put in place of the library function where the
     function there is the one rewritten (idempotent)."""
-    modules = {type(m).__module__ for m in model.modules()}
+    return install_for({type(m).__module__ for m in model.modules()})
+
+
+def install_for(modules: set[str], *, compiled: bool = False) -> list[Rewrite]:
+    """The rewrites of the library functions that classes of ``modules`` (module names) call, installed as
+    ``install`` does; ``compiled``: code that ``torch.compile`` traces runs them too (the compiler backend's)."""
     installed = []
     with _LOCK:
         for rewrite in REWRITES:
@@ -260,24 +280,52 @@ def install(model: torch.nn.Module) -> list[Rewrite]:
             current = getattr(owner, name, None) if owner is not None else None
             if current is None:
                 continue
-            if getattr(current, "__launchless_rewrite__", None) is rewrite:
-                installed.append(rewrite)
-                continue
-            try:
-                parameters = tuple(inspect.signature(current).parameters)
-            except (TypeError, ValueError):
-                continue
-            if parameters != rewrite.parameters:
-                continue  # another function than the one rewritten: left alone
-            setattr(owner, name, _dispatching(rewrite, current))
+            if getattr(current, "__launchless_rewrite__", None) is not rewrite:
+                try:
+                    parameters = tuple(inspect.signature(current).parameters)
+                except (TypeError, ValueError):
+                    continue
+                if parameters != rewrite.parameters:
+                    continue  # another function than the one rewritten: left alone
+                current = _dispatching(rewrite, current)
+                setattr(owner, name, current)
+            if compiled and rewrite.under_compile is None:
+                rewrite.under_compile = _eager_under_compile(current)
+                logger.info(
+                    "launchless: inside code torch.compile traces, %s waits for the GPU once per call (rewritten: "
+                    "one graph break where the library's function breaks the graph at each wait; proven bit for bit "
+                    "on its first call)",
+                    rewrite.name,
+                )
             installed.append(rewrite)
     return installed
+
+
+def _eager_under_compile(dispatch: Callable[..., Any]) -> Callable[..., Any]:
+    """``dispatch`` as code compiled by ``torch.compile`` calls it: never traced (one graph break), run eagerly
+    with the rewrites in force."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with active():
+            return dispatch(*args, **kwargs)
+
+    return torch.compiler.disable(run)
+
+
+def _compiling() -> bool:
+    """Whether Dynamo traces the call for ``torch.compile`` (not for ``torch.export``, which takes no graph
+    break: the library's function, as traced)."""
+    exporting = getattr(torch.compiler, "is_exporting", lambda: False)
+    return torch.compiler.is_compiling() and not exporting()
 
 
 def _dispatching(rewrite: Rewrite, original: Callable[..., Any]) -> Callable[..., Any]:
     """The library function inside wrapped calls rewritten (proven on its first call), elsewhere itself."""
 
     def dispatch(*args: Any, **kwargs: Any) -> Any:
+        if _compiling():  # read as constants while Dynamo traces: the rewrite at one graph break, or the library's
+            under_compile = rewrite.under_compile
+            return under_compile(*args, **kwargs) if under_compile is not None else original(*args, **kwargs)
         if not _ACTIVE.get() or _tracing():
             return original(*args, **kwargs)
         tensor = next((t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)), None)
