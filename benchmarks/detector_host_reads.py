@@ -1,7 +1,7 @@
 """Detectors whose post-processing waits for the GPU per detection or per class, eager against ``launchless.wrap``
 ("auto") on the GPU, where the wrapped call runs torchvision's functions rewritten to wait once
 (``core/library_rewrites``): Mask R-CNN's mask paste, Keypoint R-CNN's heatmap sizes, SSD's and SSDlite's
-per-class score masks and batched_nms.
+per-class score masks and batched_nms, RetinaNet's and FCOS's per-level score masks.
 
     PYTHONPATH=. python benchmarks/detector_host_reads.py OUT_JSON
 
@@ -34,6 +34,8 @@ MODELS = (
     "keypointrcnn_resnet50_fpn",
     "ssdlite320_mobilenet_v3_large",
     "ssd300_vgg16",
+    "retinanet_resnet50_fpn",
+    "fcos_resnet50_fpn",
 )
 CALLS = 12
 
@@ -60,7 +62,7 @@ def main(out: str) -> None:
         for grad_mode in (torch.no_grad, torch.inference_mode):
             with grad_mode():
                 same = all(identical(wrapped([image]), model([image])) for image in images)
-                detections = [len(model([image])[0]["masks"]) for image in images[:3]]
+                detections = [len(model([image])[0]["boxes"]) for image in images[:3]]
                 eager = [waited_ms(model, images), None]
                 launchless = [waited_ms(wrapped, images), None]
                 eager[1], launchless[1] = waited_ms(model, images), waited_ms(wrapped, images)

@@ -39,8 +39,9 @@
 #                      (COVER="name ..." instead of the blocked models and fasterrcnn_mobilenet)
 #   profile            launchless bench --profile over the workloads DIAG="name ..." names, in the compiler steps'
 #                      modes (MODES): where each call's time goes, recompiles logged
-#   detector-host-reads benchmarks/detector_host_reads.py: Mask R-CNN, SSDlite and SSD eager against wrap, their
-#                      post-processing through torchvision's functions rewritten to wait for the GPU once
+#   detector-host-reads benchmarks/detector_host_reads.py: Mask R-CNN, Keypoint R-CNN, SSDlite, SSD, RetinaNet and
+#                      FCOS eager against wrap, their post-processing through torchvision's functions rewritten to
+#                      wait for the GPU once
 #   differential       launchless differential run over LIBS="library:workers ..." side by side (default: all five
 #                      populations, 14 workers) until DEADLINE seconds (540), resumable: rows go to RUNS/<library>
 #                      (benchmarks/results/differential-runs), models with rows there already are left out, and

@@ -299,6 +299,28 @@ def test_ssdlite_compiled_by_the_backend_meets_its_rewrites_proven_on_the_gpu(gr
 
 
 @pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+@pytest.mark.parametrize("name", ["retinanet_resnet50_fpn", "fcos_resnet50_fpn"])
+def test_dense_detectors_find_every_levels_scores_at_once_proven_on_the_gpu(name: str, grad_mode: str) -> None:
+    """RetinaNet and FCOS mask each level's scores and find where they are (two waits for the GPU a level): inside
+    the wrapped call all levels' at once, proven bit-identical on the GPU; every fresh image's detections are the
+    model's own (a score threshold of 0: random weights score below the default)."""
+    torch.manual_seed(0)
+    builder = getattr(torchvision.models.detection, name)
+    model = builder(weights=None, weights_backbone=None, score_thresh=0.0).cuda().eval()
+    fast = ll.wrap(model)
+    generator = torch.Generator().manual_seed(8)
+    with GRAD_MODES[grad_mode]():
+        for call in range(4):
+            image = real_looking_image(generator)
+            expected = model([image])
+            assert len(expected[0]["boxes"]) > 0
+            assert identical(fast([image]), expected), call
+    kind = "RetinaNet" if name.startswith("retinanet") else "FCOS"
+    info = fast.graph_info()["library_rewrites"][f"torchvision {kind}.postprocess_detections"]
+    assert info["states"] == {"cuda torch.float32": "proven"}, info
+
+
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
 def test_keypoint_rcnn_reads_its_heatmap_sizes_at_once_proven_on_the_gpu(grad_mode: str) -> None:
     """Keypoint R-CNN reads two heatmap sizes per detection with .item(): inside the wrapped call all at once,
     proven bit-identical on the GPU; every fresh image's keypoints are the model's own."""

@@ -288,3 +288,69 @@ def test_a_compiled_ssdlite_meets_its_rewrites_at_one_graph_break_each_proven(mo
     with torch.no_grad(), _MaskIndexing() as library:
         model(images)
     assert ssd.calls == 4 and library.waits >= 2 * 7, (ssd.calls, library.waits)
+
+
+def _dense_head_outputs(seed: int, *, centerness: bool) -> tuple[dict, list, list]:
+    """A RetinaNet's or FCOS's head outputs over five levels for two images, as ``postprocess_detections`` gets
+    them: one level with no score above the threshold, one with every score above it, some scores the same."""
+    g = torch.Generator().manual_seed(seed)
+    sizes, classes = [48, 24, 12, 6, 3], 5
+    logits = [torch.randn(2, n, classes, generator=g) * 3 for n in sizes]
+    logits[1][:] = -12.0  # nothing above the threshold
+    logits[3][:] = 8.0  # everything above it
+    logits[0][:, :4] = logits[0][:, 4:8]  # ties
+    outputs = {"cls_logits": logits, "bbox_regression": [torch.randn(2, n, 4, generator=g) for n in sizes]}
+    if centerness:
+        outputs["bbox_ctrness"] = [torch.randn(2, n, 1, generator=g) for n in sizes]
+    corners = [torch.rand(n, 2, generator=g) * 200 for n in sizes]
+    level_anchors = [
+        torch.cat([c, c + 8 + torch.rand(n, 2, generator=g) * 60], dim=1) for c, n in zip(corners, sizes, strict=True)
+    ]
+    return outputs, [level_anchors, level_anchors], [(240, 260), (220, 250)]
+
+
+@pytest.mark.parametrize("kind", ["retinanet", "fcos"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dense_detectors_keep_the_librarys_detections_finding_every_levels_scores_at_once(kind: str, seed: int) -> None:
+    """RetinaNet's and FCOS's post-processing mask each level's scores and find where they are (two waits a level):
+    the rewrite finds all levels' at once, and every box, score and label is the library's, bit for bit."""
+    from torchvision.models.detection import _utils as det_utils
+    from torchvision.models.detection import fcos, retinanet
+
+    centerness = kind == "fcos"
+    library = (fcos.FCOS if centerness else retinanet.RetinaNet).postprocess_detections
+    library = getattr(library, "__wrapped__", library)  # torchvision's own, where a test installed the rewrite
+    rewritten = REWRITES[f"torchvision {'FCOS' if centerness else 'RetinaNet'}.postprocess_detections"].rewritten
+    coder = det_utils.BoxLinearCoder(normalize_by_size=True) if centerness else det_utils.BoxCoder((1.0, 1.0, 1.0, 1.0))
+    model = type("Detector", (), {})()
+    model.score_thresh, model.nms_thresh, model.detections_per_img, model.topk_candidates = 0.05, 0.5, 30, 40
+    model.box_coder = coder
+    outputs, anchors, shapes = _dense_head_outputs(seed, centerness=centerness)
+    with _MaskIndexing() as waits_library:
+        want = library(model, outputs, anchors, shapes)
+    with _MaskIndexing() as waits_rewritten:
+        got = rewritten(model, outputs, anchors, shapes)
+    assert all(len(w["boxes"]) > 0 for w in want)
+    for w, r in zip(want, got, strict=True):
+        assert w.keys() == r.keys() and all(torch.equal(w[k], r[k]) and w[k].dtype == r[k].dtype for k in w), kind
+    assert waits_library.waits >= 2 * 2 * 5 and waits_rewritten.waits <= 2 * 2, (
+        waits_library.waits,
+        waits_rewritten.waits,
+    )
+
+
+@pytest.mark.zoo
+def test_a_wrapped_retinanet_returns_the_models_detections_with_its_rewrite_proven(monkeypatch) -> None:
+    """Fresh images each call, both grad modes: the wrapped RetinaNet's detections are the model's, its
+    post-processing rewritten and proven."""
+    retina = REWRITES["torchvision RetinaNet.postprocess_detections"]
+    monkeypatch.setattr(retina, "states", {})
+    monkeypatch.setattr(retina, "calls", 0)
+    torch.manual_seed(0)
+    model = torchvision.models.detection.retinanet_resnet50_fpn(  # random weights score below the default 0.05
+        weights=None, weights_backbone=None, min_size=160, max_size=224, score_thresh=0.0
+    ).eval()
+    wrapped = launchless.wrap(model)
+    _the_models_detections_on_fresh_images(model, wrapped, size=(150, 200), found="boxes")
+    info = wrapped.graph_info()["library_rewrites"][retina.name]
+    assert info["states"] == {"cpu torch.float32": "proven"} and info["calls"] == 4, info

@@ -9,6 +9,8 @@ launches the same kernels with the same arguments: the same values by constructi
 SSDlite mask each class's scores in turn (a wait per class and tensor: some 180 for COCO's classes), and
 ``batched_nms`` over many boxes finds each class's with a ``torch.where`` (a wait per class): both find them for
 every class at once. Keypoint R-CNN reads two heatmap sizes per detection with ``.item()``: read at once too.
+RetinaNet and FCOS mask each feature level's scores and find where they are (two waits a level, ten over five
+levels): every level's are found by one ``nonzero``.
 
 "By construction" is still proven: the first call of a rewrite in a process (per device type and dtype) runs the
 library's own function as well and compares the two bit for bit; a difference (a library release that changed the
@@ -199,6 +201,85 @@ def _heatmaps_to_keypoints(maps: torch.Tensor, rois: torch.Tensor) -> tuple[torc
     return xy_preds.permute(0, 2, 1), end_scores
 
 
+def _above_threshold(levels: list[torch.Tensor], threshold: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per level of flattened scores, the scores above ``threshold`` and where they are (``torch.where``'s
+    indices, ascending): what the library's ``scores[scores > threshold]`` and ``torch.where(keep)[0]`` give, a
+    wait for the GPU each, found for every level by one ``nonzero`` over all of them (the counts per level read
+    once the GPU is idle)."""
+    masks = [scores > threshold for scores in levels]
+    counts = torch.stack([mask.sum() for mask in masks])
+    found = torch.cat(masks).nonzero()[:, 0]  # the one wait: every level's positions, level by level, ascending
+    kept, start, offset = [], 0, 0
+    for scores, count in zip(levels, counts.tolist(), strict=True):
+        where = found[start : start + count] - offset
+        kept.append((scores[where], where))
+        start, offset = start + count, offset + scores.numel()
+    return kept
+
+
+def _dense_postprocess_detections(
+    model: Any,
+    head_outputs: dict[str, list[torch.Tensor]],
+    anchors: list[list[torch.Tensor]],
+    image_shapes: list[tuple[int, int]],
+    *,
+    centerness: bool,
+) -> list[dict[str, torch.Tensor]]:
+    """torchvision's ``RetinaNet.postprocess_detections`` (``centerness`` False) and ``FCOS``'s (True: scores the
+    square root of class and centerness probabilities, boxes decoded by ``decode``) with every level's scores above
+    the threshold found at once (``_above_threshold``: one wait where the library waits twice per level); then per
+    level the same ``topk``, labels, box decoding and clipping, and the same ``batched_nms``, on the same values."""
+    from torchvision.models.detection import _utils as det_utils
+    from torchvision.ops import boxes as box_ops
+
+    detections: list[dict[str, torch.Tensor]] = []
+    for index, image_shape in enumerate(image_shapes):
+        regressions = [br[index] for br in head_outputs["bbox_regression"]]
+        logits = [cl[index] for cl in head_outputs["cls_logits"]]
+        if centerness:
+            ctrness = [bc[index] for bc in head_outputs["bbox_ctrness"]]
+            levels = [
+                torch.sqrt(torch.sigmoid(lg) * torch.sigmoid(c)).flatten()
+                for lg, c in zip(logits, ctrness, strict=False)
+            ]
+        else:
+            levels = [torch.sigmoid(lg).flatten() for lg in logits]
+        image_boxes, image_scores, image_labels = [], [], []
+        for (scores, where), regression, logit, level_anchors in zip(
+            _above_threshold(levels, model.score_thresh), regressions, logits, anchors[index], strict=False
+        ):
+            num_classes = logit.shape[-1]
+            num_topk = det_utils._topk_min(where, model.topk_candidates, 0)
+            scores, idxs = scores.topk(num_topk)
+            where = where[idxs]
+            anchor_idxs = torch.div(where, num_classes, rounding_mode="floor")
+            labels = where % num_classes
+            decode = model.box_coder.decode if centerness else model.box_coder.decode_single
+            boxes = decode(regression[anchor_idxs], level_anchors[anchor_idxs])
+            image_boxes.append(box_ops.clip_boxes_to_image(boxes, image_shape))
+            image_scores.append(scores)
+            image_labels.append(labels)
+        all_boxes = torch.cat(image_boxes, dim=0)
+        all_scores = torch.cat(image_scores, dim=0)
+        all_labels = torch.cat(image_labels, dim=0)
+        keep = box_ops.batched_nms(all_boxes, all_scores, all_labels, model.nms_thresh)
+        keep = keep[: model.detections_per_img]
+        detections.append({"boxes": all_boxes[keep], "scores": all_scores[keep], "labels": all_labels[keep]})
+    return detections
+
+
+def _retinanet_postprocess_detections(
+    self: Any, head_outputs: dict[str, list[torch.Tensor]], anchors: list[list[torch.Tensor]], image_shapes: list[Any]
+) -> list[dict[str, torch.Tensor]]:
+    return _dense_postprocess_detections(self, head_outputs, anchors, image_shapes, centerness=False)
+
+
+def _fcos_postprocess_detections(
+    self: Any, head_outputs: dict[str, list[torch.Tensor]], anchors: list[list[torch.Tensor]], image_shapes: list[Any]
+) -> list[dict[str, torch.Tensor]]:
+    return _dense_postprocess_detections(self, head_outputs, anchors, image_shapes, centerness=True)
+
+
 def _tracing() -> bool:
     """Whether TorchScript or ONNX export traces the call (torchvision then takes its traceable path)."""
     return bool(torch.jit.is_scripting() or torch._C._get_tracing_state())
@@ -234,6 +315,22 @@ REWRITES: tuple[Rewrite, ...] = (
         parameters=("self", "head_outputs", "image_anchors", "image_shapes"),
         rewritten=_ssd_postprocess_detections,
         callers=("torchvision.models.detection.ssd", "torchvision.models.detection.ssdlite"),  # SSD and SSDlite
+    ),
+    Rewrite(
+        name="torchvision RetinaNet.postprocess_detections",
+        module="torchvision.models.detection.retinanet",
+        attribute="RetinaNet.postprocess_detections",
+        parameters=("self", "head_outputs", "anchors", "image_shapes"),
+        rewritten=_retinanet_postprocess_detections,
+        callers=("torchvision.models.detection.retinanet",),  # RetinaNet and its heads
+    ),
+    Rewrite(
+        name="torchvision FCOS.postprocess_detections",
+        module="torchvision.models.detection.fcos",
+        attribute="FCOS.postprocess_detections",
+        parameters=("self", "head_outputs", "anchors", "image_shapes"),
+        rewritten=_fcos_postprocess_detections,
+        callers=("torchvision.models.detection.fcos",),  # FCOS and its heads
     ),
     Rewrite(
         name="torchvision batched_nms per class",
