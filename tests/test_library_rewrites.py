@@ -354,3 +354,23 @@ def test_a_wrapped_retinanet_returns_the_models_detections_with_its_rewrite_prov
     _the_models_detections_on_fresh_images(model, wrapped, size=(150, 200), found="boxes")
     info = wrapped.graph_info()["library_rewrites"][retina.name]
     assert info["states"] == {"cpu torch.float32": "proven"} and info["calls"] == 4, info
+
+
+@pytest.mark.zoo
+def test_explain_names_the_library_functions_a_compiled_model_calls_rewritten(monkeypatch) -> None:
+    """``launchless.explain`` says which library functions the model's compiled code called rewritten, and where
+    each stands."""
+    ssd = REWRITES["torchvision SSD.postprocess_detections"]
+    monkeypatch.setattr(ssd, "states", {})
+    monkeypatch.setattr(ssd, "under_compile", None)
+    torch.manual_seed(0)
+    model = torchvision.models.detection.ssdlite320_mobilenet_v3_large(
+        weights=None, weights_backbone=None, num_classes=8
+    ).eval()
+    explanation = launchless.explain(
+        model, [torch.rand(3, 320, 320)], calls=2, backend_options={"inner": lambda gm, example_inputs: gm.forward}
+    )
+    torch._dynamo.reset()
+    assert explanation.library_rewrites[ssd.name]["states"] == {"cpu torch.float32": "proven"}, explanation
+    assert "torchvision SSD.postprocess_detections rewritten: cpu torch.float32 proven" in str(explanation)
+    assert "paste_masks" not in str(explanation)  # SSDlite never calls it

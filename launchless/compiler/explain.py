@@ -3,7 +3,8 @@
 Per FX graph Dynamo produced: its size, the capture blockers found in it (with the user's source
 line), whether it was captured, the variant the selective-graph step chose with the times that chose
 it, pointer indirection's verdict, bytes copied per replay, and its kernel count. Over the model:
-coverage, the share of one call's kernels that run inside graphs.
+coverage, the share of one call's kernels that run inside graphs, and the library functions its compiled code
+called rewritten to wait for the GPU once (``core.library_rewrites``), with where each stands.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, cast
 import torch
 from torch import fx
 
+from ..core import library_rewrites
 from ..errors import one_line
 from . import backend as _backend
 from .compiled_graphs import CompiledGraphs
@@ -35,6 +37,7 @@ class GraphReport:
 class Explanation:
     graphs: list[GraphReport] = field(default_factory=list)
     kernels_per_call: int | None = None  # all kernels of one call (inside and outside graphs)
+    library_rewrites: dict[str, Any] = field(default_factory=dict)  # ``library_rewrites.info`` of those it called
 
     @property
     def coverage(self) -> float | None:
@@ -48,9 +51,14 @@ class Explanation:
         from rich.table import Table
 
         cov = self.coverage
-        caption = (
-            f"coverage: {cov:.0%} of {self.kernels_per_call} kernels per call in graphs" if cov is not None else ""
+        lines = (
+            [f"coverage: {cov:.0%} of {self.kernels_per_call} kernels per call in graphs"] if cov is not None else []
         )
+        lines += [
+            f"{name} rewritten: " + ", ".join(f"{on} {state}" for on, state in info["states"].items())
+            for name, info in self.library_rewrites.items()
+        ]
+        caption = "\n".join(lines)
         table = Table(title="launchless explain", caption=caption)
         for column in ("graph", "nodes", "kernels", "variant (ms)", "copied/replay", "blockers / notes"):
             table.add_column(column)
@@ -148,6 +156,7 @@ def explain(
     """Compile ``model`` with the launchless backend (``backend_options`` go to ``make_backend``, e.g.
     ``cgct=False``), run it ``calls`` times, and report per graph."""
     recorded: list[tuple[fx.GraphModule, list, Any]] = []
+    rewrites_before = {r.name: (r.calls, dict(r.states)) for r in library_rewrites.REWRITES}
     inner_backend = _backend.make_backend(**(backend_options or {}))
 
     def recording(gm: fx.GraphModule, example_inputs: list) -> Any:
@@ -179,4 +188,7 @@ def explain(
             explanation.graphs.append(report)
         if torch.cuda.is_available():
             explanation.kernels_per_call = _kernels_per_call(lambda: compiled(*inputs, **kwargs))
+    explanation.library_rewrites = library_rewrites.info(  # those its calls ran, or proved or dropped
+        [r for r in library_rewrites.REWRITES if (r.calls, r.states) != rewrites_before[r.name]]
+    )
     return explanation
