@@ -12,7 +12,9 @@
 #                      there as well (the device downloads nothing: the differential diffusers rows need diffusers)
 #   tests              python -m pytest -m cuda (all GPU tests; more than one device call holds: use the parts)
 #   tests-at-once      tests-core, tests-serving, tests-compiled and tests-differential as four processes side by side
-#                      on the one GPU (a test that judges speed may read the others' load: run it again alone)
+#                      on the one GPU (a test that judges speed may read the others' load: run it again alone); run
+#                      it alone in its device call: beside another step's processes (a differential run) the GPU's
+#                      memory runs out and the speed tests judge the other work's load
 #   tests-core         the parts of it one device call holds: the runtime, coverage, splits, hazard catalogue,
 #   tests-serving      README, bench, compiler and training tests (core); decoding, buckets, budget and the serving
 #   tests-multigpu     bench (serving); tensor parallelism and DDP, world 1, and world 2 on two GPUs (multigpu)
