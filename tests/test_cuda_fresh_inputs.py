@@ -220,9 +220,10 @@ def test_deformable_detr_fed_fresh_images_returns_eagers_result(grad_mode: str) 
 
 @pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
 def test_mask_rcnn_pastes_its_masks_through_the_rewrite_proven_on_the_gpu(grad_mode: str) -> None:
-    """Mask R-CNN's paste of each detection's mask waits for the GPU a dozen times a detection; inside the wrapped
-    call it reads the boxes once, proven bit-identical to torchvision's function on its first call on the GPU; every
-    fresh image's result is still the model's own."""
+    """Mask R-CNN's paste of each detection's mask waits for the GPU a dozen times a detection, and its box and
+    mask heads' RoIAlign once per feature level; inside the wrapped call it reads the boxes once and sorts the
+    levels once, proven bit-identical to torchvision's functions on their first call on the GPU; every fresh
+    image's result is still the model's own."""
     from launchless.core import library_rewrites
 
     model = _detector("maskrcnn_resnet50_fpn")
@@ -242,6 +243,8 @@ def test_mask_rcnn_pastes_its_masks_through_the_rewrite_proven_on_the_gpu(grad_m
     info = fast.graph_info()["library_rewrites"]["torchvision paste_masks_in_image"]
     assert info["states"] == {"cuda torch.float32": "proven"}, info
     assert paste.calls - calls_before >= 4  # every call pastes (and capture, verification and timing run it too)
+    pooling = fast.graph_info()["library_rewrites"]["torchvision multi-scale RoIAlign"]  # the box and mask heads'
+    assert pooling["states"] == {"cuda torch.float32": "proven"} and pooling["calls"] >= 8, pooling
 
 
 @pytest.mark.parametrize("grad_mode", list(GRAD_MODES))

@@ -374,3 +374,56 @@ def test_explain_names_the_library_functions_a_compiled_model_calls_rewritten(mo
     assert explanation.library_rewrites[ssd.name]["states"] == {"cpu torch.float32": "proven"}, explanation
     assert "torchvision SSD.postprocess_detections rewritten: cpu torch.float32 proven" in str(explanation)
     assert "paste_masks" not in str(explanation)  # SSDlite never calls it
+
+
+def _pyramid(seed: int, *, boxes: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Four FPN levels of two images and boxes over them of every size (some of no area, one NaN: neither lands on
+    a level the library's loop takes, so their rows stay zero)."""
+    g = torch.Generator().manual_seed(seed)
+    features = [torch.randn(2, 8, 64 // 2**k, 64 // 2**k, generator=g) for k in range(4)]
+    per_image = []
+    for _ in range(2):
+        corners = torch.rand(boxes, 2, generator=g) * 200
+        extents = torch.rand(boxes, 2, generator=g) ** 3 * 250
+        extents[: boxes // 10] = 0
+        b = torch.cat([corners, corners + extents], dim=1)
+        if boxes:
+            b[-1] = float("nan")
+        per_image.append(b)
+    return features, per_image
+
+
+@pytest.mark.parametrize("boxes", [0, 1, 60])
+def test_multiscale_roi_align_pools_the_librarys_values_finding_every_levels_boxes_at_once(boxes: int) -> None:
+    """Every R-CNN's RoIAlign over the FPN levels finds each level's boxes with a torch.where (a wait a level, for
+    each head): the rewrite sorts them once, and pools the library's values bit for bit."""
+    from torchvision.ops import poolers
+
+    library = getattr(poolers._multiscale_roi_align, "__wrapped__", poolers._multiscale_roi_align)
+    for seed in range(3):
+        features, per_image = _pyramid(seed, boxes=boxes)
+        scales, mapper = poolers._setup_scales(features, [(256, 256), (256, 256)], 224, 4)  # the pooler's defaults
+        arguments = (features, per_image, (7, 7), 2, scales, mapper)
+        with _MaskIndexing() as waits_library:
+            want = library(*arguments)
+        with _MaskIndexing() as waits_rewritten:
+            got = library_rewrites._multiscale_roi_align(*arguments)
+        assert torch.equal(got, want) and got.dtype == want.dtype, seed
+        assert waits_library.waits == 4 and waits_rewritten.waits == 0, (waits_library.waits, waits_rewritten.waits)
+
+
+@pytest.mark.zoo
+def test_a_wrapped_faster_rcnn_returns_the_models_detections_with_its_pooling_rewritten(monkeypatch) -> None:
+    """Fresh images each call, both grad modes: the wrapped Faster R-CNN's detections are the model's, its
+    multi-scale RoIAlign rewritten and proven."""
+    pooling = REWRITES["torchvision multi-scale RoIAlign"]
+    monkeypatch.setattr(pooling, "states", {})
+    monkeypatch.setattr(pooling, "calls", 0)
+    torch.manual_seed(0)
+    model = torchvision.models.detection.fasterrcnn_resnet50_fpn(
+        weights=None, weights_backbone=None, min_size=160, max_size=224, box_score_thresh=0.0
+    ).eval()
+    wrapped = launchless.wrap(model)
+    _the_models_detections_on_fresh_images(model, wrapped, size=(150, 200), found="boxes")
+    info = wrapped.graph_info()["library_rewrites"][pooling.name]
+    assert info["states"] == {"cpu torch.float32": "proven"} and info["calls"] == 4, info

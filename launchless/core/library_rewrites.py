@@ -10,7 +10,8 @@ SSDlite mask each class's scores in turn (a wait per class and tensor: some 180 
 ``batched_nms`` over many boxes finds each class's with a ``torch.where`` (a wait per class): both find them for
 every class at once. Keypoint R-CNN reads two heatmap sizes per detection with ``.item()``: read at once too.
 RetinaNet and FCOS mask each feature level's scores and find where they are (two waits a level, ten over five
-levels): every level's are found by one ``nonzero``.
+levels): every level's are found by one ``nonzero``. Every R-CNN's multi-scale RoIAlign finds each level's boxes
+with a ``torch.where`` (a wait per level, for the box head and again for the mask or keypoint head): one sort.
 
 "By construction" is still proven: the first call of a rewrite in a process (per device type and dtype) runs the
 library's own function as well and compares the two bit for bit; a difference (a library release that changed the
@@ -39,7 +40,7 @@ import inspect
 import logging
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -280,6 +281,52 @@ def _fcos_postprocess_detections(
     return _dense_postprocess_detections(self, head_outputs, anchors, image_shapes, centerness=True)
 
 
+def _multiscale_roi_align(
+    x_filtered: list[torch.Tensor],
+    boxes: list[torch.Tensor],
+    output_size: Sequence[int],
+    sampling_ratio: int,
+    scales: list[float] | None,
+    mapper: Any,
+) -> torch.Tensor:
+    """torchvision's ``_multiscale_roi_align`` (every R-CNN's box, mask and keypoint pooling) with each feature
+    level's boxes found in one stable sort instead of a ``torch.where(levels == level)`` -- a wait for the GPU -- per
+    level: the same indices in the same ascending order (a level outside the pyramid, from a box of no real area,
+    sorts after all of them, as the library's loop never takes it), then the same ``roi_align`` per level and the
+    same writes into the zeroed result."""
+    from torchvision.ops import poolers
+
+    if scales is None or mapper is None:
+        raise ValueError("scales and mapper should not be None")
+    num_levels = len(x_filtered)
+    rois = poolers._convert_to_roi_format(boxes)
+    if num_levels == 1:
+        return poolers.roi_align(
+            x_filtered[0], rois, output_size=output_size, spatial_scale=scales[0], sampling_ratio=sampling_ratio
+        )
+    levels = mapper(boxes)
+    inside = (levels >= 0) & (levels < num_levels)
+    key = torch.where(inside, levels, torch.full_like(levels, num_levels))
+    order = torch.sort(key, stable=True).indices  # level by level, each level's boxes ascending
+    pyramid = torch.arange(num_levels, device=key.device)
+    counts = (key.unsqueeze(0) == pyramid.unsqueeze(1)).sum(dim=1).tolist()  # the one copy (bincount waits twice)
+    dtype, device = x_filtered[0].dtype, x_filtered[0].device
+    result = torch.zeros((len(rois), x_filtered[0].shape[1], *output_size), dtype=dtype, device=device)
+    start = 0
+    for per_level_feature, scale, count in zip(x_filtered, scales, counts, strict=False):
+        idx_in_level = order[start : start + count]
+        start += count
+        result_idx_in_level = poolers.roi_align(
+            per_level_feature,
+            rois[idx_in_level],
+            output_size=output_size,
+            spatial_scale=scale,
+            sampling_ratio=sampling_ratio,
+        )
+        result[idx_in_level] = result_idx_in_level.to(result.dtype)
+    return result
+
+
 def _tracing() -> bool:
     """Whether TorchScript or ONNX export traces the call (torchvision then takes its traceable path)."""
     return bool(torch.jit.is_scripting() or torch._C._get_tracing_state())
@@ -331,6 +378,18 @@ REWRITES: tuple[Rewrite, ...] = (
         parameters=("self", "head_outputs", "anchors", "image_shapes"),
         rewritten=_fcos_postprocess_detections,
         callers=("torchvision.models.detection.fcos",),  # FCOS and its heads
+    ),
+    Rewrite(
+        name="torchvision multi-scale RoIAlign",
+        module="torchvision.ops.poolers",
+        attribute="_multiscale_roi_align",
+        parameters=("x_filtered", "boxes", "output_size", "sampling_ratio", "scales", "mapper"),
+        rewritten=_multiscale_roi_align,
+        callers=(  # MultiScaleRoIAlign, every R-CNN's; under torch.compile its forward holds no operation of its
+            # own, and the region proposals, traced before it, name the model
+            "torchvision.ops.poolers",
+            *(f"torchvision.models.detection.{name}" for name in ("rpn", "faster_rcnn", "mask_rcnn", "keypoint_rcnn")),
+        ),
     ),
     Rewrite(
         name="torchvision batched_nms per class",
