@@ -340,23 +340,6 @@ def test_dense_detectors_keep_the_librarys_detections_finding_every_levels_score
 
 
 @pytest.mark.zoo
-def test_a_wrapped_retinanet_returns_the_models_detections_with_its_rewrite_proven(monkeypatch) -> None:
-    """Fresh images each call, both grad modes: the wrapped RetinaNet's detections are the model's, its
-    post-processing rewritten and proven."""
-    retina = REWRITES["torchvision RetinaNet.postprocess_detections"]
-    monkeypatch.setattr(retina, "states", {})
-    monkeypatch.setattr(retina, "calls", 0)
-    torch.manual_seed(0)
-    model = torchvision.models.detection.retinanet_resnet50_fpn(  # random weights score below the default 0.05
-        weights=None, weights_backbone=None, min_size=160, max_size=224, score_thresh=0.0
-    ).eval()
-    wrapped = launchless.wrap(model)
-    _the_models_detections_on_fresh_images(model, wrapped, size=(150, 200), found="boxes")
-    info = wrapped.graph_info()["library_rewrites"][retina.name]
-    assert info["states"] == {"cpu torch.float32": "proven"} and info["calls"] == 4, info
-
-
-@pytest.mark.zoo
 def test_explain_names_the_library_functions_a_compiled_model_calls_rewritten(monkeypatch) -> None:
     """``launchless.explain`` says which library functions the model's compiled code called rewritten, and where
     each stands."""
@@ -413,17 +396,26 @@ def test_multiscale_roi_align_pools_the_librarys_values_finding_every_levels_box
 
 
 @pytest.mark.zoo
-def test_a_wrapped_faster_rcnn_returns_the_models_detections_with_its_pooling_rewritten(monkeypatch) -> None:
-    """Fresh images each call, both grad modes: the wrapped Faster R-CNN's detections are the model's, its
-    multi-scale RoIAlign rewritten and proven."""
-    pooling = REWRITES["torchvision multi-scale RoIAlign"]
-    monkeypatch.setattr(pooling, "states", {})
-    monkeypatch.setattr(pooling, "calls", 0)
+@pytest.mark.parametrize(
+    ("builder", "settings", "name"),
+    [  # random weights score below the default thresholds: every box kept
+        ("retinanet_resnet50_fpn", {"score_thresh": 0.0}, "torchvision RetinaNet.postprocess_detections"),
+        ("fasterrcnn_resnet50_fpn", {"box_score_thresh": 0.0}, "torchvision multi-scale RoIAlign"),
+    ],
+)
+def test_a_wrapped_detector_returns_the_models_detections_with_its_rewrite_proven(
+    builder: str, settings: dict, name: str, monkeypatch
+) -> None:
+    """Fresh images each call, both grad modes: the wrapped detector's detections are the model's, its
+    post-processing (RetinaNet) or multi-scale RoIAlign (Faster R-CNN) rewritten and proven."""
+    rewrite = REWRITES[name]
+    monkeypatch.setattr(rewrite, "states", {})
+    monkeypatch.setattr(rewrite, "calls", 0)
     torch.manual_seed(0)
-    model = torchvision.models.detection.fasterrcnn_resnet50_fpn(
-        weights=None, weights_backbone=None, min_size=160, max_size=224, box_score_thresh=0.0
+    model = getattr(torchvision.models.detection, builder)(
+        weights=None, weights_backbone=None, min_size=160, max_size=224, **settings
     ).eval()
     wrapped = launchless.wrap(model)
     _the_models_detections_on_fresh_images(model, wrapped, size=(150, 200), found="boxes")
-    info = wrapped.graph_info()["library_rewrites"][pooling.name]
+    info = wrapped.graph_info()["library_rewrites"][name]
     assert info["states"] == {"cpu torch.float32": "proven"} and info["calls"] == 4, info
