@@ -578,3 +578,23 @@ def test_inputs_read_as_addresses_are_verified_on_the_calls_values_and_named(mon
         compiled(torch.randn(3), w)
     assert seen == [frozenset({0})]  # one capture, verified with the batch taken from the call
     assert compiled.graph_info()["index_inputs"] == ["L_x_"]
+
+
+def test_calling_modules_reads_the_classes_an_fx_graph_holds_and_skips_what_it_cannot_read() -> None:
+    """The modules whose classes' forwards an FX graph holds code of, as Dynamo records them (a class, or its
+    qualified name); an entry of another form is skipped, never an error in the backend."""
+    from torch import fx
+
+    from launchless.compiler.backend import calling_modules
+
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    first = graph.call_function(torch.relu, (x,))
+    second = graph.call_function(torch.neg, (first,))
+    third = graph.call_function(torch.abs, (second,))
+    graph.output(third)
+    first.meta["nn_module_stack"] = {"a": ("backbone", torch.nn.ReLU)}
+    second.meta["nn_module_stack"] = {"b": ("head", "torchvision.models.detection.ssdlite.SSDLiteHead")}
+    third.meta["nn_module_stack"] = {"c": "an entry of another form", "d": ("path",)}
+    modules = calling_modules(fx.GraphModule(torch.nn.Module(), graph))
+    assert modules == {"torch.nn.modules.activation", "torchvision.models.detection.ssdlite"}

@@ -81,8 +81,12 @@ def calling_modules(gm: fx.GraphModule) -> set[str]:
     or its qualified name): the library code the rest of the compiled model calls is theirs."""
     modules = set()
     for node in gm.graph.nodes:
-        for _, kind in (node.meta.get("nn_module_stack") or {}).values():
-            modules.add(kind.rsplit(".", 1)[0] if isinstance(kind, str) else getattr(kind, "__module__", ""))
+        for entry in (node.meta.get("nn_module_stack") or {}).values():
+            kind = entry[1] if isinstance(entry, tuple) and len(entry) > 1 else None  # (path, class) as torch keeps it
+            if isinstance(kind, str):
+                modules.add(kind.rsplit(".", 1)[0])
+            elif isinstance(kind, type):
+                modules.add(kind.__module__)
     return modules
 
 
