@@ -256,6 +256,26 @@ def _graphs_handed_over(model: torch.nn.Module, images: list[torch.Tensor], *, r
     return len(handed)
 
 
+class _SaysWhetherCompiling(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + (1.0 if library_rewrites._compiling() else 0.0)
+
+
+def test_the_rewrites_know_torch_compile_from_torch_export() -> None:
+    """Code traced for ``torch.compile`` runs the rewrites at a graph break; code ``torch.export`` traces runs the
+    library's function as traced. (Dynamo up to torch 2.13 folds ``torch.compiler.is_exporting()`` to True under
+    ``torch.compile`` too: read so, every compiled detector would run the library's waits.)"""
+    module, x = _SaysWhetherCompiling(), torch.zeros(2)
+    assert module(x).tolist() == [0.0, 0.0]
+    torch._dynamo.reset()
+    try:
+        assert torch.compile(module, backend="eager")(x).tolist() == [1.0, 1.0]
+    finally:
+        torch._dynamo.reset()
+    exported = torch.export.export(module, (x,))
+    assert exported.module()(x).tolist() == [0.0, 0.0]
+
+
 @pytest.mark.zoo
 def test_a_compiled_ssdlite_meets_its_rewrites_at_one_graph_break_each_proven(monkeypatch) -> None:
     """Under ``torch.compile(backend="launchless")`` Dynamo meets the rewrites: SSDlite's post-processing runs

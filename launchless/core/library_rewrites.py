@@ -470,9 +470,14 @@ def _eager_under_compile(dispatch: Callable[..., Any]) -> Callable[..., Any]:
 
 def _compiling() -> bool:
     """Whether Dynamo traces the call for ``torch.compile`` (not for ``torch.export``, which takes no graph
-    break: the library's function, as traced)."""
-    exporting = getattr(torch.compiler, "is_exporting", lambda: False)
-    return torch.compiler.is_compiling() and not exporting()
+    break: the library's function, as traced).
+
+    The flag ``torch.export`` sets is read, not ``torch.compiler.is_exporting()``: Dynamo up to torch 2.13 folds
+    that call to True while it traces for ``torch.compile`` too, which would keep every compiled model off the
+    rewrites."""
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    exporting = torch.compiler.is_exporting() if flag is None else flag
+    return torch.compiler.is_compiling() and not exporting
 
 
 def _dispatching(rewrite: Rewrite, original: Callable[..., Any]) -> Callable[..., Any]:
