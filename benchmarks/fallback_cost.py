@@ -4,7 +4,8 @@ A row of the differential report that runs eager (or split) under "auto" and is 
 promise even though no graph replays. This script runs such models as the differential harness does (its builder,
 fresh inputs, ``wrap`` in "auto", the row's calls), then per grad mode on the last call's inputs:
 
-- eager against wrapped as the timing pass reads them (back to back and waited for, interleaved rounds);
+- eager against wrapped as the timing pass reads them (back to back and waited for, interleaved rounds, a close
+  call repeated);
 - the host's own time per call (issue only, no wait), interleaved the same way;
 - the kernels and copies each call launches (``torch.profiler``), eager against wrapped: a wrapped call that
   launches more than eager does work of its own on the GPU;
@@ -34,7 +35,7 @@ from launchless.apps.differential.candidate import Library
 from launchless.apps.differential.population import candidates, pick
 from launchless.apps.differential.rows import GradMode
 from launchless.apps.differential.runner import CALLS, grad_mode
-from launchless.apps.differential.timing import ROUNDS, _reading
+from launchless.apps.differential.timing import measured
 
 PROFILED_CALLS = 5
 
@@ -94,7 +95,7 @@ def measure(key: str, out: Path) -> list[dict[str, Any]]:
             eager = functools.partial(model, *args, **kwargs)
             fast = functools.partial(wrapped, *args, **kwargs)
 
-            reading = _reading(eager, fast, rounds=ROUNDS, waited_only=False)
+            reading = measured(eager, fast)
             host = {"eager": [], "wrapped": []}
             for _ in range(5):
                 host["eager"].append(_host_us(eager))
