@@ -142,8 +142,9 @@ def test_a_program_on_disk_that_cannot_be_read_fails_its_job_saying_so(tmp_path)
 
 @needs_compiler
 @pytest.mark.skipif(
-    torch.torch_version.TorchVersion(torch.__version__) < (2, 10),
-    reason="Inductor's C++ kernels of torch 2.9 reject emulated precision casts (CppVecOverrides.to_dtype raises)",
+    torch.torch_version.TorchVersion(torch.__version__) < (2, 14),
+    reason="Inductor's C++ kernels keep eager's bfloat16 rounding (emulate_precision_casts) in torch 2.14; 2.9's "
+    "reject the option (CppVecOverrides.to_dtype raises), 2.11's fuse the casts away (2.10, 2.12, 2.13 not seen)",
 )
 def test_a_program_with_eager_numerics_rounds_as_eager_does_and_is_another_program(tmp_path) -> None:
     torch.manual_seed(0)
