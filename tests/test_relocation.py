@@ -292,6 +292,53 @@ def test_containers_built_and_hooks_that_come_and_go_inside_a_forward_are_cheap_
     assert not watch.moved() and not snapshots
 
 
+class Router(nn.Module):
+    """As Switch Transformers' router does on every call: its classifier set again, converted to the dtype it has."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.classifier = nn.Linear(4, 4)
+        self.dtype = torch.float32
+
+    def forward(self, x):
+        self.classifier = self.classifier.to(self.dtype)
+        return self.classifier(x)
+
+
+class Routed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.router, self.head = nn.Linear(4, 4), Router(), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.head(self.router(self.embed(x)))
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_a_module_set_again_to_itself_in_every_forward_is_not_a_move_nor_a_walk(full: bool) -> None:
+    model = Routed()
+    watch = RelocationWatch(model, full=full)
+    other = RelocationWatch(Decoder())  # another model's watch: told nothing of this one's modules
+    snapshots = []
+    original = watch._snapshot
+    watch._snapshot = lambda: (snapshots.append(1), original())
+    structure = relocation._structure
+    for _ in range(3):
+        model(torch.randn(2, 4))
+        assert not watch.moved() and not other.moved()
+    assert relocation._structure > structure, "the router's registrations are structure events"
+    assert not snapshots, "the module tree was walked again"
+    model.router.dtype = torch.float64  # now the forward converts it: a move, seen once
+    model.router.classifier.double()
+    model.head.double()
+    model.embed.double()
+    model(torch.randn(2, 4, dtype=torch.float64))
+    assert watch.moved() and snapshots == [1]
+    assert not watch.moved()
+    model.router.classifier = nn.Linear(4, 4).double()  # another module in its place
+    assert watch.moved()
+
+
 def test_hooks_kept_after_a_forward_or_registered_globally_are_moves() -> None:
     from torch.nn.modules import module as torch_module
 

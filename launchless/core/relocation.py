@@ -35,6 +35,7 @@ from torch.nn.modules import module as _module
 
 _epoch = 0  # moves at every event below
 _structure = 0  # moves at the events that can relocate tensors or change the tree of a module that is watched
+_unattributed = 0  # moves at such events that name no module: every watch then compares all it follows
 _watched: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # every module some RelocationWatch follows
 _watches: weakref.WeakSet[RelocationWatch] = weakref.WeakSet()  # told which of their modules' hooks changed
 _GLOBAL = object()  # "the global forward hooks changed"
@@ -75,14 +76,21 @@ def _bump(*_: object) -> None:
 def _bump_structure(module: object = None, *_: object) -> None:
     """Count a possible relocation or change of a module tree (``_apply``, a parameter, buffer or submodule
     registered). ``_epoch`` moves at every such event; ``_structure`` only when it concerns a module a
-    ``RelocationWatch`` follows. Many forwards build a container of their own modules every call
-    (``ModuleList(self.layers[:n])`` in transformers' decoders) or register and remove hooks (to collect router
-    logits): such a call must not cost a walk of the module tree."""
-    global _structure
+    ``RelocationWatch`` follows, and the watches that follow it are told which. Many forwards build a container of
+    their own modules every call (``ModuleList(self.layers[:n])`` in transformers' decoders), register and remove
+    hooks (to collect router logits), or set one of their own modules again (Switch Transformers' router:
+    ``self.classifier = self.classifier.to(self.dtype)``, every call): such a call must not cost a walk of the
+    module tree."""
+    global _structure, _unattributed
     if _is_compiling():
         return
-    if module is None or module in _watched:
+    if module is None:
         _structure += 1
+        _unattributed += 1
+    elif module in _watched:
+        _structure += 1
+        for watch in list(_watches):
+            watch.structure_touched(module)
     _bump()
 
 
@@ -158,6 +166,20 @@ def epoch() -> int:
     return _epoch
 
 
+def _holds(module: torch.nn.Module) -> tuple:
+    """What ``module`` holds itself: its parameters and buffers (each one's identity and address) and its
+    submodules (identity), by name."""
+    return (
+        tuple((name, id(t), _address(t)) for name, t in module._parameters.items()),
+        tuple((name, id(t), _address(t)) for name, t in module._buffers.items()),
+        tuple((name, id(m)) for name, m in module._modules.items()),
+    )
+
+
+def _address(tensor: torch.Tensor | None) -> int:
+    return 0 if tensor is None else addressed([tensor])[0].data_ptr()
+
+
 def spread(n: int, k: int = _SPOT) -> list[int]:
     """Up to ``k`` indices evenly spread over ``range(n)``, first and last included: what a spot check reads."""
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if n > 1 else list(range(n))
@@ -173,8 +195,10 @@ class RelocationWatch:
         self._snapshot()
 
     def _snapshot(self) -> None:
-        self._epoch, self._structure = _epoch, _structure
+        self._epoch, self._structure, self._unattributed = _epoch, _structure, _unattributed
         self._modules = list(self._model.modules())
+        self._holding = {id(m): _holds(m) for m in self._modules}
+        self._reshaped: set[torch.nn.Module] = set()  # its modules named by a structure event since the snapshot
         _watched.update(self._modules)
         _watches.add(self)
         self._hook_ids = _hooks(self._modules)
@@ -209,12 +233,31 @@ class RelocationWatch:
             self._unchanged_full() if self._full else ptrs_equal(self._spot, self._spot_ptrs, self._spot_indices)
         ):
             return False
-        if self._structure == _structure and self._hooks_unchanged() and self._tensors_unchanged():
-            self._epoch = _epoch  # events elsewhere, or hooks that came and went inside a forward: nothing moved
+        if self._structure_kept() and self._hooks_unchanged() and self._tensors_unchanged():
+            # events elsewhere, hooks that came and went inside a forward, modules set again as they were
+            self._epoch, self._structure = _epoch, _structure
             return False
         old_ids, old_ptrs, old_hooks = self._ids, self._ptrs, self._hook_ids
         self._snapshot()
         return self._ids != old_ids or self._ptrs != old_ptrs or self._hook_ids != old_hooks
+
+    def structure_touched(self, module: torch.nn.Module) -> None:
+        """A structure event (``_apply``, a registration) concerns ``module``."""
+        if id(module) in self._holding:
+            self._reshaped.add(module)
+
+    def _structure_kept(self) -> bool:
+        """The structure events since the snapshot left this watch's modules holding what they held: none, or each
+        named its module and that module holds the same tensors at the same addresses and the same submodules (a
+        module set again to itself, ``.to()`` to the dtype it has); only those modules are read."""
+        if self._structure == _structure:
+            return True
+        if self._unattributed != _unattributed:
+            return False
+        if any(_holds(m) != self._holding[id(m)] for m in self._reshaped):
+            return False
+        self._reshaped.clear()
+        return True
 
     def hooks_touched(self, module: object) -> None:
         """A forward hook is being registered on ``module`` (``_GLOBAL``: a global one)."""
