@@ -10,7 +10,10 @@ resnet or BERT, more than the rest of a replay. So the default check is event-dr
 check, a few hundred nanoseconds in all:
 - a process-wide counter is bumped by ``Module._apply`` (wrapped once, transparently) and by
   PyTorch's global parameter/buffer/module registration hooks (``setattr``, ``register_*``,
-  ``load_state_dict(assign=True)``, module swaps) on a watched module; when it moved, every tensor is compared.
+  ``load_state_dict(assign=True)``, module swaps) on a watched module, and the watches that follow that module
+  are told which it was; when it moved, each named module's own tensors (identity, address) and submodules are
+  compared with what it held (a forward that sets one of its modules again every call, as Switch Transformers'
+  router does, costs that module's check, not a walk of the tree); anything else, every tensor is compared.
   Forward hooks registered or removed tell only the watches whose modules hold them, which then compare those
   modules' hooks: a forward that builds a container of its own layers or registers and removes a hook every
   call (transformers' decoders do both) costs a few microseconds, not a walk of the module tree;
