@@ -58,8 +58,8 @@ class Fallbacks:
     def refused(self, sig: Signature, flat: FlatInputs, args: tuple, kwargs: dict, *, split: bool = True) -> Any:
         """A call of a signature refused before: its split where one was verified (``split``: a batch bucket's
         signature has none), else the refusal's error under ``cuda_graph=True``, else eager. A split decided and
-        dropped is not looked up again: such a call costs eager's, with no more of the wrapper's work than
-        needed (a launch-bound forward of 2 ms reads a few tens of microseconds)."""
+        dropped is not looked up again: on a launch-bound forward of a few milliseconds that runs eager, every
+        microsecond of the wrapper's own work shows against eager."""
         if split and self.split.verified(sig):
             return self.run_split(sig, flat)
         error = self.error(sig)
