@@ -44,6 +44,8 @@
 #   detector-host-reads benchmarks/detector_host_reads.py: Mask R-CNN, Keypoint R-CNN, SSDlite, SSD, RetinaNet and
 #                      FCOS eager against wrap, their post-processing through torchvision's functions rewritten to
 #                      wait for the GPU once
+#   fallback-cost      benchmarks/fallback_cost.py over FALLBACK="library:model ..." (differential names): a wrapped
+#                      call that runs without a graph against eager -- host time, kernels, the wrapper's profile
 #   differential       launchless differential run over LIBS="library:workers ..." side by side (default: all five
 #                      populations, 14 workers) until DEADLINE seconds (540), resumable: rows go to RUNS/<library>
 #                      (benchmarks/results/differential-runs), models with rows there already are left out, and
@@ -198,6 +200,9 @@ for step in "$@"; do
   detector-host-reads)
     mkdir -p "$out/detector-host-reads"
     run detector-host-reads python3 benchmarks/detector_host_reads.py "$out/detector-host-reads/detectors.json" ;;
+  fallback-cost)  # FALLBACK="library:model ..." (default: the two models whose eager fallback timed slower than eager)
+    run fallback-cost python3 benchmarks/fallback_cost.py --out "$out/fallback-cost" \
+      ${FALLBACK:-transformers:paligemma transformers:switch_transformers} ;;
   training)
     run training python3 -m launchless.apps.cli bench --suite training --timeout 300 --gpus "${gpus[@]}" \
       --modes eager compile reduce-overhead hand-graph launchless \
