@@ -6,7 +6,8 @@ fresh inputs, ``wrap`` in "auto", the row's calls), then per grad mode on the la
 
 - eager against wrapped as the timing pass reads them (back to back and waited for, interleaved rounds, a close
   call repeated);
-- the host's own time per call (issue only, no wait), interleaved the same way;
+- the wrapper's extra host microseconds per call over eager (``timing.host_overhead_us``: rounds alternating
+  between the two, each from an idle GPU);
 - the kernels and copies each call launches (``torch.profiler``), eager against wrapped: a wrapped call that
   launches more than eager does work of its own on the GPU;
 - the wrapped call's Python profile (``cProfile``, the functions with the most own time).
@@ -22,7 +23,6 @@ import functools
 import io
 import json
 import pstats
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from launchless.apps.differential.population import candidates, pick
 from launchless.apps.differential.rows import GradMode
 from launchless.apps.differential.runner import CALLS, grad_mode
 from launchless.apps.differential.timing import measured
+from launchless.timing import host_overhead_us
 
 PROFILED_CALLS = 5
 
@@ -53,17 +54,6 @@ def _launches(call: Any, *, calls: int = PROFILED_CALLS) -> Counter:
         if event.device_type == torch.autograd.DeviceType.CUDA:
             counts[event.name[:90]] += 1
     return Counter({name: n / calls for name, n in counts.items()})
-
-
-def _host_us(call: Any, *, calls: int = 50) -> float:
-    """Host microseconds to issue one call (the GPU drained before, not waited for after each)."""
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(calls):
-        call()
-    issued = time.perf_counter() - started
-    torch.cuda.synchronize()
-    return issued / calls * 1e6
 
 
 def _python_profile(call: Any, *, calls: int = 50, top: int = 25) -> str:
@@ -96,10 +86,7 @@ def measure(key: str, out: Path) -> list[dict[str, Any]]:
             fast = functools.partial(wrapped, *args, **kwargs)
 
             reading = measured(eager, fast)
-            host = {"eager": [], "wrapped": []}
-            for _ in range(5):
-                host["eager"].append(_host_us(eager))
-                host["wrapped"].append(_host_us(fast))
+            extra_host_us = host_overhead_us(fast, eager)
             eager_launches, wrapped_launches = _launches(eager), _launches(fast)
             extra = {k: v for k, v in (wrapped_launches - eager_launches).items() if v}
             missing = {k: v for k, v in (eager_launches - wrapped_launches).items() if v}
@@ -109,8 +96,7 @@ def measure(key: str, out: Path) -> list[dict[str, Any]]:
             "model": key,
             "grad_mode": mode.value,
             **reading,
-            "eager_host_us": min(host["eager"]),
-            "wrapped_host_us": min(host["wrapped"]),
+            "wrapped_extra_host_us": extra_host_us,
             "eager_launches": sum(eager_launches.values()),
             "wrapped_launches": sum(wrapped_launches.values()),
             "wrapped_extra_launches": extra,
