@@ -131,24 +131,19 @@ def render(path: Path) -> None:
     lines += ["", f"![eager against launchless per model and grad mode]({path.with_suffix('.png').name})", ""]
     path.with_suffix(".md").write_text("\n".join(lines))
 
-    import matplotlib
+    from launchless.apps.bench.charts import BarPanel, bar_panels, chart_title
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{name}\n{mode}" for name, mode, _ in rows]
-    eager = [statistics.mean(row["eager_ms"]) for *_, row in rows]
-    fast = [statistics.mean(row["launchless_ms"]) for *_, row in rows]
-    figure, axes = plt.subplots(figsize=(max(8, len(rows) * 0.9), 4.5))
-    positions = range(len(rows))
-    axes.bar([p - 0.2 for p in positions], eager, width=0.4, label="eager")
-    axes.bar([p + 0.2 for p in positions], fast, width=0.4, label="launchless.wrap (auto)")
-    axes.set_xticks(list(positions), labels, rotation=60, ha="right", fontsize=7)
-    axes.set_ylabel("ms per call, waited for")
-    axes.set_title(f"Detectors, batch 1, {record['gpu']}")
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(path.with_suffix(".png"), dpi=120)
+    times = {"eager": [statistics.mean(row["eager_ms"]) for *_, row in rows]}
+    times["launchless.wrap (auto)"] = [statistics.mean(row["launchless_ms"]) for *_, row in rows]
+    panel = BarPanel(
+        title="ms per call, waited for (lower is faster)",
+        ylabel="ms",
+        groups=[f"{name}\n{mode}" for name, mode, _ in rows],
+        modes=list(times),
+        value=lambda group, mode: times[mode][group],
+    )
+    title = chart_title("Detectors whose post-processing waits for the GPU, batch 1", record)
+    bar_panels(path.with_suffix(".png"), [panel], title=title, group_width=0.9)
 
 
 if __name__ == "__main__":
