@@ -663,3 +663,60 @@ def test_auto_drops_a_whole_graph_that_is_not_faster_and_says_so_once(
     with grad():
         explicit(torch.randn(4, 64, device="cuda"))
     assert len(explicit.graph_info()["graphs"]) == 1
+
+
+# ---- the eager lane: a signature refused for good beside one that graphs -----------------------------------------
+
+
+class MaskedAtFourRows(nn.Module):
+    """Launch-bound; at 4 rows a boolean mask makes the output's shape depend on the values (refused for good: no
+    submodule to split), at any other size it graphs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(64, 64) / 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(16):
+            x = torch.tanh(x @ self.weight)
+        return x[x > 0] if x.shape[0] == 4 else x
+
+
+@pytest.mark.parametrize("grad_mode", GRAD_MODES)
+def test_the_eager_lane_of_a_refused_signature_lets_another_capture_and_replay(grad_mode) -> None:
+    """The lane opens once the only signature is refused for good; a signature that graphs, first seen while it is
+    open, is still captured and replayed (fresh inputs, eager's results), and with a graph held the lane stays shut.
+    capture_graph() shuts it as well: its graph replays from the next call."""
+    from launchless.runtime.eager_lane import OPEN_AFTER, SAMPLE
+
+    model = MaskedAtFourRows().cuda().eval()
+    wrapped = ll.wrap(model)
+    with grad_mode():
+        for _ in range(4 * OPEN_AFTER):
+            x = torch.randn(4, 64, device="cuda")
+            assert identical(wrapped(x), model(x))
+        assert wrapped.graph_info()["eager_lane"]["open"]
+        for _ in range(20 * SAMPLE):  # the new signature is seen at a sample, a few dozen calls in
+            for rows in (4, 2):
+                x = torch.randn(rows, 64, device="cuda")
+                assert identical(wrapped(x), model(x))
+        (graph,) = wrapped.graph_info()["graphs"]
+        assert graph["signature"] == "(float32[2x64]@cuda:0)", graph
+        for _ in range(2 * SAMPLE):  # with a graph held the lane stays shut: every call of it replays
+            for rows in (4, 2):
+                x = torch.randn(rows, 64, device="cuda")
+                assert identical(wrapped(x), model(x))
+        info = wrapped.graph_info()
+        assert info["graphs"][0]["replays"] == graph["replays"] + 2 * SAMPLE, info["graphs"]
+        assert not info["eager_lane"]["open"]
+        assert [row["reason"] for row in info["fallbacks"]] == ["data-dependent shape"]
+
+        again = ll.wrap(model)
+        for _ in range(4 * OPEN_AFTER):
+            again(torch.randn(4, 64, device="cuda"))
+        assert again.graph_info()["eager_lane"]["open"]
+        captured = again.capture_graph(torch.randn(3, 64, device="cuda"))
+        x = torch.randn(3, 64, device="cuda")
+        assert identical(again(x), model(x))
+        (graph,) = again.graph_info()["graphs"]
+        assert graph["replays"] == captured["replays"] + 1, (captured, graph)

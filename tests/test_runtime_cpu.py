@@ -356,6 +356,7 @@ def test_graph_info_structure() -> None:
         "memory_pool",
         "compiled_kernels",
         "library_rewrites",
+        "eager_lane",
     }
     assert info["mode"] == "auto" and info["max_graphs"] == 5 and info["split"] is None
     assert wrap(net().eval(), cuda_graph=False).graph_info()["library_rewrites"] == {}

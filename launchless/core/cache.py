@@ -181,6 +181,10 @@ class GraphCache(Generic[G]):
             return Admission.OVER_CAPACITY
         return Admission.CAPTURE
 
+    def waits_to_retry(self) -> bool:
+        """Whether a transient refusal (out of memory) is counting calls until its signature is tried again."""
+        return bool(self._retry)
+
     def _retry_due(self, key: Hashable) -> bool:
         """A transient refusal counts this call; once its wait is over the signature is captured again."""
         retry = self._retry.get(key)

@@ -42,6 +42,7 @@ from .capture_flow import CaptureFlow, graph_row
 from .compiled_kernels import CompiledKernels
 from .decode_graphs import DecodeGraphs
 from .decode_steps import DecodeSteps
+from .eager_lane import EagerLane
 from .fallbacks import Fallbacks
 from .model_stand_in import ModelStandIn
 from .split import ModelSplit
@@ -59,7 +60,18 @@ ADDRESS_CHECKS = {
 }
 # process state: never copied or pickled
 _RUNTIME_STATE = frozenset(
-    {"_cache", "_watch", "_flow", "_fallbacks", "_model_split", "_bucketing", "_decode", "_compiled", "_rewrites"}
+    {
+        "_cache",
+        "_watch",
+        "_flow",
+        "_fallbacks",
+        "_model_split",
+        "_bucketing",
+        "_decode",
+        "_compiled",
+        "_rewrites",
+        "_lane",
+    }
 )
 
 
@@ -170,6 +182,7 @@ class GraphedModule(ModelStandIn):
             else BatchBucketing(self.batch_buckets, name=self._name(), tolerance_ulps=self.tolerance_ulps)
         )
         self._decode: DecodeGraphs | None = None  # generate()'s decode steps, made at its first call
+        self._lane = EagerLane()  # most calls of a model refused for good go straight to it
         # library functions that wait for the GPU once per element, run inside this model's calls reading it once
         self._rewrites = [] if self.cuda_graph is False else library_rewrites.install(self.model)
         self._compiled = (  # Inductor's programs compiled beside the calls, swapped in once proven
@@ -231,6 +244,8 @@ class GraphedModule(ModelStandIn):
                 args,
                 kwargs,
             )
+        if not torch.is_grad_enabled() and self._lane.bypass():  # what eager runs (a piece: its module's own forward)
+            return self._fallbacks.eager(args, kwargs)
         cache = self._cache
         cache.validate(())  # every call: the grad-mode check below reads the parameters the watch follows
         flat = flatten_inputs(args, kwargs)
@@ -241,6 +256,7 @@ class GraphedModule(ModelStandIn):
                 args,
                 kwargs,
             )
+        streak = self._lane.full_call()
         try:
             sig = signature_of(flat)
         except UnhashableInput as exc:
@@ -266,8 +282,23 @@ class GraphedModule(ModelStandIn):
         if admission is Admission.CAPTURE:
             return self._capture_and_run(sig, flat, explicit=False)
         if admission is Admission.REFUSED:
-            return self._fallbacks.refused(sig, flat, args, kwargs)
+            out = self._fallbacks.refused(sig, flat, args, kwargs)
+            if self._eager_for_good():
+                self._lane.eager_for_good(streak)
+            return out
         return self._fallbacks.eager(args, kwargs)
+
+    def _eager_for_good(self) -> bool:
+        """Whether a refused call leaves the model with nothing but eager to run: under "auto" (``cuda_graph=True``
+        raises for a refused signature), no graph held, no split running, no refusal waiting to be tried again, no
+        batch buckets (a bucket's graph may serve calls of a refused size)."""
+        return (
+            self.cuda_graph == "auto"
+            and self._bucketing is None
+            and not self._cache.graphs
+            and not self._cache.waits_to_retry()
+            and not self._model_split.runs_any()
+        )
 
     def _bucketed(self, plan: BucketPlan, args: tuple, kwargs: dict) -> Any:
         """A call through its batch bucket: the bucket's graph replayed with the call's rows written into the first
@@ -376,6 +407,7 @@ class GraphedModule(ModelStandIn):
             raise ConfigError("capture_graph() needs graphs on: wrap with cuda_graph=True or 'auto'")
         if self.model.training:
             raise ConfigError("capture_graph() captures inference graphs: call .eval() on the model first")
+        self._lane.close()  # the graph captured here replays from the next call on
         flat = flatten_inputs(args, kwargs)
         sig = signature_of(flat)
         self._cache.validate(flat.leaves)  # as every call does: the watch follows relocated parameters first
@@ -405,6 +437,8 @@ class GraphedModule(ModelStandIn):
             "compiled_kernels": None if self._compiled is None else self._compiled.info(lambda sig: sig.describe()),
             # library functions run inside the calls rewritten to wait for the GPU once (proven on their first call)
             "library_rewrites": library_rewrites.info(self._rewrites),
+            # refused for good: most calls go straight to the model (the lane), one in a few takes the full path
+            "eager_lane": self._lane.info(),
         }
 
 

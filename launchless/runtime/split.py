@@ -340,6 +340,12 @@ class ModelSplit:
         outcome = None if self.forward is None else self.forward.outcomes.get(key)
         return outcome is not None and outcome.status is SplitStatus.VERIFIED
 
+    def runs_any(self) -> bool:
+        """Whether any signature runs split (its calls must take the full path, which routes them)."""
+        return self.forward is not None and any(
+            outcome.status is SplitStatus.VERIFIED for outcome in self.forward.outcomes.values()
+        )
+
     def outcome(
         self,
         key: Hashable,
