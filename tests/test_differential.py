@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.utils._pytree as pytree
 
 from launchless.apps import cli
 from launchless.apps.differential import inputs, report
@@ -825,6 +826,42 @@ def test_mismatches_that_are_equal_numbers_are_named_and_bounded_by_zero() -> No
     assert judge_mismatch(want, moved, {})[0] is Result.DIFFERS
     assert mismatch((want,), (want, want)) is Mismatch.STRUCTURE
     assert mismatch({"n": 1, "t": want}, {"n": 2, "t": want}) is Mismatch.OTHER_LEAVES
+
+
+def test_a_difference_names_its_leaf_and_the_report_shows_it() -> None:
+    """A row that differs names the first leaf that differs, how many of its elements and the NaNs on each side, and
+    the report prints it beside the reason."""
+    from launchless.apps.differential.report import markdown
+    from launchless.apps.differential.runner import Mismatch, differing_leaf, judge_mismatch, mismatch
+
+    logits = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    want = {"logits": logits, "experts": torch.tensor([0, 3, 1])}
+    got = {"logits": logits.clone(), "experts": torch.tensor([0, 2, 1])}
+    assert mismatch(want, got) is Mismatch.VALUES
+    assert judge_mismatch(want, got, {})[0] is Result.DIFFERS
+    assert differing_leaf(want, got) == "['experts'] torch.int64[3] on cpu: 1 of 3 elements differ"
+    nan = logits.clone()
+    nan[1, 0] = float("nan")
+    assert differing_leaf((logits,), (nan,)) == (
+        "[0] torch.float32[2, 2] on cpu: 1 of 4 elements differ; NaN 0 in the reference, 1 accelerated"
+    )
+    assert differing_leaf((logits,), (logits.clone(),)) is None
+
+    class Keyless:  # registered without key paths, as ``see_into`` registers a cache
+        def __init__(self, t: torch.Tensor) -> None:
+            self.t = t
+
+    pytree.register_pytree_node(Keyless, lambda k: ([k.t], None), lambda leaves, _: Keyless(leaves[0]))
+    try:
+        assert differing_leaf((Keyless(logits),), (Keyless(nan),)) == (
+            "leaf 0 of 1 (Tensor) torch.float32[2, 2] on cpu: 1 of 4 elements differ; NaN 0 in the reference, "
+            "1 accelerated"
+        )
+    finally:
+        pytree._deregister_pytree_node(Keyless)
+    row = new_row("m", "transformers", "decoder", "compile", "no_grad", status="split", result="differs", calls=8)
+    row.update(reason="runs an operation eager between graphs", differing_leaf=differing_leaf(want, got))
+    assert "first difference at ['experts'] torch.int64[3] on cpu: 1 of 3 elements differ" in markdown([row])
 
 
 def test_a_graph_whose_library_branches_on_capture_is_held_to_verifications_rule_on_every_call() -> None:

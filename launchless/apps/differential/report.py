@@ -299,7 +299,7 @@ def markdown(rows: list[dict[str, Any]], populations: dict[str, dict[str, Any]] 
         ["library", "model", "entry", "grad mode", "status", "result", "speed-up", "reason", "source"],
         [
             [r["library"], r["model"], r["entry"], r["grad_mode"], r["status"], r["result"], r["speedup"],
-             _bounded(r) if r["result"] == Result.BOUNDED.value else r["reason"], r["source"]]
+             _bounded(r) if r["result"] == Result.BOUNDED.value else _differs(r), r["source"]]
             for r in sorted(odd, key=lambda r: (str(r["result"]), r["library"], r["model"]))
         ],
     )  # fmt: skip
@@ -425,6 +425,12 @@ def _not_accelerated(rows: list[dict[str, Any]]) -> list[str]:
     return ["", "## Rows not accelerated with a verified result, by entry and status", "", *_table(
         ["entry", "status", "result", "rows"], body
     )]  # fmt: skip
+
+
+def _differs(row: dict[str, Any]) -> str:
+    """A row's reason, and where its outputs first differed (rows written before that was recorded have none)."""
+    where = row.get("differing_leaf")
+    return f"{row['reason']}; first difference at {where}" if where else str(row["reason"])
 
 
 def _bounded(row: dict[str, Any]) -> str:

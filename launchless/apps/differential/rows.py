@@ -74,6 +74,7 @@ ROW_KEYS = (
     "first_differing_call",
     "capture_path_max_abs",
     "mismatch",
+    "differing_leaf",
     "reason",
     "source",
     "wall_s",

@@ -191,6 +191,36 @@ def mismatch(want: Any, got: Any) -> Mismatch:
     return Mismatch.SIGNED_ZEROS if Mismatch.SIGNED_ZEROS in kinds else Mismatch.NAN_PAYLOADS
 
 
+def differing_leaf(want: Any, got: Any) -> str | None:
+    """Where two output trees of the same structure first differ bit for bit: the leaf's path, dtype, shape and
+    device, how many of its elements differ, and its NaNs on each side -- what a ``differs`` row needs to be traced
+    (the largest difference alone does not say which output, nor whether it is a count, a mask or a value)."""
+    see_into(want)
+    see_into(got)
+    wanted, got_leaves = pytree.tree_leaves(want), pytree.tree_leaves(got)
+    if len(wanted) != len(got_leaves):
+        return None
+    try:
+        names = [pytree.keystr(path) for path, _ in pytree.tree_flatten_with_path(want)[0]]
+    except ValueError:  # a class registered without key paths (a cache ``see_into`` registered): leaf numbers
+        names = [f"leaf {i} of {len(wanted)} ({type(leaf).__name__})" for i, leaf in enumerate(wanted)]
+    for name, a, b in zip(names, wanted, got_leaves, strict=True):
+        if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+            if a != b:
+                return f"{name}: {a!r} against {b!r}"
+            continue
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"{name}: {a.dtype}{list(a.shape)} against {b.dtype}{list(b.shape)}"
+        if identical(a, b):
+            continue
+        differ = int((a != b).sum()) if not a.is_floating_point() else int(((a != b) & ~(a.isnan() & b.isnan())).sum())
+        text = f"{name} {a.dtype}{list(a.shape)} on {a.device}: {differ} of {a.numel()} elements differ"
+        if a.is_floating_point():
+            text += f"; NaN {int(a.isnan().sum())} in the reference, {int(b.isnan().sum())} accelerated"
+        return text
+    return None
+
+
 def _as_real(t: torch.Tensor) -> torch.Tensor:
     t = t.detach()
     return torch.view_as_real(t.resolve_conj()) if t.is_complex() else t
@@ -326,6 +356,14 @@ def forward_row(
                     continue
                 if row["first_differing_call"] is None:
                     row.update(first_differing_call=call + 1, mismatch=mismatch(want, got).value)
+                    row["differing_leaf"] = differing_leaf(want, got)
+                    if torch.cuda.is_available():  # every stream: outputs still being written when the call returned?
+                        torch.cuda.synchronize()
+                    if identical(got, want):
+                        row["differing_leaf"] = (
+                            f"{row['differing_leaf']} (bit-identical once every stream finished: the call returned "
+                            "before its outputs were written)"
+                        )
                 result, max_abs, bound, named = judge_mismatch(want, got, graph_info(accelerated, entry))
                 confirm = result is Result.DIFFERS or named == CAPTURE_PATH
                 if confirm and max_abs < float("inf") and entry is not Entry.COMPILE:
