@@ -10,7 +10,8 @@ fresh inputs, ``wrap`` in "auto", the row's calls), then per grad mode on the la
   between the two, each from an idle GPU);
 - the kernels and copies each call launches (``torch.profiler``), eager against wrapped: a wrapped call that
   launches more than eager does work of its own on the GPU;
-- the wrapped call's Python profile (``cProfile``, the functions with the most own time).
+- the wrapped call's Python profile (``cProfile``: the functions with the most own time, then launchless's own
+  functions by time spent inside them).
 
     python benchmarks/fallback_cost.py --out /tmp/f transformers:paligemma transformers:switch_transformers
 """
@@ -64,7 +65,9 @@ def _python_profile(call: Any, *, calls: int = 50, top: int = 25) -> str:
     profiler.disable()
     torch.cuda.synchronize()
     text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats("launchless", top)  # the wrapper's own functions, where they go
     return text.getvalue()
 
 
