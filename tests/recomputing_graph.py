@@ -12,8 +12,10 @@ import copy
 
 import torch
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from launchless.core.capture import CapturedGraph, CaptureFailed, _static_like
+from launchless.core.junctions import HOST_READS
 from launchless.core.status import Stage
 
 
@@ -59,17 +61,37 @@ class RecomputingGraph:
             vars(holder).update(values)
 
 
-def recorded_capture(captures: list):
+class _HostReadsFail(TorchDispatchMode):
+    """What CUDA does to a capture that reads a device value on the host (``.item()``, ``bool(t)``): it fails. On
+    the CPU every tensor is on the host, so this refuses more than a GPU would, never less."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in HOST_READS:
+            raise RuntimeError(f"CUDA error: operation not permitted when stream is capturing ({func})")
+        return func(*args, **(kwargs or {}))
+
+
+def recorded_capture(captures: list, *, host_reads_fail: bool = False):
     """A stand-in for ``core.capture.capture``: warm-up runs as the real one makes them (they write the cache, and a
     forward that writes into its own inputs is refused as the real capture refuses it), then a graph that
-    recomputes."""
+    recomputes. ``host_reads_fail``: the last run is the capture's, and a read of a tensor's value on the host in it
+    fails the capture as on a GPU."""
 
     def capture(fn, flat, *, device, pool, warmup=3, **_):
         static = [_static_like(x, x.device) if isinstance(x, torch.Tensor) else x for x in flat.leaves]
         args, kwargs = flat.rebuild(static)
         slots = [i for i, x in enumerate(static) if isinstance(x, torch.Tensor)]
         versions = [static[i]._version for i in slots]
-        for _ in range(warmup):
+        for run in range(warmup):
+            if host_reads_fail and run == warmup - 1:
+                try:
+                    with _HostReadsFail():
+                        outputs = fn(*args, **kwargs)
+                except RuntimeError as exc:
+                    if "operation not permitted when stream is capturing" not in str(exc):
+                        raise
+                    raise CaptureFailed(Stage.CAPTURE, exc, str(exc)) from exc
+                continue
             outputs = fn(*args, **kwargs)
         if [static[i]._version for i in slots] != versions:
             raise CaptureFailed(Stage.INPUT_MUTATION, None, "the forward writes into its own input in place")

@@ -496,6 +496,26 @@ def test_decoders_that_do_not_vouch_for_the_static_cache_replay_once_their_class
     assert decode["steps_replayed"] > 0 and decode["generations_eager"] == {}, decode
 
 
+@pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
+@pytest.mark.parametrize("name", ["xglm", "trocr", "mvp", "roformer"])
+def test_decoders_that_read_their_cache_length_in_python_replay_their_steps(name: str, grad_mode: str) -> None:
+    """XGLM compares ``2 + n + length`` with its position table; TrOCR, MVP and RoFormer build ``arange(length,
+    length + n)`` -- the length being the static cache's device tensor, whose read fails a capture. The comparison
+    holds alike for every length the cache can hold, and the positions are computed on the device: fresh prompts on
+    every call, the tokens of ``model.generate()`` (as called, or on the same static cache), the steps replayed."""
+    model = population_decoder(name, torch.float32)
+    wrapped = ll.wrap(model)
+    generator = torch.Generator().manual_seed(9)
+    with GRAD_MODES[grad_mode]():
+        for call in range(4):
+            request = fresh_request(model, generator, new_tokens=20)
+            got = wrapped.generate(**request)
+            wants = [model.generate(**request), eager_static(model, request)]
+            assert any(got.shape == want.shape and torch.equal(got, want) for want in wants), f"call {call}"
+    decode = wrapped.graph_info()["decode"]
+    assert decode["steps_replayed"] > 0 and decode["generations_eager"] == {}, decode
+
+
 def test_a_write_past_the_static_cache_is_stopped_on_the_host_not_asserted_on_the_device(caplog) -> None:
     """A class that does not vouch for the static cache and writes it more often than once a token (here: its first
     attention layer writes every token twice where the cache is static) would write past its end -- on the GPU a

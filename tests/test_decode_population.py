@@ -26,6 +26,7 @@ from launchless.apps.differential import generate  # noqa: E402
 from launchless.apps.differential.candidate import Candidate, Library, NotInLibraryError  # noqa: E402
 from launchless.apps.differential.population import candidates  # noqa: E402
 from launchless.apps.differential.runner import grad_mode, one_line  # noqa: E402
+from launchless.runtime.cache_lengths import CacheLengths  # noqa: E402
 from launchless.runtime.decode_graphs import DecodeGraphs  # noqa: E402
 
 CALLS = 2  # per request: the first proves its class (both loops), the second decodes in the host-ahead loop
@@ -109,3 +110,65 @@ def _assert_a_fallback_names_its_reason(info: dict[str, Any], request: str) -> N
 
 def _why(info: dict[str, Any]) -> str:
     return f"classes {info.get('classes')}, eager {info.get('generations_eager')}, steps {info.get('steps_eager')}"
+
+
+READ_THE_LENGTH = ["xglm", "trocr", "mvp", "roformer"]  # positions from the cache's length, read in Python
+
+
+@pytest.fixture
+def strict_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As ``on_cpu``, with a capture that fails where the step reads a tensor's value on the host, as CUDA fails it."""
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([], host_reads_fail=True))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("name", READ_THE_LENGTH)
+def test_decoders_that_read_their_cache_length_on_the_host_replay_their_steps(name: str, strict_capture) -> None:
+    """XGLM compares ``2 + n + length`` with its position table, TrOCR, MVP and RoFormer build ``arange(length,
+    length + n)``, the length being the static cache's device tensor: every request replays its decode steps, with
+    ``model.generate()``'s tokens; without the cache's lengths followed, the same capture fails on the read."""
+    candidate = next((c for c in CAUSAL if c.name == name), None)
+    if candidate is None:
+        pytest.skip(f"{name} is not in this transformers release's causal-LM list")
+    torch.manual_seed(0)
+    built = candidate.build("cpu")
+    for entry, mode in generate.REQUESTS:
+        model, requests = generate._requests(built, entry)
+        graphs = _decode_graphs(model)
+        prompts = torch.Generator().manual_seed(0)
+        with grad_mode(mode):
+            for call in range(CALLS):
+                request = requests(prompts)
+                wants, _ = generate._references(model, request, seed=call)
+                torch.manual_seed(call)
+                got = graphs.generate(model, (), dict(request))
+                assert any(got.shape == want.shape and torch.equal(got, want) for want in wants), (
+                    f"{entry.value} under {mode.value}, call {call}: tokens differ; {_why(graphs.info())}"
+                )
+        assert graphs.info()["steps_replayed"], f"{entry.value} under {mode.value}: {_why(graphs.info())}"
+
+
+@pytest.mark.zoo
+def test_without_the_lengths_followed_the_strict_capture_fails_on_the_read(
+    strict_capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stand-in the test above relies on: with the mode a no-op, XGLM's steps are refused for the host read."""
+    candidate = next((c for c in CAUSAL if c.name == "xglm"), None)
+    if candidate is None:
+        pytest.skip("xglm is not in this transformers release's causal-LM list")
+    monkeypatch.setattr(decode_steps, "CacheLengths", lambda cache: CacheLengths(None))
+    torch.manual_seed(0)
+    built = candidate.build("cpu")
+    entry, mode = generate.REQUESTS[0]
+    model, requests = generate._requests(built, entry)
+    graphs = _decode_graphs(model)
+    with grad_mode(mode):
+        graphs.generate(model, (), dict(requests(torch.Generator().manual_seed(0))))
+    info = graphs.info()
+    assert not info["steps_replayed"]
+    assert any("operation not permitted when stream is capturing" in why for why in info["steps_eager"]), _why(info)

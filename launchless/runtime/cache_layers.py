@@ -236,7 +236,7 @@ class StaticCacheOverflow(IndexError):
     process), caught on the host before it is made."""
 
 
-def _bounded_layers(cache: Any) -> list[Any]:
+def bounded_layers(cache: Any) -> list[Any]:
     """The layers of a static cache that write at the position their length holds, up to a fixed end: transformers'
     ``StaticLayer`` (a sliding window rolls over its end; a linear-attention layer copies into states of fixed
     shapes; a layer of another kind is not followed at all, ``LayerPlan``)."""
@@ -258,7 +258,7 @@ def checked_writes(cache: Any) -> Iterator[None]:
     checked so (or a transformers without ``StaticLayer``)."""
     if not hasattr(cache, "layers") or _layer_classes()[0] is None:
         raise StaticCacheOverflow(f"{type(cache).__name__} has no layers whose writes can be checked")
-    layers = _bounded_layers(cache)
+    layers = bounded_layers(cache)
     own = [layer.__dict__.get("update") for layer in layers]  # an update already set on a layer is put back
     for index, layer in enumerate(layers):
         update = layer.update
@@ -292,7 +292,7 @@ def _written(layer: Any) -> int:
 def uneven_lengths(cache: Any) -> str:
     """Where the full attention layers of ``cache`` hold different lengths after a generation (a model that writes
     some layer more often than once a token, or never); empty where they hold one length."""
-    lengths = [_written(layer) for layer in _bounded_layers(cache)]
+    lengths = [_written(layer) for layer in bounded_layers(cache)]
     if len(set(lengths)) <= 1:
         return ""
     return f"its attention layers hold {lengths} positions after the generation, not one length"

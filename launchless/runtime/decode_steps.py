@@ -6,7 +6,9 @@ eager from the same cache state (the logits and the cache each leaves behind, bi
 give different logits), then replayed. The cache's tensors are read and written in place, never copied; before each
 replay the cache must still hold the tensors the graph was captured on. A step that changes the cache's state on the
 host is refused by name, but for the lengths a sliding-window layer counts (``cache_layers.HostCounters``): those
-are proven not to reach the outputs, and advanced after each replay as the step would have.
+are proven not to reach the outputs, and advanced after each replay as the step would have. The lengths a plain
+static layer holds on the device, where the step reads them in Python, are answered without reading the device while
+it is captured (``cache_lengths``); the graph is verified against the step run as written.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from ..diagnose.source import locate_exception
 from ..errors import CaptureError, one_line
 from ..options import KernelsMode
 from .cache_layers import CacheState, DevicePositions, HostCounters
+from .cache_lengths import CacheLengths
 from .decode_kernels import DecodeKernels, other_tokens_probe
 from .static_cache import cache_slots, cache_tensors, host_state, off_cache
 
@@ -216,9 +219,16 @@ class DecodeSteps:
         kwargs: dict[str, Any],
     ) -> Any:
         output = _Output()
+        lengths = CacheLengths(cache)
 
-        def decode_step(**tensors: Any) -> Any:
+        def decode_step(**tensors: Any) -> Any:  # the step as eager runs it: what its graph is verified against
             return _without_cache(forward(**tensors, **{keyword: cache}), cache, output)
+
+        def captured_step(**tensors: Any) -> Any:  # the cache's lengths read on the host answered on the device
+            if not lengths:
+                return decode_step(**tensors)
+            with lengths:
+                return decode_step(**tensors)
 
         held = cache_tensors(cache)
         counters = HostCounters.of(cache)
@@ -233,7 +243,7 @@ class DecodeSteps:
         device = next((t.device for t in tensors if t.is_cuda), tensors[0].device)
         try:
             with self.graphs.capturing(key) as pool:
-                graph = capture(decode_step, flat, device=device, pool=pool, warmup=self.warmup)
+                graph = capture(captured_step, flat, device=device, pool=pool, warmup=self.warmup)
                 state.restore()  # the warm-up steps wrote the cache
                 changed = sorted(k for k, v in host_state(cache).items() if host.get(k) != v)
                 if changed:
@@ -255,7 +265,7 @@ class DecodeSteps:
             blocker = (
                 Blocking(str(fail))
                 if fail.cause is None or transient
-                else self._blocker(decode_step, key, flat, fail, device)
+                else self._blocker(captured_step, key, flat, fail, device)
             )
             state.restore()  # naming the blocker ran the step again
             return self._refuse(key, fail.stage, blocker.why, forward, kwargs, transient=transient, blocker=blocker)
