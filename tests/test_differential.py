@@ -846,6 +846,13 @@ def test_a_difference_names_its_leaf_and_the_report_shows_it() -> None:
         "[0] torch.float32[2, 2] on cpu: 1 of 4 elements differ; NaN 0 in the reference, 1 accelerated"
     )
     assert differing_leaf((logits,), (logits.clone(),)) is None
+    close = logits.clone()
+    close[0, 1] += 2**-20  # within the rounding bound at the outputs' magnitude: judged by the pair that exceeds most
+    assert judge_mismatch((logits, want["experts"]), (close, want["experts"]), {})[:2] == (Result.DIFFERS, 0.0)
+    assert differing_leaf((logits,), (close,)) == (
+        "[0] torch.float32[2, 2] on cpu: 1 of 4 elements differ, by at most 9.54e-07; NaN 0 in the reference, "
+        "0 accelerated"
+    )
 
     class Keyless:  # registered without key paths, as ``see_into`` registers a cache
         def __init__(self, t: torch.Tensor) -> None:
@@ -1011,20 +1018,48 @@ def test_the_report_counts_the_rows_not_accelerated_by_entry_and_status() -> Non
     assert "| wrap-auto | graph |" not in text
 
 
-def test_the_compile_reference_is_the_same_backend_with_no_graph_captured(monkeypatch) -> None:
-    """A compiled row is held to the launchless backend's own programs without graphs: the graphs must change
-    nothing, while Inductor's kernels, and the backend's own rewrites and partitions, round as they do."""
+def test_the_compile_reference_is_the_accelerated_models_own_programs_without_graphs(monkeypatch) -> None:
+    """A compiled row is held to the very programs the launchless backend compiled for it, run without graphs: the
+    graphs must change nothing, while Inductor's kernels (configurations benchmarked at a program's first call, which
+    a second compilation may pick otherwise), and the backend's own rewrites and partitions, round as they do."""
     from launchless.apps.differential import runner
     from launchless.apps.differential.rows import Entry
-    from launchless.compiler.backend import BackendOptions
+    from launchless.compiler import compiled_graphs
 
     compiled = []
     monkeypatch.setattr(runner.torch, "compile", lambda model, **kw: compiled.append(kw) or model)
     model = torch.nn.Linear(2, 2)
     assert runner.reference_of(model, Entry.WRAP_AUTO) is model and compiled == []
-    runner.reference_of(model, Entry.COMPILE)
-    assert compiled == [{"backend": "launchless", "options": {"capture_after": runner.NEVER_CAPTURE}}]
-    assert BackendOptions().updated(compiled[0]["options"]).capture_after == runner.NEVER_CAPTURE
+    inside = []
+
+    def accelerated(x: torch.Tensor) -> torch.Tensor:
+        inside.append(compiled_graphs._WITHOUT_GRAPHS.get())
+        return x + 1
+
+    reference = runner.reference_of(model, Entry.COMPILE, accelerated)
+    assert torch.equal(reference(torch.zeros(2)), torch.ones(2)) and inside == [True] and compiled == []
+    assert accelerated(torch.zeros(2)) is not None and inside == [True, False]
+    runner.reference_of(model, Entry.COMPILE)  # no accelerated model (a reference run alone): a compilation of its own
+    assert compiled == [{"backend": "launchless"}]
+
+
+def test_compiled_programs_run_without_graphs_count_for_nothing() -> None:
+    """Under ``without_graphs`` a compiled graph runs its program and no call is seen: the calls after it are counted
+    from the first, as if the reference had not run."""
+    from launchless.compiler import without_graphs
+    from launchless.compiler.compiled_graphs import CompiledGraphs
+
+    graphs = CompiledGraphs(lambda x: x * 2, frozenset(), name="graph 1", capture_after=2, selective=False)
+    x = torch.ones(3)
+    with without_graphs():
+        for _ in range(3):
+            assert torch.equal(graphs(x), x * 2)
+    assert graphs.graph_info()["fallbacks"] == []  # nothing seen: a capture would have been refused (no GPU)
+    graphs(x)
+    assert graphs.graph_info()["fallbacks"] == []  # the first call counted: it runs compiled, nothing to capture
+    graphs(x)
+    (refused,) = graphs.graph_info()["fallbacks"]
+    assert "not all on one CUDA device" in refused["reason"]
 
 
 def test_a_run_of_some_entry_points_replaces_only_their_rows(tmp_path: Path) -> None:

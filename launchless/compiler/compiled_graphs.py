@@ -10,12 +10,17 @@ one log line. A graph that fails to capture inside an operation that can run eag
 operation that reads its group sizes on the host and returns device tensors of fixed shape: a mixture of experts'
 grouped matmul in float32) is captured as a chain of graphs around it, as the runtime does (``core.junctions``),
 verified and timed like any graph.
+
+``without_graphs()`` runs the compiled programs as they are, counting nothing: the reference that the graphs are
+held to from outside (the differential harness), on the very kernels they replay.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any, cast
 
 import torch
@@ -39,6 +44,21 @@ from .variants import GraphEntry, VariantChoice
 
 log = logging.getLogger("launchless")
 Compiler = Callable[[fx.GraphModule, list], Callable[..., Any]]
+_WITHOUT_GRAPHS: ContextVar[bool] = ContextVar("launchless_without_graphs", default=False)
+
+
+@contextlib.contextmanager
+def without_graphs() -> Iterator[None]:
+    """Inside the block, code compiled by the launchless backend runs its compiled programs as they are -- no CUDA
+    graph captured or replayed, the calls counted toward nothing -- on the same kernels its graphs replay. That is the
+    reference a graph is held to from outside: a second compilation of the same model is not, since Inductor
+    benchmarks kernel configurations on the device at a program's first call, and configurations that sum in
+    another order round otherwise."""
+    token = _WITHOUT_GRAPHS.set(True)
+    try:
+        yield
+    finally:
+        _WITHOUT_GRAPHS.reset(token)
 
 
 def capture_device(leaves: Sequence[Any]) -> torch.device | None:
@@ -130,6 +150,8 @@ class CompiledGraphs:
     def __call__(self, *args: Any) -> Any:
         if self._watch is not None and (stale := self._watch.check(args)) is not None:
             self._undo_cgct(stale)
+        if _WITHOUT_GRAPHS.get():
+            return self.compiled(*args)
         try:
             sig = self._key(args)
         except UnhashableInput as exc:

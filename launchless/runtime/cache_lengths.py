@@ -114,7 +114,9 @@ class CacheLengths(TorchFunctionMode):
 
     def _count_writes(self, args: tuple, kwargs: dict) -> None:
         """An in-place operation: a length it writes (itself or a view of it) counts one more write."""
-        written = [x for x in (*args[:1], kwargs.get("out")) if isinstance(x, torch.Tensor)]
+        written = [
+            x for x in (*args[:1], kwargs.get("out")) if isinstance(x, torch.Tensor) and x.layout == torch.strided
+        ]
         for i, (base, _) in enumerate(self._bases):
             if any(x.untyped_storage().data_ptr() == base.untyped_storage().data_ptr() for x in written):
                 self._writes[i] += 1

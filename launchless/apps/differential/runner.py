@@ -3,11 +3,12 @@
 Each call draws new inputs, runs the reference and the accelerated model on the same ones, from the same state of
 the random-number generators (a model that draws random numbers -- a masked autoencoder's mask -- is compared on the
 same draws), and compares them bit for bit. The reference is eager for ``wrap``; for ``torch.compile`` it is the
-same backend's compiled program with no graph ever captured (``capture_after`` beyond any run): Inductor's fused
-kernels round differently from eager, and the launchless backend compiles its own programs (a CGCT rewrite, its own
-partitions), which round differently from ``torch.compile(model)``'s; what launchless promises there is that its
-graphs replay its kernels exactly. New inputs on every call are what users send: a graph replaying stale
-addresses, a wrong guard or a missed mutation shows up as a difference on some call. A
+very programs the backend compiled for the accelerated model, run without graphs (``compiler.without_graphs``):
+Inductor's fused kernels round differently from eager, a second compilation may pick other kernel configurations
+(benchmarked on the device at its first call) that round differently again, and the launchless backend compiles its
+own programs (a CGCT rewrite, its own partitions), which round differently from ``torch.compile(model)``'s; what
+launchless promises there is that its graphs replay its kernels exactly. New inputs on every call are what users
+send: a graph replaying stale addresses, a wrong guard or a missed mutation shows up as a difference on some call. A
 mismatch is ``bounded`` only when launchless's own verification named a class for it (eager noise, capture path,
 identical values) and the difference lies within that class's bound -- or, by verification's own rule applied to
 that call, where the graph's verification recorded library code branching on capture and the difference lies
@@ -213,11 +214,15 @@ def differing_leaf(want: Any, got: Any) -> str | None:
             return f"{name}: {a.dtype}{list(a.shape)} against {b.dtype}{list(b.shape)}"
         if identical(a, b):
             continue
-        differ = int((a != b).sum()) if not a.is_floating_point() else int(((a != b) & ~(a.isnan() & b.isnan())).sum())
-        text = f"{name} {a.dtype}{list(a.shape)} on {a.device}: {differ} of {a.numel()} elements differ"
-        if a.is_floating_point():
-            text += f"; NaN {int(a.isnan().sum())} in the reference, {int(b.isnan().sum())} accelerated"
-        return text
+        if not a.is_floating_point():
+            return f"{name} {a.dtype}{list(a.shape)} on {a.device}: {int((a != b).sum())} of {a.numel()} elements differ"
+        differs = (a != b) & ~(a.isnan() & b.isnan())
+        gap = (a.double() - b.double()).abs()[differs & a.isfinite() & b.isfinite()]
+        by = f", by at most {float(gap.max()):.3g}" if gap.numel() else ""
+        return (
+            f"{name} {a.dtype}{list(a.shape)} on {a.device}: {int(differs.sum())} of {a.numel()} elements differ{by}; "
+            f"NaN {int(a.isnan().sum())} in the reference, {int(b.isnan().sum())} accelerated"
+        )
     return None
 
 
@@ -276,15 +281,22 @@ def reference_noise(reference: Callable[..., Any], want: Any, seed: int, args: t
     return noise
 
 
-NEVER_CAPTURE = 2**62  # a ``capture_after`` no run reaches: the launchless backend's programs without graphs
-
-
-def reference_of(model: torch.nn.Module, entry: Entry) -> Callable[..., Any]:
-    """What the accelerated model must equal: eager, or for ``compile`` the same backend's compiled programs with no
-    graph captured -- the graphs must change nothing; the kernels' own rounding is not theirs to answer for."""
+def reference_of(model: torch.nn.Module, entry: Entry, accelerated: Any = None) -> Callable[..., Any]:
+    """What the accelerated model must equal: eager, or for ``compile`` the very programs the backend compiled for
+    ``accelerated`` (a compilation of its own where none is given), run without graphs: the graphs must change
+    nothing, while Inductor's kernels -- configurations benchmarked on the device at a program's first call -- and the
+    backend's own rewrites and partitions round as they do."""
     if entry is Entry.COMPILE:
-        return torch.compile(model, backend="launchless", options={"capture_after": NEVER_CAPTURE})
+        compiled = accelerated if accelerated is not None else torch.compile(model, backend="launchless")
+        return functools.partial(_without_graphs, compiled)
     return model
+
+
+def _without_graphs(compiled: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    from ...compiler import without_graphs
+
+    with without_graphs():
+        return compiled(*args, **kwargs)
 
 
 def seeded(call: Callable[..., Any], seed: int, *args: Any, **kwargs: Any) -> Any:
@@ -333,7 +345,7 @@ def forward_row(
     results: list[Result] = []
     try:
         accelerated = accelerate(model, entry)
-        reference = reference_of(model, entry)
+        reference = reference_of(model, entry, accelerated)
         with grad_mode(mode):
             for call in range(CALLS):
                 args, kwargs = built.make_inputs(generator, "cuda")
