@@ -199,6 +199,28 @@ def _graphs_on_fakes(monkeypatch, tmp_path, times=None, captured=None, **options
     return compiled, weight, measured
 
 
+def test_a_capture_no_chain_could_go_around_says_why_in_its_fallback(monkeypatch, tmp_path) -> None:
+    """A capture that failed inside an operation, where graphs around it were tried and not kept: the signature's
+    fallback names the failure and why no chain was kept (the operation that stopped the chain), not the first
+    failure alone."""
+    from launchless.core.capture import CaptureFailed
+    from launchless.core.status import Stage
+
+    def fails(fn, flat, static):
+        cause = RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        fail = CaptureFailed(Stage.CAPTURE, cause, str(cause))
+        fail.no_junction = "lib::lookup cannot run eager between graphs: it reads a host tensor"
+        raise fail
+
+    compiled, w, _ = _graphs_on_fakes(monkeypatch, tmp_path, captured=fails)
+    x = torch.randn(3)
+    for _ in range(3):
+        assert torch.equal(compiled(x, w), x * w)
+    (fallback,) = compiled.graph_info()["fallbacks"]
+    assert "operation not permitted when stream is capturing" in fallback["reason"], fallback
+    assert "no graphs around it: lib::lookup cannot run eager between graphs" in fallback["reason"], fallback
+
+
 def test_capture_after_the_second_call_with_the_measured_variant(monkeypatch, tmp_path) -> None:
     compiled, w, measured = _graphs_on_fakes(monkeypatch, tmp_path)
     x = torch.randn(3)

@@ -257,6 +257,8 @@ class CompiledGraphs:
                         return self._refuse_with_ranks(sig, args, Stage.VERIFICATION, agreement, transient=False)
         except _capture.CaptureFailed as fail:
             why = describe_failure(fail.cause, str(fail))
+            if fail.no_junction:  # why no chain of graphs around the operation it failed in was kept
+                why += f"; no graphs around it: {fail.no_junction}"
             transient = _capture.out_of_memory(fail.cause)
             if fail.collective_groups:  # the other ranks learn that this one refused; no CGCT retry alone
                 agree(fail.collective_groups, ok=False, reason=why, what="capture", transient=transient)

@@ -214,13 +214,14 @@ def differing_leaf(want: Any, got: Any) -> str | None:
             return f"{name}: {a.dtype}{list(a.shape)} against {b.dtype}{list(b.shape)}"
         if identical(a, b):
             continue
+        where = f"{name} {a.dtype}{list(a.shape)} on {a.device}"
         if not a.is_floating_point():
-            return f"{name} {a.dtype}{list(a.shape)} on {a.device}: {int((a != b).sum())} of {a.numel()} elements differ"
+            return f"{where}: {int((a != b).sum())} of {a.numel()} elements differ"
         differs = (a != b) & ~(a.isnan() & b.isnan())
         gap = (a.double() - b.double()).abs()[differs & a.isfinite() & b.isfinite()]
         by = f", by at most {float(gap.max()):.3g}" if gap.numel() else ""
         return (
-            f"{name} {a.dtype}{list(a.shape)} on {a.device}: {int(differs.sum())} of {a.numel()} elements differ{by}; "
+            f"{where}: {int(differs.sum())} of {a.numel()} elements differ{by}; "
             f"NaN {int(a.isnan().sum())} in the reference, {int(b.isnan().sum())} accelerated"
         )
     return None
