@@ -90,10 +90,12 @@ def test_a_comparison_every_length_answers_alike_is_answered_without_reading(gra
         with host_reads() as reads, lengths:
             grows = bool(2 + 2 + cache.get_seq_length() > MAX_CACHE_LEN + 4)
             max(cache.get_seq_length() - 100, 0)  # Python's max compares: 0 > length - 100, never
-        assert reads == [] and grows is False
+            past = bool(cache.get_seq_length() + 1)  # ``if length + 1:``, never zero
+        assert reads == [] and grows is False and past is True
         with host_reads() as reads, lengths:
             grows = bool(2 + 2 + cache.get_seq_length() > 10)
-        assert len(reads) == 1 and grows is False
+            past = bool(cache.get_seq_length())  # zero for an empty cache: read as written
+        assert len(reads) == 2 and grows is False and past is True
 
 
 @pytest.mark.parametrize("grad", GRAD_MODES)

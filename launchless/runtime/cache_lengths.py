@@ -15,7 +15,7 @@ While a decode step is captured, ``CacheLengths`` (a torch-function mode) follow
   the step finds, as eager does;
 - a comparison of an offset length with a Python int that comes out the same for every length the layer can hold
   (0 to its ``max_cache_len``: a write past the end is an error, never a longer cache) is that answer, handed to
-  Python without reading the device.
+  Python without reading the device -- and so is ``bool()`` of an offset length, where it is never (or always) zero.
 
 Everything else runs as written: a read the mode cannot answer still stops the capture and is named as before. The
 rewritten ``arange`` returns eager's very integers for every length, and the graph is verified against the step run
@@ -80,9 +80,14 @@ class CacheLengths(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func in _READS_BOOL and len(args) == 1 and args[0] in self._decided:
-            self.answered += 1
-            return self._decided[args[0]]
+        if func in _READS_BOOL and len(args) == 1:
+            answer = self._decided.get(args[0])
+            known = self._offset(args[0]) if answer is None else None
+            if known is not None:  # ``if length:``: whether it is not zero
+                answer = _decided("ne", known.offset, known.top + known.offset, 0)
+            if answer is not None:
+                self.answered += 1
+                return answer
         if func is torch.arange:
             moved = self._arange(args, kwargs)
             if moved is not None:
