@@ -20,10 +20,19 @@ from launchless.core.status import Stage
 
 
 def _host_holders(fn) -> list:
-    """The objects the captured function reaches through its closure whose Python attributes a step may change: a
-    decode step's cache and its layers."""
-    held = [_contents(cell) for cell in getattr(fn, "__closure__", None) or ()]
-    found = [x for x in held if hasattr(x, "layers") and isinstance(x.layers, list)]
+    """The objects the captured function reaches through its closure -- and the closures of the functions in it (a
+    step run inside a mode calls the step) -- whose Python attributes a step may change: a decode step's cache and
+    its layers."""
+    held, seen, functions = [], set(), [fn]
+    while functions:
+        f = functions.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        cells = [_contents(cell) for cell in getattr(f, "__closure__", None) or ()]
+        held += cells
+        functions += [x for x in cells if callable(x) and hasattr(x, "__closure__")]
+    found = list({id(x): x for x in held if hasattr(x, "layers") and isinstance(x.layers, list)}.values())
     return [*found, *(layer for cache in found for layer in cache.layers)]
 
 
