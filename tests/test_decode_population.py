@@ -12,6 +12,7 @@ differential's."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,16 +38,26 @@ except ImportError:  # an older transformers without the list's modules: the har
     CAUSAL = []
 
 
-@pytest.fixture
-def on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def _decoding_on_cpu(monkeypatch: pytest.MonkeyPatch, *, host_reads_fail: bool) -> Iterator[None]:
     """The requests move prompts with ``.cuda()``: they stay on the CPU; steps are captured by the stand-in; one
     thread (bfloat16 kernels of models this small decode fastest so on a shared machine)."""
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
-    monkeypatch.setattr(decode_steps, "capture", recorded_capture([]))
+    monkeypatch.setattr(decode_steps, "capture", recorded_capture([], host_reads_fail=host_reads_fail))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def on_cpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    yield from _decoding_on_cpu(monkeypatch, host_reads_fail=False)
+
+
+@pytest.fixture
+def strict_capture(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """As ``on_cpu``, with a capture that fails where the step reads a tensor's value on the host, as CUDA fails it."""
+    yield from _decoding_on_cpu(monkeypatch, host_reads_fail=True)
 
 
 def _decode_graphs(model: torch.nn.Module) -> DecodeGraphs:
@@ -86,17 +97,23 @@ def test_every_causal_lm_decodes_through_graphs_with_the_tokens_of_generate(cand
                 except Exception as exc:  # model.generate() itself raises on this request: nothing to compare
                     failed.append(f"{entry.value}: eager generate() raises {one_line(exc)}")
                     break
-                torch.manual_seed(call)
-                got = graphs.generate(model, (), dict(request))  # raising here, where generate() works, fails
-                assert any(got.shape == want.shape and torch.equal(got, want) for want in wants), (
-                    f"{entry.value} under {mode.value}, call {call}: tokens differ from model.generate(); "
-                    f"{_why(graphs.info())}"
-                )
+                _decodes_as_generate(graphs, model, request, wants, call, f"{entry.value} under {mode.value}")
                 decoded += 1
         if decoded > decoded_before:  # eager generate() itself may raise on a request: then nothing decoded
             _assert_a_fallback_names_its_reason(graphs.info(), f"{entry.value} under {mode.value}")
     if not decoded:
         pytest.skip("; ".join(failed))
+
+
+def _decodes_as_generate(
+    graphs: DecodeGraphs, model: torch.nn.Module, request: dict, wants: list, call: int, label: str
+) -> None:
+    """The request decoded through ``graphs`` has the tokens of one of ``model.generate()``'s references."""
+    torch.manual_seed(call)
+    got = graphs.generate(model, (), dict(request))  # raising here, where generate() works, fails
+    assert any(got.shape == want.shape and torch.equal(got, want) for want in wants), (
+        f"{label}, call {call}: tokens differ from model.generate(); {_why(graphs.info())}"
+    )
 
 
 def _assert_a_fallback_names_its_reason(info: dict[str, Any], request: str) -> None:
@@ -113,17 +130,6 @@ def _why(info: dict[str, Any]) -> str:
 
 
 READ_THE_LENGTH = ["xglm", "trocr", "mvp", "roformer"]  # positions from the cache's length, read in Python
-
-
-@pytest.fixture
-def strict_capture(monkeypatch: pytest.MonkeyPatch) -> None:
-    """As ``on_cpu``, with a capture that fails where the step reads a tensor's value on the host, as CUDA fails it."""
-    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
-    monkeypatch.setattr(decode_steps, "capture", recorded_capture([], host_reads_fail=True))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.zoo
@@ -145,11 +151,7 @@ def test_decoders_that_read_their_cache_length_on_the_host_replay_their_steps(na
             for call in range(CALLS):
                 request = requests(prompts)
                 wants, _ = generate._references(model, request, seed=call)
-                torch.manual_seed(call)
-                got = graphs.generate(model, (), dict(request))
-                assert any(got.shape == want.shape and torch.equal(got, want) for want in wants), (
-                    f"{entry.value} under {mode.value}, call {call}: tokens differ; {_why(graphs.info())}"
-                )
+                _decodes_as_generate(graphs, model, request, wants, call, f"{entry.value} under {mode.value}")
         assert graphs.info()["steps_replayed"], f"{entry.value} under {mode.value}: {_why(graphs.info())}"
 
 
