@@ -54,6 +54,15 @@ def on_cpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield from _decoding_on_cpu(monkeypatch, host_reads_fail=False)
 
 
+def _built(name: str) -> Any:
+    """The causal LM ``name`` of transformers' list, built on the CPU with the same random weights every run."""
+    candidate = next((c for c in CAUSAL if c.name == name), None)
+    if candidate is None:
+        pytest.skip(f"{name} is not in this transformers release's causal-LM list")
+    torch.manual_seed(0)
+    return candidate.build("cpu")
+
+
 @pytest.fixture
 def strict_capture(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """As ``on_cpu``, with a capture that fails where the step reads a tensor's value on the host, as CUDA fails it."""
@@ -138,11 +147,7 @@ def test_decoders_that_read_their_cache_length_on_the_host_replay_their_steps(na
     """XGLM compares ``2 + n + length`` with its position table, TrOCR, MVP and RoFormer build ``arange(length,
     length + n)``, the length being the static cache's device tensor: every request replays its decode steps, with
     ``model.generate()``'s tokens; without the cache's lengths followed, the same capture fails on the read."""
-    candidate = next((c for c in CAUSAL if c.name == name), None)
-    if candidate is None:
-        pytest.skip(f"{name} is not in this transformers release's causal-LM list")
-    torch.manual_seed(0)
-    built = candidate.build("cpu")
+    built = _built(name)
     for entry, mode in generate.REQUESTS:
         model, requests = generate._requests(built, entry)
         graphs = _decode_graphs(model)
@@ -160,12 +165,8 @@ def test_without_the_lengths_followed_the_strict_capture_fails_on_the_read(
     strict_capture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The stand-in the test above relies on: with the mode a no-op, XGLM's steps are refused for the host read."""
-    candidate = next((c for c in CAUSAL if c.name == "xglm"), None)
-    if candidate is None:
-        pytest.skip("xglm is not in this transformers release's causal-LM list")
     monkeypatch.setattr(decode_steps, "CacheLengths", lambda cache: CacheLengths(None))
-    torch.manual_seed(0)
-    built = candidate.build("cpu")
+    built = _built("xglm")
     entry, mode = generate.REQUESTS[0]
     model, requests = generate._requests(built, entry)
     graphs = _decode_graphs(model)
