@@ -311,3 +311,14 @@ def test_indexing_with_a_boolean_mask_is_a_data_dependent_shape_and_with_positio
     assert classify_op(aten.index.Tensor, (x, [None, mask[0]]), {}) == DATA_DEPENDENT
     assert classify_op(aten.index.Tensor, (x, [positions]), {}) is None
     assert classify_op(aten.index_put_.default, (x, [positions], torch.tensor(0.0)), {}) is None
+
+
+def test_histc_reads_its_range_on_the_host_only_when_none_is_given() -> None:
+    """``torch.histc`` without a range reads its input's minimum and maximum on the host (a host sync); with one
+    -- transformers' experts count their tokens so -- its ``bins`` counts are a device kernel a graph records."""
+    x = torch.rand(16)
+    histc = torch.ops.aten.histc.default
+    assert classify_op(histc, (x,), {"bins": 4}) == HOST_SYNC
+    assert classify_op(histc, (x, 4, 0.0, 0.0), {}) == HOST_SYNC
+    assert classify_op(histc, (x,), {"bins": 4, "min": 0, "max": 3}) is None
+    assert classify_op(histc, (x, 4, 0.0, 1.0), {}) is None

@@ -50,3 +50,13 @@ def test_source_line_comes_from_the_recorded_stacktrace_on_fake_cuda() -> None:
     )
     assert source_line(node) == "/home/me/model.py:57 in head: `if x.sum().item() > 0:`"
     assert diagnose(gm)[0].source == source_line(node)
+
+
+def test_histc_with_a_range_is_no_blocker_and_without_one_is_a_host_sync() -> None:
+    """The experts of transformers' mixtures count tokens with ``histc(..., min=0, max=num_experts - 1)``: a fixed
+    shape computed on the device, nothing a capture refuses (a graph with it is no CGCT hazard); without a range
+    histc reads the input's extremes on the host."""
+    ranged = trace_on_fake_cuda(lambda x: torch.histc(x, bins=4, min=0, max=3) * 2, (16,))
+    assert diagnose(ranged) == []
+    found = diagnose(trace_on_fake_cuda(lambda x: torch.histc(x, bins=4) * 2, (16,)))
+    assert [(b.kind, "histc" in b.target) for b in found] == [(HOST_SYNC, True)]

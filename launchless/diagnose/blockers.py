@@ -9,7 +9,9 @@ raised during a diagnostic capture, with the line (``source.locate``) that calle
 from __future__ import annotations
 
 import traceback
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -33,9 +35,11 @@ DATA_DEPENDENT_OPS = {
     "unique_dim",
     "unique_consecutive",
     "bincount",
-    "histc",
     "masked_scatter",
 }
+# operations that read their input's minimum and maximum on the host when called without a range: ``histc``, whose
+# output (``bins`` counts) has a fixed shape either way, so with a range it is a device kernel like any other
+RANGE_READ_OPS = {"histc"}
 _COPY_OPS = {"_to_copy", "copy_", "copy", "to", "_copy_from", "_copy_from_and_resize"}
 # indexing ops that take a list of index tensors: with a boolean mask among them, the rows they select (a nonzero
 # inside the op) depend on the values
@@ -107,10 +111,23 @@ def _masks(args: tuple) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
 
 
+def reads_its_range(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    """Whether a call of ``name`` (``histc``) reads its input's minimum and maximum on the host: without a range
+    (``min == max``, both 0 by default) it does; with one (transformers' experts count tokens with
+    ``histc(..., min=0, max=num_experts - 1)``) the counts are computed on the device. A range given as anything
+    but two numbers (a traced value) is taken to read."""
+    if name not in RANGE_READ_OPS:
+        return False
+    low = kwargs.get("min", args[2] if len(args) > 2 else 0)
+    high = kwargs.get("max", args[3] if len(args) > 3 else 0)
+    numbers = all(isinstance(v, (int, float)) for v in (low, high))
+    return not numbers or low == high
+
+
 def classify_op(func: object, args: tuple, kwargs: dict) -> str | None:
     """The blocker kind of one aten op on device tensors, or None when a capture can record it."""
     name = op_name(func)
-    if name in HOST_SYNC_OPS:
+    if name in HOST_SYNC_OPS or reads_its_range(name, args, kwargs):
         return HOST_SYNC
     if name in DATA_DEPENDENT_OPS or (name in _INDEX_OPS and _masks(args)):
         return DATA_DEPENDENT
