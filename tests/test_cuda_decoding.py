@@ -538,11 +538,11 @@ def test_a_write_past_the_static_cache_is_stopped_on_the_host_not_asserted_on_th
 def test_a_decode_step_that_cannot_be_captured_is_named_and_its_class_goes_through_generate(
     caplog, grad_mode: str
 ) -> None:
-    """X-MOD's step picks its language adapter's rows by a mask (`hidden_states[lang_mask]`, a shape read on the
-    host) while capturing: the refusal names the operation and its source line, as a forward's capture error does;
-    no step of the class replaying, its later calls go through generate() as called -- eager steps on a static cache
-    would cost more. Every call's tokens are those of generate(), on fresh prompts."""
-    model = population_decoder("xmod", torch.float32)
+    """LongCat-Flash's experts find which of them were hit with `nonzero` (a shape read on the host) while
+    capturing: the refusal names the operation and its source line, as a forward's capture error does; no step of
+    the class replaying, its later calls go through generate() as called -- eager steps on a static cache would cost
+    more. Every call's tokens are those of generate(), on fresh prompts."""
+    model = population_decoder("longcat_flash", torch.float32)
     wrapped = ll.wrap(model)
     generator = torch.Generator().manual_seed(3)
     with GRAD_MODES[grad_mode](), caplog.at_level(logging.INFO, logger="launchless"):
@@ -556,4 +556,4 @@ def test_a_decode_step_that_cannot_be_captured_is_named_and_its_class_goes_throu
     assert decode["steps_replayed"] == 0 and decode["generate_calls"] == 1, decode  # then generate() as called
     assert any("no decode step replays as a graph" in c["reason"] for c in decode["classes"]), decode["classes"]
     (fallback,) = decode["fallbacks"]  # the operation and its line as fields too, not only inside the reason
-    assert fallback["operation"].startswith("aten.") and "modeling_xmod.py:" in fallback["source"], fallback
+    assert fallback["operation"].startswith("aten.") and "modeling_longcat_flash.py:" in fallback["source"], fallback
