@@ -1129,6 +1129,30 @@ def test_a_timing_pass_of_some_entry_points_replaces_just_their_timings(monkeypa
     ]
 
 
+def test_a_timing_taken_before_its_row_ran_again_is_not_laid_over_it(tmp_path) -> None:
+    """A model run again after a change has rows of the new code; the timing pass's line from before describes the
+    code before it (its speed, and the status it ran alone): the row stands untimed until the pass times it again,
+    and a timing taken after it is laid over it."""
+    row = _row("m", Status.SPLIT, Result.IDENTICAL, None)
+    (tmp_path / "rows-timm-1of1-p0-2-0.jsonl").write_text(
+        json.dumps({"key": "m", "rows": [row], "finished_at": 2.0}) + "\n"
+    )
+    before = {"entry": "wrap-auto", "grad_mode": "no_grad", "status": "eager", "result": "identical", "calls": 8}
+    before |= {"eager_ms": 2.0, "accelerated_ms": 2.2, "speedup": 0.9}
+    timing = {"key": "m", "library": "timm", "timings": [before], "finished_at": 1.0}
+    (tmp_path / "rows-timm-timing-1of1-p0-1-0.jsonl").write_text(json.dumps(timing) + "\n")
+    (merged,) = report.apply_timings(report.load([tmp_path]), report.load_timings([tmp_path]))
+    assert (merged["status"], merged["timed_alone"], merged["speedup"]) == ("split", False, None)
+    after = {
+        **timing,
+        "timings": [{**before, "accelerated_ms": 1.1, "speedup": 1.8, "status": "split"}],
+        "finished_at": 3.0,
+    }
+    (tmp_path / "rows-timm-timing-1of1-p0-3-0.jsonl").write_text(json.dumps(after) + "\n")
+    (merged,) = report.apply_timings(report.load([tmp_path]), report.load_timings([tmp_path]))
+    assert (merged["status"], merged["timed_alone"], merged["speedup"]) == ("split", True, 1.8)
+
+
 def test_rows_not_accelerated_are_counted_by_cause() -> None:
     """Where the share target loses its rows, by cause: the decoding requests a model's class declines a static cache
     for, splits not faster than eager, cuda_graph=True refusals -- each counted once, accelerated rows not at all."""

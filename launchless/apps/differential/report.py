@@ -50,7 +50,8 @@ def load(directories: list[str | Path]) -> list[dict[str, Any]]:
             else:
                 for key in [k for k in rows if k[0] in line["entries"] and k not in fresh]:
                     del rows[key]
-            rows.update({(r["entry"], r["grad_mode"]): {**r, "gpu": line.get("gpu")} for r in line["rows"]})
+            ran = {"gpu": line.get("gpu"), "finished_at": line.get("finished_at")}
+            rows.update({(r["entry"], r["grad_mode"]): {**r, **ran} for r in line["rows"]})
         out.extend(rows.values())
     return out
 
@@ -79,7 +80,11 @@ def load_timings(directories: list[str | Path]) -> dict[tuple[str, str], dict[st
     merged = {}
     for key, lines in per_model.items():
         lines.sort(key=lambda line: line.get("finished_at", 0.0))
-        timings = {(t["entry"], t["grad_mode"]): t for line in lines for t in line["timings"]}
+        timings = {
+            (t["entry"], t["grad_mode"]): {**t, "timed_at": line.get("finished_at")}
+            for line in lines
+            for t in line["timings"]
+        }
         merged[key] = {**lines[-1], "timings": list(timings.values())}
     return merged
 
@@ -116,7 +121,9 @@ def apply_timings(rows: list[dict[str, Any]], timings: dict[tuple[str, str], dic
     """``rows`` with what the timing pass saw of each laid over them: its speed figures (``timed_alone`` True; a row
     the pass did not time keeps the figures of its correctness run, taken beside other workers), and where the pass
     ran the row again with its calls compared (``result`` in its timing), the row's verdict alone
-    (``verdict_alone``) -- unless eager itself failed on the pass's inputs, which judges nothing of launchless."""
+    (``verdict_alone``) -- unless eager itself failed on the pass's inputs, which judges nothing of launchless.
+    A timing taken before its row was run again (after a change) is of the code before: the row stands untimed
+    until the pass times it again."""
     by_row = {
         (library, model, t["entry"], t["grad_mode"]): {**t, "gpu": line.get("gpu")}
         for (library, model), line in timings.items()
@@ -126,6 +133,8 @@ def apply_timings(rows: list[dict[str, Any]], timings: dict[tuple[str, str], dic
     out = []
     for row in rows:
         timed = by_row.get((row["library"], row["model"], row["entry"], row["grad_mode"]))
+        if timed is not None and _older(timed.get("timed_at"), row.get("finished_at")):
+            timed = None  # the row ran again since
         row = {**row, "timed_alone": timed is not None and timed.get("speedup") is not None}
         if timed is not None and timed.get("speedup") is not None:
             row.update({k: timed[k] for k in ("eager_ms", "accelerated_ms", "speedup")})
@@ -137,6 +146,11 @@ def apply_timings(rows: list[dict[str, Any]], timings: dict[tuple[str, str], dic
             row = verdict_alone(row, timed)
         out.append(row)
     return out
+
+
+def _older(timed_at: float | None, ran_at: float | None) -> bool:
+    """Whether a timing was taken before its row ran (a line without the time is taken as current)."""
+    return timed_at is not None and ran_at is not None and timed_at < ran_at
 
 
 def verdict_alone(row: dict[str, Any], timed: dict[str, Any]) -> dict[str, Any]:
