@@ -1143,6 +1143,8 @@ def test_a_timing_taken_before_its_row_ran_again_is_not_laid_over_it(tmp_path) -
     (tmp_path / "rows-timm-timing-1of1-p0-1-0.jsonl").write_text(json.dumps(timing) + "\n")
     (merged,) = report.apply_timings(report.load([tmp_path]), report.load_timings([tmp_path]))
     assert (merged["status"], merged["timed_alone"], merged["speedup"]) == ("split", False, None)
+    text = report.markdown([merged])  # the report lists it, with what times it again
+    assert "## Accelerated rows not yet timed alone (1)" in text and 'AGAIN="timm:m"' in text, text
     after = {
         **timing,
         "timings": [{**before, "accelerated_ms": 1.1, "speedup": 1.8, "status": "split"}],

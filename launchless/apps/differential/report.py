@@ -221,7 +221,7 @@ def targets(rows: list[dict[str, Any]]) -> list[Target]:
     differs = sum(r["result"] == Result.DIFFERS.value for r in built)
     timed = [r for r in built if r.get("timed_alone") and r["speedup"] is not None]
     slower = [r for r in timed if is_slower(r)]
-    untimed = [r for r in built if r["entry"] in TIMED_ENTRIES and r["status"] in ACCELERATED and r not in timed]
+    untimed = untimed_rows(rows)
     good = sum(accelerated_and_verified(r) for r in built)
     share = good / len(built) if built else 0.0
     return [
@@ -238,6 +238,33 @@ def targets(rows: list[dict[str, Any]]) -> list[Target]:
             share >= ACCELERATED_SHARE,
         ),
     ]
+
+
+def untimed_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The accelerated rows of the entry points the timing pass times that it has not timed (or timed before the
+    row ran again): their speed against eager is not known."""
+    return [
+        r
+        for r in built_rows(rows)
+        if r["entry"] in TIMED_ENTRIES and r["status"] in ACCELERATED and not (r.get("timed_alone") and r["speedup"])
+    ]
+
+
+def _untimed(rows: list[dict[str, Any]]) -> list[str]:
+    """The models whose accelerated rows the timing pass is still to time, as ``differential-timing-again`` takes
+    them (``AGAIN="library:model,model ..."``)."""
+    per_model: dict[tuple[str, str], list[str]] = {}
+    for r in untimed_rows(rows):
+        per_model.setdefault((r["library"], r["model"]), []).append(f"{r['entry']} / {r['grad_mode']}")
+    if not per_model:
+        return []
+    libraries = sorted({library for library, _ in per_model})
+    again = " ".join(f"{lib}:" + ",".join(m for library, m in sorted(per_model) if library == lib) for lib in libraries)
+    out = ["", f"## Accelerated rows not yet timed alone ({sum(map(len, per_model.values()))})", ""]
+    out += [f'To time them: `AGAIN="{again}" bash benchmarks/device_run.sh OUT differential-timing-again`.', ""]
+    return out + _table(
+        ["library", "model", "rows"], [[lib, model, ", ".join(e)] for (lib, model), e in sorted(per_model.items())]
+    )
 
 
 def _table(header: list[str], body: list[list[Any]]) -> list[str]:
@@ -276,6 +303,7 @@ def markdown(rows: list[dict[str, Any]], populations: dict[str, dict[str, Any]] 
     out += _table(
         ["library", "models", *kinds], [[lib, models[lib], *(counts[(lib, k)] for k in kinds)] for lib in libraries]
     )
+    out += _untimed(rows)
     out += _per_entry(rows)
     out += _not_accelerated(rows)
     out += _lost_by_cause(rows)
