@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from launchless.core.capture import CapturedGraph, CaptureFailed, _static_like
 from launchless.core.junctions import HOST_READS
 from launchless.core.status import Stage
+from launchless.diagnose.blockers import DATA_DEPENDENT, HOST_SYNC, classify_op
 
 
 def _host_holders(fn) -> list:
@@ -70,14 +71,29 @@ class RecomputingGraph:
             vars(holder).update(values)
 
 
-class _HostReadsFail(TorchDispatchMode):
-    """What CUDA does to a capture that reads a device value on the host (``.item()``, ``bool(t)``): it fails. On
-    the CPU every tensor is on the host, so this refuses more than a GPU would, never less."""
+def _refused_under_capture(func, args: tuple, kwargs: dict) -> bool:
+    return func in HOST_READS or classify_op(func, args, kwargs) in (HOST_SYNC, DATA_DEPENDENT)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in HOST_READS:
-            raise RuntimeError(f"CUDA error: operation not permitted when stream is capturing ({func})")
-        return func(*args, **(kwargs or {}))
+
+# What CUDA does to a capture that reads a device value on the host (``.item()``, ``bool(t)``) or makes a shape from
+# values (``nonzero``, a boolean mask's rows): it fails. On the CPU every tensor is on the host, so this refuses more
+# than a GPU would, never less. The mode is compiled under a pseudo file name, so that the error's innermost frame
+# outside PyTorch is the model's line that called the operation, as when CUDA raises it from inside the operation.
+_namespace: dict = {"TorchDispatchMode": TorchDispatchMode, "refused": _refused_under_capture}
+exec(
+    compile(
+        "class HostReadsFail(TorchDispatchMode):\n"
+        "    def __torch_dispatch__(self, func, types, args=(), kwargs=None):\n"
+        "        kwargs = kwargs or {}\n"
+        "        if refused(func, args, kwargs):\n"
+        "            raise RuntimeError(f'CUDA error: operation not permitted when stream is capturing ({func})')\n"
+        "        return func(*args, **kwargs)\n",
+        "<cuda capture>",
+        "exec",
+    ),
+    _namespace,
+)
+_HostReadsFail = _namespace["HostReadsFail"]
 
 
 def recorded_capture(captures: list, *, host_reads_fail: bool = False):

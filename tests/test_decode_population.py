@@ -12,6 +12,7 @@ differential's."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -177,3 +178,30 @@ def test_without_the_lengths_followed_the_strict_capture_fails_on_the_read(
     info = graphs.info()
     assert not info["steps_replayed"]
     assert any("operation not permitted when stream is capturing" in why for why in info["steps_eager"]), _why(info)
+
+
+@pytest.mark.zoo
+def test_a_step_whose_shape_follows_its_values_is_refused_by_name_and_its_class_goes_through_generate(
+    strict_capture, caplog
+) -> None:
+    """LongCat-Flash's experts, run one by one (transformers' "eager" experts), find which were hit with ``nonzero``,
+    a shape its values choose, which fails a capture on the GPU as on this stand-in: the refusal names the kind and
+    the model's source line, no step of the class replays, and every call's tokens are ``model.generate()``'s."""
+    built = _built("longcat_flash")
+    if getattr(built.model.config, "_experts_implementation_internal", None) is not None:
+        built.model.config._experts_implementation_internal = "eager"  # releases that choose grouped matmuls
+    entry, mode = generate.REQUESTS[0]
+    model, requests = generate._requests(built, entry)
+    graphs = _decode_graphs(model)
+    prompts = torch.Generator().manual_seed(0)
+    with grad_mode(mode), caplog.at_level(logging.INFO, logger="launchless"):
+        for call in range(CALLS + 1):
+            request = requests(prompts)
+            wants, _ = generate._references(model, request, seed=call)
+            _decodes_as_generate(graphs, model, request, wants, call, f"{entry.value} under {mode.value}")
+    refused = [r.getMessage() for r in caplog.records if "a decode step is not replayed as a graph" in r.getMessage()]
+    assert len(refused) == 1 and "data-dependent shape at " in refused[0], refused
+    info = graphs.info()
+    assert info["steps_replayed"] == 0, _why(info)
+    (fallback,) = info["fallbacks"]
+    assert "modeling_longcat_flash.py:" in fallback["source"] and "nonzero" in fallback["source"], fallback
