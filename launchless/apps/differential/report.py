@@ -246,7 +246,9 @@ def untimed_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         r
         for r in built_rows(rows)
-        if r["entry"] in TIMED_ENTRIES and r["status"] in ACCELERATED and not (r.get("timed_alone") and r["speedup"])
+        if r["entry"] in TIMED_ENTRIES
+        and r["status"] in ACCELERATED
+        and not (r.get("timed_alone") and r["speedup"] is not None)
     ]
 
 
