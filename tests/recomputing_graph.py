@@ -15,7 +15,6 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from launchless.core.capture import CapturedGraph, CaptureFailed, _static_like
-from launchless.core.junctions import HOST_READS
 from launchless.core.status import Stage
 from launchless.diagnose.blockers import DATA_DEPENDENT, HOST_SYNC, classify_op
 
@@ -72,7 +71,7 @@ class RecomputingGraph:
 
 
 def _refused_under_capture(func, args: tuple, kwargs: dict) -> bool:
-    return func in HOST_READS or classify_op(func, args, kwargs) in (HOST_SYNC, DATA_DEPENDENT)
+    return classify_op(func, args, kwargs) in (HOST_SYNC, DATA_DEPENDENT)
 
 
 # What CUDA does to a capture that reads a device value on the host (``.item()``, ``bool(t)``) or makes a shape from

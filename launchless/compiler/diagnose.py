@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from ..diagnose.blockers import COPY, DATA_DEPENDENT, DATA_DEPENDENT_OPS, HOST_SYNC, HOST_SYNC_OPS, reads_its_range
+from ..diagnose.blockers import COPY, DATA_DEPENDENT, DATA_DEPENDENT_OPS, HOST_SYNC, syncs_with_the_host
 
 CPU_NODE = "CPU computation"
 INPUT_MUTATION = "input mutation"
@@ -129,7 +129,7 @@ def diagnose(gm: fx.GraphModule) -> list[GraphBlocker]:
         args_dev = (
             set().union(*(_devices(a.meta.get("val")) for a in node.all_input_nodes)) if node.all_input_nodes else set()
         )
-        if name in HOST_SYNC_OPS or reads_its_range(name, node.args, node.kwargs):
+        if syncs_with_the_host(name, node.args, node.kwargs):
             add(HOST_SYNC, node)
         elif name in DATA_DEPENDENT_OPS:
             add(DATA_DEPENDENT, node)

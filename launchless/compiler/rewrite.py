@@ -32,7 +32,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from ..diagnose.blockers import DATA_DEPENDENT_OPS, HOST_SYNC_OPS, reads_its_range
+from ..diagnose.blockers import DATA_DEPENDENT_OPS, HOST_SYNC_OPS, syncs_with_the_host
 from .diagnose import _COPIES, _name, source_line
 
 CONSTRUCT = "built on the device"
@@ -374,7 +374,7 @@ def _report(gm: fx.GraphModule, plans: _Plan, kind: str | None = None) -> Rewrit
 def _unrewritable(node: fx.Node) -> str | None:
     if node.op != "call_function":
         return None
-    if _name(node) in HOST_SYNC_OPS or reads_its_range(_name(node), node.args, node.kwargs):
+    if syncs_with_the_host(_name(node), node.args, node.kwargs):
         return "host sync: the host reads a tensor's value (.item(), float(t)); no device-side form keeps its meaning"
     if _name(node) in DATA_DEPENDENT_OPS:
         return "data-dependent shape: the output size is known only after the kernel has run"

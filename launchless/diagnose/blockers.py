@@ -124,10 +124,16 @@ def reads_its_range(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -
     return not numbers or low == high
 
 
+def syncs_with_the_host(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    """Whether a call of the operation ``name`` hands the host a value read from its tensors (``.item()``,
+    ``bool(t)``, ``histc`` without a range)."""
+    return name in HOST_SYNC_OPS or reads_its_range(name, args, kwargs)
+
+
 def classify_op(func: object, args: tuple, kwargs: dict) -> str | None:
     """The blocker kind of one aten op on device tensors, or None when a capture can record it."""
     name = op_name(func)
-    if name in HOST_SYNC_OPS or reads_its_range(name, args, kwargs):
+    if syncs_with_the_host(name, args, kwargs):
         return HOST_SYNC
     if name in DATA_DEPENDENT_OPS or (name in _INDEX_OPS and _masks(args)):
         return DATA_DEPENDENT
