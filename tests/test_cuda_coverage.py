@@ -294,6 +294,35 @@ def test_host_constants_are_made_once_on_the_device_and_watched(grad_mode) -> No
         assert identical(m(x), model(x))
 
 
+class RelativeBuckets(nn.Module):
+    """SEW-D's and DeBERTa-v2's relative positions: built on the host, and a host scalar moved by ``type_as`` (an
+    operation made of others, which a dispatch mode sees whole under ``inference_mode`` and as its ``_to_copy``
+    under ``no_grad``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        steps = x.shape[1]
+        relative = (torch.arange(steps)[None, :] - torch.arange(steps)[:, None]).to(x.device)
+        mid = 4
+        near = (relative < mid) & (relative > -mid)
+        buckets = torch.where(near, torch.tensor(mid - 1).type_as(relative), relative.abs()).clamp(0, 15)
+        return x @ self.embedding(buckets).sum(1).T
+
+
+def test_a_host_scalar_moved_by_type_as_is_a_constant_in_both_grad_modes(grad_mode) -> None:
+    model = RelativeBuckets().cuda().eval()
+    m = ll.wrap(model, cuda_graph=True)
+    with grad_mode():
+        for _ in range(4):  # a fresh input every call
+            x = torch.randn(2, 12, 16, device="cuda")
+            assert identical(m(x), model(x))
+    info = m.graph_info()
+    assert not info["fallbacks"] and info["graphs"][0]["replays"] >= 3, info
+
+
 def test_a_host_value_that_changes_every_call_is_refused_with_the_reason() -> None:
     import itertools
 

@@ -95,7 +95,7 @@ def test_tensors_made_from_python_values_on_the_device_are_recorded_too(grad_mod
         c = torch.tensor(torch.ones(2), device=DEVICE)  # from a tensor: an ordinary _to_copy
         return a, b, c
 
-    with grad_mode(), recording() as recorder:  # under inference_mode a move is aten::to, not aten::_to_copy
+    with grad_mode(), recording() as recorder:
         forward()
         torch.arange(3).to(DEVICE)
     assert [s.tolist() for s in recorder.copies.sources] == [[3.0, 4.0], [1, 2], [1.0, 1.0], [0, 1, 2]]
@@ -149,3 +149,28 @@ def test_the_recorded_warm_up_takes_the_path_the_capture_takes(grad_mode) -> Non
             forward(x)
         replayer.check_all_used()
     assert torch.cuda.is_current_stream_capturing is asked  # told yes only while recording
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])
+def test_a_move_inside_an_operation_made_of_others_is_recorded_in_both_grad_modes(grad_mode) -> None:
+    """``torch.tensor(mid - 1).type_as(positions)`` (SEW-D's and DeBERTa-v2's relative buckets) moves a host
+    scalar to the device inside ``type_as``: under ``no_grad`` a dispatch mode sees the ``_to_copy`` it is made
+    of, under ``inference_mode`` the ``type_as`` whole. Both must record the same copy, or the capture under
+    ``inference_mode`` meets a host copy the warm-up did not record and the model loses its graph."""
+    from launchless.core.host_constants import recording, replaying
+
+    positions = torch.zeros(3, 3, dtype=torch.long, device=DEVICE)
+
+    def forward() -> tuple[torch.Tensor, torch.Tensor]:
+        mid = torch.tensor(4 - 1).type_as(positions)  # a 0-dim host tensor moved by an operation made of others
+        other = torch.ones(2, dtype=torch.float64).to(positions)  # Tensor.to(other): aten::to.other, made of others
+        return mid, other
+
+    with grad_mode(), recording() as recorder:
+        forward()
+    assert [s.tolist() for s in recorder.copies.sources] == [3, [1.0, 1.0]]
+    assert all(op == "aten::_to_copy" for op, _ in recorder.copies.ops), recorder.copies.ops
+    with grad_mode(), replaying(recorder.copies) as replayer:
+        mid, other = forward()
+    replayer.check_all_used()
+    assert (mid.device, mid.dtype, other.device, other.dtype) == (DEVICE, torch.long, DEVICE, torch.long)

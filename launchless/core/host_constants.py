@@ -35,6 +35,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .shape_proof import run_decomposed
+
 MAX_BYTES = 1 << 20
 
 
@@ -52,7 +54,7 @@ def _small(t: torch.Tensor) -> bool:
     return t.numel() * t.element_size() <= MAX_BYTES and not (torch.cuda.is_available() and t.is_pinned())
 
 
-MOVES = ("aten::_to_copy", "aten::to")  # aten::to: what a move dispatches as under inference_mode
+MOVES = ("aten::_to_copy",)
 
 
 def _host_copy(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
@@ -169,6 +171,8 @@ class HostCopyRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if (out := run_decomposed(self, func, args, kwargs)) is not NotImplemented:  # as under no_grad
+            return out
         name = func._schema.name
         source = _host_copy(func, args, kwargs)
         if source is not None:
@@ -205,6 +209,8 @@ class HostCopyReplayer(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if (out := run_decomposed(self, func, args, kwargs)) is not NotImplemented:  # as under no_grad
+            return out
         name = func._schema.name
         source = _host_copy(func, args, kwargs)
         if source is not None:

@@ -74,3 +74,14 @@ def is_composite(func: object) -> bool:
     its parts under ``torch.no_grad()``."""
     name = getattr(func, "name", None)
     return callable(name) and torch._C._dispatch_has_kernel_for_dispatch_key(name(), "CompositeImplicitAutograd")
+
+
+def run_decomposed(mode: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``func`` run as the operations it is made of, each seen by the dispatch ``mode`` (from inside its
+    ``__torch_dispatch__``), as under ``torch.no_grad()``; NotImplemented for an operation not made of others. A
+    mode that looks at each operation (a host copy, a blocker) so reads the same operations in both grad modes:
+    the parts are the kernel the operation runs anyway."""
+    if not is_composite(func):
+        return NotImplemented
+    with mode:
+        return func.decompose(*args, **kwargs)

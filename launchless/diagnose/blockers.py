@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..core.shape_proof import is_composite
+from ..core.shape_proof import run_decomposed
 from .source import Location, locate, locate_exception
 
 HOST_SYNC = "host sync"
@@ -155,11 +155,8 @@ class FailureRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if is_composite(func):  # seen undecomposed under inference_mode: look at what it runs, as no_grad shows
-            with self:
-                out = func.decompose(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
+        if (out := run_decomposed(self, func, args, kwargs)) is not NotImplemented:  # what no_grad shows
+            return out
         try:
             return func(*args, **kwargs)
         except Exception as exc:
