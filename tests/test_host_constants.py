@@ -174,3 +174,21 @@ def test_a_move_inside_an_operation_made_of_others_is_recorded_in_both_grad_mode
         mid, other = forward()
     replayer.check_all_used()
     assert (mid.device, mid.dtype, other.device, other.dtype) == (DEVICE, torch.long, DEVICE, torch.long)
+
+
+def test_an_operation_made_of_others_runs_the_kernel_eager_runs_not_a_python_decomposition(monkeypatch) -> None:
+    """torch registers Python decompositions for some composite operations (``matmul``); ``OpOverload.decompose``
+    prefers them, but eager runs the C++ kernel in both grad modes, and a capture that ran another could round
+    otherwise than the eager it is verified against."""
+    from torch._C import DispatchKey
+
+    from launchless.core.host_constants import recording
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the Python decomposition ran")
+
+    monkeypatch.setitem(torch.ops.aten.matmul.default.py_kernels, DispatchKey.CompositeImplicitAutograd, refuse)
+    a, b = torch.randn(2, 3, 4), torch.randn(4, 5)
+    with torch.inference_mode(), recording():
+        out = torch.matmul(a, b)  # seen whole under inference_mode: decomposed by the mode
+    assert torch.equal(out, torch.matmul(a, b))

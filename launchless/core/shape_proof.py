@@ -79,9 +79,11 @@ def is_composite(func: object) -> bool:
 def run_decomposed(mode: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     """``func`` run as the operations it is made of, each seen by the dispatch ``mode`` (from inside its
     ``__torch_dispatch__``), as under ``torch.no_grad()``; NotImplemented for an operation not made of others. A
-    mode that looks at each operation (a host copy, a blocker) so reads the same operations in both grad modes:
-    the parts are the kernel the operation runs anyway."""
+    mode that looks at each operation (a host copy, a blocker) so reads the same operations in both grad modes.
+    The parts are those of the operation's C++ kernel -- the one eager runs in either grad mode -- not of the
+    Python decomposition ``OpOverload.decompose`` prefers where torch registers one (``matmul``, ``lstm``, the
+    ``upsample`` family): another kernel could round otherwise than eager."""
     if not is_composite(func):
         return NotImplemented
     with mode:
-        return func.decompose(*args, **kwargs)
+        return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
