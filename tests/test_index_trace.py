@@ -10,8 +10,8 @@ import torch
 from launchless.core.index_trace import IndexTrace
 
 
-def _found(fn, *inputs) -> set[int]:
-    with torch.no_grad(), IndexTrace(list(inputs)) as trace:
+def _found(fn, *inputs, grad_mode=torch.no_grad) -> set[int]:
+    with grad_mode(), IndexTrace(list(inputs)) as trace:
         fn(*inputs)
     return trace.found
 
@@ -26,6 +26,24 @@ def test_a_float_timestep_cast_to_index_a_schedule_is_found_and_the_image_is_not
     image, t, scale = torch.randn(2, 3, 4, 4), torch.tensor([10.0, 500.0]), torch.tensor(1.0)
     assert _found(denoise, image, t, scale) == {0, 1, 2}
     assert _found(lambda image, t: image * schedule[t.long()].sum(), image, t) == {1}
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])
+def test_a_cast_inside_an_operation_made_of_others_is_found_in_both_grad_modes(grad_mode) -> None:
+    """``t.type_as(ids)`` and ``t.to(ids)`` cast a float to an integer inside an operation made of others, which a
+    dispatch mode sees whole under ``inference_mode``: missed, the input would be probed at random and index out of
+    bounds (on a GPU, a device-side assert that ends the process)."""
+    schedule, ids = torch.linspace(0, 1, 1000), torch.zeros(2, dtype=torch.long)
+
+    def by_type_as(t):
+        return schedule[t.type_as(ids)]
+
+    def by_to_other(t):
+        return schedule[t.to(ids)]
+
+    t = torch.tensor([10.0, 500.0])
+    assert _found(by_type_as, t, grad_mode=grad_mode) == {0}
+    assert _found(by_to_other, t, grad_mode=grad_mode) == {0}
 
 
 def test_no_cast_to_an_integer_finds_nothing() -> None:

@@ -18,6 +18,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .shape_proof import run_decomposed
 from .storage import storage_address
 
 ROI_OPS = {"roi_align", "roi_pool", "ps_roi_align", "ps_roi_pool"}  # torchvision ops reading boxes as (index, x1, ...)
@@ -33,7 +34,7 @@ def _address_operand(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | Non
     if namespace == "torchvision" and name in ROI_OPS:
         boxes = args[1] if len(args) > 1 else kwargs.get("rois", kwargs.get("boxes"))
         return boxes if isinstance(boxes, torch.Tensor) else None
-    if name in ("_to_copy", "to") and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+    if name == "_to_copy" and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
         dtype = kwargs.get("dtype", next((a for a in args[1:] if isinstance(a, torch.dtype)), None))
         return args[0] if is_integer_dtype(dtype) else None
     return None
@@ -53,6 +54,8 @@ class IndexTrace(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if self.origin and (out := run_decomposed(self, func, args, kwargs)) is not NotImplemented:
+            return out  # its parts, as under no_grad: a cast inside ``type_as`` is seen as a cast
         out = func(*args, **kwargs)
         if not self.origin:
             return out
