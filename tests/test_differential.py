@@ -1,6 +1,7 @@
 """The differential harness without a GPU: the shrinker, the input makers, the report on hand-made rows, the CLI,
-and (marked ``zoo``) every model of every population built on the CPU and diagnosed by ``dry_run``, so that a
-library release that breaks a builder or the diagnosis is caught here before the GPU run."""
+and (marked ``zoo``) every model of every population built on the CPU, diagnosed by ``dry_run`` and its host copies
+recorded in both grad modes, so that a library release that breaks a builder or the diagnosis is caught here before
+the GPU run."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from launchless.apps.differential.population import candidates, parse_shard, pic
 from launchless.apps.differential.rows import Entry, GradMode, Result, Status, new_row
 from launchless.apps.differential.shrink import HEAD_DIM, HEADS, HIDDEN, VOCAB, layer_selection, shrink_config
 from launchless.core.capture_path import pretend_capturing
-from launchless.diagnose.dry_run import dry_run
+from launchless.core.host_constants import recording
+from launchless.diagnose.dry_run import _meta_copy, _to_meta, dry_run
 
 # --- the shrinker ---------------------------------------------------------------------------------------------
 
@@ -652,11 +654,29 @@ EAGER_NOT_ON_CPU_TASKS: dict[tuple[Library, str], str] = {
 EAGER_NOT_ON_CPU_MOST = 8  # the list must stay small
 
 
+def _host_copies_on_meta(model: torch.nn.Module, args: tuple, kwargs: dict, grad_mode) -> list | str:
+    """The host-to-device copies a capture's warm-up records (``host_constants``), with ``meta`` for the GPU: per
+    copy the operation, the operand, and the host value -- or what the forward raised on ``meta``."""
+    meta_args, meta_kwargs = pytree.tree_map(_to_meta, (args, kwargs))
+    try:
+        with grad_mode(), pretend_capturing(), recording() as recorder:
+            model(*meta_args, **meta_kwargs)
+    except Exception as exc:
+        return type(exc).__name__
+    copies = recorder.copies
+    return [
+        (op, source.dtype, tuple(source.shape), source.reshape(-1).view(torch.uint8).numpy().tobytes())
+        for op, source in zip(copies.ops, copies.sources, strict=True)
+    ]
+
+
 @pytest.mark.zoo
 @pytest.mark.parametrize("candidate", POPULATION, ids=[c.key for c in POPULATION])
 def test_every_model_of_every_population_builds_and_runs_eager_on_the_cpu(candidate: Candidate) -> None:
     """Built, fed twice with inputs of one structure, diagnosed by ``dry_run``, and run once eager on its fresh
-    inputs: an input the model does not accept would make every GPU row of it ``eager-fails``."""
+    inputs: an input the model does not accept would make every GPU row of it ``eager-fails``. The host copies a
+    capture would make constants of are the same under ``no_grad`` and ``inference_mode`` (under the latter a
+    dispatch mode sees operations made of others whole: a move inside ``type_as`` was missed)."""
     try:
         built = candidate.build("meta" if candidate.huge else "cpu")
     except NotInLibraryError as exc:
@@ -669,6 +689,9 @@ def test_every_model_of_every_population_builds_and_runs_eager_on_the_cpu(candid
     again = built.make_inputs(torch.Generator().manual_seed(1), "cpu")
     assert torch.utils._pytree.tree_structure((args, kwargs)) == torch.utils._pytree.tree_structure(again)
     dry_run(built.model, args, kwargs)  # returns the first blocker or None; raising is the failure
+    on_meta = _meta_copy(built.model)
+    copies = {mode: _host_copies_on_meta(on_meta, args, kwargs, mode) for mode in (torch.no_grad, torch.inference_mode)}
+    assert copies[torch.no_grad] == copies[torch.inference_mode], "the capture would make other constants per grad mode"
     skipped = EAGER_NOT_ON_CPU.get(candidate.key) or EAGER_NOT_ON_CPU_TASKS.get((candidate.library, candidate.task))
     if candidate.huge or skipped:
         return  # built on ``meta`` (its real-size weights are huge) or named above: no eager forward here
