@@ -1198,6 +1198,32 @@ def test_rows_not_accelerated_are_counted_by_cause() -> None:
     assert section.count("| 1 |") >= 3 and "| d |" not in section.split("##")[1]
 
 
+def test_the_report_lists_the_models_whose_grad_modes_ran_otherwise() -> None:
+    """A capture, blocker scan or verification that depends on the grad mode is what the harness exists to catch:
+    the report names each model and entry point whose two grad modes ran otherwise, with both reasons."""
+
+    def row(model: str, entry: Entry, mode: GradMode, status: Status, reason: str | None = None) -> dict:
+        return new_row(model, "transformers", "text", entry, mode, status=status, result=Result.IDENTICAL,
+                       speedup=None, reason=reason)  # fmt: skip
+
+    refusal = "CaptureError: launchless cannot capture M.forward for input (int64[2x16]@cuda:0): host sync `aten.x`"
+    rows = [
+        row("apart", Entry.WRAP_AUTO, GradMode.NO_GRAD, Status.GRAPH),
+        row("apart", Entry.WRAP_AUTO, GradMode.INFERENCE_MODE, Status.SPLIT, "verification"),
+        row("alike", Entry.WRAP_AUTO, GradMode.NO_GRAD, Status.GRAPH),
+        row("alike", Entry.WRAP_AUTO, GradMode.INFERENCE_MODE, Status.GRAPH),
+        row("refused", Entry.WRAP_TRUE, GradMode.NO_GRAD, Status.REFUSED, refusal),
+        row("refused", Entry.WRAP_TRUE, GradMode.INFERENCE_MODE, Status.SPLIT, "host sync"),
+        row("one-mode", Entry.COMPILE, GradMode.INFERENCE_MODE, Status.EAGER, "compiled code faster"),
+    ]
+    text = report.markdown(rows)
+    section = text[text.index("## Rows whose grad modes ran otherwise (2)") :]
+    assert "| transformers | apart | wrap-auto | graph | split: verification |" in section
+    refused = "| transformers | refused | wrap-true | refused: CaptureError: host sync `aten.x` | split: host sync |"
+    assert refused in section
+    assert "alike" not in section and "one-mode" not in section
+
+
 def test_a_decoding_row_names_why_no_step_replays_before_the_steps_that_waited() -> None:
     """The steps run eager before a decode shape is captured are not a cause: the row's reason starts with why none
     replays (the blocker and its line), and the report counts it under that cause."""

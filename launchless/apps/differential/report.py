@@ -7,6 +7,7 @@ eager by more than 3 %, and at least 95 % of the rows of models that build accel
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -309,6 +310,7 @@ def markdown(rows: list[dict[str, Any]], populations: dict[str, dict[str, Any]] 
     out += _per_entry(rows)
     out += _not_accelerated(rows)
     out += _lost_by_cause(rows)
+    out += _grad_modes_apart(rows)
     speedups = sorted(r["speedup"] for r in built_rows(rows) if r.get("timed_alone") and r["speedup"] is not None)
     if speedups:
         out += [
@@ -469,6 +471,48 @@ def _not_accelerated(rows: list[dict[str, Any]]) -> list[str]:
     return ["", "## Rows not accelerated with a verified result, by entry and status", "", *_table(
         ["entry", "status", "result", "rows"], body
     )]  # fmt: skip
+
+
+_FOR_INPUT = re.compile(r" for input \(.*?\)(?:: | )")
+
+
+def _verdict(row: dict[str, Any]) -> tuple[str, str]:
+    """What a row ran as, for comparing grad modes: its status, and for a row not accelerated its cause."""
+    return row["status"], "" if accelerated_and_verified(row) else cause_of(row)
+
+
+def _grad_modes_apart(rows: list[dict[str, Any]]) -> list[str]:
+    """The model and entry points whose ``no_grad`` and ``inference_mode`` rows ran otherwise: a capture, a blocker
+    or a verification that depends on the grad mode shows here (as does a speed judgement near 1x)."""
+    by_key: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
+    for r in built_rows(rows):
+        by_key.setdefault((r["library"], r["model"], r["entry"]), {})[r["grad_mode"]] = r
+    apart = [
+        (key, modes[GradMode.NO_GRAD.value], modes[GradMode.INFERENCE_MODE.value])
+        for key, modes in sorted(by_key.items())
+        if len(modes) == 2 and _verdict(modes[GradMode.NO_GRAD.value]) != _verdict(modes[GradMode.INFERENCE_MODE.value])
+    ]
+    if not apart:
+        return []
+
+    def ran(row: dict[str, Any]) -> str:
+        reason = row.get("reason") or ""
+        said = _FOR_INPUT.split(reason, maxsplit=1)  # the error's own words, after its "... for input (...)"
+        what = f"{reason.split(':', 1)[0]}: {said[-1]}" if len(said) > 1 else reason
+        return f"{row['status']}: {what[:120]}" if what else row["status"]
+
+    return [
+        "",
+        f"## Rows whose grad modes ran otherwise ({len(apart)})",
+        "",
+        "The same model and entry point under `no_grad` and `inference_mode` with another status, or not accelerated "
+        "for another cause.",
+        "",
+        *_table(
+            ["library", "model", "entry", "no_grad", "inference_mode"],
+            [[library, model, entry, ran(a), ran(b)] for (library, model, entry), a, b in apart],
+        ),
+    ]
 
 
 def _differs(row: dict[str, Any]) -> str:
