@@ -509,22 +509,29 @@ def test_full_address_check_sees_a_single_data_swap() -> None:
 
 
 class _Denoiser(nn.Module):
-    """A float timestep indexing a noise schedule (diffusers' pattern): random timesteps index out of range."""
+    """A float timestep indexing a noise schedule (diffusers' pattern): random timesteps index out of range. Cast by
+    ``.long()`` or by ``type_as`` an integer buffer (an operation made of others, which a dispatch mode sees whole
+    under ``inference_mode``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cast: str = "long") -> None:
         super().__init__()
+        self.cast = cast
         self.conv = nn.Conv2d(3, 3, 3, padding=1)
         self.register_buffer("alphas", torch.linspace(1, 0, 1000))
+        self.register_buffer("steps", torch.zeros(1, dtype=torch.long))
 
     def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        return self.conv(x) * self.alphas[t.long()].view(-1, 1, 1, 1)
+        index = t.long() if self.cast == "long" else t.type_as(self.steps)
+        return self.conv(x) * self.alphas[index].view(-1, 1, 1, 1)
 
 
-def test_a_float_timestep_is_verified_on_the_calls_own_values() -> None:
-    model = _Denoiser().cuda().eval()
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode], ids=["no_grad", "inference_mode"])
+@pytest.mark.parametrize("cast", ["long", "type_as"])
+def test_a_float_timestep_is_verified_on_the_calls_own_values(grad_mode, cast: str) -> None:
+    model = _Denoiser(cast).cuda().eval()
     m = ll.wrap(model, cuda_graph=True)
     x, t = torch.randn(4, 3, 16, 16, device="cuda"), torch.tensor([10.0, 200.0, 500.0, 999.0], device="cuda")
-    with torch.no_grad():
+    with grad_mode():
         report = m.capture_graph(x, t)["verification"]
         assert report["status"] == VerifyStatus.BIT_IDENTICAL and report["probes_differ"], report
         assert report["inputs_probed_from_the_call"] == [1], report  # t, found by the warm-up's trace
