@@ -197,7 +197,7 @@ def test_an_operation_made_of_others_runs_the_kernel_eager_runs_not_a_python_dec
 def test_an_operation_made_of_others_with_a_kernel_of_its_own_for_the_device_is_left_whole() -> None:
     """``_fused_rms_norm`` is made of others but has a fused CUDA kernel, which eager runs on the GPU in both grad
     modes (under ``no_grad`` its autograd kernel calls it): its parts would round otherwise. ``linear`` has none."""
-    from launchless.core.shape_proof import has_kernel_of_its_own, run_decomposed
+    from launchless.core.composites import has_kernel_of_its_own, run_decomposed
 
     aten = torch.ops.aten
     assert has_kernel_of_its_own(aten._fused_rms_norm.default, {"cuda"})

@@ -35,7 +35,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .shape_proof import run_decomposed
+from .composites import run_decomposed
 
 MAX_BYTES = 1 << 20
 

@@ -18,7 +18,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .shape_proof import run_decomposed
+from .composites import run_decomposed
 from .storage import storage_address
 
 ROI_OPS = {"roi_align", "roi_pool", "ps_roi_align", "ps_roi_pool"}  # torchvision ops reading boxes as (index, x1, ...)

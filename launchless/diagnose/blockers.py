@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..core.shape_proof import run_decomposed
+from ..core.composites import run_decomposed
 from .source import Location, locate, locate_exception
 
 HOST_SYNC = "host sync"
