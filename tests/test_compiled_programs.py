@@ -140,6 +140,34 @@ def test_a_program_on_disk_that_cannot_be_read_fails_its_job_saying_so(tmp_path)
         job.load(model)
 
 
+def test_reading_a_program_never_starts_inductors_compile_workers_in_the_calls_process(tmp_path, monkeypatch) -> None:
+    """Each GPU kernel a program declares asks Inductor whether its compile workers may be used, which starts them
+    (a process per core): the read, beside the calls, runs with one compile thread; the setting is restored after."""
+    from torch._inductor import CompiledArtifact
+    from torch._inductor import config as inductor_config
+    from torch._inductor.async_compile import get_compile_threads
+
+    seen: list[int] = []
+
+    def load(*, path: str, format: str) -> object:
+        seen.append(get_compile_threads())  # what a kernel's declaration asks
+        return object()
+
+    monkeypatch.setattr(CompiledArtifact, "load", staticmethod(load))
+    # a machine of several cores, seen from every thread (a setting is per thread in newer PyTorch, its default not)
+    monkeypatch.setattr(inductor_config._config["compile_threads"], "default", 4)
+    monkeypatch.setattr(inductor_config, "compile_threads", 4)
+    model = Net().eval()
+    key = compiled_programs.program_key(model, "(float32[2x3x8x8]@cpu)")
+    (tmp_path / f"{key}.bin").write_bytes(b"a program")
+    compiled_programs.plan_of(tmp_path / f"{key}.bin").write_text("{}")
+    x = torch.randn(2, 3, 8, 8)
+    job = compile_in_background(model, (x,), signature="(float32[2x3x8x8]@cpu)", directory=tmp_path)
+    assert job.wait(COMPILE_S) is JobState.READY, job.reason
+    assert seen == [1]
+    assert get_compile_threads() == 4
+
+
 @needs_compiler
 @pytest.mark.skipif(
     torch.torch_version.TorchVersion(torch.__version__) < (2, 14),

@@ -138,6 +138,7 @@ class CompileJob:
         """In the job's thread: the ready program into memory; a program that cannot be read fails the job."""
         began = time.perf_counter()
         try:
+            import torch._inductor.config as inductor_config
             from torch._inductor import CompiledArtifact  # the bulk of the time: beside the calls, captures too
 
             from .capture import CAPTURE_LOCK
@@ -146,7 +147,11 @@ class CompileJob:
             made_path = constants_of(self.program)
             made = torch.load(made_path, weights_only=True) if made_path.exists() else []
             on_device = torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext()
-            with CAPTURE_LOCK, on_device:  # it touches the GPU: never while the calls' thread captures a graph
+            # it touches the GPU: never while the calls' thread captures a graph. Each GPU kernel the program
+            # declares asks Inductor whether its compile workers may be used, which starts them (a process per core,
+            # each importing torch) -- in the calls' process, beside the calls, for kernels already built: one
+            # compile thread reads them here.
+            with CAPTURE_LOCK, on_device, inductor_config.patch(compile_threads=1):
                 artifact = CompiledArtifact.load(path=str(self.program), format="binary")
             self._read = (artifact, plan, made)
         except Exception as exc:
