@@ -156,7 +156,6 @@ def test_reading_a_program_never_starts_inductors_compile_workers_in_the_calls_p
     monkeypatch.setattr(CompiledArtifact, "load", staticmethod(load))
     # a machine of several cores, seen from every thread (a setting is per thread in newer PyTorch, its default not)
     monkeypatch.setattr(inductor_config._config["compile_threads"], "default", 4)
-    monkeypatch.setattr(inductor_config, "compile_threads", 4)
     model = Net().eval()
     key = compiled_programs.program_key(model, "(float32[2x3x8x8]@cpu)")
     (tmp_path / f"{key}.bin").write_bytes(b"a program")
