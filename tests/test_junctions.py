@@ -112,8 +112,8 @@ def _segmenting(chain: SegmentedGraph, ops: frozenset) -> SegmentingMode:
     ids=["no_grad", "inference_mode"],
 )
 def test_a_chain_reads_host_values_between_its_graphs_and_checks_them_at_replay(grad_mode, op) -> None:
-    """Under inference_mode a dispatch mode sees ``.item()`` undecomposed: the read is a junction either way, and
-    a host read of a host tensor (the capture device here is the CPU: none is) stays host code."""
+    """Under inference_mode a dispatch mode sees ``.item()`` undecomposed: the read is a junction either way, named
+    alike, and a host read of a host tensor (the capture device here is the CPU: none is) stays host code."""
     x = torch.tensor([3.0, 4.0])
     chain = SegmentedGraph()
     with grad_mode():
@@ -125,6 +125,7 @@ def test_a_chain_reads_host_values_between_its_graphs_and_checks_them_at_replay(
             y = x + 1
         mode.end()
     assert len(chain.graphs) == 2 and [j.read for j in chain.junctions] == [14.0], chain.junctions
+    assert chain.junctions[0].row()["op"] == "aten::_local_scalar_dense", "one name for the read in both grad modes"
     assert "1 value(s) read on the host" in guard_note(chain.junctions), guard_note(chain.junctions)
     chain.replay()
     assert [g.replays for g in chain.graphs] == [2, 2], "each graph ran once at its capture and once now"

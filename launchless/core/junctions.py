@@ -91,9 +91,14 @@ class Site:
         return not self.why_not
 
 
+_SAME_READ = {_aten.item.default: _aten._local_scalar_dense.default}
+"""``.item()`` as a dispatch mode sees it under inference_mode, named as under no_grad (where it arrives decomposed):
+the same read is reported alike in both grad modes."""
+
+
 def operation_name(func: Any) -> str:
     """An operation as messages name it: "aten::histc"."""
-    schema = getattr(func, "_schema", None)
+    schema = getattr(_SAME_READ.get(func, func), "_schema", None)
     return str(schema.name) if schema is not None else str(func)
 
 
