@@ -27,3 +27,19 @@ def keep_root_logging():
         if h not in handlers:
             root.removeHandler(h)
     root.setLevel(level)
+
+
+@pytest.fixture
+def judged_faster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every speed verdict of a wrapped model's capture and of its splits says "faster" (both sides still run once,
+    as the real judge runs them): for GPU tests whose subject is not speed (eviction, retries, draws, semantics), so
+    that a GPU loaded by other work cannot drop the graph they check. Tests of the judge itself patch it their way."""
+    from launchless.runtime import capture_flow, split
+    from launchless.timing import SpeedVerdict
+
+    def faster(eager, candidate, **_options) -> SpeedVerdict:
+        eager(), candidate()
+        return SpeedVerdict(2.0, 1.0, None, None, "")
+
+    monkeypatch.setattr(capture_flow, "judge_speed", faster)
+    monkeypatch.setattr(split, "judge_speed", faster)

@@ -167,7 +167,7 @@ def test_a_split_that_is_not_faster_is_dropped(caplog) -> None:
     assert any("split by submodule is dropped" in r.getMessage() for r in caplog.records)
 
 
-def test_a_split_follows_the_model_when_a_submodule_is_swapped() -> None:
+def test_a_split_follows_the_model_when_a_submodule_is_swapped(judged_faster) -> None:
     model = Detector().cuda().eval()
     m = ll.wrap(model, cuda_graph="auto", capture_after=1)
     x = torch.randn(1, 128, device="cuda")

@@ -78,7 +78,7 @@ def test_a_forward_that_draws_noise_replays_one_graph_with_eagers_draws(grad_mod
 
 
 @pytest.mark.parametrize("grad_mode", list(GRAD_MODES))
-def test_a_random_length_forward_runs_split_with_eagers_draws(grad_mode: str) -> None:
+def test_a_random_length_forward_runs_split_with_eagers_draws(grad_mode: str, judged_faster) -> None:
     torch.manual_seed(0)
     model = RandomLength().cuda().eval()
     fast = ll.wrap(model)

@@ -282,7 +282,7 @@ def test_forward_writing_into_its_input_replays_and_writes_the_callers_tensor_as
 
 
 @cuda
-def test_forward_writing_into_its_input_under_auto_keeps_eager_semantics(grad_mode) -> None:
+def test_forward_writing_into_its_input_under_auto_keeps_eager_semantics(grad_mode, judged_faster) -> None:
     model = WritesItsInputDeep().cuda().eval()
     twin = copy.deepcopy(model)
     m = ll.wrap(model, cuda_graph="auto", capture_after=2)

@@ -147,7 +147,7 @@ def test_deleting_a_wrapped_model_returns_its_graph_memory(grad_mode) -> None:
 
 
 @cuda
-def test_graph_memory_stays_bounded_under_ever_new_shapes() -> None:
+def test_graph_memory_stays_bounded_under_ever_new_shapes(judged_faster) -> None:
     model = mlp(256).cuda().eval()
     m = ll.wrap(model, cuda_graph="auto", capture_after=1, max_graphs=2)
 
@@ -200,7 +200,7 @@ def oom_warnings(caplog) -> list[str]:
 
 
 @cuda
-def test_out_of_memory_while_capturing_is_tried_again(grad_mode, caplog) -> None:
+def test_out_of_memory_while_capturing_is_tried_again(grad_mode, caplog, judged_faster) -> None:
     model = RunsOutOfMemory().cuda().eval()
     x = torch.randn(8, 64, device="cuda")
     m = ll.wrap(model, cuda_graph="auto", capture_after=1)
