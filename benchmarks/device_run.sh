@@ -11,15 +11,16 @@
 #                      block and the CLI need the entry points); run it first. WHEELS=dir installs the wheels
 #                      there as well (the device downloads nothing: the differential diffusers rows need diffusers)
 #   tests              python -m pytest -m cuda (all GPU tests; more than one device call holds: use the parts)
-#   tests-at-once      tests-core, tests-serving, tests-compiled and tests-differential as four processes side by side
-#                      on the one GPU (a test that judges speed may read the others' load: run it again alone); run
+#   tests-at-once      tests-core, tests-serving, tests-compiled, tests-fresh-inputs and tests-differential as five
+#                      processes side by side on the one GPU (a test that judges speed may read the others' load: run
+#                      it again alone; tests whose subject is not speed judge every graph faster); run
 #                      it alone in its device call: beside another step's processes (a differential run) the GPU's
 #                      memory runs out and the speed tests judge the other work's load
 #   tests-core         the parts of it one device call holds: the runtime, coverage, splits, hazard catalogue,
 #   tests-serving      README, bench, compiler and training tests (core); decoding, buckets, budget and the serving
 #   tests-multigpu     bench (serving); tensor parallelism and DDP, world 1, and world 2 on two GPUs (multigpu)
-#   tests-differential detectors and DETR-like models fed a fresh input each call, forwards that draw random
-#                      numbers, and the differential runner
+#   tests-fresh-inputs detectors and DETR-like models fed a fresh input each call, forwards that draw random numbers
+#   tests-differential the differential runner on a handful of each library's models
 #   tests-compiled     wrap, graphed_step and decode graphs with kernels="compiled": Inductor's programs compiled
 #                      in a child process and swapped in
 #   multigpu-bench     launchless bench --suite multigpu over GPUS (world size W on the first W)
@@ -90,8 +91,8 @@ declare -A test_groups=(  # the cuda tests in groups of a few minutes each (the 
     tests/test_cuda_bench_serving.py"
   [tests-compiled]="tests/test_cuda_compiled_kernels.py tests/test_cuda_train_compiled_kernels.py
     tests/test_cuda_decode_kernels.py"
-  [tests-differential]="tests/test_cuda_fresh_inputs.py tests/test_cuda_random_forwards.py
-    tests/test_cuda_differential.py"
+  [tests-fresh-inputs]="tests/test_cuda_fresh_inputs.py tests/test_cuda_random_forwards.py"
+  [tests-differential]="tests/test_cuda_differential.py"
   [tests-multigpu]="tests/test_cuda_multigpu.py tests/test_cuda_trainer_ddp.py tests/test_cuda_zoo_tensor_parallel.py
     tests/test_cuda_bench_multigpu.py"
 )
@@ -163,11 +164,11 @@ for step in "$@"; do
     run install python3 -m pip install -e . --no-deps --no-build-isolation -q
     [ -n "${WHEELS:-}" ] && run install-wheels python3 -m pip install --no-deps -q "$WHEELS"/*.whl ;;
   tests) run tests python3 -m pytest -m cuda tests/ -q -rA -p no:cacheprovider ;;
-  tests-core | tests-serving | tests-compiled | tests-differential | tests-multigpu)
+  tests-core | tests-serving | tests-compiled | tests-fresh-inputs | tests-differential | tests-multigpu)
     run "$step" python3 -m pytest -m cuda -q -rA -p no:cacheprovider ${test_groups[$step]} ;;
-  tests-at-once)  # the four groups as processes side by side on the one GPU: correctness, not timing; each test's
+  tests-at-once)  # the five groups as processes side by side on the one GPU: correctness, not timing; each test's
     # verdict on its own line (-v), so that a group ended by TESTS_TIMEOUT (seconds; none by default) says how far it got
-    for group in tests-core tests-serving tests-compiled tests-differential; do
+    for group in tests-core tests-serving tests-compiled tests-fresh-inputs tests-differential; do
       run "$group" timeout "${TESTS_TIMEOUT:-0}" python3 -m pytest -m cuda -v -rA -p no:cacheprovider \
         ${test_groups[$group]} &
     done

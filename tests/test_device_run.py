@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("tests-core", "tests-serving", "tests-multigpu", "tests-differential", "tests-compiled")
+PARTS = ("tests-core", "tests-serving", "tests-multigpu", "tests-fresh-inputs", "tests-differential", "tests-compiled")
 
 
 def _part_files(script: str, part: str) -> list[str]:
