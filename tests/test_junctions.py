@@ -17,6 +17,7 @@ from launchless.core.junctions import (
     SegmentingMode,
     guard_note,
     is_capture_error,
+    operation_name,
     same_value,
     site_of,
 )
@@ -104,6 +105,16 @@ def _segmenting(chain: SegmentedGraph, ops: frozenset) -> SegmentingMode:
         chain.empty.append(False)
 
     return SegmentingMode(chain, junction_ops=ops, device=CPU, begin=begin)
+
+
+def test_item_and_bool_are_named_as_the_read_no_grad_shows() -> None:
+    """Under inference_mode a dispatch mode sees ``.item()`` and ``bool(t)`` whole, under no_grad their part that
+    reads: one name in a row or a message whatever the grad mode."""
+    names = {
+        operation_name(op) for op in (aten.item.default, aten.is_nonzero.default, aten._local_scalar_dense.default)
+    }
+    assert names == {"aten::_local_scalar_dense"}
+    assert operation_name(aten.equal.default) == "aten::equal"
 
 
 @pytest.mark.parametrize(

@@ -91,9 +91,12 @@ class Site:
         return not self.why_not
 
 
-_SAME_READ = {_aten.item.default: _aten._local_scalar_dense.default}
-"""``.item()`` as a dispatch mode sees it under inference_mode, named as under no_grad (where it arrives decomposed):
-the same read is reported alike in both grad modes."""
+_SAME_READ = {
+    _aten.item.default: _aten._local_scalar_dense.default,
+    _aten.is_nonzero.default: _aten._local_scalar_dense.default,
+}
+"""``.item()`` and ``bool(t)`` as a dispatch mode sees them under inference_mode, named as under no_grad (where they
+arrive decomposed): the same read is reported alike in both grad modes."""
 
 
 def operation_name(func: Any) -> str:
