@@ -47,6 +47,8 @@
 #   detector-host-reads benchmarks/detector_host_reads.py: Mask R-CNN, Keypoint R-CNN, SSDlite, SSD, RetinaNet and
 #                      FCOS eager against wrap, their post-processing through torchvision's functions rewritten to
 #                      wait for the GPU once
+#   program-read       benchmarks/program_read_cost.py over READ="workload ..." (READ_TRAINING=1: training programs):
+#                      a compiled program's read in the calls' process, its imports, profile and the calls it stalls
 #   fallback-cost      benchmarks/fallback_cost.py over FALLBACK="library:model ..." (differential names): a wrapped
 #                      call that runs without a graph against eager -- host time, kernels, the wrapper's profile
 #   differential       launchless differential run over LIBS="library:workers ..." side by side (default: all five
@@ -211,6 +213,11 @@ for step in "$@"; do
   fallback-cost)  # FALLBACK="library:model ..." (default: the two models whose eager fallback timed slower than eager)
     run fallback-cost python3 benchmarks/fallback_cost.py --out "$out/fallback-cost" \
       ${FALLBACK:-transformers:paligemma transformers:switch_transformers} ;;
+  program-read)  # READ="workload ..." (default timm:resnet18); READ_TRAINING=1: their training programs
+    for w in ${READ:-timm:resnet18}; do
+      run "program-read-${w//:/-}" python3 benchmarks/program_read_cost.py --workload "$w" --out "$out/program-read" \
+        ${READ_TRAINING:+--training}
+    done ;;
   training)
     run training python3 -m launchless.apps.cli bench --suite training --timeout 300 --gpus "${gpus[@]}" \
       --modes eager compile reduce-overhead hand-graph launchless \

@@ -1,0 +1,200 @@
+"""What reading a compiled program costs the calls' process: where its seconds go, and what the calls beside it wait.
+
+With ``kernels="compiled"`` a ready program (compiled in a child process, or found on disk by a second process) is
+read in a thread of the calls' process: Inductor imported, the program's modules executed, its kernels loaded --
+Python work that holds the interpreter lock, beside calls that need it between their launches. On a zoo workload:
+
+- its program is compiled once (a training program's with ``--training``) into ``--cache``, unless it is there;
+- in a fresh process, Inductor's imports are timed, then the read of the program after them;
+- in another, the read is profiled (``cProfile`` in the reading thread: the functions with the most time);
+- in another, the workload's calls run wrapped (eager-kernel graphs) one after the other, each waited for, while a
+  thread reads the program: each call's latency before and during the read (median, 90th percentile, longest) --
+  the stalls a read causes.
+
+    python benchmarks/program_read_cost.py --workload timm:resnet18 --device cuda --cache /tmp/programs --out /tmp/r
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import launchless as ll
+from launchless.apps import zoo
+from launchless.core import compiled_programs
+from launchless.core.compiled_programs import CompileJob, JobState, compile_in_background
+
+COMPILE_TIMEOUT_S = 1800
+BASELINE_CALLS = 300
+
+
+def _workload(name: str, device: str, training: bool) -> zoo.Workload:
+    workload = zoo.build(name, device=device)
+    workload.model.train(training)
+    return workload
+
+
+def _job(workload: zoo.Workload, training: bool) -> CompileJob:
+    """The program's job: compiled now, or (on disk) read in a thread at once."""
+    signature = f"program-read-cost {workload.name}"
+    return compile_in_background(workload.model, workload.args, workload.kwargs, signature=signature, training=training)
+
+
+def compile_once(name: str, device: str, training: bool) -> dict[str, Any]:
+    job = _job(_workload(name, device, training), training)
+    state = job.wait(COMPILE_TIMEOUT_S)
+    if state is not JobState.READY:
+        raise SystemExit(f"the program of {name} did not compile: {state} ({job.reason})")
+    return {"compiled_s": round(job.seconds, 3), "phases": job.phases, "reason": job.reason}
+
+
+def read_split(name: str, device: str, training: bool) -> dict[str, Any]:
+    """Inductor's imports alone, then the read of the program after them."""
+    workload = _workload(name, device, training)
+    began = time.perf_counter()
+    import torch._inductor.compile_fx  # noqa: F401 -- what a read imports first
+    from torch._inductor import CompiledArtifact  # noqa: F401
+
+    imports_s = time.perf_counter() - began
+    job = _job(workload, training)
+    job.wait()
+    return {
+        "imports_s": round(imports_s, 3),
+        "read_after_imports_s": round(job.load_seconds, 3),
+        "state": str(job.state),
+    }
+
+
+def read_profiled(name: str, device: str, training: bool, top: int) -> dict[str, Any]:
+    """The cold read under ``cProfile``, in the thread that reads."""
+    workload = _workload(name, device, training)
+    profiler = cProfile.Profile()
+    read = CompileJob._read_program
+
+    def profiled(job: CompileJob) -> None:
+        profiler.enable()
+        try:
+            read(job)
+        finally:
+            profiler.disable()
+
+    CompileJob._read_program = profiled  # type: ignore[method-assign]
+    job = _job(workload, training)
+    job.wait()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("cumulative").print_stats(top)
+    stats.sort_stats("tottime").print_stats(top)
+    return {"read_s": round(job.load_seconds, 3), "state": str(job.state), "profile": text.getvalue()}
+
+
+def _waited_ms(call: Any, device: str) -> float:
+    began = time.perf_counter()
+    call()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - began) * 1e3
+
+
+def _stats(ms: list[float]) -> dict[str, float]:
+    ordered = sorted(ms)
+    return {
+        "calls": len(ms),
+        "median_ms": round(statistics.median(ms), 4),
+        "p90_ms": round(ordered[int(0.9 * (len(ordered) - 1))], 4),
+        "max_ms": round(ordered[-1], 3),
+    }
+
+
+def calls_during_read(name: str, device: str, training: bool) -> dict[str, Any]:
+    """The workload's wrapped calls before and while a thread reads the program."""
+    workload = _workload(name, device, training=False)
+    wrapped = ll.wrap(workload.model)
+
+    def call() -> Any:
+        return wrapped(*workload.args, **workload.kwargs)
+
+    with torch.inference_mode():
+        for _ in range(20):
+            call()
+        before = [_waited_ms(call, device) for _ in range(BASELINE_CALLS)]
+        reading = _workload(name, device, training)
+        began = time.perf_counter()
+        job = _job(reading, training)
+        during = []
+        while not job.done:
+            during.append(_waited_ms(call, device))
+        read_s = time.perf_counter() - began
+    return {"read_s": round(read_s, 3), "state": str(job.state), "before": _stats(before), "during": _stats(during)}
+
+
+PHASES = {"split": read_split, "calls": calls_during_read}
+
+
+def _child(phase: str, ns: argparse.Namespace) -> dict[str, Any]:
+    """``phase`` in a fresh process (nothing of Inductor imported yet), its result read back."""
+    command = [sys.executable, __file__, "--phase", phase, "--workload", ns.workload, "--device", ns.device]
+    command += ["--cache", ns.cache, "--top", str(ns.top)] + (["--training"] if ns.training else [])
+    env = {**os.environ, "LAUNCHLESS_CACHE_DIR": ns.cache}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="timm:resnet18", help="a zoo workload (launchless.apps.zoo)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--training", action="store_true", help="a training program (forward and backward)")
+    parser.add_argument("--cache", default="", help="the programs' folder (default: a fresh one under --out)")
+    parser.add_argument("--out", default="", help="where the JSON and the profile go (default: printed only)")
+    parser.add_argument("--top", type=int, default=30, help="functions listed per profile ordering")
+    parser.add_argument("--phase", default="", help=argparse.SUPPRESS)  # a child's one phase
+    ns = parser.parse_args()
+    if ns.phase:
+        os.environ["LAUNCHLESS_CACHE_DIR"] = ns.cache
+        if ns.phase == "profile":
+            result = read_profiled(ns.workload, ns.device, ns.training, ns.top)
+        else:
+            result = PHASES[ns.phase](ns.workload, ns.device, ns.training)
+        print(json.dumps(result))
+        return
+    out = Path(ns.out) if ns.out else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    ns.cache = ns.cache or str((out or Path.cwd()) / "programs")
+    os.environ["LAUNCHLESS_CACHE_DIR"] = ns.cache
+    report: dict[str, Any] = {
+        "workload": ns.workload,
+        "device": torch.cuda.get_device_name() if ns.device == "cuda" else ns.device,
+        "training": ns.training,
+        "torch": torch.__version__,
+        "cache": str(compiled_programs.cache_dir()),
+        "compile": compile_once(ns.workload, ns.device, ns.training),
+    }
+    for phase in ("split", "calls", "profile"):
+        report[phase] = _child(phase, ns)
+    profile = report["profile"].pop("profile", "")
+    text = json.dumps(report, indent=1)
+    print(text)
+    if out is not None:
+        stem = f"program-read-{ns.workload.replace(':', '-')}{'-training' if ns.training else ''}"
+        (out / f"{stem}.json").write_text(text + "\n")
+        (out / f"{stem}-profile.txt").write_text(profile)
+
+
+if __name__ == "__main__":
+    main()
