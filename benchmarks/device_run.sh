@@ -47,6 +47,8 @@
 #   detector-host-reads benchmarks/detector_host_reads.py: Mask R-CNN, Keypoint R-CNN, SSDlite, SSD, RetinaNet and
 #                      FCOS eager against wrap, their post-processing through torchvision's functions rewritten to
 #                      wait for the GPU once
+#   first-call         benchmarks/first_call_cost.py over FIRST="workload ...": wrap(kernels=...)'s first call by
+#                      variant (eager, compiled, without the spare compiler, without the compile job), profiled
 #   program-read       benchmarks/program_read_cost.py over READ="workload ..." (READ_TRAINING=1: training programs):
 #                      a compiled program's read in the calls' process, its imports, profile and the calls it stalls
 #   fallback-cost      benchmarks/fallback_cost.py over FALLBACK="library:model ..." (differential names): a wrapped
@@ -213,6 +215,11 @@ for step in "$@"; do
   fallback-cost)  # FALLBACK="library:model ..." (default: the two models whose eager fallback timed slower than eager)
     run fallback-cost python3 benchmarks/fallback_cost.py --out "$out/fallback-cost" \
       ${FALLBACK:-transformers:paligemma transformers:switch_transformers} ;;
+  first-call)  # FIRST="workload ..." (default timm:resnet18); REPEATS (2) fresh processes per variant
+    for w in ${FIRST:-timm:resnet18}; do
+      run "first-call-${w//:/-}" python3 benchmarks/first_call_cost.py --workload "$w" --repeats "${REPEATS:-2}" \
+        --out "$out/first-call"
+    done ;;
   program-read)  # READ="workload ..." (default timm:resnet18); READ_TRAINING=1: their training programs
     for w in ${READ:-timm:resnet18}; do
       run "program-read-${w//:/-}" python3 benchmarks/program_read_cost.py --workload "$w" --out "$out/program-read" \
