@@ -62,7 +62,7 @@ def _synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def run_variant(workload: str, variant: str, calls: int, profile_top: int) -> dict[str, Any]:
+def run_variant(workload: str, variant: str, *, calls: int, profile_top: int) -> dict[str, Any]:
     kernels = _variant(variant)
     built = zoo.build(workload, device="cuda" if torch.cuda.is_available() else "cpu")
     profiler = cProfile.Profile() if profile_top else None
@@ -93,7 +93,7 @@ def run_variant(workload: str, variant: str, calls: int, profile_top: int) -> di
     return row
 
 
-def _child(ns: argparse.Namespace, variant: str, profile_top: int) -> dict[str, Any]:
+def _child(ns: argparse.Namespace, variant: str, *, profile_top: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as cache:
         command = [sys.executable, __file__, "--variant", variant, "--workload", ns.workload]
         command += ["--calls", str(ns.calls), "--top", str(profile_top)]
@@ -116,12 +116,12 @@ def main() -> None:
     parser.add_argument("--variant", default="", help=argparse.SUPPRESS)  # a child's one variant
     ns = parser.parse_args()
     if ns.variant:
-        print(json.dumps(run_variant(ns.workload, ns.variant, ns.calls, ns.top)))
+        print(json.dumps(run_variant(ns.workload, ns.variant, calls=ns.calls, profile_top=ns.top)))
         return
     rows = []
     for repeat in range(ns.repeats):  # variants in turn, so that a drift of the machine spreads over all
-        rows += [{**_child(ns, variant, 0), "repeat": repeat} for variant in ns.variants]
-    profiled = _child(ns, "compiled", ns.top)
+        rows += [{**_child(ns, variant, profile_top=0), "repeat": repeat} for variant in ns.variants]
+    profiled = _child(ns, "compiled", profile_top=ns.top)
     profile = profiled.pop("profile", "")
     summary = {
         variant: statistics.median(r["first_call_ms"] for r in rows if r["variant"] == variant and "first_call_ms" in r)

@@ -40,35 +40,36 @@ COMPILE_TIMEOUT_S = 1800
 BASELINE_CALLS = 300
 
 
-def _workload(name: str, device: str, training: bool) -> zoo.Workload:
+def _workload(name: str, *, device: str, training: bool) -> zoo.Workload:
     workload = zoo.build(name, device=device)
     workload.model.train(training)
     return workload
 
 
-def _job(workload: zoo.Workload, training: bool) -> CompileJob:
+def _job(workload: zoo.Workload, *, training: bool) -> CompileJob:
     """The program's job: compiled now, or (on disk) read in a thread at once."""
     signature = f"program-read-cost {workload.name}"
     return compile_in_background(workload.model, workload.args, workload.kwargs, signature=signature, training=training)
 
 
-def compile_once(name: str, device: str, training: bool) -> dict[str, Any]:
-    job = _job(_workload(name, device, training), training)
+def compile_once(name: str, *, device: str, training: bool) -> dict[str, Any]:
+    """The program compiled into the cache (at once where it is there already), and what the compile took."""
+    job = _job(_workload(name, device=device, training=training), training=training)
     state = job.wait(COMPILE_TIMEOUT_S)
     if state is not JobState.READY:
         raise SystemExit(f"the program of {name} did not compile: {state} ({job.reason})")
     return {"compiled_s": round(job.seconds, 3), "phases": job.phases, "reason": job.reason}
 
 
-def read_split(name: str, device: str, training: bool) -> dict[str, Any]:
+def read_split(name: str, *, device: str, training: bool) -> dict[str, Any]:
     """Inductor's imports alone, then the read of the program after them."""
-    workload = _workload(name, device, training)
+    workload = _workload(name, device=device, training=training)
     began = time.perf_counter()
     import torch._inductor.compile_fx  # noqa: F401 -- what a read imports first
     from torch._inductor import CompiledArtifact  # noqa: F401
 
     imports_s = time.perf_counter() - began
-    job = _job(workload, training)
+    job = _job(workload, training=training)
     job.wait()
     return {
         "imports_s": round(imports_s, 3),
@@ -77,9 +78,9 @@ def read_split(name: str, device: str, training: bool) -> dict[str, Any]:
     }
 
 
-def read_profiled(name: str, device: str, training: bool, top: int) -> dict[str, Any]:
+def read_profiled(name: str, *, device: str, training: bool, top: int) -> dict[str, Any]:
     """The cold read under ``cProfile``, in the thread that reads."""
-    workload = _workload(name, device, training)
+    workload = _workload(name, device=device, training=training)
     profiler = cProfile.Profile()
     read = CompileJob._read_program
 
@@ -91,7 +92,7 @@ def read_profiled(name: str, device: str, training: bool, top: int) -> dict[str,
             profiler.disable()
 
     CompileJob._read_program = profiled  # type: ignore[method-assign]
-    job = _job(workload, training)
+    job = _job(workload, training=training)
     job.wait()
     text = io.StringIO()
     stats = pstats.Stats(profiler, stream=text)
@@ -118,9 +119,9 @@ def _stats(ms: list[float]) -> dict[str, float]:
     }
 
 
-def calls_during_read(name: str, device: str, training: bool) -> dict[str, Any]:
+def calls_during_read(name: str, *, device: str, training: bool) -> dict[str, Any]:
     """The workload's wrapped calls before and while a thread reads the program."""
-    workload = _workload(name, device, training=False)
+    workload = _workload(name, device=device, training=False)
     wrapped = ll.wrap(workload.model)
 
     def call() -> Any:
@@ -130,9 +131,9 @@ def calls_during_read(name: str, device: str, training: bool) -> dict[str, Any]:
         for _ in range(20):
             call()
         before = [_waited_ms(call, device) for _ in range(BASELINE_CALLS)]
-        reading = _workload(name, device, training)
+        reading = _workload(name, device=device, training=training)
         began = time.perf_counter()
-        job = _job(reading, training)
+        job = _job(reading, training=training)
         during = []
         while not job.done:
             during.append(_waited_ms(call, device))
@@ -167,9 +168,9 @@ def main() -> None:
     if ns.phase:
         os.environ["LAUNCHLESS_CACHE_DIR"] = ns.cache
         if ns.phase == "profile":
-            result = read_profiled(ns.workload, ns.device, ns.training, ns.top)
+            result = read_profiled(ns.workload, device=ns.device, training=ns.training, top=ns.top)
         else:
-            result = PHASES[ns.phase](ns.workload, ns.device, ns.training)
+            result = PHASES[ns.phase](ns.workload, device=ns.device, training=ns.training)
         print(json.dumps(result))
         return
     out = Path(ns.out) if ns.out else None
@@ -183,7 +184,7 @@ def main() -> None:
         "training": ns.training,
         "torch": torch.__version__,
         "cache": str(compiled_programs.cache_dir()),
-        "compile": compile_once(ns.workload, ns.device, ns.training),
+        "compile": compile_once(ns.workload, device=ns.device, training=ns.training),
     }
     for phase in ("split", "calls", "profile"):
         report[phase] = _child(phase, ns)

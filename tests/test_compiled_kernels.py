@@ -193,12 +193,30 @@ def test_a_graph_captured_again_gets_its_program_again_from_disk_and_one_thread_
     assert s.kernels.info(str)[0]["program"] == "found on disk"  # what a second process reports
 
 
-def test_the_decode_steps_compile_gets_a_spare_compiler_whether_or_not_a_forwards_compile_took_the_wrappers() -> None:
+def test_a_model_with_nothing_on_a_gpu_starts_no_spare_compiler(monkeypatch) -> None:
+    """Graphs are captured on a GPU only: wrapping a model on the CPU with compiled kernels starts no compiler
+    process (a Python process importing torch, for nothing); its calls run as eager's."""
+    import launchless
+
+    started = []
+    monkeypatch.setattr(compiled_kernels, "SpareCompiler", lambda model: started.append(model))
+    model = Mlp().eval()
+    wrapped = launchless.wrap(model, kernels="compiled")
+    x = torch.randn(4, 32)
+    with torch.inference_mode():
+        assert torch.equal(wrapped(x), model(x))
+    assert started == [] and wrapped._compiled is not None and wrapped._compiled.take_spare() is None
+
+
+def test_the_decode_steps_compile_gets_a_spare_compiler_whether_or_not_a_forwards_compile_took_the_wrappers(
+    monkeypatch,
+) -> None:
     """A transformers model's forward graph is often kept first (a prefill, a scoring call): its compile takes the
     spare started with the wrapper, and the decode step's compile would start a process from nothing (torch, the
     model's modules: seconds). The first generation gets one of its own then."""
     import launchless
 
+    monkeypatch.setattr(compiled_kernels, "on_a_gpu", lambda model: True)  # the CPU model stands for one on a GPU
     model = Mlp().eval()
     wrapped = launchless.wrap(model, kernels="compiled")
     compiled = wrapped._compiled

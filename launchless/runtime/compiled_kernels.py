@@ -45,6 +45,11 @@ from ..timing import SpeedVerdict, judge_speed
 from .split import copies
 
 
+def on_a_gpu(model: torch.nn.Module) -> bool:
+    """Whether any of ``model``'s parameters or buffers is on a CUDA device."""
+    return any(t.is_cuda for t in (*model.parameters(), *model.buffers()))
+
+
 class CompiledKernels:
     """The compiled programs of one wrapped forward, per signature: started when its eager-kernel graph is kept,
     swapped in at a call once ready and proven. ``pending`` counts the undecided ones: while it is 0 the calls'
@@ -60,9 +65,9 @@ class CompiledKernels:
         verify: str = "on",
     ) -> None:
         self.name, self.cache, self.warmup, self.verify = name, cache, warmup, verify
-        self._spare: SpareCompiler | None = SpareCompiler(
-            model
-        )  # loads while the calls warm up; the first compile takes it
+        # loads while the calls warm up; the first compile takes it. A model with nothing on a GPU gets none: it
+        # compiles nothing there (graphs are captured on a GPU only), and a compile after a move starts its own process
+        self._spare: SpareCompiler | None = SpareCompiler(model) if on_a_gpu(model) else None
         self._entries: dict[Signature, KernelDecision] = {}
         self.pending = 0
         self._swapping = threading.Lock()  # one swap at a time: threads calling at once swap once
