@@ -328,7 +328,7 @@ def compile_in_background(
     ``spare``: a compiler process started ahead (``SpareCompiler``), used if it is still waiting."""
     kind = (" training" if training else "") + (" eager numerics" if eager_numerics else "")
     key = program_key(model, signature + kind)
-    device = next((t.device for t in [*model.parameters(), *model.buffers()] if t.is_cuda), None)
+    device = gpu_of(model)
     job = CompileJob(key, (directory or cache_dir()) / f"{key}.bin", device)
     if training and job.state is JobState.COMPILING and not saves_training_programs():
         job.state, job.reason = JobState.FAILED, TRAINING_PROGRAMS_UNSAVED.format(version=torch.__version__)
@@ -346,6 +346,12 @@ def compile_in_background(
     )
     worker.start()
     return job
+
+
+def gpu_of(model: torch.nn.Module) -> torch.device | None:
+    """The CUDA device of ``model``'s first parameter or buffer on one; None for a model with nothing on a GPU (no
+    graph is captured for it: nothing of it compiles)."""
+    return next((t.device for t in (*model.parameters(), *model.buffers()) if t.is_cuda), None)
 
 
 TRAINING_PROGRAMS_UNSAVED = (

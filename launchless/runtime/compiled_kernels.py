@@ -36,18 +36,13 @@ from ..core.accuracy import (
     widened,
 )
 from ..core.cache import GraphCache
-from ..core.compiled_programs import JobState, SpareCompiler, compile_in_background
+from ..core.compiled_programs import JobState, SpareCompiler, compile_in_background, gpu_of
 from ..core.kernel_swaps import KernelDecision, KernelState
 from ..core.signature import FlatInputs, Signature
 from ..core.verify import make_probes, verify
 from ..errors import one_line
 from ..timing import SpeedVerdict, judge_speed
 from .split import copies
-
-
-def on_a_gpu(model: torch.nn.Module) -> bool:
-    """Whether any of ``model``'s parameters or buffers is on a CUDA device."""
-    return any(t.is_cuda for t in (*model.parameters(), *model.buffers()))
 
 
 class CompiledKernels:
@@ -67,7 +62,7 @@ class CompiledKernels:
         self.name, self.cache, self.warmup, self.verify = name, cache, warmup, verify
         # loads while the calls warm up; the first compile takes it. A model with nothing on a GPU gets none: it
         # compiles nothing there (graphs are captured on a GPU only), and a compile after a move starts its own process
-        self._spare: SpareCompiler | None = SpareCompiler(model) if on_a_gpu(model) else None
+        self._spare: SpareCompiler | None = SpareCompiler(model) if gpu_of(model) is not None else None
         self._entries: dict[Signature, KernelDecision] = {}
         self.pending = 0
         self._swapping = threading.Lock()  # one swap at a time: threads calling at once swap once
