@@ -216,9 +216,8 @@ def test_the_decode_steps_compile_gets_a_spare_compiler_whether_or_not_a_forward
     model's modules: seconds). The first generation gets one of its own then."""
     import launchless
 
-    monkeypatch.setattr(
-        compiled_kernels, "gpu_of", lambda model: torch.device("cuda", 0)
-    )  # the CPU model stands for one on a GPU
+    # the CPU model stands for one on a GPU
+    monkeypatch.setattr(compiled_kernels, "gpu_of", lambda model: torch.device("cuda", 0))
     model = Mlp().eval()
     wrapped = launchless.wrap(model, kernels="compiled")
     compiled = wrapped._compiled
