@@ -219,10 +219,46 @@ def test_cancelling_while_the_child_compiles_ends_that_process(tmp_path) -> None
         with job._lock:  # set under the lock the child is started under
             assert os.getpriority(os.PRIO_PROCESS, job._child.pid) >= compiled_programs.COMPILER_NICENESS
     threads = compiled_programs._compiler_environment()["TORCHINDUCTOR_COMPILE_THREADS"]
-    assert int(threads) == max(1, len(os.sched_getaffinity(0)) - compiled_programs.CALLS_CORES)
+    cpus = compiled_programs.compiler_cpus()
+    assert int(threads) == (
+        len(cpus) if cpus is not None else max(1, len(os.sched_getaffinity(0)) - compiled_programs.CALLS_CORES)
+    )
+    if cpus is not None:
+        assert os.sched_getaffinity(job._child.pid) == cpus
     job.cancel("the model was moved to another device")
     assert job._child.wait(30) != 0  # ended, not finished
     assert job.wait(COMPILE_S) is JobState.CANCELLED and not job.program.exists()
+
+
+def test_the_compiler_leaves_whole_physical_cores_to_the_calls() -> None:
+    """Eight logical CPUs, two a physical core (0 with 4, 1 with 5, ...): the compiler gets all but the last
+    ``CALLS_CORES`` cores, both halves of each left out; Linux's CPU lists read as sets."""
+    assert compiled_programs.cpu_list("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11}
+
+    def siblings(cpu: int) -> set[int]:
+        return {cpu % 4, cpu % 4 + 4}
+
+    cores = compiled_programs.physical_cores(set(range(8)), siblings=siblings)
+    assert cores == [frozenset({0, 4}), frozenset({1, 5}), frozenset({2, 6}), frozenset({3, 7})]
+    assert compiled_programs.physical_cores({0, 1, 4}, siblings=siblings) == [frozenset({0, 4}), frozenset({1})]
+    assert compiled_programs.CALLS_CORES == 2  # the compiler's share below: the first two cores
+    left = set().union(*cores[: len(cores) - compiled_programs.CALLS_CORES])
+    assert left == {0, 1, 4, 5}
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="this system sets no CPU affinity")
+def test_a_compiler_process_runs_on_the_compilers_cpus_only(monkeypatch) -> None:
+    """A spare compiler (as a job's own process) is put on the compiler's CPUs as it starts; its compile workers,
+    started later, inherit them."""
+    cpu = min(os.sched_getaffinity(0))
+    monkeypatch.setattr(compiled_programs, "compiler_cpus", lambda: frozenset({cpu}))
+    spare = compiled_programs.SpareCompiler(Net(width=4).eval())
+    try:
+        child = spare._child
+        assert child is not None and child.poll() is None
+        assert os.sched_getaffinity(child.pid) == {cpu}
+    finally:
+        spare.end()
 
 
 def test_a_forward_that_cannot_be_exported_fails_saying_why(tmp_path) -> None:
