@@ -16,6 +16,7 @@
 #                      it again alone; tests whose subject is not speed judge every graph faster); run
 #                      it alone in its device call: beside another step's processes (a differential run) the GPU's
 #                      memory runs out and the speed tests judge the other work's load
+#   tests-alone        TESTS="file or node id ..." (K="pytest -k expression") in one process: tests run again alone
 #   tests-core         the parts of it one device call holds: the runtime, coverage, splits, hazard catalogue,
 #   tests-serving      README, bench, compiler and training tests (core); decoding, buckets, budget and the serving
 #   tests-multigpu     bench (serving); tensor parallelism and DDP, world 1, and world 2 on two GPUs (multigpu)
@@ -170,6 +171,11 @@ for step in "$@"; do
   tests) run tests python3 -m pytest -m cuda tests/ -q -rA -p no:cacheprovider ;;
   tests-core | tests-serving | tests-compiled | tests-fresh-inputs | tests-differential | tests-multigpu)
     run "$step" python3 -m pytest -m cuda -q -rA -p no:cacheprovider ${test_groups[$step]} ;;
+  tests-alone)  # TESTS="file or file::test ..." (K="expression": pytest -k) in one process, alone on the GPU: the
+    # speed-judging tests a side-by-side run failed, run again; TESTS_TIMEOUT seconds (none by default)
+    read -r -a alone <<<"${TESTS:?tests-alone: set TESTS to the test files or node ids}"
+    run tests-alone timeout -s INT "${TESTS_TIMEOUT:-0}" python3 -m pytest -m cuda -v -rfE -p no:cacheprovider \
+      ${K:+-k "$K"} "${alone[@]}" ;;
   tests-at-once)  # the five groups as processes side by side on the one GPU: correctness, not timing; each test's
     # verdict on its own line (-v), so that a group ended by TESTS_TIMEOUT (seconds; none by default) says how far it got
     for group in tests-core tests-serving tests-compiled tests-fresh-inputs tests-differential; do
