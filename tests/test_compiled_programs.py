@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from launchless.core import compiled_programs, compiler_process
+from launchless.core import compiled_programs, compiler_cpus, compiler_process
 from launchless.core.compiled_programs import JobState, cache_dir, compile_in_background, program_key
 
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="Inductor's CPU kernels need a C++ compiler")
@@ -221,7 +221,7 @@ def test_cancelling_while_the_child_compiles_ends_that_process(tmp_path) -> None
     threads = compiled_programs._compiler_environment()["TORCHINDUCTOR_COMPILE_THREADS"]
     cpus = compiled_programs.compiler_cpus()
     assert int(threads) == (
-        len(cpus) if cpus is not None else max(1, len(os.sched_getaffinity(0)) - compiled_programs.CALLS_CORES)
+        len(cpus) if cpus is not None else max(1, len(os.sched_getaffinity(0)) - compiler_cpus.CALLS_CORES)
     )
     if cpus is not None:
         assert os.sched_getaffinity(job._child.pid) == cpus
@@ -233,16 +233,16 @@ def test_cancelling_while_the_child_compiles_ends_that_process(tmp_path) -> None
 def test_the_compiler_leaves_whole_physical_cores_to_the_calls() -> None:
     """Eight logical CPUs, two a physical core (0 with 4, 1 with 5, ...): the compiler gets all but the last
     ``CALLS_CORES`` cores, both halves of each left out; Linux's CPU lists read as sets."""
-    assert compiled_programs.cpu_list("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11}
+    assert compiler_cpus.cpu_list("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11}
 
     def siblings(cpu: int) -> set[int]:
         return {cpu % 4, cpu % 4 + 4}
 
-    cores = compiled_programs.physical_cores(set(range(8)), siblings=siblings)
+    cores = compiler_cpus.physical_cores(set(range(8)), siblings=siblings)
     assert cores == [frozenset({0, 4}), frozenset({1, 5}), frozenset({2, 6}), frozenset({3, 7})]
-    assert compiled_programs.physical_cores({0, 1, 4}, siblings=siblings) == [frozenset({0, 4}), frozenset({1})]
-    assert compiled_programs.CALLS_CORES == 2  # the compiler's share below: the first two cores
-    left = set().union(*cores[: len(cores) - compiled_programs.CALLS_CORES])
+    assert compiler_cpus.physical_cores({0, 1, 4}, siblings=siblings) == [frozenset({0, 4}), frozenset({1})]
+    assert compiler_cpus.CALLS_CORES == 2  # the compiler's share below: the first two cores
+    left = set().union(*cores[: len(cores) - compiler_cpus.CALLS_CORES])
     assert left == {0, 1, 4, 5}
 
 

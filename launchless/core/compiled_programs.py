@@ -43,13 +43,14 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
+from .compiler_cpus import CALLS_CORES, compiler_cpus
 from .status import Label
 
 
@@ -213,13 +214,13 @@ class CompileJob:
 
 
 _LIVE: weakref.WeakSet[CompileJob] = weakref.WeakSet()
-CALLS_CORES = 2  # cores the compiler leaves to the calls' process (its host work between replays)
 COMPILER_NICENESS = 10  # the compiler runs at a lower priority than the calls
 
 
 def _compiler_environment() -> dict[str, str]:
-    """The child's environment: Inductor's compile workers on all cores but ``CALLS_CORES``, so that the calls
-    beside it keep their host time (a caller's own setting stands)."""
+    """The child's environment: as many Inductor compile workers as the compiler has CPUs (``compiler_cpus``; all
+    but ``CALLS_CORES`` where it has no CPUs of its own), so that the calls beside it keep their host time (a
+    caller's own setting stands)."""
     cpus = compiler_cpus()
     if cpus is not None:
         threads = len(cpus)
@@ -229,53 +230,6 @@ def _compiler_environment() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(threads))
     return env
-
-
-@functools.lru_cache(maxsize=1)
-def compiler_cpus() -> frozenset[int] | None:
-    """The CPUs the compiler and its workers run on: this process's, but for ``CALLS_CORES`` whole physical cores
-    left to the calls -- both hyperthreads of each, since a compile worker on the other half of the calls' core
-    slows their host work as much as one on the same half. None (no restriction) where that would leave the
-    compiler no core, or where this system sets no affinity."""
-    if not hasattr(os, "sched_getaffinity"):
-        return None
-    allowed = set(os.sched_getaffinity(0))
-    cores = physical_cores(allowed, siblings=_thread_siblings)
-    if len(cores) <= CALLS_CORES:
-        return None
-    return frozenset().union(*cores[: len(cores) - CALLS_CORES])
-
-
-def physical_cores(cpus: set[int], *, siblings: Callable[[int], set[int]]) -> list[frozenset[int]]:
-    """``cpus`` grouped by physical core (each group the hyperthreads ``siblings`` names, among ``cpus``), in the
-    order of their lowest CPU."""
-    cores: list[frozenset[int]] = []
-    seen: set[int] = set()
-    for cpu in sorted(cpus):
-        if cpu not in seen:
-            core = frozenset((siblings(cpu) & cpus) | {cpu})
-            seen |= core
-            cores.append(core)
-    return cores
-
-
-def _thread_siblings(cpu: int) -> set[int]:
-    """The logical CPUs sharing ``cpu``'s physical core, as Linux lists them ("0,8" or "0-1"); itself alone where the
-    topology cannot be read."""
-    try:
-        text = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
-        return cpu_list(text)
-    except (OSError, ValueError):
-        return {cpu}
-
-
-def cpu_list(text: str) -> set[int]:
-    """A Linux CPU list ("0,8", "0-3,8-11") as a set."""
-    cpus: set[int] = set()
-    for part in text.split(","):
-        first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
 
 
 def _start_compiler(arguments: list[str]) -> subprocess.Popen:
