@@ -15,7 +15,8 @@ replaced or moved is not seen, so whoever holds a program drops it where graphs 
 longer wanted while it compiles is stopped by ending the child process.
 
 The child's side is ``core.compiler_process``; a spare compiler process (``SpareCompiler``) started ahead loads what a
-compile needs while the calls warm up.
+compile needs while the calls warm up. Either runs at a lower priority than the calls and off their cores
+(``core.compiler_cpus``).
 
 A program is keyed by what decides its code -- the file defining each module class of the model, the names, shapes,
 dtypes and devices of its parameters and buffers, the call's input signature, the torch and triton versions and the
