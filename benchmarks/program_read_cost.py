@@ -33,6 +33,7 @@ import torch
 
 import launchless as ll
 from launchless.apps import zoo
+from launchless.apps.bench.serving_buckets import waited_ms
 from launchless.core import compiled_programs
 from launchless.core.compiled_programs import CompileJob, JobState, compile_in_background
 
@@ -101,15 +102,9 @@ def read_profiled(name: str, *, device: str, training: bool, top: int) -> dict[s
     return {"read_s": round(job.load_seconds, 3), "state": str(job.state), "profile": text.getvalue()}
 
 
-def _waited_ms(call: Any, device: str) -> float:
-    began = time.perf_counter()
-    call()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - began) * 1e3
-
-
 def _stats(ms: list[float]) -> dict[str, float]:
+    if not ms:  # the read was over before a call
+        return {"calls": 0}
     ordered = sorted(ms)
     return {
         "calls": len(ms),
@@ -127,16 +122,17 @@ def calls_during_read(name: str, *, device: str, training: bool) -> dict[str, An
     def call() -> Any:
         return wrapped(*workload.args, **workload.kwargs)
 
+    on = torch.device(device)
     with torch.inference_mode():
         for _ in range(20):
             call()
-        before = [_waited_ms(call, device) for _ in range(BASELINE_CALLS)]
+        before = [waited_ms(call, device=on) for _ in range(BASELINE_CALLS)]
         reading = _workload(name, device=device, training=training)
         began = time.perf_counter()
         job = _job(reading, training=training)
         during = []
         while not job.done:
-            during.append(_waited_ms(call, device))
+            during.append(waited_ms(call, device=on))
         read_s = time.perf_counter() - began
     return {"read_s": round(read_s, 3), "state": str(job.state), "before": _stats(before), "during": _stats(during)}
 
