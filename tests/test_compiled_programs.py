@@ -276,6 +276,22 @@ def test_jobs_still_compiling_are_cancelled_when_the_process_exits(tmp_path) -> 
 
 
 @needs_compiler
+def test_an_exiting_process_ends_the_compiler_and_waits_for_the_jobs_thread(tmp_path) -> None:
+    """A daemon thread left inside torch when the interpreter finalizes ends the process with ``terminate called
+    without an active exception``: the exit hook ends the compiler and waits for the thread."""
+    job = compile_in_background(
+        Net(width=24).eval(), (torch.randn(1, 3, 8, 8),), signature="(float32[1x3x8x8]@cpu)", directory=tmp_path
+    )
+    deadline = time.monotonic() + COMPILE_S
+    while job._child is None and job.state is JobState.COMPILING and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert job._child is not None, job.reason
+    compiled_programs._end_children()
+    assert job._thread is not None and not job._thread.is_alive()
+    assert job._child.poll() is not None and job.state is JobState.CANCELLED and job.done
+
+
+@needs_compiler
 def test_two_models_compiling_at_once_both_get_their_program(tmp_path) -> None:
     """Each job exports and compiles in a process of its own."""
     models = [Net(width=10).eval(), Net(width=16).eval()]

@@ -164,6 +164,35 @@ print(json.dumps({"row": row, "calls": calls, "seconds": time.perf_counter() - b
 """
 
 
+EXITS_EARLY = """
+import torch
+import launchless
+from test_cuda_compiled_kernels import Blocks
+
+wrapped = launchless.wrap(Blocks().cuda().eval(), kernels="compiled")
+with torch.inference_mode():
+    for _ in range(4):  # the graph kept at the second: its program compiled (or read from disk) beside the rest
+        wrapped(torch.randn(2, 3, 32, 32, device="cuda"))
+torch.cuda.synchronize()
+"""
+
+
+def _exits_cleanly(env: dict[str, str]) -> None:
+    """A process that exits while its program is compiled or read exits as eager's would: no compiler left running,
+    no thread stopped inside torch (``terminate called without an active exception``)."""
+    done = subprocess.run([sys.executable, "-c", EXITS_EARLY], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "terminate" not in done.stderr, done.stderr[-3000:]
+
+
+def _tests_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_a_process_that_exits_while_compiling_exits_cleanly(tmp_path) -> None:
+    for attempt in range(3):  # the thread stopped inside torch was seen once in three
+        _exits_cleanly({**_tests_env(), "LAUNCHLESS_CACHE_DIR": str(tmp_path / str(attempt))})
+
+
 def test_a_second_process_finds_the_program_on_disk_and_swaps_it_in_once_read(tmp_path, monkeypatch) -> None:
     """The programs are kept on disk, keyed by the model's code and the call's signature: another process running the
     same model (other weights) reads the program the first compiled -- beside its calls, once its eager-kernel graph
@@ -176,8 +205,7 @@ def test_a_second_process_finds_the_program_on_disk_and_swaps_it_in_once_read(tm
     with torch.inference_mode():
         first = _until_decided(wrapped, lambda: wrapped(_fresh(generator)))
     assert first["kernels"] == "compiled" and first["program"] == "compiled", first
-    tests = str(Path(__file__).parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    env = _tests_env()
     done = subprocess.run(
         [sys.executable, "-c", SECOND_PROCESS], env=env, capture_output=True, text=True, timeout=COMPILE_S
     )
@@ -189,6 +217,7 @@ def test_a_second_process_finds_the_program_on_disk_and_swaps_it_in_once_read(tm
     assert row["compile_s"] is None and not row["compile_phases"], row  # nothing compiled here
     assert row["read_s"] is not None, row  # read from disk beside the calls
     assert second["accurate"], second
+    _exits_cleanly(env)  # a third exits while it reads the program from disk
     print(
         f"second process: compiled kernels decided {second['seconds']:.2f} s after its first call, at call "
         f"{second['calls']} (the program read in {row['read_s']:.2f} s beside the calls)"

@@ -104,6 +104,7 @@ class CompileJob:
         self._done = threading.Event()
         self._child: subprocess.Popen | None = None
         self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None  # compiles or reads: joined when the process exits
         self._read: tuple[Any, dict[str, Any], list[torch.Tensor]] | None = None  # (artifact, plan, made tensors)
 
     @property
@@ -347,16 +348,16 @@ def compile_in_background(
         job._done.set()
         return job
     if job.state is JobState.READY:  # read into memory beside the calls, as a compiled one is
-        threading.Thread(target=job._read_program, name=f"launchless-read-{key[:8]}", daemon=True).start()
-        return job
+        job._thread = threading.Thread(target=job._read_program, name=f"launchless-read-{key[:8]}", daemon=True)
+    else:
+        job._thread = threading.Thread(
+            target=job._run,
+            args=(model, args, kwargs or {}, training, eager_numerics, spare),
+            name=f"launchless-compile-{key[:8]}",
+            daemon=True,
+        )
     _LIVE.add(job)
-    worker = threading.Thread(
-        target=job._run,
-        args=(model, args, kwargs or {}, training, eager_numerics, spare),
-        name=f"launchless-compile-{key[:8]}",
-        daemon=True,
-    )
-    worker.start()
+    job._thread.start()
     return job
 
 
@@ -381,13 +382,26 @@ def saves_training_programs() -> bool:
     return hasattr(config, "force_non_lazy_backward_lowering")
 
 
+EXIT_WAIT_S = 30.0
+"""How long an exiting process waits, in all, for its jobs' threads to end (a program being read finishes its read)."""
+
+
 @atexit.register
 def _end_children() -> None:
-    """A process that exits while compiling leaves no compiler running behind it."""
-    for job in list(_LIVE):
+    """A process that exits while compiling leaves no compiler running behind it, and no thread of its own inside
+    torch: a daemon thread still running when the interpreter finalizes is stopped where it next waits for the
+    interpreter, and stopped inside torch's C++ code that ends the process with ``terminate called without an
+    active exception``. Each job is cancelled (its compiler process killed), then its thread is waited for: a
+    compile's returns at once, a read ends with its read."""
+    jobs = list(_LIVE)
+    for job in jobs:
         job.cancel("the process is exiting")
     for spare in list(_SPARES):
         spare.end()
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for job in jobs:
+        if job._thread is not None and job._thread is not threading.current_thread():
+            job._thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class _StructurePickler(pickle.Pickler):
