@@ -1,11 +1,13 @@
 """What reading a compiled program costs the calls' process: where its seconds go, and what the calls beside it wait.
 
 With ``kernels="compiled"`` a ready program (compiled in a child process, or found on disk by a second process) is
-read in a thread of the calls' process: Inductor imported, the program's modules executed, its kernels loaded --
-Python work that holds the interpreter lock, beside calls that need it between their launches. On a zoo workload:
+read in a thread of the calls' process: an inference program by PyTorch's C++ loader; a training program with
+Inductor imported, its modules executed, its kernels loaded -- Python work that holds the interpreter lock, beside
+calls that need it between their launches. On a zoo workload:
 
 - its program is compiled once (a training program's with ``--training``) into ``--cache``, unless it is there;
-- in a fresh process, Inductor's imports are timed, then the read of the program after them;
+- in a fresh process, the read of the program is timed (a training program's after Inductor's imports, timed apart;
+  an inference program, an AOTInductor package, needs none), and what it imported;
 - in another, the read is profiled (``cProfile`` in the reading thread: the functions with the most time);
 - in another, the workload's calls run wrapped (eager-kernel graphs) one after the other, each waited for, while a
   thread reads the program: each call's latency before and during the read (median, 90th percentile, longest) --
@@ -63,11 +65,14 @@ def compile_once(name: str, *, device: str, training: bool) -> dict[str, Any]:
 
 
 def read_split(name: str, *, device: str, training: bool) -> dict[str, Any]:
-    """Inductor's imports alone, then the read of the program after them."""
+    """A training program's read: Inductor's imports alone, then the read after them. An inference program (an
+    AOTInductor package, read by PyTorch's C++ loader) imports nothing: its read alone, and whether Inductor or
+    Dynamo was imported by it."""
     workload = _workload(name, device=device, training=training)
     began = time.perf_counter()
-    import torch._inductor.compile_fx  # noqa: F401 -- what a read imports first
-    from torch._inductor import CompiledArtifact  # noqa: F401
+    if training:
+        import torch._inductor.compile_fx  # noqa: F401 -- what a read imports first
+        from torch._inductor import CompiledArtifact  # noqa: F401
 
     imports_s = time.perf_counter() - began
     job = _job(workload, training=training)
@@ -76,6 +81,7 @@ def read_split(name: str, *, device: str, training: bool) -> dict[str, Any]:
         "imports_s": round(imports_s, 3),
         "read_after_imports_s": round(job.load_seconds, 3),
         "state": str(job.state),
+        "imported": sorted(m for m in ("torch._inductor", "torch._dynamo") if m in sys.modules),
     }
 
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -127,22 +130,75 @@ def test_a_program_compiled_in_a_child_reads_the_models_own_weights_and_is_found
     assert job.load_seconds > 0  # a compiled one is read there too, before it is done
 
 
-def test_a_program_on_disk_that_cannot_be_read_fails_its_job_saying_so(tmp_path) -> None:
+READS_WITHOUT_INDUCTOR = """
+import json, sys
+from pathlib import Path
+import torch
+from launchless.core.compiled_programs import JobState, compile_in_background
+sys.path.insert(0, sys.argv[3])
+Net = getattr(__import__(sys.argv[2], fromlist=["Net"]), "Net")  # the class as the test imported it: the same key
+
+torch.manual_seed(1)
+model = Net().eval()
+x = torch.randn(2, 3, 8, 8)
+job = compile_in_background(model, (x,), signature="(float32[2x3x8x8]@cpu)", directory=Path(sys.argv[1]))
+state = job.wait(60)
+program = job.load(model)
+with torch.inference_mode():
+    same = bool(torch.allclose(program(x), model(x), rtol=1e-5, atol=1e-5))
+print(json.dumps({"state": str(state), "reason": job.reason, "read_s": job.load_seconds, "same": same,
+                  "inductor": sorted(m for m in ("torch._inductor", "torch._dynamo") if m in sys.modules)}))
+"""
+
+
+@needs_compiler
+def test_a_second_process_reads_an_inference_program_without_importing_inductor(tmp_path) -> None:
+    """An inference program is an AOTInductor package, which PyTorch's C++ loader reads in milliseconds: the
+    calls' process imports neither Inductor nor Dynamo (seconds of imports holding the interpreter lock the calls
+    need)."""
+    model = Net().eval()
+    job = compile_in_background(
+        model, (torch.randn(2, 3, 8, 8),), signature="(float32[2x3x8x8]@cpu)", directory=tmp_path
+    )
+    assert job.wait(COMPILE_S) is JobState.READY, job.reason
+    assert job.program.suffix == ".pt2"
+    done = subprocess.run(
+        [sys.executable, "-c", READS_WITHOUT_INDUCTOR, str(tmp_path), Net.__module__, str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    second = json.loads(done.stdout.strip().splitlines()[-1])
+    assert second["state"] == "ready" and second["reason"] == "found on disk", second
+    assert second["same"] and second["inductor"] == [], second
+    assert second["read_s"] < 1.0, second
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["package", "artifact"])
+def test_a_program_on_disk_that_cannot_be_read_fails_its_job_saying_so(tmp_path, training: bool) -> None:
+    if training and not compiled_programs.saves_training_programs():
+        pytest.skip("this torch compiles no training program")
     model = Net().eval()
     x = torch.randn(2, 3, 8, 8)
-    key = compiled_programs.program_key(model, "(float32[2x3x8x8]@cpu)")
-    (tmp_path / f"{key}.bin").write_bytes(b"not a program")  # a file cut short, or of another torch
-    compiled_programs.plan_of(tmp_path / f"{key}.bin").write_text("{}")
-    job = compile_in_background(model, (x,), signature="(float32[2x3x8x8]@cpu)", directory=tmp_path)
+    key = compiled_programs.program_key(model, "(float32[2x3x8x8]@cpu)" + (" training" if training else ""))
+    path = compiled_programs.program_path(tmp_path, key, training=training)
+    path.write_bytes(b"not a program")  # a file cut short, or of another torch
+    kind = compiled_programs.ProgramFormat.ARTIFACT if training else compiled_programs.ProgramFormat.PACKAGE
+    compiled_programs.plan_of(path).write_text(json.dumps({"format": kind}))
+    job = compile_in_background(model, (x,), signature="(float32[2x3x8x8]@cpu)", training=training, directory=tmp_path)
     assert job.wait(COMPILE_S) is JobState.FAILED and job.done
     assert job.reason.startswith("the compiled program could not be read:"), job.reason
     with pytest.raises(RuntimeError, match="nothing to load"):
         job.load(model)
 
 
+@saves_training
 def test_reading_a_program_never_starts_inductors_compile_workers_in_the_calls_process(tmp_path, monkeypatch) -> None:
-    """Each GPU kernel a program declares asks Inductor whether its compile workers may be used, which starts them
-    (a process per core): the read, beside the calls, runs with one compile thread; the setting is restored after."""
+    """Each GPU kernel a training program declares asks Inductor whether its compile workers may be used, which
+    starts them (a process per core): the read, beside the calls, runs with one compile thread; the setting is
+    restored after."""
     from torch._inductor import CompiledArtifact
     from torch._inductor import config as inductor_config
     from torch._inductor.async_compile import get_compile_threads
@@ -157,11 +213,12 @@ def test_reading_a_program_never_starts_inductors_compile_workers_in_the_calls_p
     # a machine of several cores, seen from every thread (a setting is per thread in newer PyTorch, its default not)
     monkeypatch.setattr(inductor_config._config["compile_threads"], "default", 4)
     model = Net().eval()
-    key = compiled_programs.program_key(model, "(float32[2x3x8x8]@cpu)")
-    (tmp_path / f"{key}.bin").write_bytes(b"a program")
-    compiled_programs.plan_of(tmp_path / f"{key}.bin").write_text("{}")
+    key = compiled_programs.program_key(model, "(float32[2x3x8x8]@cpu) training")
+    path = compiled_programs.program_path(tmp_path, key, training=True)
+    path.write_bytes(b"a program")
+    compiled_programs.plan_of(path).write_text(json.dumps({"format": compiled_programs.ProgramFormat.ARTIFACT}))
     x = torch.randn(2, 3, 8, 8)
-    job = compile_in_background(model, (x,), signature="(float32[2x3x8x8]@cpu)", directory=tmp_path)
+    job = compile_in_background(model, (x,), signature="(float32[2x3x8x8]@cpu)", training=True, directory=tmp_path)
     assert job.wait(COMPILE_S) is JobState.READY, job.reason
     assert seen == [1]
     assert get_compile_threads() == 4

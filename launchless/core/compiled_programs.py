@@ -7,9 +7,11 @@ the calls' process: ``torch.export`` swaps the traced model's parameters for fak
 process-wide while it traces, and a tracing thread would hold the interpreter lock the calls need. The child gets
 the model's structure -- its modules pickled by reference to their classes, every tensor sent as its shape, strides,
 dtype and device only, and the call's inputs the same way -- and builds it with random values on the same devices
-(the export reads no values). It compiles the exported graph with Inductor (``torch._inductor.standalone_compile``),
-every parameter, buffer and tensor constant an input of the program, and saves it with the order of its inputs.
-The calls' process loads that artifact (Python and Triton kernels, no weights) and calls it with the model's own
+(the export reads no values). It compiles the exported graph with Inductor, every parameter, buffer and tensor
+constant an input of the program, and saves it with the order of its inputs: an inference program as an AOTInductor
+package (``PackageProgram``: read by PyTorch's C++ loader, Inductor never imported in the calls' process), a training
+program as Inductor's ``CompiledArtifact`` (``torch._inductor.standalone_compile``), which autograd differentiates.
+The calls' process loads the program (host code and GPU kernels, no weights) and calls it with the model's own
 tensors: weights updated in place are seen as in eager, and no weight can be folded into the code. A tensor
 replaced or moved is not seen, so whoever holds a program drops it where graphs are dropped; a program that is no
 longer wanted while it compiles is stopped by ending the child process.
@@ -141,22 +143,19 @@ class CompileJob:
         """In the job's thread: the ready program into memory; a program that cannot be read fails the job."""
         began = time.perf_counter()
         try:
-            import torch._inductor.config as inductor_config
-            from torch._inductor import CompiledArtifact  # the bulk of the time: beside the calls, captures too
-
             from .capture import CAPTURE_LOCK
 
             plan = json.loads(plan_of(self.program).read_text())
             made_path = constants_of(self.program)
             made = torch.load(made_path, weights_only=True) if made_path.exists() else []
             on_device = torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext()
-            # it touches the GPU: never while the calls' thread captures a graph. Each GPU kernel the program
-            # declares asks Inductor whether its compile workers may be used, which starts them (a process per core,
-            # each importing torch) -- in the calls' process, beside the calls, for kernels already built: one
-            # compile thread reads them here.
-            with CAPTURE_LOCK, on_device, inductor_config.patch(compile_threads=1):
-                artifact = CompiledArtifact.load(path=str(self.program), format="binary")
-            self._read = (artifact, plan, made)
+            # it touches the GPU: never while the calls' thread captures a graph
+            with CAPTURE_LOCK, on_device:
+                if plan.get("format") == ProgramFormat.PACKAGE:
+                    program: Any = PackageProgram.load(self.program, self.device)
+                else:
+                    program = _load_artifact(self.program)
+            self._read = (program, plan, made)
         except Exception as exc:
             with self._lock:
                 self.state = JobState.FAILED
@@ -180,7 +179,7 @@ class CompileJob:
             with tempfile.TemporaryDirectory() as scratch:
                 sent = Path(scratch) / "model.pickle"
                 sent.write_bytes(structure_of(model, args, kwargs, training=training, eager_numerics=eager_numerics))
-                built = Path(scratch) / "program.bin"
+                built = Path(scratch) / f"program{self.program.suffix}"
                 with self._lock:
                     if self.state is not JobState.COMPILING:
                         return
@@ -213,6 +212,55 @@ class CompileJob:
                 self._read_program()  # sets done once read
             else:
                 self._done.set()
+
+
+def _load_artifact(path: Path) -> Any:
+    """A training program (Inductor's ``CompiledArtifact``: Python and Triton kernels, autograd's forward and
+    backward), read in the calls' process: Inductor imported there (seconds, the bulk of the read). Each GPU kernel
+    the program declares asks Inductor whether its compile workers may be used, which starts them (a process per
+    core, each importing torch) -- in the calls' process, beside the calls, for kernels already built: one compile
+    thread reads them here."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor import CompiledArtifact
+
+    with inductor_config.patch(compile_threads=1):
+        return CompiledArtifact.load(path=str(path), format="binary")
+
+
+class PackageProgram:
+    """An inference program: an AOTInductor package (a shared library of the program's host code and its GPU
+    kernels), run by PyTorch's C++ loader -- read in milliseconds without importing Inductor in the calls' process
+    (a ``CompiledArtifact`` costs the process seconds of imports there, holding the interpreter lock the calls
+    need). Its runner runs single-threaded, on the caller's current stream, which a CUDA graph can capture."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    @classmethod
+    def load(cls, path: Path, device: torch.device | None) -> PackageProgram:
+        index = -1 if device is None else (device.index if device.index is not None else torch.cuda.current_device())
+        try:
+            loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", True, 1, index)
+        except TypeError:  # another PyTorch's constructor: its own loading function (which imports Inductor)
+            from torch._inductor.package import load_package
+
+            loader = load_package(str(path), run_single_threaded=True).loader
+        return cls(loader)
+
+    def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        return self.loader.run(list(inputs))
+
+
+class ProgramFormat(Label):
+    """How a program is kept on disk and read (its plan says which)."""
+
+    PACKAGE = "package"  # inference: an AOTInductor package (``PackageProgram``)
+    ARTIFACT = "artifact"  # training: Inductor's ``CompiledArtifact``, which autograd differentiates
+
+
+def program_path(directory: Path, key: str, *, training: bool) -> Path:
+    """Where the program of ``key`` is kept (the file's suffix is its format's: a package's loader wants ``.pt2``)."""
+    return directory / f"{key}{'.bin' if training else '.pt2'}"
 
 
 _LIVE: weakref.WeakSet[CompileJob] = weakref.WeakSet()
@@ -342,7 +390,7 @@ def compile_in_background(
     kind = (" training" if training else "") + (" eager numerics" if eager_numerics else "")
     key = program_key(model, signature + kind)
     device = gpu_of(model)
-    job = CompileJob(key, (directory or cache_dir()) / f"{key}.bin", device)
+    job = CompileJob(key, program_path(directory or cache_dir(), key, training=training), device)
     if training and job.state is JobState.COMPILING and not saves_training_programs():
         job.state, job.reason = JobState.FAILED, TRAINING_PROGRAMS_UNSAVED.format(version=torch.__version__)
         job._done.set()
@@ -452,7 +500,10 @@ def _zeros_like_sent(
         storage = torch.randn(size, dtype=dtype, device=device)
     else:
         storage = torch.zeros(size, dtype=dtype, device=device)
-    tensor = storage.as_strided(shape, stride)
+    # detached: not a view of its storage, as the calls' process's tensor is not (a compile that writes into an
+    # input refuses inputs sharing storage where some are views and some are not: a tied weight, a cache tensor
+    # reached by two paths)
+    tensor = storage.as_strided(shape, stride).detach()
     rebuilt = (
         torch.nn.Parameter(tensor, requires_grad=requires_grad) if parameter else tensor.requires_grad_(requires_grad)
     )

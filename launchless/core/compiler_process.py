@@ -25,7 +25,15 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from .compiled_programs import SENT, SPARE, _attribute, constants_of, plan_of, saves_training_programs
+from .compiled_programs import (
+    SENT,
+    SPARE,
+    ProgramFormat,
+    _attribute,
+    constants_of,
+    plan_of,
+    saves_training_programs,
+)
 
 
 class _Lines:
@@ -165,6 +173,17 @@ def _numerics_of_eager(on: bool) -> Any:
     return config.patch({name: True for name in wanted if name in known})
 
 
+def _host_code_unoptimized() -> Any:
+    """A package's host code (the C++ that allocates and launches its kernels) compiled without optimizations: it
+    runs at capture only (its graph replays the kernels), and an optimizing C++ compile of it costs the swap
+    seconds."""
+    import torch._inductor.config as config
+
+    if "aot_inductor.compile_wrapper_opt_level" not in config.get_config_copy():
+        return contextlib.nullcontext()
+    return config.patch({"aot_inductor.compile_wrapper_opt_level": "O0"})
+
+
 def compile_program(sent: str, program: str, started: float, *, marks: list[Mark] | None = None) -> None:
     """The child process: the model's structure in, the compiled program and its plan out. An inference program is
     exported and compiled under ``no_grad``; a training program with autograd on, so that Inductor compiles its
@@ -208,6 +227,19 @@ def compile_program(sent: str, program: str, started: float, *, marks: list[Mark
         ]
     }
     user = 0
+    held: dict[int, torch.fx.Node] = {}  # each of the model's tensors once: the placeholder that takes it
+
+    def once(node: torch.fx.Node, value: torch.Tensor) -> bool:
+        """Whether ``value`` (one of the model's tensors) is not an input yet; where it is -- a tied weight, a cache
+        tensor a layer reaches by another path, which the export lifts twice -- ``node``'s uses take the first
+        placeholder (a compiler refuses two inputs that alias where one is written)."""
+        first = held.setdefault(id(value), node)
+        if first is node:
+            return True
+        node.replace_all_uses_with(first)
+        graph_module.graph.erase_node(node)
+        return False
+
     for spec in exported.graph_signature.input_specs:
         node = placeholders[spec.arg.name]
         if spec.kind is InputKind.USER_INPUT and isinstance(spec.arg, ConstantArgument) and not node.users:
@@ -222,8 +254,9 @@ def compile_program(sent: str, program: str, started: float, *, marks: list[Mark
         elif spec.kind is InputKind.CONSTANT_TENSOR and spec.target in exported.constants and not _holds(model, spec):
             value = exported.constants[spec.target]
             if id(value) in owned:  # one of the model's own tensors reached by another path (a tied weight)
-                inputs.append(["tensor", owned[id(value)]])
-                examples.append(value)
+                if once(node, value):
+                    inputs.append(["tensor", owned[id(value)]])
+                    examples.append(value)
                 continue
             if any(value is t for t in SENT):  # state the calls' process holds outside the model's modules
                 raise TypeError(
@@ -236,18 +269,28 @@ def compile_program(sent: str, program: str, started: float, *, marks: list[Mark
             examples.append(value)
             made.append(value)
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
-            inputs.append(["tensor", spec.target])
-            examples.append(_attribute(model, str(spec.target)))
+            value = _attribute(model, str(spec.target))
+            if once(node, value):
+                inputs.append(["tensor", spec.target])
+                examples.append(value)
         else:
             raise TypeError(
                 f"the exported forward takes a {spec.kind.name.lower()} input ({spec.target}), which a "
                 "compiled program is not given"
             )
     graph_module.recompile()
-    with grad_mode(), _backward_compiled_now(training), _numerics_of_eager(eager_numerics):
-        compiled = torch._inductor.standalone_compile(graph_module, examples, dynamic_shapes="from_example_inputs")
-    phase("compile")
-    compiled.save(path=program, format="binary")
+    if training:  # autograd differentiates it: Inductor's forward and backward, kept as a ``CompiledArtifact``
+        with grad_mode(), _backward_compiled_now(training), _numerics_of_eager(eager_numerics):
+            compiled = torch._inductor.standalone_compile(graph_module, examples, dynamic_shapes="from_example_inputs")
+        phase("compile")
+        compiled.save(path=program, format="binary")
+    else:  # an AOTInductor package, which the calls' process reads without importing Inductor (``PackageProgram``)
+        from torch._inductor.package import package_aoti
+
+        with grad_mode(), _numerics_of_eager(eager_numerics), _host_code_unoptimized():
+            files = torch._inductor.aot_compile(graph_module, tuple(examples), options={"aot_inductor.package": True})
+        phase("compile")
+        package_aoti(program, files)
     if made:
         torch.save(made, constants_of(Path(program)))
     phase("save")
@@ -257,6 +300,7 @@ def compile_program(sent: str, program: str, started: float, *, marks: list[Mark
         "out_spec": pytree.treespec_dumps(exported.call_spec.out_spec),
         "phases": {name: round(seconds, 3) for name, seconds in phases.items()},
         "training": training,
+        "format": ProgramFormat.ARTIFACT if training else ProgramFormat.PACKAGE,
         "random": random_operations(exported.graph_module),
     }
     plan_of(Path(program)).write_text(json.dumps(plan))
