@@ -161,7 +161,7 @@ def test_a_second_process_reads_an_inference_program_without_importing_inductor(
         model, (torch.randn(2, 3, 8, 8),), signature="(float32[2x3x8x8]@cpu)", directory=tmp_path
     )
     assert job.wait(COMPILE_S) is JobState.READY, job.reason
-    assert job.program.suffix == ".pt2"
+    assert job.program.suffix == ".pt2" and job.format == compiled_programs.ProgramFormat.PACKAGE, job.unpackaged
     done = subprocess.run(
         [sys.executable, "-c", READS_WITHOUT_INDUCTOR, str(tmp_path), Net.__module__, str(Path(__file__).parent)],
         capture_output=True,
@@ -174,6 +174,31 @@ def test_a_second_process_reads_an_inference_program_without_importing_inductor(
     assert second["state"] == "ready" and second["reason"] == "found on disk", second
     assert second["same"] and second["inductor"] == [], second
     assert second["read_s"] < 1.0, second
+
+
+@needs_compiler
+def test_where_no_package_can_be_built_the_program_is_inductors_own_saying_why(tmp_path, monkeypatch) -> None:
+    """AOTInductor's host code needs a C++ compiler (and the CUDA toolkit's headers for a GPU): where it cannot
+    build, the inference program is kept in Inductor's own format, read with Inductor imported."""
+
+    def no_headers(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("cuda_runtime_api.h: No such file or directory\ncompilation terminated.")
+
+    monkeypatch.setattr(torch._inductor, "aot_compile", no_headers)
+    model = Net(width=8).eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        exported = torch.export.export(model, (x,), strict=False)
+    examples = [*(dict(model.named_parameters()) | dict(model.named_buffers())).values(), x]
+    names = [spec.target for spec in exported.graph_signature.input_specs if spec.target]
+    assert names == [*dict(model.named_parameters()), *dict(model.named_buffers())]  # the order the examples take
+    path = tmp_path / "program.pt2"
+    kept, why = compiler_process._packaged(exported.graph_module, examples, str(path), eager_numerics=False)
+    assert kept is compiled_programs.ProgramFormat.ARTIFACT
+    assert why == "AOTInductor could not build a package (RuntimeError: cuda_runtime_api.h: No such file or directory"
+    program = compiled_programs._load_artifact(path)
+    with torch.no_grad():
+        torch.testing.assert_close(program(*examples)[0], model(x), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("training", [False, True], ids=["package", "artifact"])

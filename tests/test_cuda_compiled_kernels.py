@@ -160,7 +160,8 @@ with torch.inference_mode():
             time.sleep(0.01)  # the program on disk is read beside the calls
     torch.cuda.synchronize()
     accurate = bool(torch.allclose(wrapped(x), model(x), rtol=1e-3, atol=1e-3))
-print(json.dumps({"row": row, "calls": calls, "seconds": time.perf_counter() - began, "accurate": accurate}))
+print(json.dumps({"row": row, "calls": calls, "seconds": time.perf_counter() - began, "accurate": accurate,
+                  "inductor_imported": "torch._inductor" in sys.modules}))
 """
 
 
@@ -205,6 +206,7 @@ def test_a_second_process_finds_the_program_on_disk_and_swaps_it_in_once_read(tm
     with torch.inference_mode():
         first = _until_decided(wrapped, lambda: wrapped(_fresh(generator)))
     assert first["kernels"] == "compiled" and first["program"] == "compiled", first
+    assert first["program_format"] == "package", first["unpackaged"]  # read with no Inductor imported
     env = _tests_env()
     done = subprocess.run(
         [sys.executable, "-c", SECOND_PROCESS], env=env, capture_output=True, text=True, timeout=COMPILE_S
@@ -217,6 +219,7 @@ def test_a_second_process_finds_the_program_on_disk_and_swaps_it_in_once_read(tm
     assert row["compile_s"] is None and not row["compile_phases"], row  # nothing compiled here
     assert row["read_s"] is not None, row  # read from disk beside the calls
     assert second["accurate"], second
+    assert not second["inductor_imported"], second  # the package read by PyTorch's C++ loader
     _exits_cleanly(env)  # a third exits while it reads the program from disk
     print(
         f"second process: compiled kernels decided {second['seconds']:.2f} s after its first call, at call "

@@ -103,6 +103,8 @@ class CompileJob:
         self.seconds = 0.0  # export and compile, wall time
         self.load_seconds = 0.0  # reading the ready program into memory, in the job's thread
         self.phases: dict[str, float] = {}  # the child's seconds per phase: start, build, export, compile, save
+        self.format = ""  # how the ready program is kept (``ProgramFormat``), once read
+        self.unpackaged = ""  # why an inference program is not an AOTInductor package (read with Inductor imported)
         self._done = threading.Event()
         self._child: subprocess.Popen | None = None
         self._lock = threading.Lock()
@@ -150,8 +152,9 @@ class CompileJob:
             made = torch.load(made_path, weights_only=True) if made_path.exists() else []
             on_device = torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext()
             # it touches the GPU: never while the calls' thread captures a graph
+            self.format, self.unpackaged = plan.get("format", ProgramFormat.ARTIFACT), plan.get("unpackaged", "")
             with CAPTURE_LOCK, on_device:
-                if plan.get("format") == ProgramFormat.PACKAGE:
+                if self.format == ProgramFormat.PACKAGE:
                     program: Any = PackageProgram.load(self.program, self.device)
                 else:
                     program = _load_artifact(self.program)

@@ -184,6 +184,27 @@ def _host_code_unoptimized() -> Any:
     return config.patch({"aot_inductor.compile_wrapper_opt_level": "O0"})
 
 
+def _packaged(
+    graph_module: torch.fx.GraphModule, examples: list[Any], program: str, *, eager_numerics: bool
+) -> tuple[ProgramFormat, str]:
+    """An inference program compiled by AOTInductor into a package at ``program``; where AOTInductor cannot build
+    one (its host code needs a C++ compiler, and the CUDA toolkit's headers for a GPU), Inductor's own format,
+    which the calls' process reads with Inductor imported (seconds): the format kept and why not a package."""
+    from torch._inductor.package import package_aoti
+
+    try:
+        with torch.no_grad(), _numerics_of_eager(eager_numerics), _host_code_unoptimized():
+            files = torch._inductor.aot_compile(graph_module, tuple(examples), options={"aot_inductor.package": True})
+        package_aoti(program, files)
+        return ProgramFormat.PACKAGE, ""
+    except Exception as exc:
+        why = f"AOTInductor could not build a package ({type(exc).__name__}: {exc})".splitlines()[0]
+    with torch.no_grad(), _numerics_of_eager(eager_numerics):
+        compiled = torch._inductor.standalone_compile(graph_module, examples, dynamic_shapes="from_example_inputs")
+    compiled.save(path=program, format="binary")
+    return ProgramFormat.ARTIFACT, why
+
+
 def compile_program(sent: str, program: str, started: float, *, marks: list[Mark] | None = None) -> None:
     """The child process: the model's structure in, the compiled program and its plan out. An inference program is
     exported and compiled under ``no_grad``; a training program with autograd on, so that Inductor compiles its
@@ -284,13 +305,10 @@ def compile_program(sent: str, program: str, started: float, *, marks: list[Mark
             compiled = torch._inductor.standalone_compile(graph_module, examples, dynamic_shapes="from_example_inputs")
         phase("compile")
         compiled.save(path=program, format="binary")
+        kept, unpackaged = ProgramFormat.ARTIFACT, ""
     else:  # an AOTInductor package, which the calls' process reads without importing Inductor (``PackageProgram``)
-        from torch._inductor.package import package_aoti
-
-        with grad_mode(), _numerics_of_eager(eager_numerics), _host_code_unoptimized():
-            files = torch._inductor.aot_compile(graph_module, tuple(examples), options={"aot_inductor.package": True})
+        kept, unpackaged = _packaged(graph_module, examples, program, eager_numerics=eager_numerics)
         phase("compile")
-        package_aoti(program, files)
     if made:
         torch.save(made, constants_of(Path(program)))
     phase("save")
@@ -300,7 +318,8 @@ def compile_program(sent: str, program: str, started: float, *, marks: list[Mark
         "out_spec": pytree.treespec_dumps(exported.call_spec.out_spec),
         "phases": {name: round(seconds, 3) for name, seconds in phases.items()},
         "training": training,
-        "format": ProgramFormat.ARTIFACT if training else ProgramFormat.PACKAGE,
+        "format": kept,
+        "unpackaged": unpackaged,
         "random": random_operations(exported.graph_module),
     }
     plan_of(Path(program)).write_text(json.dumps(plan))

@@ -50,6 +50,10 @@ class KernelDecision:
             # "found on disk": another process compiled it (no compile here); "compiled": this process's child did
             "program": None if job is None or job.state is not JobState.READY else job.reason,
             "compile_phases": {} if job is None else dict(job.phases),  # the compiler's seconds per phase
+            # "package" (AOTInductor's, read without Inductor) or "artifact" (Inductor's: training, or where no
+            # package could be built, "unpackaged" saying why)
+            "program_format": None if job is None or not job.format else str(job.format),
+            "unpackaged": None if job is None or not job.unpackaged else job.unpackaged,
             "read_s": round(job.load_seconds, 2) if job is not None and job.load_seconds else None,  # into memory
             "swap_s": None if self.swap_s is None else round(self.swap_s, 2),
             "accuracy": None if self.accuracy is None else self.accuracy.as_dict(),
