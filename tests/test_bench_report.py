@@ -534,6 +534,7 @@ def test_the_compiled_kernels_section_reads_its_targets_off_the_rows(tmp_path) -
         "swap_s": 0.4,
         "compile_phases": {},
         "read_s": 0.31,
+        "program_format": "package",
     }
     text = bench_report.markdown(ENV, "kernels", [*rows, second])
     assert "| `timm:resnet18` second process | compiled (program from disk) |" in text
@@ -541,7 +542,7 @@ def test_the_compiled_kernels_section_reads_its_targets_off_the_rows(tmp_path) -
         "- `timm:resnet18`: start 2.1 (GPU context 1.2, import Inductor 0.9), build 0.4, export 1.3, compile 8.4 s"
         in (text)
     ), text
-    assert "- `timm:resnet18` (second process): read 0.3 s" in text
+    assert "- `timm:resnet18` (second process): read 0.31 s; the program kept as package" in text
     met = kernels_report.targets("timm:resnet18", stats.index([*rows, second]))
     assert met["second_process"]["swap_s"] == 0.4
     assert met["targets"]["a second process replays compiled kernels within 1 s"] is True

@@ -185,10 +185,12 @@ def _time_to_swap_lines(workloads: Sequence[str], by_key: Mapping[tuple[str, str
                 continue
             read = row.get("read_s")
             parts = [phases_text(row.get("compile_phases"))]
-            parts.append(f"read {read:.1f}" if isinstance(read, (int, float)) else "")
+            parts.append(f"read {read:.2f}" if isinstance(read, (int, float)) else "")
             if any(parts):
                 process = " (second process)" if mode == COMPILED_KERNELS_ON_DISK else ""
-                lines.append(f"- `{w}`{process}: " + ", ".join(p for p in parts if p) + " s")
+                kept = f"; the program kept as {row['program_format']}" if row.get("program_format") else ""
+                why = f" ({row['unpackaged']})" if row.get("unpackaged") else ""
+                lines.append(f"- `{w}`{process}: " + ", ".join(p for p in parts if p) + f" s{kept}{why}")
     return ["", "Time to the swap (compiler phases, then the program read into memory):", "", *lines] if lines else []
 
 
