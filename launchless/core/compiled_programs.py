@@ -109,7 +109,7 @@ class CompileJob:
         self._child: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None  # compiles or reads: joined when the process exits
-        self._read: tuple[Any, dict[str, Any], list[torch.Tensor]] | None = None  # (artifact, plan, made tensors)
+        self._read: tuple[Any, dict[str, Any], list[torch.Tensor]] | None = None  # (program, plan, made tensors)
 
     @property
     def done(self) -> bool:
