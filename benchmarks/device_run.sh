@@ -10,7 +10,8 @@
 #   install            pip install -e . into the interpreter that runs the rest (the README's backend="launchless"
 #                      block and the CLI need the entry points); run it first. WHEELS=dir installs the wheels
 #                      there as well (the device downloads nothing: the differential diffusers rows need diffusers);
-#                      then imports the heavy modules once, so that their bytecode is kept before anything is timed
+#                      then imports the heavy modules once, so that their bytecode is kept before anything is timed,
+#                      and logs what AOTInductor builds packages with (toolchain.log: CUDA_HOME, nvcc, a C++ compiler)
 #   tests              python -m pytest -m cuda (all GPU tests; more than one device call holds: use the parts)
 #   tests-at-once      tests-core, tests-serving, tests-compiled, tests-fresh-inputs and tests-differential as five
 #                      processes side by side on the one GPU (a test that judges speed may read the others' load: run
@@ -178,7 +179,10 @@ for step in "$@"; do
 for name in ("launchless", "torch._inductor.compile_fx", "torch._inductor.standalone_compile", "torch.export",
              "torchvision.models", "timm", "transformers", "diffusers"):
     with contextlib.suppress(Exception):
-        importlib.import_module(name)' ;;
+        importlib.import_module(name)'
+    run toolchain python3 -c 'import shutil, subprocess, torch.utils.cpp_extension as ext  # what AOTInductor builds with
+print("CUDA_HOME", ext.CUDA_HOME, "| nvcc", shutil.which("nvcc"), "| c++", shutil.which("c++") or shutil.which("g++"))
+print(subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout.count("libcuda.so"), "libcuda.so entries")' ;;
   tests) run tests python3 -m pytest -m cuda tests/ -q -rA -p no:cacheprovider ;;
   tests-core | tests-serving | tests-compiled | tests-fresh-inputs | tests-differential | tests-multigpu)
     run "$step" python3 -m pytest -m cuda -q -rA -p no:cacheprovider ${test_groups[$step]} ;;
