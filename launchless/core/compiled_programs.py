@@ -151,8 +151,10 @@ class CompileJob:
             made_path = constants_of(self.program)
             made = torch.load(made_path, weights_only=True) if made_path.exists() else []
             on_device = torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext()
-            # it touches the GPU: never while the calls' thread captures a graph
             self.format, self.unpackaged = plan.get("format", ProgramFormat.ARTIFACT), plan.get("unpackaged", "")
+            if self.format != ProgramFormat.PACKAGE:  # Inductor's imports (seconds) keep no capture waiting
+                from torch._inductor import CompiledArtifact  # noqa: F401
+            # it touches the GPU: never while the calls' thread captures a graph
             with CAPTURE_LOCK, on_device:
                 if self.format == ProgramFormat.PACKAGE:
                     program: Any = PackageProgram.load(self.program, self.device)
