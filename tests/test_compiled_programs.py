@@ -4,6 +4,7 @@ a compile that fails saying why."""
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -193,10 +195,18 @@ def test_where_no_package_can_be_built_the_program_is_inductors_own_saying_why(t
     names = [spec.target for spec in exported.graph_signature.input_specs if spec.target]
     assert names == [*dict(model.named_parameters()), *dict(model.named_buffers())]  # the order the examples take
     path = tmp_path / "program.pt2"
-    kept, why = compiler_process._packaged(exported.graph_module, examples, str(path), eager_numerics=False)
+    from torch._inductor import config as inductor_config
+
+    def built_and_read() -> tuple[compiled_programs.ProgramFormat, str, Any]:
+        with inductor_config.patch(compile_threads=1):  # the child's side: no compile workers in this process
+            kept, why = compiler_process._packaged(exported.graph_module, examples, str(path), eager_numerics=False)
+        return kept, why, compiled_programs._load_artifact(path)
+
+    # in a context of its own (as the child and the reading thread have): Inductor's settings are context
+    # variables, which a compile and a read leave set
+    kept, why, program = contextvars.copy_context().run(built_and_read)
     assert kept is compiled_programs.ProgramFormat.ARTIFACT
     assert why == "AOTInductor could not build a package (RuntimeError: cuda_runtime_api.h: No such file or directory"
-    program = compiled_programs._load_artifact(path)
     with torch.no_grad():
         torch.testing.assert_close(program(*examples)[0], model(x), rtol=1e-5, atol=1e-5)
 
