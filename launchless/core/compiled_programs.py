@@ -234,7 +234,7 @@ def _load_artifact(path: Path) -> Any:
 
 class PackageProgram:
     """An inference program: an AOTInductor package (a shared library of the program's host code and its GPU
-    kernels), run by PyTorch's C++ loader -- read in milliseconds without importing Inductor in the calls' process
+    kernels), run by PyTorch's C++ loader -- a shared library loaded, without importing Inductor in the calls' process
     (a ``CompiledArtifact`` costs the process seconds of imports there, holding the interpreter lock the calls
     need). Its runner runs single-threaded, on the caller's current stream, which a CUDA graph can capture."""
 
