@@ -535,6 +535,7 @@ def test_the_compiled_kernels_section_reads_its_targets_off_the_rows(tmp_path) -
         "compile_phases": {},
         "read_s": 0.31,
         "program_format": "package",
+        "proof_phases": {"read": 0.02, "capture": 0.05, "accuracy": 0.3, "speed": 0.13},
     }
     text = bench_report.markdown(ENV, "kernels", [*rows, second])
     assert "| `timm:resnet18` second process | compiled (program from disk) |" in text
@@ -542,7 +543,10 @@ def test_the_compiled_kernels_section_reads_its_targets_off_the_rows(tmp_path) -
         "- `timm:resnet18`: start 2.1 (GPU context 1.2, import Inductor 0.9), build 0.4, export 1.3, compile 8.4 s"
         in (text)
     ), text
-    assert "- `timm:resnet18` (second process): read 0.31 s; the program kept as package" in text
+    assert (
+        "- `timm:resnet18` (second process): read 0.31 s; the program kept as package; the call that proved it "
+        "waited 0.50 s (read 0.02, capture 0.05, accuracy 0.30, speed 0.13)"
+    ) in text, text
     met = kernels_report.targets("timm:resnet18", stats.index([*rows, second]))
     assert met["second_process"]["swap_s"] == 0.4
     assert met["targets"]["a second process replays compiled kernels within 1 s"] is True

@@ -88,6 +88,9 @@ def test_a_proven_faster_program_replaces_the_eager_kernel_graph_between_two_cal
     assert swapped is not s.eager_graph and s.cache.graphs[s.sig] is swapped and s.kernels.pending == 0
     assert row["accuracy"]["passed"] and row["accuracy"]["compiled_error"] <= row["accuracy"]["bound"]
     assert row["speed"]["speedup"] == 2.0 and row["swap_s"] >= row["compile_s"] > 0
+    # what the swapping call waited for, part by part, within the whole of it
+    assert set(row["proof_phases"]) == {"read", "capture", "accuracy", "speed"}, row["proof_phases"]
+    assert 0 < sum(row["proof_phases"].values()) <= row["swap_s"]
     with torch.no_grad():
         fresh = torch.randn(4, 32)
         torch.testing.assert_close(swapped.replay_cloned([fresh]), s.model(fresh), rtol=1e-5, atol=1e-5)

@@ -85,6 +85,7 @@ def test_compiled_kernels_replace_eager_kernels_between_calls_on_fresh_inputs(
         assert row["kernels"] == "compiled", row["reason"]
         assert row["accuracy"]["passed"] and row["speed"]["speedup"] > 1.0
         assert row["swap_s"] >= row["compile_s"] > 0
+        assert set(row["proof_phases"]) == {"read", "capture", "accuracy", "speed"}, row["proof_phases"]
         for _ in range(5):  # fresh inputs through the compiled kernels' graph
             x = _fresh(generator)
             got = wrapped(x)

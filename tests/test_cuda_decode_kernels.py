@@ -71,6 +71,7 @@ def test_compiled_decode_steps_are_swapped_in_between_calls_with_eagers_tokens(g
         (row,) = rows
         assert row["kernels"] == "compiled", row
         assert row["accuracy"]["passed"] and row["speed"]["speedup"] > 1.0, row
+        assert set(row["proof_phases"]) == {"read", "capture", "accuracy", "speed"}, row["proof_phases"]
         replayed = wrapped.graph_info()["decode"]["steps_replayed"]
         for _ in range(3):  # after the swap: the compiled step's graph replays, fresh prompts, eager's tokens
             request = _request(generator)

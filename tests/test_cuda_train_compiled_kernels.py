@@ -103,6 +103,7 @@ def test_the_step_over_compiled_kernels_swaps_in_and_trains_as_eager_does(optimi
         row = _until_decided(graphed, lambda: graphed(*_batch(generator)))
     assert row["kernels"] == "compiled", row["reason"]
     assert row["accuracy"]["passed"] and row["speed"]["speedup"] > 1.0
+    assert set(row["proof_phases"]) == {"read", "capture", "accuracy", "speed"}, row["proof_phases"]
     assert [r for r in caplog.records if "replays Inductor's compiled forward and backward" in r.message]
     # fresh batches through the compiled step graph: each step's loss and the gradients it leaves as accurate as
     # eager's against float64 from the same state (fused kernels round otherwise, and a convolution laid out

@@ -115,6 +115,7 @@ def test_a_compiled_decode_step_writes_the_caches_own_tensors_and_is_swapped_in_
         row = s.kernels.info()[0]
         assert row["kernels"] == "compiled", row["reason"]
         assert row["accuracy"]["passed"] and s.kernels.pending == 0
+        assert set(row["proof_phases"]) == {"read", "capture", "accuracy", "speed"}, row["proof_phases"]
         swapped = s.graphs.graphs[s.key]
         assert swapped is not s.eager_graph
         for was, now in zip(before, cache_tensors(s.cache), strict=True):  # the proof put the cache back

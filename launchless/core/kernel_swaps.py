@@ -3,7 +3,10 @@ policy that swaps Inductor's program into its graphs (``wrap``, ``graphed_step``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
+from collections.abc import Iterator
 from typing import Any
 
 from ..timing import SpeedVerdict
@@ -32,6 +35,17 @@ class KernelDecision:
     swap_s: float | None = None  # from the start of the compile to the swap
     accuracy: AccuracyReport | None = None
     speed: SpeedVerdict | None = None
+    # seconds of the swapping call's work, per part (read, capture, accuracy, speed): the calls wait for all of it
+    proof_phases: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Adds the block's wall time to ``proof_phases[phase]`` (on its way out, however it leaves)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.proof_phases[phase] = self.proof_phases.get(phase, 0.0) + time.perf_counter() - start
 
     @property
     def compile(self) -> CompileJob:
@@ -56,6 +70,8 @@ class KernelDecision:
             "unpackaged": None if job is None or not job.unpackaged else job.unpackaged,
             "read_s": round(job.load_seconds, 2) if job is not None and job.load_seconds else None,  # into memory
             "swap_s": None if self.swap_s is None else round(self.swap_s, 2),
+            # what the call that proved the program waited for, per part (the swap's hiccup)
+            "proof_phases": {phase: round(seconds, 3) for phase, seconds in self.proof_phases.items()},
             "accuracy": None if self.accuracy is None else self.accuracy.as_dict(),
             "speed": None if self.speed is None else self.speed.row(),
         }

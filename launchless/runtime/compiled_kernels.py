@@ -148,16 +148,42 @@ class CompiledKernels:
         model: torch.nn.Module,
     ) -> _capture.CapturedGraph | str:
         """The program's graph, captured and proven; or why it is not used."""
-        program = entry.compile.load(model)
+        with entry.timed("read"):
+            program = entry.compile.load(model)
         tensors = [x for x in flat.leaves if isinstance(x, torch.Tensor)]
         device = next((x.device for x in tensors if x.is_cuda), tensors[0].device)
-        with self.cache.capturing(sig) as pool:
+        with entry.timed("capture"), self.cache.capturing(sig) as pool:
             compiled = _capture.capture(program, flat, device=device, pool=pool, warmup=self.warmup)
             # against the program itself: bit for bit, or within its own spread where its kernels are not
             # deterministic (verify="strict": bit for bit only)
             report = verify(compiled, program, flat, mode="strict" if self.verify == "strict" else "on")
         if not report.passed:
             return f"its graph does not replay the compiled program ({report.status}: {report.detail})"
+        with entry.timed("accuracy"):
+            why = self._as_accurate(entry, flat, graph, model, program)
+        if why:
+            return why
+        leaves = copies(flat.leaves)
+        try:
+            with entry.timed("speed"):
+                entry.speed = judge_speed(lambda: graph.replay_cloned(leaves), lambda: compiled.replay_cloned(leaves))
+        finally:
+            graph.replays = compiled.replays = 0  # the judge's replays are not the caller's
+        if not entry.speed.faster:
+            return f"the compiled kernels' graph is {entry.speed.detail.replace('eager', 'eager kernels')}"
+        compiled.speed = graph.speed
+        return compiled
+
+    @staticmethod
+    def _as_accurate(
+        entry: KernelDecision,
+        flat: FlatInputs,
+        graph: _capture.CapturedGraph,
+        model: torch.nn.Module,
+        program: Callable[..., Any],
+    ) -> str:
+        """Why the program is not as accurate as eager against the forward in float64 on two probes; empty where
+        it is."""
         wide = float64_copy(model)  # the reference: the same forward in float64
         precision = allowed_float32_precision(model)  # eager itself may round so under the process's settings
         laid_out = channels_last_copy(model)  # eager's other layout, where its convolutions may round otherwise
@@ -178,16 +204,7 @@ class CompiledKernels:
             )
             if not entry.accuracy.passed:
                 return f"the compiled program is not as accurate as eager: {entry.accuracy.detail}"
-        del wide, laid_out
-        leaves = copies(flat.leaves)
-        try:
-            entry.speed = judge_speed(lambda: graph.replay_cloned(leaves), lambda: compiled.replay_cloned(leaves))
-        finally:
-            graph.replays = compiled.replays = 0  # the judge's replays are not the caller's
-        if not entry.speed.faster:
-            return f"the compiled kernels' graph is {entry.speed.detail.replace('eager', 'eager kernels')}"
-        compiled.speed = graph.speed
-        return compiled
+        return ""
 
     def _keep_eager(
         self, sig: Signature, entry: KernelDecision, why: str, graph: _capture.CapturedGraph

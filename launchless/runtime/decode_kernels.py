@@ -192,7 +192,8 @@ class DecodeKernels:
         run advances them: run from where the last generation ended, the capture's warm-up steps or the timed replays
         would write past the cache's end), the cache put back after; or why it is not used."""
         step, flat, decision = entry.step, entry.flat, entry.decision
-        program = decision.compile.load(step)
+        with decision.timed("read"):
+            program = decision.compile.load(step)
         now, counts_now = DevicePositions(held.cache), held.counters.read()
         entry.positions.rewind()
         held.counters.write(entry.counts)
@@ -201,14 +202,15 @@ class DecodeKernels:
         tensors = [x for x in flat.leaves if isinstance(x, torch.Tensor)]
         device = next((x.device for x in tensors if x.is_cuda), tensors[0].device)
         try:
-            with self.graphs.capturing(key) as pool:
+            with decision.timed("capture"), self.graphs.capturing(key) as pool:
                 compiled = capture(program, flat, device=device, pool=pool, warmup=self.warmup)
                 state.restore()  # the warm-up steps wrote the cache
                 mode = "strict" if self.verify == "strict" else "on"
                 report = verify_step(compiled, program, flat, probes, state, mode=mode)
             if not report.passed:
                 return f"its graph does not replay the compiled program ({report.status}: {report.detail})"
-            why = self._as_accurate(entry, program, probes, state)
+            with decision.timed("accuracy"):
+                why = self._as_accurate(entry, program, probes, state)
             if why:
                 return why
             leaves = copies(flat.leaves)
@@ -216,7 +218,8 @@ class DecodeKernels:
             def replayed(which: CapturedGraph) -> Callable[[], Any]:
                 return lambda: (entry.positions.rewind(), which.replay_cloned(leaves))  # every replay from one place
 
-            speed = judge_speed(replayed(graph), replayed(compiled))
+            with decision.timed("speed"):
+                speed = judge_speed(replayed(graph), replayed(compiled))
             decision.speed = speed
             graph.replays = compiled.replays = 0  # the judge's replays are not the caller's
         finally:

@@ -165,21 +165,24 @@ class StepKernels:
                 self._keep_eager(entry, f"the compile {job.state}: {job.reason}")
                 return False, None
             try:
-                program = job.load(self.model)
-                why = self._unusable(entry, program)
+                with entry.timed("read"):
+                    program = job.load(self.model)
+                with entry.timed("accuracy"):
+                    why = self._unusable(entry, program)
             except Exception as exc:  # loading or proving failed: the steps never see it
                 self._keep_eager(entry, one_line(exc))
                 return False, None
             if why is not None:
                 self._keep_eager(entry, why)
                 return False, None
-            with forward_replaced(self.model, program):
+            with entry.timed("capture"), forward_replaced(self.model, program):
                 new, outcome = capture()
             if new is None:
                 self._keep_eager(entry, f"the step over the compiled program: {outcome.get('reason', 'not captured')}")
                 return False, None
             out = outcome.pop("_out")
-            entry.speed = time_both(new)
+            with entry.timed("speed"):
+                entry.speed = time_both(new)
             if not entry.speed.faster:
                 drop(new)
                 self._keep_eager(

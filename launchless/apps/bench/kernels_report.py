@@ -176,7 +176,8 @@ def phases_text(phases: Mapping[str, float] | None) -> str:
 def _time_to_swap_lines(workloads: Sequence[str], by_key: Mapping[tuple[str, str], Row]) -> list[str]:
     """Where each compiled-kernels row's time to its swap went: the compiler's phases (``start``: a process to begin
     in, with what of a spare's boot the job waited for; ``build``: the model's modules imported and its tensors
-    made; ``export``, ``compile``, ``save``) and the program's read into memory beside the calls."""
+    made; ``export``, ``compile``, ``save``), the program's read into memory beside the calls, and what the one call
+    that proved it waited for (its read onto the model, capture, accuracy, timing)."""
     lines = []
     for w in workloads:
         for mode in KERNEL_MODES:
@@ -190,8 +191,17 @@ def _time_to_swap_lines(workloads: Sequence[str], by_key: Mapping[tuple[str, str
                 process = " (second process)" if mode == COMPILED_KERNELS_ON_DISK else ""
                 kept = f"; the program kept as {row['program_format']}" if row.get("program_format") else ""
                 why = f" ({row['unpackaged']})" if row.get("unpackaged") else ""
-                lines.append(f"- `{w}`{process}: " + ", ".join(p for p in parts if p) + f" s{kept}{why}")
-    return ["", "Time to the swap (compiler phases, then the program read into memory):", "", *lines] if lines else []
+                proof = row.get("proof_phases")
+                waited = (  # the one call that proved the program waited for it: the swap's hiccup
+                    f"; the call that proved it waited {sum(proof.values()):.2f} s ("
+                    + ", ".join(f"{name} {seconds:.2f}" for name, seconds in proof.items())
+                    + ")"
+                    if proof
+                    else ""
+                )
+                lines.append(f"- `{w}`{process}: " + ", ".join(p for p in parts if p) + f" s{kept}{why}{waited}")
+    head = "Time to the swap (compiler phases, the program read into memory, then the call that proved it):"
+    return ["", head, "", *lines] if lines else []
 
 
 def has_timelines(rows: Sequence[Row]) -> bool:

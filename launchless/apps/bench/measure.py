@@ -192,6 +192,7 @@ def early_calls(prepared: modes.Prepared, start: float, *, pause_s: float = 0.0)
         row["compile_s"] = None if decided is None else decided.get("compile_s")
         row["compile_phases"] = None if decided is None else decided.get("compile_phases")
         row["read_s"] = None if decided is None else decided.get("read_s")  # the program read into memory
+        row["proof_phases"] = None if decided is None else decided.get("proof_phases")  # the swap call's wait
         row["program"] = None if decided is None else decided.get("program")  # "found on disk": a second process
         row["program_format"] = None if decided is None else decided.get("program_format")  # package or artifact
         row["unpackaged"] = None if decided is None else decided.get("unpackaged")  # why no package, where not
