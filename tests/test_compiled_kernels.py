@@ -71,6 +71,21 @@ def _until_done(kernels: CompiledKernels, sig) -> None:
     assert job.wait(COMPILE_S) is not None and job.done, job.reason
 
 
+PROOF_PARTS = 4  # read, capture, accuracy, speed: one a call
+
+
+def _swapped(s: Setup, graph: Any = None, model: nn.Module | None = None) -> Any:
+    """The graph the calls replay once the proof is done (a part a call; every call before its end replays the
+    eager-kernel graph ``graph``), or the eager-kernel graph where a part decided against the program."""
+    graph = s.eager_graph if graph is None else graph
+    for _ in range(PROOF_PARTS):
+        replayed = s.kernels.swap(s.sig, s.flat, graph, s.model if model is None else model)
+        if s.kernels.info(str)[0]["kernels"] != "compiling":
+            return replayed
+        assert replayed is graph  # the proof under way: this call replays the eager-kernel graph
+    raise AssertionError(f"not decided after {PROOF_PARTS} calls")
+
+
 @needs_compiler
 def test_a_proven_faster_program_replaces_the_eager_kernel_graph_between_two_calls(monkeypatch, tmp_path) -> None:
     s = _setup(monkeypatch, tmp_path)
@@ -81,6 +96,11 @@ def test_a_proven_faster_program_replaces_the_eager_kernel_graph_between_two_cal
         assert s.kernels.swap(s.sig, s.flat, s.eager_graph, s.model) is s.eager_graph  # not ready yet
         assert s.kernels.pending == 1
         _until_done(s.kernels, s.sig)
+        parts = []
+        for _ in range(PROOF_PARTS - 1):  # a part of the proof per call: no call waits for all of it
+            assert s.kernels.swap(s.sig, s.flat, s.eager_graph, s.model) is s.eager_graph
+            parts.append(list(s.kernels.info(str)[0]["proof_phases"]))
+        assert parts == [["read"], ["read", "capture"], ["read", "capture", "accuracy"]]
         swapped = s.kernels.swap(s.sig, s.flat, s.eager_graph, s.model)
     row = s.kernels.info(str)[0]
     assert row["kernels"] == "compiled", row["reason"]
@@ -105,7 +125,7 @@ def test_a_program_not_faster_leaves_the_eager_kernel_graph_and_says_why(monkeyp
     with torch.no_grad():
         s.kernels.start(s.sig, s.model, s.flat)
         _until_done(s.kernels, s.sig)
-        assert s.kernels.swap(s.sig, s.flat, s.eager_graph, s.model) is s.eager_graph
+        assert _swapped(s) is s.eager_graph
     row = s.kernels.info(str)[0]
     assert row["kernels"] == "eager" and "not faster" in row["reason"] and s.cache.graphs[s.sig] is s.eager_graph
 
@@ -123,7 +143,7 @@ def test_a_program_less_accurate_than_eager_is_not_used(monkeypatch, tmp_path) -
             return lambda *a, **k: program(*a, **k) * 1.001
 
         monkeypatch.setattr(s.kernels._entries[s.sig].job, "load", skewed_load)
-        assert s.kernels.swap(s.sig, s.flat, s.eager_graph, s.model) is s.eager_graph
+        assert _swapped(s) is s.eager_graph
     row = s.kernels.info(str)[0]
     assert row["kernels"] == "eager" and "not as accurate as eager" in row["reason"]
 
@@ -141,10 +161,51 @@ def test_a_float64_reference_that_does_not_fit_keeps_eager_kernels_saying_so(mon
     with torch.no_grad():
         s.kernels.start(s.sig, s.model, s.flat)
         _until_done(s.kernels, s.sig)
-        assert s.kernels.swap(s.sig, s.flat, s.eager_graph, s.model) is s.eager_graph
+        assert _swapped(s) is s.eager_graph
     row = s.kernels.info(str)[0]
     assert row["kernels"] == "eager" and "OutOfMemoryError" in row["reason"] and "56.00 GiB" in row["reason"]
     assert s.cache.graphs[s.sig] is s.eager_graph
+
+
+@needs_compiler
+def test_graphs_dropped_in_the_middle_of_a_proof_end_it_and_nothing_is_swapped_in(monkeypatch, tmp_path) -> None:
+    """The proof spans calls: weights replaced between two of its parts drop the graphs, and the graph it captured
+    goes with it -- never kept, never replayed; the next capture starts again from the program on disk."""
+    s = _setup(monkeypatch, tmp_path)
+    with torch.no_grad():
+        s.kernels.start(s.sig, s.model, s.flat)
+        _until_done(s.kernels, s.sig)
+        for _ in range(2):  # read, then capture: a graph of the program is held by the proof
+            assert s.kernels.swap(s.sig, s.flat, s.eager_graph, s.model) is s.eager_graph
+        proof = s.kernels._proofs[s.sig]
+        assert list(s.kernels.info(str)[0]["proof_phases"]) == ["read", "capture"]
+        s.kernels.cancel("load_state_dict(assign=True) replaced the weights")
+        assert proof.gi_frame is None  # closed: what it captured is freed with it
+        assert s.kernels.info(str) == [] and s.kernels.pending == 0 and s.kernels._proofs == {}
+        assert s.kernels.swap(s.sig, s.flat, s.eager_graph, s.model) is s.eager_graph
+        assert s.cache.graphs[s.sig] is s.eager_graph
+        s.kernels.start(s.sig, s.model, s.flat)  # captured again: the program is on disk, proven from the start
+        job = s.kernels._entries[s.sig].job
+        assert job.wait(60).value == "ready" and job.reason == "found on disk"
+        swapped = _swapped(s)
+    assert swapped is not s.eager_graph and s.kernels.info(str)[0]["kernels"] == "compiled"
+
+
+@needs_compiler
+def test_a_part_of_the_proof_that_raises_keeps_eager_kernels_with_the_error(monkeypatch, tmp_path) -> None:
+    s = _setup(monkeypatch, tmp_path)
+
+    def failing_capture(*args, **kwargs):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    with torch.no_grad():
+        s.kernels.start(s.sig, s.model, s.flat)
+        _until_done(s.kernels, s.sig)
+        monkeypatch.setattr(compiled_kernels._capture, "capture", failing_capture)
+        assert _swapped(s) is s.eager_graph
+    row = s.kernels.info(str)[0]
+    assert row["kernels"] == "eager" and "operation not permitted when stream is capturing" in row["reason"], row
+    assert s.kernels.pending == 0 and s.kernels._proofs == {} and s.cache.graphs[s.sig] is s.eager_graph
 
 
 def test_a_compile_in_flight_is_cancelled_with_the_graphs(monkeypatch, tmp_path) -> None:
@@ -165,7 +226,7 @@ def test_a_model_the_child_cannot_import_keeps_eager_kernels(monkeypatch, tmp_pa
     script = type("ScriptMlp", (Mlp,), {"__module__": "__main__"})()
     s.kernels.start(s.sig, script, s.flat)
     _until_done(s.kernels, s.sig)
-    assert s.kernels.swap(s.sig, s.flat, s.eager_graph, script) is s.eager_graph
+    assert s.kernels.swap(s.sig, s.flat, s.eager_graph, script) is s.eager_graph  # decided at once: nothing to prove
     row = s.kernels.info(str)[0]
     assert row["kernels"] == KernelState.KEPT_EAGER.value
     assert "ScriptMlp is defined in the script being run (__main__)" in row["reason"]
@@ -183,14 +244,14 @@ def test_a_graph_captured_again_gets_its_program_again_from_disk_and_one_thread_
             assert s.kernels.info(str)[0]["kernels"] == "compiling" and s.kernels.pending == 1
         finally:
             s.kernels._swapping.release()
-        first = s.kernels.swap(s.sig, s.flat, s.eager_graph, s.model)
+        first = _swapped(s)
         assert s.kernels.info(str)[0]["kernels"] == "compiled"
         again = recorded_capture([])(s.model, s.flat, device=torch.device("cpu"), pool=None)  # evicted, captured again
         s.cache.keep(s.sig, again, None, s.flat.leaves)
         s.kernels.start(s.sig, s.model, s.flat)
         job = s.kernels._entries[s.sig].job
         assert job.wait(60).value == "ready" and job.reason == "found on disk"
-        swapped = s.kernels.swap(s.sig, s.flat, again, s.model)
+        swapped = _swapped(s, again)
     assert swapped is not again and swapped is not first and s.cache.graphs[s.sig] is swapped
     assert s.kernels.info(str)[0]["kernels"] == "compiled"
     assert s.kernels.info(str)[0]["program"] == "found on disk"  # what a second process reports

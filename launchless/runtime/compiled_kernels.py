@@ -3,9 +3,10 @@ its graph swapped in for the eager-kernel graph once it is proven.
 
 With ``wrap(model, kernels="compiled")`` the calls capture and replay eager-kernel graphs exactly as without it.
 When a signature's graph is kept, the same forward starts compiling in a child process
-(``core.compiled_programs``); the calls never wait for it. At the first call of that signature after the program is
-ready -- between two calls -- the program is loaded onto the model's own weights and captured into a graph, and the
-graph is proven three ways before it replaces the eager-kernel graph:
+(``core.compiled_programs``); the calls never wait for it. Once the program is ready, the next calls of that signature
+each do one part of its proof -- read onto the model's own weights, captured into a graph, held to eager's accuracy,
+timed -- and replay the eager-kernel graph meanwhile (no call waits for the whole proof); the graph is proven three
+ways before it replaces the eager-kernel graph:
 
 - it replays the compiled program bit for bit (``verify`` against the program itself, as every graph);
 - the program is as accurate as eager, against the forward run in float64, on two probes (``core.accuracy``:
@@ -19,10 +20,11 @@ no program is ever swapped in onto weights it was not loaded with.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, cast
 
 import torch
@@ -43,6 +45,9 @@ from ..core.verify import make_probes, verify
 from ..errors import one_line
 from ..timing import SpeedVerdict, judge_speed
 from .split import copies
+
+# a proof under way: sent each call's (inputs, eager-kernel graph), it returns the proven graph or why it is not used
+Proof = Generator[None, tuple[FlatInputs, _capture.CapturedGraph], "_capture.CapturedGraph | str"]
 
 
 class CompiledKernels:
@@ -66,6 +71,7 @@ class CompiledKernels:
         self._entries: dict[Signature, KernelDecision] = {}
         self.pending = 0
         self._swapping = threading.Lock()  # one swap at a time: threads calling at once swap once
+        self._proofs: dict[Signature, Proof] = {}  # proofs under way, a part done per call
 
     def take_spare(self) -> SpareCompiler | None:
         """The compiler process started with the wrapper, for another policy's first compile (decode steps), where
@@ -97,7 +103,9 @@ class CompiledKernels:
     def swap(
         self, sig: Signature, flat: FlatInputs, graph: _capture.CapturedGraph, model: torch.nn.Module
     ) -> _capture.CapturedGraph:
-        """The graph to replay for this call: the compiled program's, once ready and proven, else ``graph``."""
+        """The graph to replay for this call: the compiled program's, once ready and proven, else ``graph``. The proof
+        is spread over the signature's calls, one part a call (read, capture, accuracy, speed: ``_proof``), each call
+        replaying ``graph`` until the last part swaps: no call waits for the whole of it."""
         entry = self._entries.get(sig)
         if entry is None or entry.state is not KernelState.COMPILING or not entry.compile.done:
             return graph
@@ -106,11 +114,11 @@ class CompiledKernels:
         try:
             if entry.state is not KernelState.COMPILING:  # decided while this thread waited to look
                 return cast(_capture.CapturedGraph, self.cache.graphs.get(sig, graph))
-            return self._decide(sig, entry, flat, graph, model)
+            return self._step(sig, entry, flat, graph, model)
         finally:
             self._swapping.release()
 
-    def _decide(
+    def _step(
         self,
         sig: Signature,
         entry: KernelDecision,
@@ -118,16 +126,39 @@ class CompiledKernels:
         graph: _capture.CapturedGraph,
         model: torch.nn.Module,
     ) -> _capture.CapturedGraph:
-        self.pending -= 1
+        """One part of ``sig``'s proof on this call's inputs; the decision once the last part is done."""
         if entry.compile.state is not JobState.READY:
-            return self._keep_eager(sig, entry, f"the compile {entry.compile.state}: {entry.compile.reason}", graph)
+            return self._decided(sig, entry, f"the compile {entry.compile.state}: {entry.compile.reason}", graph)
+        proof = self._proofs.get(sig)
+        if proof is None:
+            proof = self._proofs[sig] = self._proof(sig, entry, model)
+            next(proof)  # to its first part, which waits for a call
         try:
-            compiled = self._proven(sig, entry, flat, graph, model)
+            proof.send((flat, graph))
+        except StopIteration as done:
+            outcome: _capture.CapturedGraph | str = done.value
         except Exception as exc:  # loading, capturing or proving the program failed: the calls never see it
-            return self._keep_eager(sig, entry, one_line(exc), graph)
-        if isinstance(compiled, str):
-            return self._keep_eager(sig, entry, compiled, graph)
-        self.cache.keep(sig, compiled, self.cache.reports.get(sig), flat.leaves)
+            outcome = one_line(exc)
+        else:
+            return graph  # a part done: this call replays the eager-kernel graph
+        if self._proofs.pop(sig, None) is not proof:  # the graphs were dropped meanwhile (another thread): no swap
+            return graph
+        return self._decided(sig, entry, outcome, graph, flat)
+
+    def _decided(
+        self,
+        sig: Signature,
+        entry: KernelDecision,
+        outcome: _capture.CapturedGraph | str,
+        graph: _capture.CapturedGraph,
+        flat: FlatInputs | None = None,
+    ) -> _capture.CapturedGraph:
+        """Swap in the proven graph ``outcome``, or keep ``graph`` saying why not (``outcome`` the reason)."""
+        self.pending -= 1
+        if isinstance(outcome, str):
+            return self._keep_eager(sig, entry, outcome, graph)
+        assert flat is not None  # a proven graph comes with the call that finished its proof
+        self.cache.keep(sig, outcome, self.cache.reports.get(sig), flat.leaves)
         entry.state, entry.swap_s = KernelState.SWAPPED, time.perf_counter() - entry.started
         speed = cast(SpeedVerdict, entry.speed)  # every swap is timed
         self.cache.log_once(
@@ -137,19 +168,16 @@ class CompiledKernels:
             f"({speed.candidate_ms:.3f} ms against {speed.eager_ms:.3f} ms a call with eager's kernels; compiled in "
             f"{entry.compile.seconds:.1f} s beside the calls; as accurate as eager against float64)",
         )
-        return compiled
+        return outcome
 
-    def _proven(
-        self,
-        sig: Signature,
-        entry: KernelDecision,
-        flat: FlatInputs,
-        graph: _capture.CapturedGraph,
-        model: torch.nn.Module,
-    ) -> _capture.CapturedGraph | str:
-        """The program's graph, captured and proven; or why it is not used."""
+    def _proof(self, sig: Signature, entry: KernelDecision, model: torch.nn.Module) -> Proof:
+        """The program's graph, captured and proven, or why it is not used: a part per call of ``sig``, each on that
+        call's inputs and eager-kernel graph (sent in; the graph is captured again should it be evicted meanwhile).
+        Between two parts the model may change in place (a checkpoint loaded): each part reads it as it is then."""
+        flat, graph = yield
         with entry.timed("read"):
             program = entry.compile.load(model)
+        flat, graph = yield
         tensors = [x for x in flat.leaves if isinstance(x, torch.Tensor)]
         device = next((x.device for x in tensors if x.is_cuda), tensors[0].device)
         with entry.timed("capture"), self.cache.capturing(sig) as pool:
@@ -159,10 +187,12 @@ class CompiledKernels:
             report = verify(compiled, program, flat, mode="strict" if self.verify == "strict" else "on")
         if not report.passed:
             return f"its graph does not replay the compiled program ({report.status}: {report.detail})"
+        flat, graph = yield
         with entry.timed("accuracy"):
             why = self._as_accurate(entry, flat, graph, model, program)
         if why:
             return why
+        flat, graph = yield
         leaves = copies(flat.leaves)
         try:
             with entry.timed("speed"):
@@ -224,7 +254,11 @@ class CompiledKernels:
         for entry in self._entries.values():
             if entry.state is KernelState.COMPILING:
                 entry.compile.cancel(why)
+        for proof in self._proofs.values():
+            with contextlib.suppress(ValueError):  # one running in another thread ends at its part's end, unused
+                proof.close()  # a graph captured for it goes with it, never kept
         self._entries.clear()
+        self._proofs.clear()
         self.pending = 0
 
     def info(self, describe: Callable[[Signature], str]) -> list[dict[str, Any]]:
