@@ -108,18 +108,28 @@ def test_a_compiled_decode_step_writes_the_caches_own_tensors_and_is_swapped_in_
         assert s.kernels.pending == 1 and s.kernels.info()[0]["kernels"] == "compiling"
         job = s.kernels._compiles[s.key].decision.compile
         assert job.wait(COMPILE_S) is JobState.READY, job.reason
-        for layer in s.cache.layers:  # the last generation ended at the cache's end: the proof runs from the kept step
-            layer.cumulative_length.fill_(CACHE_LENGTH - 1)
-        before = [t.clone() for t in cache_tensors(s.cache)]
-        s.kernels.swap_ready()
+        parts = []
+        for ended_at in (CACHE_LENGTH - 1, PROMPT + 3, CACHE_LENGTH - 2, CACHE_LENGTH - 1):  # a part a generate()
+            for layer in s.cache.layers:  # where the last generation ended: each part runs from the kept step
+                layer.cumulative_length.fill_(ended_at)
+            before = [t.clone() for t in cache_tensors(s.cache)]
+            s.kernels.swap_ready()
+            for was, now in zip(before, cache_tensors(s.cache), strict=True):  # each part put the cache back
+                assert torch.equal(was, now)
+            parts.append(list(s.kernels.info()[0]["proof_phases"]))
+            if len(parts) < 4:
+                assert s.kernels.pending == 1 and s.graphs.graphs[s.key] is s.eager_graph  # still eager's kernels
+        assert parts == [
+            ["read"],
+            ["read", "capture"],
+            ["read", "capture", "accuracy"],
+            ["read", "capture", "accuracy", "speed"],
+        ]
         row = s.kernels.info()[0]
         assert row["kernels"] == "compiled", row["reason"]
-        assert row["accuracy"]["passed"] and s.kernels.pending == 0
-        assert set(row["proof_phases"]) == {"read", "capture", "accuracy", "speed"}, row["proof_phases"]
+        assert row["accuracy"]["passed"] and s.kernels.pending == 0 and s.kernels._proofs == {}
         swapped = s.graphs.graphs[s.key]
         assert swapped is not s.eager_graph
-        for was, now in zip(before, cache_tensors(s.cache), strict=True):  # the proof put the cache back
-            assert torch.equal(was, now)
         for layer in s.cache.layers:
             layer.cumulative_length.fill_(PROMPT)
         before = [t.clone() for t in cache_tensors(s.cache)]
@@ -144,7 +154,8 @@ def test_a_decode_step_not_faster_keeps_eager_kernels_and_a_forgotten_graph_canc
         _start(s)
         job = s.kernels._compiles[s.key].decision.compile
         assert job.wait(COMPILE_S) is JobState.READY, job.reason
-        s.kernels.swap_ready()
+        for _ in range(4):  # read, capture, accuracy, speed: a part a generate()
+            s.kernels.swap_ready()
     row = s.kernels.info()[0]
     assert row["kernels"] == "eager" and "not faster" in row["reason"]
     assert s.graphs.graphs[s.key] is s.eager_graph
@@ -155,6 +166,17 @@ def test_a_decode_step_not_faster_keeps_eager_kernels_and_a_forgotten_graph_canc
     s.kernels.forget(s.key, "its cache was dropped")
     assert job.state is JobState.CANCELLED and job.reason == "its cache was dropped"
     assert s.kernels.pending == 0 and s.kernels.info() == []
+
+    s = _setup(monkeypatch, tmp_path / "during")  # forgotten in the middle of its proof: it ends, nothing swapped in
+    with torch.no_grad():
+        _start(s)
+        assert s.kernels._compiles[s.key].decision.compile.wait(COMPILE_S) is JobState.READY
+        s.kernels.swap_ready()
+        s.kernels.swap_ready()  # read, then capture: a graph of the program is held by the proof
+        proof = s.kernels._proofs[s.key]
+        s.kernels.forget(s.key, "its cache was re-allocated")
+    assert proof.gi_frame is None and s.kernels._proofs == {} and s.kernels.pending == 0
+    assert s.graphs.graphs[s.key] is s.eager_graph
 
 
 def test_a_forward_replaced_on_the_instance_is_not_compiled_as_the_step(monkeypatch, tmp_path) -> None:

@@ -5,10 +5,11 @@ With ``wrap(model, kernels="compiled")``, ``generate()`` decodes through eager-k
 without it. When a decode step's graph is kept, the step starts compiling in a child process
 (``core.compiled_programs``): a ``DecodeStep`` module holds the model and the cache, every tensor of the cache one of
 its buffers, so that the export sees the cache's writes as writes to buffers and the program writes the cache's own
-tensors in place, as eager does. At the start of a later ``generate()`` call -- never inside one: a generation's
+tensors in place, as eager does. At the start of each later ``generate()`` call -- never inside one: a generation's
 tokens come from one set of kernels, and a class of calls proves its loop on the kernels it then decodes with -- a
-ready program is loaded onto the model's weights and the cache's tensors, captured into a graph and proven before it
-replaces the eager-kernel graph:
+ready program's proof goes one part further (a part a call: no generation waits for all of it): it is loaded onto
+the model's weights and the cache's tensors, captured into a graph and proven before it replaces the eager-kernel
+graph:
 
 - the graph replays the program bit for bit, outputs and cache writes, from the same cache state (``verify_step``);
 - the program is as accurate as eager against the step run in float64 (model and cache widened), on the call's
@@ -25,10 +26,11 @@ compile.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Generator, Hashable, Iterator, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -88,6 +90,10 @@ class HeldGraph(Protocol):
     counters: HostCounters
 
 
+# a proof under way: sent each generate() call's eager-kernel graph and held cache; returns the proven graph or why not
+DecodeProof = Generator[None, tuple[CapturedGraph, HeldGraph], "CapturedGraph | str"]
+
+
 class DecodeKernels:
     """The compiled programs of one model's decode graphs (see the module docstring). ``pending`` counts the
     undecided ones."""
@@ -106,6 +112,7 @@ class DecodeKernels:
         self._spare = spare  # a compiler process started with the wrapper, if the forward's compile did not take it
         self._compiles: dict[Hashable, _Compile] = {}
         self._refused: dict[Hashable, KernelDecision] = {}  # decided before any compile was started
+        self._proofs: dict[Hashable, DecodeProof] = {}  # proofs under way, a part done per generate() call
         self.pending = 0
 
     def start(self, key: Signature, forward: Callable[..., Any], cache: Any, keyword: str, flat: FlatInputs) -> None:
@@ -133,6 +140,9 @@ class DecodeKernels:
     def forget(self, key: Hashable, why: str) -> None:
         """A decode graph forgotten (its cache dropped or re-allocated): its compile goes, with no trace."""
         self._refused.pop(key, None)
+        proof = self._proofs.pop(key, None)
+        if proof is not None:
+            proof.close()  # a graph captured for it goes with it, never kept
         entry = self._compiles.pop(key, None)
         if entry is not None and entry.decision.state is KernelState.COMPILING:
             self.pending -= 1
@@ -150,8 +160,9 @@ class DecodeKernels:
             self._spare = None
 
     def swap_ready(self) -> None:
-        """Between two ``generate()`` calls: every ready program is proven and swapped in, or its decode graph keeps
-        eager's kernels with the reason (one log line each)."""
+        """Between two ``generate()`` calls: every ready program's proof goes one part further (read, capture,
+        accuracy, speed: a part per call, so that no generation waits for the whole proof); a proven one is swapped
+        in, a failed one leaves its decode graph on eager's kernels with the reason (one log line each)."""
         if not self.pending:
             return
         for key, entry in list(self._compiles.items()):
@@ -162,19 +173,28 @@ class DecodeKernels:
             if graph is None or held is None or held.cache is not entry.step.cache:  # forgotten meanwhile
                 self.forget(key, "its decode graph was dropped")
                 continue
-            self.pending -= 1
             if decision.compile.state is not JobState.READY:
+                self.pending -= 1
                 self._keep_eager(key, decision, f"the compile {decision.compile.state}: {decision.compile.reason}")
                 continue
+            proof = self._proofs.get(key)
+            if proof is None:
+                proof = self._proofs[key] = self._proof(key, entry)
+                next(proof)  # to its first part, which waits for a call
             try:
-                compiled = self._proven(key, entry, graph, held)
+                proof.send((graph, held))
+            except StopIteration as done:
+                outcome: CapturedGraph | str = done.value
             except Exception as exc:  # loading, capturing or proving the program failed: no generation sees it
-                self._keep_eager(key, decision, one_line(exc))
+                outcome = one_line(exc)
+            else:
+                continue  # a part done: the next generate() does the next
+            del self._proofs[key]
+            self.pending -= 1
+            if isinstance(outcome, str):
+                self._keep_eager(key, decision, outcome)
                 continue
-            if isinstance(compiled, str):
-                self._keep_eager(key, decision, compiled)
-                continue
-            self.graphs.keep(key, compiled, self.graphs.reports.get(key), entry.flat.leaves)
+            self.graphs.keep(key, outcome, self.graphs.reports.get(key), entry.flat.leaves)
             decision.state, decision.swap_s = KernelState.SWAPPED, time.perf_counter() - decision.started
             speed = decision.speed
             assert speed is not None  # every swap is timed
@@ -187,45 +207,39 @@ class DecodeKernels:
                 "float64)",
             )
 
-    def _proven(self, key: Hashable, entry: _Compile, graph: CapturedGraph, held: HeldGraph) -> CapturedGraph | str:
-        """The program's graph, captured and proven from the positions its decode graph was captured at (each step
-        run advances them: run from where the last generation ended, the capture's warm-up steps or the timed replays
-        would write past the cache's end), the cache put back after; or why it is not used."""
+    def _proof(self, key: Hashable, entry: _Compile) -> DecodeProof:
+        """The program's graph, captured and proven, or why it is not used: a part per ``generate()`` call, each sent
+        that call's eager-kernel graph and held cache, and run from the positions its decode graph was captured at
+        (``_at_capture``)."""
         step, flat, decision = entry.step, entry.flat, entry.decision
-        with decision.timed("read"):
-            program = decision.compile.load(step)
-        now, counts_now = DevicePositions(held.cache), held.counters.read()
-        entry.positions.rewind()
-        held.counters.write(entry.counts)
-        state = CacheState(cache_tensors(held.cache), held.counters)
         probes = [list(flat.leaves), other_tokens_probe(flat)]
         tensors = [x for x in flat.leaves if isinstance(x, torch.Tensor)]
         device = next((x.device for x in tensors if x.is_cuda), tensors[0].device)
-        try:
-            with decision.timed("capture"), self.graphs.capturing(key) as pool:
-                compiled = capture(program, flat, device=device, pool=pool, warmup=self.warmup)
-                state.restore()  # the warm-up steps wrote the cache
-                mode = "strict" if self.verify == "strict" else "on"
-                report = verify_step(compiled, program, flat, probes, state, mode=mode)
-            if not report.passed:
-                return f"its graph does not replay the compiled program ({report.status}: {report.detail})"
-            with decision.timed("accuracy"):
-                why = self._as_accurate(entry, program, probes, state)
-            if why:
-                return why
+        graph, held = yield
+        with decision.timed("read"):
+            program = decision.compile.load(step)
+        graph, held = yield
+        with decision.timed("capture"), _at_capture(entry, held) as state, self.graphs.capturing(key) as pool:
+            compiled = capture(program, flat, device=device, pool=pool, warmup=self.warmup)
+            state.restore()  # the warm-up steps wrote the cache
+            mode = "strict" if self.verify == "strict" else "on"
+            report = verify_step(compiled, program, flat, probes, state, mode=mode)
+        if not report.passed:
+            return f"its graph does not replay the compiled program ({report.status}: {report.detail})"
+        graph, held = yield
+        with decision.timed("accuracy"), _at_capture(entry, held) as state:
+            why = self._as_accurate(entry, program, probes, state)
+        if why:
+            return why
+        graph, held = yield
+        with decision.timed("speed"), _at_capture(entry, held):
             leaves = copies(flat.leaves)
 
             def replayed(which: CapturedGraph) -> Callable[[], Any]:
                 return lambda: (entry.positions.rewind(), which.replay_cloned(leaves))  # every replay from one place
 
-            with decision.timed("speed"):
-                speed = judge_speed(replayed(graph), replayed(compiled))
-            decision.speed = speed
+            decision.speed = speed = judge_speed(replayed(graph), replayed(compiled))
             graph.replays = compiled.replays = 0  # the judge's replays are not the caller's
-        finally:
-            state.restore()
-            now.rewind()
-            held.counters.write(counts_now)
         if not speed.faster:
             return f"the compiled kernels' graph is {speed.detail.replace('eager', 'eager kernels')}"
         compiled.speed = graph.speed
@@ -277,6 +291,24 @@ class DecodeKernels:
             decision.row(key.describe() if isinstance(key, Signature) else str(key))
             for key, decision in decisions.items()
         ]
+
+
+@contextlib.contextmanager
+def _at_capture(entry: _Compile, held: HeldGraph) -> Iterator[CacheState]:
+    """The cache at the positions its decode graph was captured at (each step run advances them: run from where the
+    last generation ended, the capture's warm-up steps or the timed replays would write past the cache's end), its
+    state as it stands then yielded to put back between runs; on the way out the cache is put back and its positions
+    are where they were."""
+    now, counts_now = DevicePositions(held.cache), held.counters.read()
+    entry.positions.rewind()
+    held.counters.write(entry.counts)
+    state = CacheState(cache_tensors(held.cache), held.counters)
+    try:
+        yield state
+    finally:
+        state.restore()
+        now.rewind()
+        held.counters.write(counts_now)
 
 
 def other_tokens_probe(flat: FlatInputs) -> list:
