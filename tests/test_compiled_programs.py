@@ -113,7 +113,7 @@ def test_a_program_compiled_in_a_child_reads_the_models_own_weights_and_is_found
     assert job.state is JobState.COMPILING  # returned at once
     assert job.wait(COMPILE_S) is JobState.READY, job.reason
     assert job.program.exists() and job.seconds > 0
-    assert set(job.phases) == {"start", "build", "export", "compile", "save"} and all(
+    assert set(job.phases) == {"start", "build", "export", "compile", "check", "save"} and all(
         s >= 0 for s in job.phases.values()
     )
     program = job.load(model)
@@ -209,6 +209,59 @@ def test_where_no_package_can_be_built_the_program_is_inductors_own_saying_why(t
     assert why == "AOTInductor could not build a package (RuntimeError: cuda_runtime_api.h: No such file or directory"
     with torch.no_grad():
         torch.testing.assert_close(program(*examples)[0], model(x), rtol=1e-5, atol=1e-5)
+
+
+@needs_compiler
+def test_a_package_that_does_not_load_and_run_in_a_process_of_its_own_is_not_kept(tmp_path, monkeypatch) -> None:
+    """A package that crashes PyTorch's loader would take the calls' process with it (a fault in native code): the
+    compiler process has a process of its own load and run each package first, and keeps Inductor's format where
+    that process fails, saying how."""
+    model = Net(width=8).eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        exported = torch.export.export(model, (x,), strict=False)
+    examples = [*(dict(model.named_parameters()) | dict(model.named_buffers())).values(), x]
+    path = tmp_path / "program.pt2"
+    from torch._inductor import config as inductor_config
+
+    def built(checked: str) -> tuple[compiled_programs.ProgramFormat, str, list[str]]:
+        parts: list[str] = []
+        monkeypatch.setattr(compiler_process, "package_runs", lambda program, inputs: checked)
+        with inductor_config.patch(compile_threads=1):  # the child's side: no compile workers in this process
+            kept, why = compiler_process._packaged(
+                exported.graph_module, examples, str(path), eager_numerics=False, phase=parts.append
+            )
+        return kept, why, parts
+
+    crashed = (
+        "a process that loaded and ran the package ended with signal SIGSEGV (Fatal Python error: Segmentation fault)"
+    )
+    kept, why, parts = contextvars.copy_context().run(built, crashed)
+    assert kept is compiled_programs.ProgramFormat.ARTIFACT and why == crashed
+    assert parts == ["compile", "check", "compile (Inductor's format)"]
+    program = contextvars.copy_context().run(compiled_programs._load_artifact, path)  # Inductor's format, in place
+    with torch.no_grad():
+        torch.testing.assert_close(program(*examples)[0], model(x), rtol=1e-5, atol=1e-5)
+    kept, why, parts = contextvars.copy_context().run(built, "")
+    assert kept is compiled_programs.ProgramFormat.PACKAGE and why == "" and parts == ["compile", "check"]
+
+
+@needs_compiler
+def test_the_package_check_runs_a_package_and_names_what_stops_one(tmp_path) -> None:
+    from launchless.core.package_check import package_runs
+
+    model = Net(width=8).eval()
+    x = torch.randn(2, 3, 8, 8)
+    job = compile_in_background(model, (x,), signature="(float32[2x3x8x8]@cpu)", directory=tmp_path)
+    assert job.wait(COMPILE_S) is JobState.READY, job.reason
+    assert job.format == compiled_programs.ProgramFormat.PACKAGE, job.unpackaged
+    examples = [*(dict(model.named_parameters()) | dict(model.named_buffers())).values(), x]
+    assert package_runs(job.program, examples) == ""  # loaded and run on zeros in a process of its own
+    broken = tmp_path / "broken.pt2"
+    broken.write_bytes(b"PK not a package")
+    why = package_runs(broken, examples)
+    assert why.startswith("a process that loaded and ran the package ended with exit status 1 ("), why
+    assert not list(tmp_path.glob("*.inputs.json"))  # the inputs' description is removed after
 
 
 @pytest.mark.parametrize("training", [False, True], ids=["package", "artifact"])

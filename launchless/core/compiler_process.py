@@ -34,6 +34,7 @@ from .compiled_programs import (
     plan_of,
     saves_training_programs,
 )
+from .package_check import package_runs
 
 
 class _Lines:
@@ -185,23 +186,38 @@ def _host_code_unoptimized() -> Any:
 
 
 def _packaged(
-    graph_module: torch.fx.GraphModule, examples: list[Any], program: str, *, eager_numerics: bool
+    graph_module: torch.fx.GraphModule,
+    examples: list[Any],
+    program: str,
+    *,
+    eager_numerics: bool,
+    phase: Callable[[str], None] = lambda name: None,
 ) -> tuple[ProgramFormat, str]:
-    """An inference program compiled by AOTInductor into a package at ``program``; where AOTInductor cannot build
-    one (its host code needs a C++ compiler, and the CUDA toolkit's headers for a GPU), Inductor's own format,
-    which the calls' process reads with Inductor imported (seconds): the format kept and why not a package."""
+    """An inference program compiled by AOTInductor into a package at ``program``, kept once a process of its own
+    has loaded and run it (``package_check``); where AOTInductor cannot build one (its host code needs a C++
+    compiler, and the CUDA toolkit's headers for a GPU) or the package does not load and run, Inductor's own format,
+    which the calls' process reads with Inductor imported (seconds): the format kept and why not a package.
+    ``phase(name)`` closes each part's seconds (``compile``, ``check``, then ``compile (Inductor's format)``)."""
     from torch._inductor.package import package_aoti
 
     try:
         with torch.no_grad(), _numerics_of_eager(eager_numerics), _host_code_unoptimized():
             files = torch._inductor.aot_compile(graph_module, tuple(examples), options={"aot_inductor.package": True})
         package_aoti(program, files)
-        return ProgramFormat.PACKAGE, ""
+        phase("compile")
     except Exception as exc:
+        phase("compile")
         why = f"AOTInductor could not build a package ({type(exc).__name__}: {exc})".splitlines()[0]
+    else:
+        why = package_runs(Path(program), examples)
+        phase("check")
+        if not why:
+            return ProgramFormat.PACKAGE, ""
+        Path(program).unlink(missing_ok=True)
     with torch.no_grad(), _numerics_of_eager(eager_numerics):
         compiled = torch._inductor.standalone_compile(graph_module, examples, dynamic_shapes="from_example_inputs")
     compiled.save(path=program, format="binary")
+    phase("compile (Inductor's format)")
     return ProgramFormat.ARTIFACT, why
 
 
@@ -307,8 +323,7 @@ def compile_program(sent: str, program: str, started: float, *, marks: list[Mark
         compiled.save(path=program, format="binary")
         kept, unpackaged = ProgramFormat.ARTIFACT, ""
     else:  # an AOTInductor package, which the calls' process reads without importing Inductor (``PackageProgram``)
-        kept, unpackaged = _packaged(graph_module, examples, program, eager_numerics=eager_numerics)
-        phase("compile")
+        kept, unpackaged = _packaged(graph_module, examples, program, eager_numerics=eager_numerics, phase=phase)
     if made:
         torch.save(made, constants_of(Path(program)))
     phase("save")
