@@ -11,7 +11,6 @@ given (the signal or error, and the last line the process wrote)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -29,15 +28,12 @@ def package_runs(path: Path, examples: Sequence[Any]) -> str:
     else why not."""
     specs = path.with_name(path.name + ".inputs.json")
     specs.write_text(json.dumps([_spec(x) for x in examples]))
-    root = str(Path(__file__).resolve().parents[2])  # where launchless is imported from
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
-    try:
+    try:  # started as the compiler process was (its environment and folder): launchless imports alike
         done = subprocess.run(
             [sys.executable, "-X", "faulthandler", "-m", __name__, str(path), str(specs)],
             capture_output=True,
             text=True,
             timeout=CHECK_TIMEOUT_S,
-            env=env,
         )
     except subprocess.TimeoutExpired:
         return f"a process that loaded and ran the package did not end within {CHECK_TIMEOUT_S} s"
