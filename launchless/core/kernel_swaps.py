@@ -35,7 +35,8 @@ class KernelDecision:
     swap_s: float | None = None  # from the start of the compile to the swap
     accuracy: AccuracyReport | None = None
     speed: SpeedVerdict | None = None
-    # seconds of the swapping call's work, per part (read, capture, accuracy, speed): the calls wait for all of it
+    # seconds of the proof's work per part (read, capture, accuracy, speed), each done inside a call: a part a call for
+    # a forward or a decode step, all in one step for a training step
     proof_phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @contextlib.contextmanager
@@ -70,7 +71,7 @@ class KernelDecision:
             "unpackaged": None if job is None or not job.unpackaged else job.unpackaged,
             "read_s": round(job.load_seconds, 2) if job is not None and job.load_seconds else None,  # into memory
             "swap_s": None if self.swap_s is None else round(self.swap_s, 2),
-            # what the call that proved the program waited for, per part (the swap's hiccup)
+            # what the calls that proved the program waited for, per part (the swap's hiccups)
             "proof_phases": {phase: round(seconds, 3) for phase, seconds in self.proof_phases.items()},
             "accuracy": None if self.accuracy is None else self.accuracy.as_dict(),
             "speed": None if self.speed is None else self.speed.row(),

@@ -176,8 +176,8 @@ def phases_text(phases: Mapping[str, float] | None) -> str:
 def _time_to_swap_lines(workloads: Sequence[str], by_key: Mapping[tuple[str, str], Row]) -> list[str]:
     """Where each compiled-kernels row's time to its swap went: the compiler's phases (``start``: a process to begin
     in, with what of a spare's boot the job waited for; ``build``: the model's modules imported and its tensors
-    made; ``export``, ``compile``, ``save``), the program's read into memory beside the calls, and what the one call
-    that proved it waited for (its read onto the model, capture, accuracy, timing)."""
+    made; ``export``, ``compile``, ``save``), the program's read into memory beside the calls, and the seconds of
+    each part of its proof (its read onto the model, capture, accuracy, timing), which calls wait for."""
     lines = []
     for w in workloads:
         for mode in KERNEL_MODES:
@@ -192,15 +192,14 @@ def _time_to_swap_lines(workloads: Sequence[str], by_key: Mapping[tuple[str, str
                 kept = f"; the program kept as {row['program_format']}" if row.get("program_format") else ""
                 why = f" ({row['unpackaged']})" if row.get("unpackaged") else ""
                 proof = row.get("proof_phases")
-                waited = (  # the one call that proved the program waited for it: the swap's hiccup
-                    f"; the call that proved it waited {sum(proof.values()):.2f} s ("
+                waited = (  # what the calls that proved the program waited for: the swap's hiccups
+                    "; its proof's parts (seconds inside the calls): "
                     + ", ".join(f"{name} {seconds:.2f}" for name, seconds in proof.items())
-                    + ")"
                     if proof
                     else ""
                 )
                 lines.append(f"- `{w}`{process}: " + ", ".join(p for p in parts if p) + f" s{kept}{why}{waited}")
-    head = "Time to the swap (compiler phases, the program read into memory, then the call that proved it):"
+    head = "Time to the swap (compiler phases, the program read into memory, then the parts of its proof):"
     return ["", head, "", *lines] if lines else []
 
 
