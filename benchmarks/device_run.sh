@@ -54,6 +54,8 @@
 #                      variant (eager, compiled, without the spare compiler, without the compile job), profiled
 #   program-read       benchmarks/program_read_cost.py over READ="workload ..." (READ_TRAINING=1: training programs):
 #                      a compiled program's read in the calls' process, its imports, profile and the calls it stalls
+#   package-load       benchmarks/package_load.py: which AOTInductor packages load and run on this GPU (built three
+#                      ways, loaded three ways, each load in a process of its own)
 #   fallback-cost      benchmarks/fallback_cost.py over FALLBACK="library:model ..." (differential names): a wrapped
 #                      call that runs without a graph against eager -- host time, kernels, the wrapper's profile
 #   differential       launchless differential run over LIBS="library:workers ..." side by side (default: all five
@@ -246,6 +248,7 @@ print(subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout.
       run "program-read-${w//:/-}" python3 benchmarks/program_read_cost.py --workload "$w" --out "$out/program-read" \
         ${READ_TRAINING:+--training}
     done ;;
+  package-load) run package-load python3 benchmarks/package_load.py --out "$out/package-load" ;;
   training)
     run training python3 -m launchless.apps.cli bench --suite training --timeout 300 --gpus "${gpus[@]}" \
       --modes eager compile reduce-overhead hand-graph launchless \
