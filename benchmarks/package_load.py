@@ -89,6 +89,8 @@ def load(path: Path, how: str, weights_inside: bool) -> dict[str, Any]:
     ended = "ran" if code == 0 else (f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}")
     lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
     fatal = [line for line in lines if line.startswith("Fatal Python error")]
+    if code == 0:
+        return {"ended": ended, "last": ""}
     return {"ended": ended, "last": (fatal or lines or [""])[0 if fatal else -1][:300]}
 
 
