@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,19 +95,51 @@ def load(path: Path, how: str, weights_inside: bool) -> dict[str, Any]:
     return {"ended": ended, "last": (fatal or lines or [""])[0 if fatal else -1][:300]}
 
 
+def native_stack(path: Path, how: str, weights_inside: bool) -> list[str]:
+    """The crashing load's native stack under gdb, where gdb is installed (Python's stack names only the loader)."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return ["gdb is not installed"]
+    argv = [sys.executable, "-c", LOAD, str(path), how, "1" if weights_inside else "0"]
+    done = subprocess.run(
+        [gdb, "-batch", "-ex", "run", "-ex", "bt 40", "--args", *argv], capture_output=True, text=True, timeout=300
+    )
+    lines = done.stdout.splitlines()
+    start = next((i for i, line in enumerate(lines) if "SIGSEGV" in line or "signal" in line.lower()), 0)
+    return lines[start : start + 60]
+
+
+def shared_libraries(path: Path) -> list[str]:
+    """What the package's host library links to (a second libcuda or libtorch would show here)."""
+    import zipfile
+
+    with tempfile.TemporaryDirectory() as folder, zipfile.ZipFile(path) as package:
+        package.extractall(folder)
+        found = []
+        for library in Path(folder).rglob("*.so"):
+            done = subprocess.run(["ldd", str(library)], capture_output=True, text=True, timeout=60)
+            found += [f"{library.name}: {line.strip()}" for line in done.stdout.splitlines()]
+        return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for packages.json")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
+    diagnosis: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory() as folder:
         for name, (path, inside) in build(Path(folder)).items():
             for how in LOADS:
                 rows.append({"package": name, "load": how, **load(path, how, inside)})
                 print(f"{name:14} {how:22} {rows[-1]['ended']:16} {rows[-1]['last']}", flush=True)
+                if rows[-1]["ended"] != "ran" and not diagnosis:
+                    diagnosis = {"package": [name, how], "libraries": shared_libraries(path)}
+                    diagnosis["native_stack"] = native_stack(path, how, inside)
+                    print("\n".join(diagnosis["libraries"] + diagnosis["native_stack"]), flush=True)
     meta = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda}
-    (args.out / "packages.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    (args.out / "packages.json").write_text(json.dumps({**meta, "rows": rows, "first_crash": diagnosis}, indent=1))
 
 
 if __name__ == "__main__":
