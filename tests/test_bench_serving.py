@@ -423,6 +423,8 @@ def test_the_report_races_compiled_decode_steps_and_says_when_they_were_swapped_
                 compiled_first_call_s=0.5,
                 compiled_swap_s=21.0,
                 compiled_identical=False,
+                compiled_divergence_before=None,
+                compiled_divergence_after=37,
                 compiled_timeline=[[0.0, 2.0], [21.0, 1.25]],
                 compiled_kernels=[
                     {
@@ -437,4 +439,7 @@ def test_the_report_races_compiled_decode_steps_and_says_when_they_were_swapped_
     ratio = GPT2_B1_INTERLEAVED["static-compile"] / 1.25
     assert "launchless-compiled-kernels × static-compile tokens/s" in text and f"{ratio:.2f}×" in text
     phases = "start 0.0, build 0.1, export 2.3, compile 9.7"
-    assert f"| `{GPT2_B1}` | compiled | 0.50 | 40.30 | 21.00 | {phases} | **no** |" in text
+    static = next(r for r in rows if (r["workload"], r["mode"]) == (GPT2_B1, "static-compile"))
+    static_tokens = "=" if static.get("first_divergence") is None else f"≠ from token {static['first_divergence']}"
+    row = f"| `{GPT2_B1}` | compiled | 0.50 | 40.30 | 21.00 | {phases} | = | ≠ from token 37 | {static_tokens} |"
+    assert row in text

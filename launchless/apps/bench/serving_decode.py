@@ -213,30 +213,37 @@ def compiled_kernels_decoding(
 ) -> tuple[Decoding, dict[str, Any]]:
     """``launchless.wrap(model, kernels="compiled")``, driven until its decode step's compiled program is decided
     (``SWAP_WITHIN_S`` at most): the decoding, and the row's ``compiled_*`` fields -- its first call, when the swap
-    came (from the first call's start), each call's decode step against that time (the timeline), the decisions, and
-    whether every call's tokens were the reference's."""
+    came (from the first call's start), each call's decode step against that time (the timeline), the decisions,
+    whether every call's tokens were the reference's, and where they first left them in the calls before the decision
+    (the eager-kernel graphs' calls, the compiled program's proof done in parts inside them: None unless the proof
+    disturbed a generation) and in those after it (Inductor's kernels: a near tie between two tokens may fall the
+    other way, as under transformers' compiled recipe)."""
     wrapped = launchless.wrap(model, kernels="compiled")
     began = time.perf_counter()
     timeline: list[list[float]] = []
     rows: list[dict[str, Any]] = []
-    identical, swap_at, first_call_s = True, None, None
+    before: list[Generation] = []
+    after: list[Generation] = []
+    swap_at, first_call_s = None, None
     while time.perf_counter() < began + SWAP_WITHIN_S:
         started = time.perf_counter() - began
         generation = generate_once(wrapped.generate, request, device=device)
         first_call_s = generation.seconds if first_call_s is None else first_call_s
-        identical = identical and torch.equal(generation.tokens, reference)
         timeline.append([round(started, 3), round(decode_step_ms(generation, request["max_new_tokens"]), 4)])
         rows = (wrapped.graph_info()["decode"] or {}).get("compiled_kernels") or []
         if rows and all(r["kernels"] != "compiling" for r in rows):  # decided at this call's start
             swap_at = started if any(r["kernels"] == "compiled" for r in rows) else None
+            after.append(generation)
             break
-    runs = [generate_once(wrapped.generate, request, device=device) for _ in range(DECODE_RUNS)]
-    identical = identical and all(torch.equal(g.tokens, reference) for g in runs)
+        before.append(generation)
+    after += [generate_once(wrapped.generate, request, device=device) for _ in range(DECODE_RUNS)]
     return Decoding(wrapped.generate, wrapped), {
         "compiled_first_call_s": first_call_s,
         "compiled_swap_s": swap_at,
         "compiled_kernels": rows,
-        "compiled_identical": identical,
+        "compiled_identical": all(torch.equal(g.tokens, reference) for g in before + after),
+        "compiled_divergence_before": first_divergence(reference, before),
+        "compiled_divergence_after": first_divergence(reference, after),
         "compiled_timeline": timeline,
     }
 

@@ -287,7 +287,7 @@ def _compiled_kernels_lines(view: _View) -> list[str]:
     if not rows:
         return []
     header = ["workload", "decided", "first call s", "static-compile first call s", "swapped at s"]
-    header += ["compiler's phases s", "identical"]
+    header += ["compiler's phases s", "tokens before the decision", "tokens after it", "static-compile's tokens"]
     body = []
     for row in rows:
         decisions = row.get("compiled_kernels") or []
@@ -305,7 +305,9 @@ def _compiled_kernels_lines(view: _View) -> list[str]:
                 _seconds_or_dash(static.get("first_call_s")),
                 _seconds_or_dash(row.get("compiled_swap_s")),
                 phases or "—",
-                "yes" if row.get("compiled_identical") else "**no**",
+                _tokens_text(row, "compiled_divergence_before", wrong_if_differ=True),
+                _tokens_text(row, "compiled_divergence_after", wrong_if_differ=False),
+                _tokens_text(static, "first_divergence", wrong_if_differ=False),
             ]
         )
     return [
@@ -315,10 +317,25 @@ def _compiled_kernels_lines(view: _View) -> list[str]:
         "of a call once proven), then raced above. Swapped at: seconds from its first call's start. The compiler's "
         "phases: `start` (a process to begin in; in parentheses what of a spare's boot the job waited for), "
         "`build` (the model's modules "
-        "imported, its tensors made), `export`, `compile`, `save`.",
+        "imported, its tensors made), `export`, `compile`, `save`. Tokens: `=` every call's tokens those of eager "
+        "generate(), else the first new token that differed. Before the decision the calls replay eager-kernel "
+        "graphs (the compiled program's proof done in parts inside them) and must be identical; after it Inductor's "
+        "kernels, proven as accurate as eager's, may let a near tie between two tokens fall the other way, as "
+        "static-compile's do.",
         "",
         *md_table(header, body),
     ]
+
+
+def _tokens_text(row: dict[str, Any], field: str, *, wrong_if_differ: bool) -> str:
+    """``=`` where the row's tokens were eager's, else from which new token they differed (bold where that breaks the
+    promise); ``—`` where the row has no such field."""
+    if field not in row:
+        return "—"
+    if row[field] is None:
+        return "="
+    text = f"≠ from token {row[field]}"
+    return f"**{text}**" if wrong_if_differ else text
 
 
 def _seconds_or_dash(value: Any) -> str:
