@@ -413,7 +413,10 @@ def test_the_report_names_launchless_generations_that_went_through_generates_own
     assert lines == [f"- `{GPT2_B1}`: launchless decoded through generate()'s own loop: {why}"]
 
 
-def test_the_report_races_compiled_decode_steps_and_says_when_they_were_swapped_in(tmp_path: Path) -> None:
+@pytest.mark.parametrize("divergence_before", [None, 3], ids=["eagers-tokens-before", "tokens-differ-before"])
+def test_the_report_races_compiled_decode_steps_and_says_when_they_were_swapped_in(
+    tmp_path: Path, divergence_before: int | None
+) -> None:
     environment = {"date": "2026-12-04T00:00:00+00:00", "gpu": "NVIDIA H200", "torch": "2.14.1", "device": "cuda"}
     rows = _rows()
     for row in rows:
@@ -423,7 +426,7 @@ def test_the_report_races_compiled_decode_steps_and_says_when_they_were_swapped_
                 compiled_first_call_s=0.5,
                 compiled_swap_s=21.0,
                 compiled_identical=False,
-                compiled_divergence_before=None,
+                compiled_divergence_before=divergence_before,
                 compiled_divergence_after=37,
                 compiled_timeline=[[0.0, 2.0], [21.0, 1.25]],
                 compiled_kernels=[
@@ -441,5 +444,20 @@ def test_the_report_races_compiled_decode_steps_and_says_when_they_were_swapped_
     phases = "start 0.0, build 0.1, export 2.3, compile 9.7"
     static = next(r for r in rows if (r["workload"], r["mode"]) == (GPT2_B1, "static-compile"))
     static_tokens = "=" if static.get("first_divergence") is None else f"≠ from token {static['first_divergence']}"
-    row = f"| `{GPT2_B1}` | compiled | 0.50 | 40.30 | 21.00 | {phases} | = | ≠ from token 37 | {static_tokens} |"
+    before = "=" if divergence_before is None else f"**≠ from token {divergence_before}**"
+    row = f"| `{GPT2_B1}` | compiled | 0.50 | 40.30 | 21.00 | {phases} | {before} | ≠ from token 37 | {static_tokens} |"
     assert row in text
+    # judged at every batch: 2.0 / 1.25 = 1.6x static-compile's tokens per second, a start-up of 0.5 - 0.3 s against
+    # static-compile's 40 s; met only where every call before the decision had eager's tokens
+    verdict = next(
+        v
+        for v in json.loads(paths["json"].read_text())["summary"]["verdicts"]
+        if (v["workload"], v["mode"]) == (GPT2_B1, "launchless-compiled-kernels")
+    )
+    assert verdict["met"] is (divergence_before is None)
+    assert verdict["detail"].startswith(
+        "1.60× the tokens per second of static-compile (target ≥ 1.20×), 0.01× its start-up time (target ≤ 0.05×), "
+    )
+    assert verdict["detail"].endswith(
+        "eager's tokens before the decision" if divergence_before is None else "tokens ≠ from token 3"
+    )
