@@ -498,7 +498,8 @@ _CHART = {
 
 def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any]) -> Any:
     """Bars on a log scale: the trace's time per bucket workload and mode, tokens per second per decode workload
-    and mode; a mode that did not run leaves a gap in its slot. Returns the figure."""
+    and mode (``kernels="compiled"`` from its raced decode step, where the launchless worker raced it); a mode that
+    did not run leaves a gap in its slot. Returns the figure."""
     view = _View(rows)
     panels = []
     for part in (p for p in PART_TITLES if view.part_rows(p)):
@@ -506,10 +507,17 @@ def chart(path: str | Path, rows: Sequence[Row], environment: Mapping[str, Any])
         workloads = list(dict.fromkeys(str(r["workload"]) for r in view.part_rows(part)))
 
         def value(g: int, mode: str, workloads: list[str] = workloads, key: str = key) -> float | None:
+            if mode == COMPILED_KERNELS:  # raced in the launchless worker: tokens per second from its decode step
+                row, step_ms = view.ok(workloads[g], LAUNCHLESS), view.interleaved(workloads[g]).get(mode)
+                batch = (row or {}).get("batch")
+                return batch * 1e3 / step_ms if isinstance(batch, int) and step_ms else None
             row = view.ok(workloads[g], mode)
             return _positive(row.get(key)) if row is not None else None
 
-        panels.append(BarPanel(PART_TITLES[part], label, workloads, ordered_modes(view.part_rows(part)), value))
+        modes = ordered_modes(view.part_rows(part))
+        if part == DECODE and any(COMPILED_KERNELS in view.interleaved(w) for w in workloads):
+            modes = [*modes, COMPILED_KERNELS]
+        panels.append(BarPanel(PART_TITLES[part], label, workloads, modes, value))
     return bar_panels(path, panels, title=chart_title(f"launchless bench: {SUITE}", environment), group_width=1.5)
 
 
