@@ -10,6 +10,8 @@ is built into a package:
 - ``launchless``: as the compiler process builds one (``aot_compile`` with ``aot_inductor.package`` and
   ``package_aoti``, every weight an input, the host code at O0);
 - ``launchless-O2``: the same with the host code at Inductor's default optimization;
+- ``official-cpu``: ``aoti_compile_and_package`` of the forward on the CPU (whether the loader fails whatever the
+  device);
 
 and each is loaded by ``torch._inductor.aoti_load_package`` (Inductor imported), by PyTorch's C++ loader run
 single-threaded (as the calls' process reads it) and multi-threaded, then run once on zeros.
@@ -34,39 +36,45 @@ import torch
 LOADS = ("aoti_load_package", "cpp-single-threaded", "cpp-multi-threaded")
 LOAD = r"""
 import sys, torch
-path, how, weights_inside = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-torch.zeros(1, device="cuda")
-x = torch.zeros(4, 64, device="cuda")
-inputs = [x] if weights_inside else [torch.zeros(64, 64, device="cuda"), torch.zeros(64, device="cuda"),
-                                     torch.zeros(8, 64, device="cuda"), torch.zeros(8, device="cuda"), x]
+path, how, weights_inside, device = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4]
+torch.zeros(1, device="cuda")  # the GPU's context made first, as in the calls' process
+x = torch.zeros(4, 64, device=device)
+inputs = [x] if weights_inside else [torch.zeros(64, 64, device=device), torch.zeros(64, device=device),
+                                     torch.zeros(8, 64, device=device), torch.zeros(8, device=device), x]
 if how == "aoti_load_package" and weights_inside:
     out = torch._inductor.aoti_load_package(path)(x)
 elif how == "aoti_load_package":  # the weights are inputs: the loader Inductor's function builds, called directly
     from torch._inductor.package import load_package
     out = load_package(path, run_single_threaded=True).loader.run(inputs)
 else:
-    loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", how == "cpp-single-threaded", 1, 0)
+    index = 0 if device == "cuda" else -1  # the device index the loader takes: -1 for the CPU
+    loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", how == "cpp-single-threaded", 1, index)
     out = loader.run(inputs)
 torch.cuda.synchronize()
 print("ran")
 """
 
 
-def _model() -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).cuda().eval()
+def _model(device: str) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).to(device).eval()
 
 
-def build(folder: Path) -> dict[str, tuple[Path, bool]]:
-    """The packages: name -> (path, whether the weights are inside it)."""
+def build(folder: Path) -> dict[str, tuple[Path, bool, str]]:
+    """The packages: name -> (path, whether the weights are inside it, the device it runs on)."""
     import torch._inductor.config as inductor_config
     from torch._inductor.package import package_aoti
 
-    model, x = _model(), torch.zeros(4, 64, device="cuda")
-    built: dict[str, tuple[Path, bool]] = {}
+    model, x = _model("cuda"), torch.zeros(4, 64, device="cuda")
+    built: dict[str, tuple[Path, bool, str]] = {}
     with torch.no_grad():
+        for device in ("cuda", "cpu"):  # a package for the CPU: whether the loader fails whatever the device
+            on = (model.to(device), (x.to(device),))
+            exported = torch.export.export(*on, strict=False)
+            name = "official" if device == "cuda" else "official-cpu"
+            official = torch._inductor.aoti_compile_and_package(exported, package_path=str(folder / f"{name}.pt2"))
+            built[name] = (Path(official), True, device)
+        model = model.to("cuda")
         exported = torch.export.export(model, (x,), strict=False)
-        official = torch._inductor.aoti_compile_and_package(exported, package_path=str(folder / "official.pt2"))
-        built["official"] = (Path(official), True)
         graph_module = exported.graph_module  # its placeholders: the weights, then the input
         examples = [*dict(model.named_parameters()).values(), x]
         for name, level in (("launchless", "O0"), ("launchless-O2", None)):
@@ -74,14 +82,14 @@ def build(folder: Path) -> dict[str, tuple[Path, bool]]:
             with inductor_config.patch(patch):
                 options = {"aot_inductor.package": True}
                 files = torch._inductor.aot_compile(graph_module, tuple(examples), options=options)
-            built[name] = (Path(package_aoti(str(folder / f"{name}.pt2"), files)), False)
+            built[name] = (Path(package_aoti(str(folder / f"{name}.pt2"), files)), False, "cuda")
     return built
 
 
-def load(path: Path, how: str, weights_inside: bool) -> dict[str, Any]:
+def load(path: Path, how: str, weights_inside: bool, device: str) -> dict[str, Any]:
     """One load and run in a process of its own: ran, or how it ended and its last words."""
     done = subprocess.run(
-        [sys.executable, "-X", "faulthandler", "-c", LOAD, str(path), how, "1" if weights_inside else "0"],
+        [sys.executable, "-X", "faulthandler", "-c", LOAD, str(path), how, "1" if weights_inside else "0", device],
         capture_output=True,
         text=True,
         timeout=300,
@@ -95,12 +103,12 @@ def load(path: Path, how: str, weights_inside: bool) -> dict[str, Any]:
     return {"ended": ended, "last": (fatal or lines or [""])[0 if fatal else -1][:300]}
 
 
-def native_stack(path: Path, how: str, weights_inside: bool) -> list[str]:
+def native_stack(path: Path, how: str, weights_inside: bool, device: str) -> list[str]:
     """The crashing load's native stack under gdb, where gdb is installed (Python's stack names only the loader)."""
     gdb = shutil.which("gdb")
     if gdb is None:
         return ["gdb is not installed"]
-    argv = [sys.executable, "-c", LOAD, str(path), how, "1" if weights_inside else "0"]
+    argv = [sys.executable, "-c", LOAD, str(path), how, "1" if weights_inside else "0", device]
     done = subprocess.run(
         [gdb, "-batch", "-ex", "run", "-ex", "bt 40", "--args", *argv], capture_output=True, text=True, timeout=300
     )
@@ -130,13 +138,13 @@ def main() -> None:
     rows = []
     diagnosis: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory() as folder:
-        for name, (path, inside) in build(Path(folder)).items():
+        for name, (path, inside, device) in build(Path(folder)).items():
             for how in LOADS:
-                rows.append({"package": name, "load": how, **load(path, how, inside)})
+                rows.append({"package": name, "load": how, **load(path, how, inside, device)})
                 print(f"{name:14} {how:22} {rows[-1]['ended']:16} {rows[-1]['last']}", flush=True)
                 if rows[-1]["ended"] != "ran" and not diagnosis:
                     diagnosis = {"package": [name, how], "libraries": shared_libraries(path)}
-                    diagnosis["native_stack"] = native_stack(path, how, inside)
+                    diagnosis["native_stack"] = native_stack(path, how, inside, device)
                     print("\n".join(diagnosis["libraries"] + diagnosis["native_stack"]), flush=True)
     meta = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda}
     (args.out / "packages.json").write_text(json.dumps({**meta, "rows": rows, "first_crash": diagnosis}, indent=1))

@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from launchless.core import compiled_programs, compiler_cpus, compiler_process
+from launchless.core import compiled_programs, compiler_cpus, compiler_process, package_check
 from launchless.core.compiled_programs import JobState, cache_dir, compile_in_background, program_key
 
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="Inductor's CPU kernels need a C++ compiler")
@@ -226,24 +226,101 @@ def test_a_package_that_does_not_load_and_run_in_a_process_of_its_own_is_not_kep
 
     def built(checked: str) -> tuple[compiled_programs.ProgramFormat, str, list[str]]:
         parts: list[str] = []
-        monkeypatch.setattr(compiler_process, "package_runs", lambda program, inputs: checked)
+        check = package_check.PackageCheck(checked)  # a check that failed without a signal: no probe
+        monkeypatch.setattr(compiler_process, "package_runs", lambda program, inputs: check)
         with inductor_config.patch(compile_threads=1):  # the child's side: no compile workers in this process
             kept, why = compiler_process._packaged(
                 exported.graph_module, examples, str(path), eager_numerics=False, phase=parts.append
             )
         return kept, why, parts
 
-    crashed = (
-        "a process that loaded and ran the package ended with signal SIGSEGV (Fatal Python error: Segmentation fault)"
-    )
-    kept, why, parts = contextvars.copy_context().run(built, crashed)
-    assert kept is compiled_programs.ProgramFormat.ARTIFACT and why == crashed
+    failed = "a process that loaded and ran the package ended with exit status 1 (RuntimeError: no such file)"
+    kept, why, parts = contextvars.copy_context().run(built, failed)
+    assert kept is compiled_programs.ProgramFormat.ARTIFACT and why == failed
     assert parts == ["compile", "check", "compile (Inductor's format)"]
     program = contextvars.copy_context().run(compiled_programs._load_artifact, path)  # Inductor's format, in place
     with torch.no_grad():
         torch.testing.assert_close(program(*examples)[0], model(x), rtol=1e-5, atol=1e-5)
     kept, why, parts = contextvars.copy_context().run(built, "")
     assert kept is compiled_programs.ProgramFormat.PACKAGE and why == "" and parts == ["compile", "check"]
+
+
+CRASHED = "a process that loaded and ran the package ended with signal SIGSEGV (Fatal Python error: Segmentation fault)"
+
+
+@pytest.mark.parametrize("probe_crashes", [True, False], ids=["loader-at-fault", "program-at-fault"])
+def test_a_loader_that_crashes_on_a_probe_package_too_is_recorded_for_the_machine(
+    tmp_path, monkeypatch, probe_crashes: bool
+) -> None:
+    """A check that ended by a signal has a two-layer probe package checked on the same device: where that crashes
+    too, the record says so for later compiles here; where it runs, the program alone was at fault."""
+    record = package_check.loader_record(tmp_path)
+    built: list[tuple[int, Path]] = []
+
+    def build(module: nn.Module, x: torch.Tensor, path: Path) -> None:
+        built.append((x.shape[-1], path))
+        path.write_bytes(b"a probe package")
+
+    probed = package_check.PackageCheck(CRASHED, crashed=True) if probe_crashes else package_check.PackageCheck("")
+    monkeypatch.setattr(package_check, "package_runs", lambda path, examples: probed)
+    reported = package_check.PackageCheck("a process ... ended with exit status 1 (RuntimeError: bad input)")
+    assert not package_check.remember_if_the_loader_crashes(record, reported, torch.device("cpu"), build=build)
+    assert built == [] and not record.exists()  # an error the loader reported: no probe
+    crashed = package_check.PackageCheck(CRASHED, crashed=True)
+    remembered = package_check.remember_if_the_loader_crashes(record, crashed, torch.device("cpu"), build=build)
+    assert remembered is probe_crashes and len(built) == 1 and built[0][0] == 8
+    assert record.exists() is probe_crashes and not list(tmp_path.glob("*.tmp"))
+    why = package_check.loader_crashed_here(record)
+    if probe_crashes:
+        assert why is not None and why.startswith(f"PyTorch's package loader crashed on this machine ({CRASHED})")
+        assert why.endswith(f"(delete {record} to try packages again)"), why
+    else:
+        assert why is None
+
+
+def test_the_loader_record_is_one_per_host_and_torch_build(tmp_path, monkeypatch) -> None:
+    """A cache folder shared by machines (a home directory on a network disk) keeps a record per host."""
+    here = package_check.loader_record(tmp_path)
+    assert here == package_check.loader_record(tmp_path) and here.parent == tmp_path
+    monkeypatch.setattr(package_check.platform, "node", lambda: "another-host")
+    assert package_check.loader_record(tmp_path) != here
+
+
+@needs_compiler
+def test_a_machine_whose_loader_crashed_builds_no_package_and_says_why(tmp_path, monkeypatch) -> None:
+    """After a crash of the check and of the probe, the program is Inductor's format and the record is written;
+    the next compile skips AOTInductor's build and check at once, naming the record."""
+    model = Net(width=8).eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        exported = torch.export.export(model, (x,), strict=False)
+    examples = [*(dict(model.named_parameters()) | dict(model.named_buffers())).values(), x]
+    crashed = package_check.PackageCheck(CRASHED, crashed=True)
+    monkeypatch.setattr(compiler_process, "package_runs", lambda program, inputs: crashed)
+    monkeypatch.setattr(package_check, "package_runs", lambda program, inputs: crashed)  # the probe's check
+    monkeypatch.setattr(compiler_process, "_build_probe", lambda module, x, path: path.write_bytes(b"probe"))
+    from torch._inductor import config as inductor_config
+
+    def built(name: str) -> tuple[compiled_programs.ProgramFormat, str, list[str]]:
+        parts: list[str] = []
+        with inductor_config.patch(compile_threads=1):
+            kept, why = compiler_process._packaged(
+                exported.graph_module, examples, str(tmp_path / name), eager_numerics=False, phase=parts.append
+            )
+        return kept, why, parts
+
+    kept, why, parts = contextvars.copy_context().run(built, "first.pt2")
+    assert kept is compiled_programs.ProgramFormat.ARTIFACT
+    assert why == f"{CRASHED}; a two-layer probe package crashed it too: packages are no longer built here"
+    assert parts == ["compile", "check", "probe", "compile (Inductor's format)"]
+    record = package_check.loader_record(tmp_path)
+    assert record.exists()
+    kept, why, parts = contextvars.copy_context().run(built, "second.pt2")
+    assert kept is compiled_programs.ProgramFormat.ARTIFACT and why == package_check.loader_crashed_here(record)
+    assert parts == ["compile (Inductor's format)"]  # no AOTInductor compile, no check
+    program = contextvars.copy_context().run(compiled_programs._load_artifact, tmp_path / "second.pt2")
+    with torch.no_grad():
+        torch.testing.assert_close(program(*examples)[0], model(x), rtol=1e-5, atol=1e-5)
 
 
 @needs_compiler
@@ -256,11 +333,12 @@ def test_the_package_check_runs_a_package_and_names_what_stops_one(tmp_path) -> 
     assert job.wait(COMPILE_S) is JobState.READY, job.reason
     assert job.format == compiled_programs.ProgramFormat.PACKAGE, job.unpackaged
     examples = [*(dict(model.named_parameters()) | dict(model.named_buffers())).values(), x]
-    assert package_runs(job.program, examples) == ""  # loaded and run on zeros in a process of its own
+    assert package_runs(job.program, examples) == package_check.PackageCheck("")  # loaded and run in a process
     broken = tmp_path / "broken.pt2"
     broken.write_bytes(b"PK not a package")
-    why = package_runs(broken, examples)
-    assert why.startswith("a process that loaded and ran the package ended with exit status 1 ("), why
+    check = package_runs(broken, examples)
+    assert check.why.startswith("a process that loaded and ran the package ended with exit status 1 ("), check
+    assert not check.passed and not check.crashed  # an error the loader reported, not a fault
     assert not list(tmp_path.glob("*.inputs.json"))  # the inputs' description is removed after
 
 

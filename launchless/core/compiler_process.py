@@ -34,7 +34,7 @@ from .compiled_programs import (
     plan_of,
     saves_training_programs,
 )
-from .package_check import package_runs
+from .package_check import loader_crashed_here, loader_record, package_runs, remember_if_the_loader_crashes
 
 
 class _Lines:
@@ -185,6 +185,24 @@ def _host_code_unoptimized() -> Any:
     return config.patch({"aot_inductor.compile_wrapper_opt_level": "O0"})
 
 
+def _build_package(
+    graph_module: torch.fx.GraphModule, examples: list[Any], program: str | Path, *, eager_numerics: bool
+) -> None:
+    """AOTInductor's package of ``graph_module`` at ``program``, every weight an input as ``examples`` has them."""
+    from torch._inductor.package import package_aoti
+
+    with torch.no_grad(), _numerics_of_eager(eager_numerics), _host_code_unoptimized():
+        files = torch._inductor.aot_compile(graph_module, tuple(examples), options={"aot_inductor.package": True})
+    package_aoti(str(program), files)
+
+
+def _build_probe(module: torch.nn.Module, x: torch.Tensor, path: Path) -> None:
+    """A probe package built as programs are (``package_check.remember_if_the_loader_crashes``)."""
+    with torch.no_grad():
+        exported = torch.export.export(module, (x,), strict=False)
+    _build_package(exported.graph_module, [*dict(module.named_parameters()).values(), x], path, eager_numerics=False)
+
+
 def _packaged(
     graph_module: torch.fx.GraphModule,
     examples: list[Any],
@@ -195,25 +213,32 @@ def _packaged(
 ) -> tuple[ProgramFormat, str]:
     """An inference program compiled by AOTInductor into a package at ``program``, kept once a process of its own
     has loaded and run it (``package_check``); where AOTInductor cannot build one (its host code needs a C++
-    compiler, and the CUDA toolkit's headers for a GPU) or the package does not load and run, Inductor's own format,
-    which the calls' process reads with Inductor imported (seconds): the format kept and why not a package.
-    ``phase(name)`` closes each part's seconds (``compile``, ``check``, then ``compile (Inductor's format)``)."""
-    from torch._inductor.package import package_aoti
-
-    try:
-        with torch.no_grad(), _numerics_of_eager(eager_numerics), _host_code_unoptimized():
-            files = torch._inductor.aot_compile(graph_module, tuple(examples), options={"aot_inductor.package": True})
-        package_aoti(program, files)
-        phase("compile")
-    except Exception as exc:
-        phase("compile")
-        why = f"AOTInductor could not build a package ({type(exc).__name__}: {exc})".splitlines()[0]
-    else:
-        why = package_runs(Path(program), examples)
-        phase("check")
-        if not why:
-            return ProgramFormat.PACKAGE, ""
-        Path(program).unlink(missing_ok=True)
+    compiler, and the CUDA toolkit's headers for a GPU), the package does not load and run, or PyTorch's loader was
+    found crashing on this machine before, Inductor's own format, which the calls' process reads with Inductor
+    imported (seconds): the format kept and why not a package. ``phase(name)`` closes each part's seconds
+    (``compile``, ``check``, ``probe`` where the check crashed, then ``compile (Inductor's format)``)."""
+    record = loader_record(Path(program).parent)
+    why = loader_crashed_here(record)
+    if why is None:
+        try:
+            _build_package(graph_module, examples, program, eager_numerics=eager_numerics)
+            phase("compile")
+        except Exception as exc:
+            phase("compile")
+            why = f"AOTInductor could not build a package ({type(exc).__name__}: {exc})".splitlines()[0]
+        else:
+            check = package_runs(Path(program), examples)
+            phase("check")
+            if check.passed:
+                return ProgramFormat.PACKAGE, ""
+            Path(program).unlink(missing_ok=True)
+            why = check.why
+            if check.crashed:
+                devices = [x.device for x in examples if isinstance(x, torch.Tensor) and x.is_cuda]
+                device = devices[0] if devices else torch.device("cpu")
+                if remember_if_the_loader_crashes(record, check, device, build=_build_probe):
+                    why += "; a two-layer probe package crashed it too: packages are no longer built here"
+                phase("probe")
     with torch.no_grad(), _numerics_of_eager(eager_numerics):
         compiled = torch._inductor.standalone_compile(graph_module, examples, dynamic_shapes="from_example_inputs")
     compiled.save(path=program, format="binary")

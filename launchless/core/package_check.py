@@ -6,15 +6,27 @@ process with it. So the compiler process, once it has built a package, starts th
 imports as the calls' process (torch and the loader, not Inductor) that loads the package and runs it once on zeros
 of the inputs' shapes, strides, dtypes and devices (zeros are valid token ids and positions as well as values), and
 exits. Only a package that came through is kept; otherwise the program is kept in Inductor's format, the reason
-given (the signal or error, and the last line the process wrote)."""
+given (the signal or error, and the last line the process wrote).
+
+A loader that crashes on one package may crash on every package (a torch build whose loader faults here, as one
+machine's torch 2.11 did on CPU and GPU packages alike). Where a check ends by a signal, a two-layer probe package is
+built and checked on the same device; where it crashes too, the loader is recorded as crashing on this machine
+(``loader_record``: beside the programs, keyed by the host, the interpreter and torch's build), and later compiles
+there skip the package -- minutes of AOTInductor's compile and a check each -- for Inductor's format at once, saying
+so. Deleting the record tries packages again; another torch or host makes a record of its own."""
 
 from __future__ import annotations
 
+import datetime
+import hashlib
 import json
+import platform
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +35,20 @@ import torch
 CHECK_TIMEOUT_S = 300  # a load and one run; a GPU's first kernels load in seconds
 
 
-def package_runs(path: Path, examples: Sequence[Any]) -> str:
-    """Empty where the package at ``path`` loads and runs on zeros shaped as ``examples`` in a process of its own;
-    else why not."""
+@dataclass(frozen=True)
+class PackageCheck:
+    """How a process of its own fared with a package."""
+
+    why: str  # empty where it loaded and ran the package; else how it ended and its last words
+    crashed: bool = False  # it ended by a signal: a fault in native code, not an error the loader reported
+
+    @property
+    def passed(self) -> bool:
+        return not self.why
+
+
+def package_runs(path: Path, examples: Sequence[Any]) -> PackageCheck:
+    """Whether the package at ``path`` loads and runs on zeros shaped as ``examples`` in a process of its own."""
     specs = path.with_name(path.name + ".inputs.json")
     specs.write_text(json.dumps([_spec(x) for x in examples]))
     try:  # started as the compiler process was (its environment and folder): launchless imports alike
@@ -36,13 +59,66 @@ def package_runs(path: Path, examples: Sequence[Any]) -> str:
             timeout=CHECK_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired:
-        return f"a process that loaded and ran the package did not end within {CHECK_TIMEOUT_S} s"
+        return PackageCheck(f"a process that loaded and ran the package did not end within {CHECK_TIMEOUT_S} s")
     finally:
         specs.unlink(missing_ok=True)
     if done.returncode == 0:
-        return ""
+        return PackageCheck("")
     how = f"signal {signal.Signals(-done.returncode).name}" if done.returncode < 0 else f"exit status {done.returncode}"
-    return f"a process that loaded and ran the package ended with {how} ({_last_words(done.stderr)})"
+    why = f"a process that loaded and ran the package ended with {how} ({_last_words(done.stderr)})"
+    return PackageCheck(why, crashed=done.returncode < 0)
+
+
+def loader_record(folder: Path) -> Path:
+    """Where a crashing loader is recorded, beside the programs in ``folder``: one file per host, interpreter and
+    torch build (a shared cache folder serves several machines; another torch brings another loader)."""
+    what = [platform.node(), sys.executable, torch.__version__, str(torch.version.git_version), str(torch.version.cuda)]
+    return folder / f"package-loader-{hashlib.sha256(chr(10).join(what).encode()).hexdigest()[:16]}.json"
+
+
+def loader_crashed_here(record: Path) -> str | None:
+    """Why packages are not built on this machine, where a crashing loader was recorded; None where none was."""
+    try:
+        seen = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+    return (
+        f"PyTorch's package loader crashed on this machine ({seen.get('why', '?')}), on a two-layer probe package "
+        f"too, on {seen.get('at', '?')}; programs here are kept in Inductor's format (delete {record} to try "
+        "packages again)"
+    )
+
+
+def remember_if_the_loader_crashes(
+    record: Path,
+    check: PackageCheck,
+    device: torch.device,
+    *,
+    build: Callable[[torch.nn.Module, torch.Tensor, Path], None],
+) -> bool:
+    """After a check that ended by a signal: build a two-layer probe package on ``device`` (``build(module, input,
+    path)``, every parameter an input before ``input``, as programs are built) and check it; where it crashes too,
+    the loader is at fault, not the program, and ``record`` says so for later compiles on this machine. Whether it
+    was recorded."""
+    if not check.crashed:
+        return False
+    probe = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8)).to(device).eval()
+    x = torch.zeros(2, 8, device=device)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "probe.pt2"
+        try:
+            build(probe, x, path)
+        except Exception:  # no package to check: nothing learnt about the loader
+            return False
+        probed = package_runs(path, [*dict(probe.named_parameters()).values(), x])
+    if not probed.crashed:
+        return False
+    when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    record.parent.mkdir(parents=True, exist_ok=True)
+    temporary = record.with_name(record.name + ".tmp")
+    temporary.write_text(json.dumps({"why": check.why, "probe": probed.why, "at": when, "torch": torch.__version__}))
+    temporary.replace(record)
+    return True
 
 
 def _spec(value: Any) -> dict[str, Any]:
