@@ -28,9 +28,11 @@
 #                      in a child process and swapped in
 #   multigpu-bench     launchless bench --suite multigpu over GPUS (world size W on the first W)
 #   serving-bench      launchless bench --suite serving (SERVING="workload ..." instead of the suite's workloads,
-#                      SERVING_MODES="mode ..." only those modes: a part of it; launchless bench --merge joins parts)
+#                      SERVING_MODES="mode ..." only those modes: a part of it; launchless bench --merge joins parts;
+#                      STEP_TIMEOUT=s ends it with SIGINT after s seconds, this folder still archived, its rows kept)
 #   kernels-bench      launchless bench --suite kernels (KERNELS="workload ..." instead of the suite's workloads,
-#                      KERNELS_MODES="mode ..." only those modes; TORCHINDUCTOR_COMPILE_THREADS reaches the compiler)
+#                      KERNELS_MODES="mode ..." only those modes; TORCHINDUCTOR_COMPILE_THREADS reaches the compiler;
+#                      STEP_TIMEOUT as for serving-bench)
 #   training           launchless bench --suite training: the four training steps, all five modes, one run
 #   train-epochs       launchless train, 20 epochs of the tiny set: eager twice, then --cuda-graph
 #   standard-inference launchless bench --suite standard, its inference workloads only (training runs above)
@@ -206,13 +208,15 @@ print(subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout.
   serving-bench)
     read -r -a serving <<<"${SERVING:-}"
     read -r -a serving_modes <<<"${SERVING_MODES:-}"
-    run serving-bench python3 -m launchless.apps.cli bench --suite serving ${serving[@]:+--workloads "${serving[@]}"} \
-      ${serving_modes[@]:+--modes "${serving_modes[@]}"} --out "$out/serving-bench" ;;
+    run serving-bench timeout -s INT "${STEP_TIMEOUT:-0}" python3 -m launchless.apps.cli bench --suite serving \
+      ${serving[@]:+--workloads "${serving[@]}"} ${serving_modes[@]:+--modes "${serving_modes[@]}"} \
+      --out "$out/serving-bench" ;;
   kernels-bench)
     read -r -a kernels <<<"${KERNELS:-}"
     read -r -a kernels_modes <<<"${KERNELS_MODES:-}"
-    run kernels-bench python3 -m launchless.apps.cli bench --suite kernels ${kernels[@]:+--workloads "${kernels[@]}"} \
-      ${kernels_modes[@]:+--modes "${kernels_modes[@]}"} --timeout 400 --out "$out/kernels-bench" ;;
+    run kernels-bench timeout -s INT "${STEP_TIMEOUT:-0}" python3 -m launchless.apps.cli bench --suite kernels \
+      ${kernels[@]:+--workloads "${kernels[@]}"} ${kernels_modes[@]:+--modes "${kernels_modes[@]}"} --timeout 400 \
+      --out "$out/kernels-bench" ;;
   compiler-tests) run compiler-tests python3 -m pytest -m cuda tests/test_cuda_compiler.py -q -rA -p no:cacheprovider ;;
   compiler-inference)
     ((${#inference[@]})) || { echo "compiler-inference: no workload left by ONLY" | tee -a "$out/steps.txt"; continue; }
