@@ -12,8 +12,8 @@ A loader that crashes on one package may crash on every package (a torch build w
 machine's torch 2.11 did on CPU and GPU packages alike). Where a check ends by a signal, a two-layer probe package is
 built and checked on the same device; where it crashes too, the loader is recorded as crashing on this machine
 (``loader_record``: beside the programs, keyed by the host, the interpreter and torch's build), and later compiles
-there skip the package -- minutes of AOTInductor's compile and a check each -- for Inductor's format at once, saying
-so. Deleting the record tries packages again; another torch or host makes a record of its own."""
+there skip the package -- tens of seconds of AOTInductor's compile and a check each -- for Inductor's format at once,
+saying so. Deleting the record tries packages again; another torch or host makes a record of its own."""
 
 from __future__ import annotations
 
@@ -73,7 +73,8 @@ def loader_record(folder: Path) -> Path:
     """Where a crashing loader is recorded, beside the programs in ``folder``: one file per host, interpreter and
     torch build (a shared cache folder serves several machines; another torch brings another loader)."""
     what = [platform.node(), sys.executable, torch.__version__, str(torch.version.git_version), str(torch.version.cuda)]
-    return folder / f"package-loader-{hashlib.sha256(chr(10).join(what).encode()).hexdigest()[:16]}.json"
+    digest = hashlib.sha256("\n".join(what).encode()).hexdigest()[:16]
+    return folder / f"package-loader-{digest}.json"
 
 
 def loader_crashed_here(record: Path) -> str | None:

@@ -187,11 +187,11 @@ class _View:
         interleaved, static = self.interleaved(workload), self.ok(workload, STATIC_COMPILE)
         tokens = _ratio(interleaved.get(STATIC_COMPILE), interleaved.get(COMPILED_KERNELS))
         start_up = _compiled_start_up_s(row)
-        first_call = None if start_up is None else _ratio(start_up, (static or {}).get("compile_s"))
+        start_up_ratio = None if start_up is None else _ratio(start_up, (static or {}).get("compile_s"))
         labelled = {**row, "mode": COMPILED_KERNELS}
-        if static is None or tokens is None or first_call is None:
+        if static is None or tokens is None or start_up_ratio is None:
             return _verdict(labelled, None, "not judged: static-compile or its race did not run")
-        met, detail = judged(COMPILED_KERNELS_TARGETS, (tokens, first_call))
+        met, detail = judged(COMPILED_KERNELS_TARGETS, (tokens, start_up_ratio))
         before = row.get("compiled_divergence_before")
         if "compiled_divergence_before" not in row:
             return _verdict(labelled, None, f"not judged: the calls' tokens were not compared by phase ({detail})")
