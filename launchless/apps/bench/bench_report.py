@@ -216,7 +216,7 @@ def _with_graph_path(suite: str, rows: Sequence[Row]) -> list[Row]:
 
 
 GRACE_TARGETS = {  # GraCE's headline figures, held against launchless's graph path
-    "population": Target("reduce-overhead's speed, geomean over the workloads", 1.29, at_least=True),
+    "population": Target("reduce-overhead's speed, geomean over GraCE's population", 1.29, at_least=True),
     "detectors": Target("reduce-overhead's speed, geomean over the torchvision detectors", 1.5, at_least=True),
     "worst": Target("the speed of the faster of compile and reduce-overhead, worst workload", 0.97, at_least=True),
     "first_call": Target("reduce-overhead's first call (its compile), geomean", 2.21, at_least=False),
@@ -224,11 +224,15 @@ GRACE_TARGETS = {  # GraCE's headline figures, held against launchless's graph p
 
 
 def _targets_lines(view: _View) -> list[str]:
-    """GraCE's targets, each measured on the graph path where the rows allow it."""
+    """GraCE's targets, each measured on the graph path where the rows allow it: the population's over the grace
+    suite's workloads (the other torchvision detectors, run beside them by name, count toward the detectors'
+    target only)."""
     path = stats.GRAPH_PATH
-    detectors = [view.vs_ro.get(path, {}).get(w) for w in workloads.DETECTORS if w in view.workloads]
+    on_path = view.vs_ro.get(path, {})
+    detectors = [on_path.get(w) for w in workloads.DETECTORS if w in view.workloads]
+    population = [on_path.get(w) for w in view.workloads if w in {x.name for x in workloads.suite(workloads.GRACE)}]
     values = {
-        "population": view.summary["geomean_vs_reduce_overhead"].get(path),
+        "population": stats.geomean(population),
         "detectors": stats.geomean(detectors),
         "worst": view.summary["worst_vs_best_pytorch"].get(path),
         "first_call": view.summary["geomean_first_call_vs_reduce_overhead"].get(path),
@@ -239,7 +243,10 @@ def _targets_lines(view: _View) -> list[str]:
         value = values[key]
         met = MISSING if value is None else ("yes" if target.met(value) else "**no**")
         cells.append([target.text(value) if value is not None else f"{target.measured}: not measured", met])
-    note = f"Detectors measured: {sum(d is not None for d in detectors)} of {len(workloads.DETECTORS)}."
+    note = (
+        f"Detectors measured: {sum(d is not None for d in detectors)} of {len(workloads.DETECTORS)}. GraCE's "
+        f"population measured: {sum(p is not None for p in population)} of {len(workloads.suite(workloads.GRACE))}."
+    )
     return [*lines, *md_table(["target", "met"], cells), "", note]
 
 
