@@ -211,6 +211,9 @@ def test_a_second_process_finds_the_program_on_disk_and_swaps_it_in_once_read(tm
     # else only because PyTorch's loader crashed on its package here (a torch build whose loader faults on every
     # package): Inductor's format then, and the rest must hold all the same
     assert packaged or "ended with signal" in first["unpackaged"], first["unpackaged"]
+    if not packaged:  # a probe package checked on the GPU too: where it crashed, the machine's record is written
+        recorded = list(tmp_path.rglob("package-loader-*.json"))
+        assert bool(recorded) is ("a two-layer probe package crashed it too" in first["unpackaged"]), recorded
     env = _tests_env()
     done = subprocess.run(
         [sys.executable, "-c", SECOND_PROCESS], env=env, capture_output=True, text=True, timeout=COMPILE_S
