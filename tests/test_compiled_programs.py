@@ -199,7 +199,9 @@ def test_where_no_package_can_be_built_the_program_is_inductors_own_saying_why(t
 
     def built_and_read() -> tuple[compiled_programs.ProgramFormat, str, Any]:
         with inductor_config.patch(compile_threads=1):  # the child's side: no compile workers in this process
-            kept, why = compiler_process._packaged(exported.graph_module, examples, str(path), eager_numerics=False)
+            kept, why = compiler_process._packaged(
+                exported.graph_module, examples, str(path), kept_in=tmp_path, eager_numerics=False
+            )
         return kept, why, compiled_programs._load_artifact(path)
 
     # in a context of its own (as the child and the reading thread have): Inductor's settings are context
@@ -230,7 +232,7 @@ def test_a_package_that_does_not_load_and_run_in_a_process_of_its_own_is_not_kep
         monkeypatch.setattr(compiler_process, "package_runs", lambda program, inputs: check)
         with inductor_config.patch(compile_threads=1):  # the child's side: no compile workers in this process
             kept, why = compiler_process._packaged(
-                exported.graph_module, examples, str(path), eager_numerics=False, phase=parts.append
+                exported.graph_module, examples, str(path), kept_in=tmp_path, eager_numerics=False, phase=parts.append
             )
         return kept, why, parts
 
@@ -304,8 +306,15 @@ def test_a_machine_whose_loader_crashed_builds_no_package_and_says_why(tmp_path,
     def built(name: str) -> tuple[compiled_programs.ProgramFormat, str, list[str]]:
         parts: list[str] = []
         with inductor_config.patch(compile_threads=1):
+            scratch = tmp_path / "scratch"  # where the compiler process builds a program before it is kept
+            scratch.mkdir(exist_ok=True)
             kept, why = compiler_process._packaged(
-                exported.graph_module, examples, str(tmp_path / name), eager_numerics=False, phase=parts.append
+                exported.graph_module,
+                examples,
+                str(scratch / name),
+                kept_in=tmp_path,
+                eager_numerics=False,
+                phase=parts.append,
             )
         return kept, why, parts
 
@@ -314,13 +323,30 @@ def test_a_machine_whose_loader_crashed_builds_no_package_and_says_why(tmp_path,
     assert why == f"{CRASHED}; a two-layer probe package crashed it too: packages are no longer built here"
     assert parts == ["compile", "check", "probe", "compile (Inductor's format)"]
     record = package_check.loader_record(tmp_path)
-    assert record.exists()
+    assert record.exists() and not list((tmp_path / "scratch").glob("package-loader-*"))  # beside the kept programs
     kept, why, parts = contextvars.copy_context().run(built, "second.pt2")
     assert kept is compiled_programs.ProgramFormat.ARTIFACT and why == package_check.loader_crashed_here(record)
     assert parts == ["compile (Inductor's format)"]  # no AOTInductor compile, no check
-    program = contextvars.copy_context().run(compiled_programs._load_artifact, tmp_path / "second.pt2")
+    program = contextvars.copy_context().run(compiled_programs._load_artifact, tmp_path / "scratch" / "second.pt2")
     with torch.no_grad():
         torch.testing.assert_close(program(*examples)[0], model(x), rtol=1e-5, atol=1e-5)
+
+
+@needs_compiler
+def test_the_compiler_process_reads_the_loader_record_where_the_programs_are_kept(tmp_path) -> None:
+    """The compiler process builds a program in a scratch folder; the record it reads (and would write) is the one
+    beside the programs: a machine whose loader crashed before gets Inductor's format at once, no package built."""
+    record = package_check.loader_record(tmp_path)
+    record.write_text(json.dumps({"why": CRASHED, "probe": CRASHED, "at": "2026-12-07T09:40:00+00:00"}))
+    model = Net(width=8).eval()
+    x = torch.randn(2, 3, 8, 8)
+    job = compile_in_background(model, (x,), signature="(float32[2x3x8x8]@cpu)", directory=tmp_path)
+    assert job.wait(COMPILE_S) is JobState.READY, job.reason
+    assert job.format == compiled_programs.ProgramFormat.ARTIFACT
+    assert job.unpackaged == package_check.loader_crashed_here(record)
+    assert "compile (Inductor's format)" in job.phases and "compile" not in job.phases and "check" not in job.phases
+    with torch.no_grad():
+        torch.testing.assert_close(job.load(model)(x), model(x), rtol=1e-5, atol=1e-5)
 
 
 @needs_compiler

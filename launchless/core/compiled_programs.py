@@ -188,7 +188,7 @@ class CompileJob:
                 with self._lock:
                     if self.state is not JobState.COMPILING:
                         return
-                    job = [str(sent), str(built), repr(time.time())]
+                    job = [str(sent), str(built), repr(time.time()), str(self.program.parent)]
                     self._child = spare.take(job) if spare is not None else None
                     if self._child is None:  # no spare, or it has ended: a process of its own
                         self._child = _start_compiler([*job])
@@ -288,7 +288,7 @@ def _compiler_environment() -> dict[str, str]:
 
 
 def _start_compiler(arguments: list[str]) -> subprocess.Popen:
-    """A compiler process, at a lower priority than the calls: ``[sent, built, started]`` compiles at once;
+    """A compiler process, at a lower priority than the calls: ``[sent, built, started, kept_in]`` compiles at once;
     ``["--spare"]`` loads what it can and waits for its job on its standard input."""
     child = subprocess.Popen(
         [sys.executable, "-m", COMPILER_MODULE, *arguments],

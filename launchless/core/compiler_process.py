@@ -107,8 +107,8 @@ def serve_as_spare() -> None:
         marks.append((name, began, time.time()))
     line = lines.read()
     if line:
-        sent, program, started = json.loads(line)
-        compile_program(sent, program, float(started), marks=marks)
+        sent, program, started, kept_in = json.loads(line)
+        compile_program(sent, program, float(started), kept_in=kept_in, marks=marks)
 
 
 def start_parts(marks: list[Mark], handed: float, began: float) -> dict[str, float]:
@@ -208,6 +208,7 @@ def _packaged(
     examples: list[Any],
     program: str,
     *,
+    kept_in: Path,
     eager_numerics: bool,
     phase: Callable[[str], None] = lambda name: None,
 ) -> tuple[ProgramFormat, str]:
@@ -215,9 +216,10 @@ def _packaged(
     has loaded and run it (``package_check``); where AOTInductor cannot build one (its host code needs a C++
     compiler, and the CUDA toolkit's headers for a GPU), the package does not load and run, or PyTorch's loader was
     found crashing on this machine before, Inductor's own format, which the calls' process reads with Inductor
-    imported (seconds): the format kept and why not a package. ``phase(name)`` closes each part's seconds
-    (``compile``, ``check``, ``probe`` where the check crashed, then ``compile (Inductor's format)``)."""
-    record = loader_record(Path(program).parent)
+    imported (seconds): the format kept and why not a package. ``kept_in``: the programs' folder, where a crashing
+    loader is recorded. ``phase(name)`` closes each part's seconds (``compile``, ``check``, ``probe`` where the
+    check crashed, then ``compile (Inductor's format)``)."""
+    record = loader_record(kept_in)
     why = loader_crashed_here(record)
     if why is None:
         try:
@@ -246,14 +248,17 @@ def _packaged(
     return ProgramFormat.ARTIFACT, why
 
 
-def compile_program(sent: str, program: str, started: float, *, marks: list[Mark] | None = None) -> None:
+def compile_program(
+    sent: str, program: str, started: float, *, kept_in: str | None = None, marks: list[Mark] | None = None
+) -> None:
     """The child process: the model's structure in, the compiled program and its plan out. An inference program is
     exported and compiled under ``no_grad``; a training program with autograd on, so that Inductor compiles its
     backward too (AOTAutograd's forward and backward, called through autograd as the model is). Every weight is an
     input of the program, none a constant of its code. The plan names the operations that draw random numbers
     (dropout in training): Inductor draws them otherwise than eager. ``started``: the wall time the parent started
-    it at; the plan keeps the seconds of each phase. ``marks``: what a spare did before (``start_parts`` of the
-    start phase, as "start: <part>")."""
+    it at; the plan keeps the seconds of each phase. ``kept_in``: the folder the calls' process keeps programs in
+    (``program`` is built in a scratch folder first), where a crashing package loader is recorded. ``marks``: what a
+    spare did before (``start_parts`` of the start phase, as "start: <part>")."""
     from torch.export.graph_signature import ConstantArgument, InputKind
 
     began = time.time()
@@ -348,7 +353,14 @@ def compile_program(sent: str, program: str, started: float, *, marks: list[Mark
         compiled.save(path=program, format="binary")
         kept, unpackaged = ProgramFormat.ARTIFACT, ""
     else:  # an AOTInductor package, which the calls' process reads without importing Inductor (``PackageProgram``)
-        kept, unpackaged = _packaged(graph_module, examples, program, eager_numerics=eager_numerics, phase=phase)
+        kept, unpackaged = _packaged(
+            graph_module,
+            examples,
+            program,
+            kept_in=Path(kept_in) if kept_in is not None else Path(program).parent,
+            eager_numerics=eager_numerics,
+            phase=phase,
+        )
     if made:
         torch.save(made, constants_of(Path(program)))
     phase("save")
@@ -369,4 +381,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == [SPARE]:
         serve_as_spare()
     else:
-        compile_program(sys.argv[1], sys.argv[2], float(sys.argv[3]))
+        compile_program(sys.argv[1], sys.argv[2], float(sys.argv[3]), kept_in=sys.argv[4])
