@@ -1,5 +1,5 @@
 """The `launchless` command: one parser, each subcommand's arguments and run in its application's ``command``
-module (bench, train, conformance and verify, differential); demo and doctor here."""
+module (bench, train, conformance and verify, differential, cache); demo and doctor here."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 import torch
 
 from .. import __version__
+from . import program_cache
 from .arguments import whole_number
 from .bench import command as bench_command
 from .conformance import command as conformance_command
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     doctor.add_argument("--clear-cache", action="store_true", help="delete the cached graph decisions and exit")
     conformance_command.add_parsers(sub)
     differential_command.add_parser(sub)
+    program_cache.add_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.command == "demo":
@@ -61,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         return conformance_command.run_verify(parser, args)
     if args.command == "differential":
         return differential_command.run(parser, args)
+    if args.command == "cache":
+        return program_cache.run(args)
     return 2
 
 

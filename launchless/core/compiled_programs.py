@@ -47,6 +47,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -613,3 +614,42 @@ def plan_of(program: Path) -> Path:
     """Beside a program: the order of its inputs (a model tensor by name, or a call's flattened argument by index)
     and the structure of the call's arguments and of its outputs."""
     return program.with_suffix(".plan.json")
+
+
+@dataclass(frozen=True)
+class KeptProgram:
+    """A compiled program on disk, as ``launchless cache`` lists it: its files (the program, its plan, the tensors
+    its forward makes), what its plan says, their size and when it was written."""
+
+    path: Path
+    training: bool | None  # None where the plan cannot be read (a program cut short, or of another launchless)
+    format: str
+    unpackaged: str
+    size_bytes: int
+    modified: float
+
+    @property
+    def files(self) -> list[Path]:
+        return [p for p in (self.path, plan_of(self.path), constants_of(self.path)) if p.exists()]
+
+
+def kept_programs(directory: Path) -> list[KeptProgram]:
+    """The programs kept in ``directory`` (``cache_dir()`` by default), newest first."""
+    found = []
+    for path in [*directory.glob("*.pt2"), *directory.glob("*.bin")]:
+        try:
+            plan = json.loads(plan_of(path).read_text())
+        except (OSError, ValueError):
+            plan = None
+        files = [p for p in (path, plan_of(path), constants_of(path)) if p.exists()]
+        found.append(
+            KeptProgram(
+                path=path,
+                training=None if plan is None else bool(plan.get("training")),
+                format="" if plan is None else str(plan.get("format", ProgramFormat.ARTIFACT)),
+                unpackaged="" if plan is None else str(plan.get("unpackaged", "")),
+                size_bytes=sum(p.stat().st_size for p in files),
+                modified=max(p.stat().st_mtime for p in files),
+            )
+        )
+    return sorted(found, key=lambda kept: kept.modified, reverse=True)

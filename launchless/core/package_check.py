@@ -77,6 +77,11 @@ def loader_record(folder: Path) -> Path:
     return folder / f"package-loader-{digest}.json"
 
 
+def loader_records(folder: Path) -> list[Path]:
+    """Every crashing loader recorded in ``folder`` (one per host, interpreter and torch build that met one)."""
+    return sorted(folder.glob("package-loader-*.json"))
+
+
 def loader_crashed_here(record: Path) -> str | None:
     """Why packages are not built on this machine, where a crashing loader was recorded; None where none was."""
     try:
