@@ -275,7 +275,7 @@ def test_a_loader_that_crashes_on_a_probe_package_too_is_recorded_for_the_machin
     why = package_check.loader_crashed_here(record)
     if probe_crashes:
         assert why is not None and why.startswith(f"PyTorch's package loader crashed on this machine ({CRASHED})")
-        assert why.endswith(f"(delete {record} to try packages again)"), why
+        assert why.endswith(f"(`launchless cache --forget-loader`, or deleting {record}, tries packages again)"), why
     else:
         assert why is None
 

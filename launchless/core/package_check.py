@@ -90,8 +90,8 @@ def loader_crashed_here(record: Path) -> str | None:
         return None
     return (
         f"PyTorch's package loader crashed on this machine ({seen.get('why', '?')}), on a two-layer probe package "
-        f"too, on {seen.get('at', '?')}; programs here are kept in Inductor's format (delete {record} to try "
-        "packages again)"
+        f"too, on {seen.get('at', '?')}; programs here are kept in Inductor's format (`launchless cache "
+        f"--forget-loader`, or deleting {record}, tries packages again)"
     )
 
 
