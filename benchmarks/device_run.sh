@@ -58,6 +58,8 @@
 #                      a compiled program's read in the calls' process, its imports, profile and the calls it stalls
 #   package-load       benchmarks/package_load.py: which AOTInductor packages load and run on this GPU (built three
 #                      ways, loaded three ways, each load in a process of its own)
+#   compile-cost       benchmarks/program_compile_cost.py over COST="workload ...": an inference program's compile,
+#                      AOTInductor as the compiler process runs it against other settings and Inductor's own format
 #   fallback-cost      benchmarks/fallback_cost.py over FALLBACK="library:model ..." (differential names): a wrapped
 #                      call that runs without a graph against eager -- host time, kernels, the wrapper's profile
 #   differential       launchless differential run over LIBS="library:workers ..." side by side (default: all five
@@ -253,6 +255,10 @@ print(subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout.
         ${READ_TRAINING:+--training}
     done ;;
   package-load) run package-load python3 benchmarks/package_load.py --out "$out/package-load" ;;
+  compile-cost)  # COST="workload ..." (default hf:gpt2)
+    for w in ${COST:-hf:gpt2}; do
+      run "compile-cost-${w//:/-}" python3 benchmarks/program_compile_cost.py --workload "$w" --out "$out/compile-cost"
+    done ;;
   training)
     run training python3 -m launchless.apps.cli bench --suite training --timeout 300 --gpus "${gpus[@]}" \
       --modes eager compile reduce-overhead hand-graph launchless \

@@ -1,0 +1,139 @@
+"""Where the compile of an inference program goes: AOTInductor as the compiler process runs it, against Inductor's
+own format and AOTInductor with other settings, each in a fresh process with fresh Inductor and Triton caches.
+
+``kernels="compiled"`` swaps Inductor's kernels in once its program is compiled; its compile (AOTInductor, a package
+a second process reads without Inductor) has been several times as long as ``torch.compile``'s of the same forward.
+The variants, on a zoo workload's forward exported as the compiler process exports it (every weight an input):
+
+- ``aoti``: ``aot_compile`` with ``aot_inductor.package``, the host code at O0 (the compiler process's settings);
+- ``aoti-autotune-at-run``: the same with ``triton.autotune_at_compile_time`` off (the kernels' configurations
+  tried at the first run instead of while compiling);
+- ``aoti-one-thread``: the same as ``aoti`` with one compile thread (whether Inductor's compile workers serve it);
+- ``artifact``: ``torch._inductor.standalone_compile``, Inductor's own format (what a training program is).
+
+The ``aoti`` variant is also profiled (``cProfile``, the compiling thread): the functions that took the time.
+
+    python benchmarks/program_compile_cost.py --workload hf:gpt2 --out /tmp/compile-cost
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import json
+import os
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+VARIANTS = ("aoti", "aoti-autotune-at-run", "aoti-one-thread", "artifact")
+SETTINGS: dict[str, dict[str, Any]] = {
+    "aoti": {},
+    "aoti-autotune-at-run": {"triton.autotune_at_compile_time": False},
+    "aoti-one-thread": {"compile_threads": 1},
+    "artifact": {},
+}
+
+
+def _exported(workload: str) -> tuple[torch.fx.GraphModule, list[Any]]:
+    """The forward exported under ``no_grad`` and its examples in its placeholders' order: the model's parameters,
+    buffers and constants, then the call's flattened arguments."""
+    from torch.export.graph_signature import InputKind
+
+    from launchless.apps import zoo
+
+    built = zoo.build(workload, device="cuda" if torch.cuda.is_available() else "cpu")
+    model = built.model.eval()
+    with torch.no_grad():
+        exported = torch.export.export(model, tuple(built.args), dict(built.kwargs), strict=False)
+    tensors = dict(model.named_parameters()) | dict(model.named_buffers()) | dict(exported.constants)
+    user = iter(pytree.tree_leaves((tuple(built.args), dict(built.kwargs))))
+    examples = []
+    for spec in exported.graph_signature.input_specs:
+        examples.append(next(user) if spec.kind is InputKind.USER_INPUT else tensors[str(spec.target)])
+    return exported.graph_module, examples
+
+
+def run_variant(workload: str, variant: str, *, profile_top: int) -> dict[str, Any]:
+    import torch._inductor.config as inductor_config
+    from torch._inductor.package import package_aoti
+
+    began = time.perf_counter()
+    graph_module, examples = _exported(workload)
+    export_s = time.perf_counter() - began
+    settings = dict(SETTINGS[variant])
+    if variant != "artifact" and "aot_inductor.compile_wrapper_opt_level" in inductor_config.get_config_copy():
+        settings["aot_inductor.compile_wrapper_opt_level"] = "O0"
+    profiler = cProfile.Profile() if profile_top else None
+    with tempfile.TemporaryDirectory() as folder, torch.no_grad(), inductor_config.patch(settings):
+        began = time.perf_counter()
+        with profiler if profiler is not None else contextlib.nullcontext():
+            if variant == "artifact":
+                compiled = torch._inductor.standalone_compile(
+                    graph_module, examples, dynamic_shapes="from_example_inputs"
+                )
+                compiled.save(path=str(Path(folder) / "program.bin"), format="binary")
+            else:
+                options = {"aot_inductor.package": True}
+                files = torch._inductor.aot_compile(graph_module, tuple(examples), options=options)
+                package_aoti(str(Path(folder) / "program.pt2"), files)
+        compile_s = time.perf_counter() - began
+    row: dict[str, Any] = {"variant": variant, "export_s": round(export_s, 2), "compile_s": round(compile_s, 2)}
+    if profiler is not None:
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(profile_top)
+        row["profile"] = text.getvalue()
+    return row
+
+
+def _child(workload: str, variant: str, *, profile_top: int) -> dict[str, Any]:
+    """One variant in a process of its own, its Inductor and Triton caches fresh (nothing compiled before)."""
+    with tempfile.TemporaryDirectory() as caches:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{caches}/inductor", "TRITON_CACHE_DIR": f"{caches}/triton"}
+        command = [sys.executable, __file__, "--variant", variant, "--workload", workload, "--top", str(profile_top)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False, timeout=900)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        return {"variant": variant, "error": lines[-1] if lines else f"exit status {done.returncode}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="hf:gpt2", help="a zoo workload (launchless.apps.zoo)")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--top", type=int, default=40, help="functions in the aoti variant's profile")
+    parser.add_argument("--out", default="", help="where the JSON and the profile go (default: printed only)")
+    parser.add_argument("--variant", default="", help=argparse.SUPPRESS)  # a child's one variant
+    ns = parser.parse_args()
+    if ns.variant:
+        print(json.dumps(run_variant(ns.workload, ns.variant, profile_top=ns.top)))
+        return
+    rows = [_child(ns.workload, variant, profile_top=0) for variant in ns.variants]
+    for row in rows:
+        print(f"{row['variant']:22} {row.get('compile_s', row.get('error'))}", flush=True)
+    profiled = _child(ns.workload, "aoti", profile_top=ns.top) if "aoti" in ns.variants else {}
+    profile = profiled.pop("profile", "")
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    report = {"workload": ns.workload, "device": device, "torch": torch.__version__, "rows": rows}
+    text = json.dumps(report | {"profiled": profiled}, indent=1)
+    print(text)
+    if ns.out:
+        out = Path(ns.out)
+        out.mkdir(parents=True, exist_ok=True)
+        stem = f"compile-cost-{ns.workload.replace(':', '-')}"
+        (out / f"{stem}.json").write_text(text + "\n")
+        (out / f"{stem}-aoti-profile.txt").write_text(profile)
+
+
+if __name__ == "__main__":
+    main()
