@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -127,7 +128,27 @@ def shared_libraries(path: Path) -> list[str]:
         for library in Path(folder).rglob("*.so"):
             done = subprocess.run(["ldd", str(library)], capture_output=True, text=True, timeout=60)
             found += [f"{library.name}: {line.strip()}" for line in done.stdout.splitlines()]
+            needs = sorted(set(re.findall(rb"GLIBCXX_3\.4\.\d+", library.read_bytes())), key=_version_key)
+            found.append(f"{library.name}: needs up to {needs[-1].decode() if needs else 'no GLIBCXX symbol'}")
         return found
+
+
+def _version_key(symbol: bytes) -> tuple[int, ...]:
+    return tuple(int(part) for part in symbol.split(b"_", 1)[1].split(b"."))
+
+
+def toolchain() -> dict[str, str]:
+    """The C++ compiler that built the packages' host code and the C++ runtime this process loaded with torch: a
+    host library built against a newer runtime than the one loaded, or another ABI, may crash its loader."""
+    compiler = shutil.which("c++") or shutil.which("g++") or ""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout if compiler else ""
+    maps = Path("/proc/self/maps").read_text() if Path("/proc/self/maps").exists() else ""
+    runtimes = sorted({line.split()[-1] for line in maps.splitlines() if "libstdc++" in line})
+    return {
+        "compiler": f"{compiler}: {version.splitlines()[0] if version else '?'}",
+        "runtime_loaded": ", ".join(runtimes) or "?",
+        "cxx11_abi": str(torch._C._GLIBCXX_USE_CXX11_ABI),
+    }
 
 
 def main() -> None:
@@ -147,6 +168,7 @@ def main() -> None:
                     diagnosis["native_stack"] = native_stack(path, how, inside, device)
                     print("\n".join(diagnosis["libraries"] + diagnosis["native_stack"]), flush=True)
     meta = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda}
+    meta["toolchain"] = toolchain()
     (args.out / "packages.json").write_text(json.dumps({**meta, "rows": rows, "first_crash": diagnosis}, indent=1))
 
 
