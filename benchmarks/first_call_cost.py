@@ -22,17 +22,15 @@ import argparse
 import cProfile
 import io
 import json
-import os
 import pstats
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from fresh_process import run_fresh
 
 import launchless as ll
 from launchless.apps import zoo
@@ -95,14 +93,9 @@ def run_variant(workload: str, variant: str, *, calls: int, profile_top: int) ->
 
 def _child(ns: argparse.Namespace, variant: str, *, profile_top: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as cache:
-        command = [sys.executable, __file__, "--variant", variant, "--workload", ns.workload]
-        command += ["--calls", str(ns.calls), "--top", str(profile_top)]
-        env = {**os.environ, "LAUNCHLESS_CACHE_DIR": cache}
-        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        lines = done.stderr.strip().splitlines()
-        return {"variant": variant, "error": lines[-1] if lines else f"exit {done.returncode}"}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        arguments = [__file__, "--variant", variant, "--workload", ns.workload]
+        arguments += ["--calls", str(ns.calls), "--top", str(profile_top)]
+        return {"variant": variant} | run_fresh(arguments, env={"LAUNCHLESS_CACHE_DIR": cache})
 
 
 def main() -> None:

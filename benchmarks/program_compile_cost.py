@@ -23,16 +23,14 @@ import contextlib
 import cProfile
 import io
 import json
-import os
 import pstats
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from fresh_process import run_fresh
 from torch.utils import _pytree as pytree
 
 VARIANTS = ("aoti", "aoti-autotune-at-run", "aoti-one-thread", "artifact")
@@ -98,13 +96,9 @@ def run_variant(workload: str, variant: str, *, profile_top: int) -> dict[str, A
 def _child(workload: str, variant: str, *, profile_top: int) -> dict[str, Any]:
     """One variant in a process of its own, its Inductor and Triton caches fresh (nothing compiled before)."""
     with tempfile.TemporaryDirectory() as caches:
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{caches}/inductor", "TRITON_CACHE_DIR": f"{caches}/triton"}
-        command = [sys.executable, __file__, "--variant", variant, "--workload", workload, "--top", str(profile_top)]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False, timeout=900)
-    if done.returncode != 0:
-        lines = done.stderr.strip().splitlines()
-        return {"variant": variant, "error": lines[-1] if lines else f"exit status {done.returncode}"}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        env = {"TORCHINDUCTOR_CACHE_DIR": f"{caches}/inductor", "TRITON_CACHE_DIR": f"{caches}/triton"}
+        arguments = [__file__, "--variant", variant, "--workload", workload, "--top", str(profile_top)]
+        return {"variant": variant} | run_fresh(arguments, env=env, timeout=900)
 
 
 def main() -> None:

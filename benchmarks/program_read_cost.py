@@ -25,13 +25,13 @@ import json
 import os
 import pstats
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from fresh_process import run_fresh
 
 import launchless as ll
 from launchless.apps import zoo
@@ -148,13 +148,9 @@ PHASES = {"split": read_split, "calls": calls_during_read}
 
 def _child(phase: str, ns: argparse.Namespace) -> dict[str, Any]:
     """``phase`` in a fresh process (nothing of Inductor imported yet), its result read back."""
-    command = [sys.executable, __file__, "--phase", phase, "--workload", ns.workload, "--device", ns.device]
-    command += ["--cache", ns.cache, "--top", str(ns.top)] + (["--training"] if ns.training else [])
-    env = {**os.environ, "LAUNCHLESS_CACHE_DIR": ns.cache}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    arguments = [__file__, "--phase", phase, "--workload", ns.workload, "--device", ns.device]
+    arguments += ["--cache", ns.cache, "--top", str(ns.top)] + (["--training"] if ns.training else [])
+    return run_fresh(arguments, env={"LAUNCHLESS_CACHE_DIR": ns.cache})
 
 
 def main() -> None:
