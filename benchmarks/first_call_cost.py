@@ -26,11 +26,10 @@ import pstats
 import statistics
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
-from fresh_process import run_fresh
+from diagnostics import keep_report, run_fresh
 
 import launchless as ll
 from launchless.apps import zoo
@@ -124,14 +123,7 @@ def main() -> None:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     report = {"workload": ns.workload, "device": device, "torch": torch.__version__, "median_first_call_ms": summary}
     report |= {"rows": rows, "profiled": profiled}
-    text = json.dumps(report, indent=1)
-    print(text)
-    if ns.out:
-        out = Path(ns.out)
-        out.mkdir(parents=True, exist_ok=True)
-        stem = f"first-call-{ns.workload.replace(':', '-')}"
-        (out / f"{stem}.json").write_text(text + "\n")
-        (out / f"{stem}-profile.txt").write_text(profile)
+    keep_report(report, out=ns.out, stem=f"first-call-{ns.workload.replace(':', '-')}", profile=profile)
 
 
 if __name__ == "__main__":

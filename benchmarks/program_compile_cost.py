@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from fresh_process import run_fresh
+from diagnostics import keep_report, run_fresh
 from torch.utils import _pytree as pytree
 
 VARIANTS = ("aoti", "aoti-autotune-at-run", "aoti-one-thread", "artifact")
@@ -119,14 +119,8 @@ def main() -> None:
     profile = profiled.pop("profile", "")
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     report = {"workload": ns.workload, "device": device, "torch": torch.__version__, "rows": rows}
-    text = json.dumps(report | {"profiled": profiled}, indent=1)
-    print(text)
-    if ns.out:
-        out = Path(ns.out)
-        out.mkdir(parents=True, exist_ok=True)
-        stem = f"compile-cost-{ns.workload.replace(':', '-')}"
-        (out / f"{stem}.json").write_text(text + "\n")
-        (out / f"{stem}-aoti-profile.txt").write_text(profile)
+    stem = f"compile-cost-{ns.workload.replace(':', '-')}"
+    keep_report(report | {"profiled": profiled}, out=ns.out, stem=stem, profile=profile, profile_name="aoti-profile")
 
 
 if __name__ == "__main__":

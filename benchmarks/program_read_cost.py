@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from fresh_process import run_fresh
+from diagnostics import keep_report, run_fresh
 
 import launchless as ll
 from launchless.apps import zoo
@@ -187,12 +187,8 @@ def main() -> None:
     for phase in ("split", "calls", "profile"):
         report[phase] = _child(phase, ns)
     profile = report["profile"].pop("profile", "")
-    text = json.dumps(report, indent=1)
-    print(text)
-    if out is not None:
-        stem = f"program-read-{ns.workload.replace(':', '-')}{'-training' if ns.training else ''}"
-        (out / f"{stem}.json").write_text(text + "\n")
-        (out / f"{stem}-profile.txt").write_text(profile)
+    stem = f"program-read-{ns.workload.replace(':', '-')}{'-training' if ns.training else ''}"
+    keep_report(report, out=ns.out, stem=stem, profile=profile)
 
 
 if __name__ == "__main__":
