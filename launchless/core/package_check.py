@@ -13,13 +13,15 @@ machine's torch 2.11 did on CPU and GPU packages alike). Where a check ends by a
 built and checked on the same device; where it crashes too, the loader is recorded as crashing on this machine
 (``loader_record``: beside the programs, keyed by the host, the interpreter and torch's build), and later compiles
 there skip the package -- tens of seconds of AOTInductor's compile and a check each -- for Inductor's format at once,
-saying so. Deleting the record tries packages again; another torch or host makes a record of its own."""
+saying so. ``launchless cache --forget-loader`` (or deleting the record) tries packages again; another torch or host
+makes a record of its own."""
 
 from __future__ import annotations
 
 import datetime
 import hashlib
 import json
+import os
 import platform
 import signal
 import subprocess
@@ -121,7 +123,7 @@ def remember_if_the_loader_crashes(
         return False
     when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     record.parent.mkdir(parents=True, exist_ok=True)
-    temporary = record.with_name(record.name + ".tmp")
+    temporary = record.with_name(f"{record.name}.{os.getpid()}.tmp")  # two compilers may record at once
     temporary.write_text(json.dumps({"why": check.why, "probe": probed.why, "at": when, "torch": torch.__version__}))
     temporary.replace(record)
     return True
