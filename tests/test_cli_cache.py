@@ -34,7 +34,8 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     why = f"{CRASHED}; a two-layer probe package crashed it too: packages are no longer built here"
     _kept(folder, "b2.pt2", {"training": False, "format": "artifact", "unpackaged": why}, 2000)
     _kept(folder, "c3.bin", {"training": True, "format": "artifact", "unpackaged": ""}, 5000)
-    _kept(folder, "d4.pt2", None, 10)  # cut short: no plan
+    _kept(folder, "d4.pt2", None, 10)  # no plan
+    plan_of(folder / "f6.pt2").write_text("{}")  # a plan whose program never came
     package_check.loader_record(folder).write_text(json.dumps({"why": CRASHED, "at": "2026-12-07T09:40:00+00:00"}))
     (tmp_path / "e5.json").write_text("{}")  # a graph decision of the compiler backend
     return folder
@@ -55,6 +56,7 @@ def test_the_cache_lists_every_program_with_what_it_is_and_the_loader_record(cac
     ):
         assert f"{name} │ {purpose} │ {kept_as}" in out, out
     assert "d4.pt2 │ ? │ no readable plan" in out
+    assert "files of programs not kept (nothing reads them): 1" in out
     a1 = sum(p.stat().st_size for p in cache.glob("a1.*"))  # the program, its plan and the tensors it makes
     assert f"a1.pt2 │ inference │ AOTInductor package │ {byte_size(a1)} │" in out
     assert "not a package: a process that loaded and ran the package ended with signal SIGSEGV" in out
@@ -76,6 +78,7 @@ def test_forgetting_the_loader_removes_only_its_records(cache: Path, capsys) -> 
         "c3.bin",
         "c3.plan.json",
         "d4.pt2",
+        "f6.plan.json",
     ]
 
 

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..compiler.decisions import DecisionCache
-from ..core.compiled_programs import KeptProgram, ProgramFormat, cache_dir, kept_programs
+from ..core.compiled_programs import KeptProgram, ProgramFormat, cache_dir, kept_programs, stray_files
 from ..core.package_check import loader_crashed_here, loader_records
 from .bench.formatting import byte_size
 
@@ -49,11 +49,10 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
         if args.forget_loader:
             console.print(f"removed {len(records)} package-loader record(s) from {escape(str(folder))}")
             return 0
-        programs = kept_programs(folder)
-        freed = sum(kept.size_bytes for kept in programs)
-        for kept in programs:
-            for path in kept.files:
-                path.unlink(missing_ok=True)
+        programs, strays = kept_programs(folder), stray_files(folder)
+        freed = sum(kept.size_bytes for kept in programs) + sum(path.stat().st_size for path in strays)
+        for path in [*(path for kept in programs for path in kept.files), *strays]:
+            path.unlink(missing_ok=True)
         cleared = decisions.clear()
         console.print(
             f"removed {len(programs)} compiled program(s) ({byte_size(freed)}) and {len(records)} package-loader "
@@ -73,6 +72,9 @@ def _list(console: Console, folder: Path, decisions: DecisionCache) -> None:
         for kept in programs:
             table.add_row(kept.path.name, _purpose(kept), _format(kept), byte_size(kept.size_bytes), _when(kept))
         console.print(table)
+    strays = stray_files(folder)
+    if strays:
+        console.print(f"files of programs not kept (nothing reads them): {len(strays)}")
     reasons = sorted({kept.unpackaged for kept in programs if kept.unpackaged})
     for reason in reasons:  # why inference programs are not packages (a second process reads them in seconds)
         console.print(f"not a package: {escape(reason)}")
@@ -87,7 +89,7 @@ def _purpose(kept: KeptProgram) -> str:
 
 def _format(kept: KeptProgram) -> str:
     if kept.training is None:
-        return "no readable plan (cut short, or of another launchless): compiled again when asked for"
+        return "no readable plan (removed, or of another launchless): compiled again when asked for"
     return FORMAT_NAMES.get(kept.format, kept.format)
 
 

@@ -622,7 +622,7 @@ class KeptProgram:
     its forward makes), what its plan says, their size and when it was written."""
 
     path: Path
-    training: bool | None  # None where the plan cannot be read (a program cut short, or of another launchless)
+    training: bool | None  # None where its plan cannot be read (removed, or written by another launchless)
     format: str
     unpackaged: str
     size_bytes: int
@@ -634,7 +634,7 @@ class KeptProgram:
 
 
 def kept_programs(directory: Path) -> list[KeptProgram]:
-    """The programs kept in ``directory`` (``cache_dir()`` by default), newest first."""
+    """The programs kept in ``directory`` (``cache_dir()`` where launchless keeps them), newest first."""
     found = []
     for path in [*directory.glob("*.pt2"), *directory.glob("*.bin")]:
         try:
@@ -653,3 +653,11 @@ def kept_programs(directory: Path) -> list[KeptProgram]:
             )
         )
     return sorted(found, key=lambda kept: kept.modified, reverse=True)
+
+
+def stray_files(directory: Path) -> list[Path]:
+    """Plans and made tensors in ``directory`` whose program is not there (a process that ended between moving a
+    program's files in): nothing reads them."""
+    programs = {p.stem for p in [*directory.glob("*.pt2"), *directory.glob("*.bin")]}
+    beside = [*directory.glob("*.plan.json"), *directory.glob("*.constants.pt")]
+    return sorted(p for p in beside if p.name.split(".", 1)[0] not in programs)
