@@ -20,7 +20,10 @@ from ..core.compiled_programs import KeptProgram, ProgramFormat, cache_dir, kept
 from ..core.package_check import loader_crashed_here, loader_records
 from .bench.formatting import byte_size
 
-FORMAT_NAMES = {ProgramFormat.PACKAGE: "AOTInductor package", ProgramFormat.ARTIFACT: "Inductor's format"}
+FORMAT_NAMES: dict[str, str] = {
+    ProgramFormat.PACKAGE: "AOTInductor package",
+    ProgramFormat.ARTIFACT: "Inductor's format",
+}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

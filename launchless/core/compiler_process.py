@@ -193,6 +193,7 @@ def _build_package(
 
     with torch.no_grad(), _numerics_of_eager(eager_numerics), _host_code_unoptimized():
         files = torch._inductor.aot_compile(graph_module, tuple(examples), options={"aot_inductor.package": True})
+    assert isinstance(files, (list, dict)), type(files)  # with aot_inductor.package: the files to pack
     package_aoti(str(program), files)
 
 

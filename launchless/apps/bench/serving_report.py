@@ -368,7 +368,7 @@ def _compiled_kernels_lines(view: _View) -> list[str]:
     ]
 
 
-def _tokens_text(row: dict[str, Any], field: str, *, wrong_if_differ: bool) -> str:
+def _tokens_text(row: Mapping[str, Any], field: str, *, wrong_if_differ: bool) -> str:
     """``=`` where the row's tokens were eager's, else from which new token they differed (bold where that breaks the
     promise); ``—`` where the row has no such field."""
     if field not in row:
