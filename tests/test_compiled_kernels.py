@@ -6,6 +6,8 @@ runs it with real graphs through ``wrap``."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import shutil
 import time
 from typing import Any
@@ -117,6 +119,29 @@ def test_a_proven_faster_program_replaces_the_eager_kernel_graph_between_two_cal
         s.model.norm.weight.mul_(2.0)  # loaded in place: the program is called with the model's tensors
         torch.testing.assert_close(swapped.replay_cloned([fresh]), s.model(fresh), rtol=1e-5, atol=1e-5)
         assert s.kernels.swap(s.sig, s.flat, swapped, s.model) is swapped  # decided: nothing more is read
+
+
+@needs_compiler
+def test_a_program_kept_in_inductors_format_says_why_on_the_swaps_line(monkeypatch, tmp_path, caplog) -> None:
+    """On a machine whose package loader crashed before (its record beside the programs), the program is kept in
+    Inductor's format: the swap's one log line says so and why, since another process then reads it in seconds."""
+    from launchless.core import package_check
+    from launchless.core.compiled_programs import cache_dir
+
+    s = _setup(monkeypatch, tmp_path)
+    record = package_check.loader_record(cache_dir())
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"why": "a process ... ended with signal SIGSEGV", "at": "2026-12-07T09:40:00+00:00"}))
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="launchless"):
+        s.kernels.start(s.sig, s.model, s.flat)
+        _until_done(s.kernels, s.sig)
+        assert _swapped(s) is not s.eager_graph
+    row = s.kernels.info(str)[0]
+    assert row["program_format"] == "artifact" and row["unpackaged"] == package_check.loader_crashed_here(record)
+    lines = [r.getMessage() for r in caplog.records if "replays Inductor's compiled kernels" in r.getMessage()]
+    assert len(lines) == 1, lines
+    note = f"; kept in Inductor's format, which another process reads in seconds: {row['unpackaged']}"
+    assert lines[0].endswith(note), lines[0]
 
 
 @needs_compiler

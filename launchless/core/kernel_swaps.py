@@ -78,4 +78,12 @@ class KernelDecision:
         }
 
 
-__all__ = ["KernelDecision", "KernelState"]
+def unpackaged_note(job: CompileJob) -> str:
+    """Where an inference program is not a package, why, for the swap's log line: another process reads Inductor's
+    format with seconds of imports, not a package in milliseconds."""
+    if not job.unpackaged:
+        return ""
+    return f"; kept in Inductor's format, which another process reads in seconds: {job.unpackaged}"
+
+
+__all__ = ["KernelDecision", "KernelState", "unpackaged_note"]

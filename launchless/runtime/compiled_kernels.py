@@ -39,7 +39,7 @@ from ..core.accuracy import (
 )
 from ..core.cache import GraphCache
 from ..core.compiled_programs import JobState, SpareCompiler, compile_in_background, gpu_of
-from ..core.kernel_swaps import KernelDecision, KernelState
+from ..core.kernel_swaps import KernelDecision, KernelState, unpackaged_note
 from ..core.signature import FlatInputs, Signature
 from ..core.verify import make_probes, verify
 from ..errors import one_line
@@ -166,7 +166,8 @@ class CompiledKernels:
             logging.INFO,
             f"launchless: {self.name} {sig.describe()} replays Inductor's compiled kernels from now on "
             f"({speed.candidate_ms:.3f} ms against {speed.eager_ms:.3f} ms a call with eager's kernels; compiled in "
-            f"{entry.compile.seconds:.1f} s beside the calls; as accurate as eager against float64)",
+            f"{entry.compile.seconds:.1f} s beside the calls; as accurate as eager against float64)"
+            + unpackaged_note(entry.compile),
         )
         return outcome
 

@@ -39,7 +39,7 @@ from ..core.accuracy import allowed_float32_precision, as_accurate_as_eager, flo
 from ..core.cache import GraphCache
 from ..core.capture import CapturedGraph, capture
 from ..core.compiled_programs import JobState, SpareCompiler, compile_in_background
-from ..core.kernel_swaps import KernelDecision, KernelState
+from ..core.kernel_swaps import KernelDecision, KernelState, unpackaged_note
 from ..core.signature import FlatInputs, Signature
 from ..core.verify import verify_step
 from ..errors import one_line
@@ -204,7 +204,7 @@ class DecodeKernels:
                 f"launchless: {self.name} decode step {key.describe()} replays Inductor's compiled kernels from the "
                 f"next generate() on ({speed.candidate_ms:.3f} ms against {speed.eager_ms:.3f} ms a step with eager's "
                 f"kernels; compiled in {decision.compile.seconds:.1f} s beside the calls; as accurate as eager against "
-                "float64)",
+                "float64)" + unpackaged_note(decision.compile),
             )
 
     def _proof(self, key: Hashable, entry: _Compile) -> DecodeProof:
