@@ -347,6 +347,30 @@ def test_serving_runs_split_by_mode_merge_into_the_serving_report_with_its_targe
         merge([str(p) for p in parts], str(tmp_path / "bad"))
 
 
+def test_a_run_cut_short_merges_with_the_rows_its_workers_wrote(tmp_path) -> None:
+    """A device call's time ran out in the middle of a worker: its report lacks the rows the worker had written to
+    its rows-*.jsonl; named after the report, they join it (a line cut short by the end is left out)."""
+    import json
+    from pathlib import Path
+
+    from launchless.apps.bench.runner import merge
+
+    run = json.loads(Path("benchmarks/results/2026-12-01-serving-decode.json").read_text())
+    written = [r for r in run["rows"] if r["mode"] == "launchless"]
+    cut = dict(run, rows=[r for r in run["rows"] if r["mode"] != "launchless"])
+    (tmp_path / "serving.json").write_text(json.dumps(cut))
+    rows = tmp_path / "rows-launchless-0.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in written) + '{"workload": "decode:gpt2-1')  # cut short
+    assert merge([str(tmp_path / "serving.json"), str(rows)], str(tmp_path / "merged")) == 0
+    merged = json.loads((tmp_path / "merged" / "serving.json").read_text())
+    assert sorted((r["workload"], r["mode"]) for r in merged["rows"]) == sorted(
+        (r["workload"], r["mode"]) for r in run["rows"]
+    )
+    assert merged["environment"]["gpu"] == run["environment"]["gpu"]
+    with pytest.raises(ValueError, match=r"need a bench\.json"):
+        merge([str(rows)], str(tmp_path / "alone"))
+
+
 def test_a_mode_that_changes_while_it_runs_is_called_until_it_decides(monkeypatch) -> None:
     """Compiled kernels swap in while the calls go on: the bench calls until the swap is decided, records each
     call's latency against wall time, and when it happened."""

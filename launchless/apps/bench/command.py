@@ -70,7 +70,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--merge",
         nargs="+",
         metavar="BENCH_JSON",
-        help="write one report from partial runs' bench.json (no GPU needed)",
+        help="write one report from partial runs' bench.json (no GPU needed); a worker's rows-*.jsonl among them "
+        "adds the rows of a run cut short before its report took them in",
     )
 
 

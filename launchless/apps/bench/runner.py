@@ -320,14 +320,38 @@ def _bench_run(path: str) -> dict:
     return run
 
 
+def _worker_rows(path: str) -> list[dict]:
+    """The rows a worker wrote to its ``rows-<mode>-<n>.jsonl``, one per line: those of a run cut short before its
+    report took them in (a line cut short by the end is left out)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise ValueError(f"--merge {path}: cannot be read ({exc.strerror or exc})") from None
+    rows = []
+    for line in lines:
+        with contextlib.suppress(json.JSONDecodeError):
+            row = json.loads(line)
+            if isinstance(row, dict) and "workload" in row and "mode" in row:
+                rows.append(row)
+    return rows
+
+
 def merge(paths: list[str], out_dir: str) -> int:
     """One report from several partial runs (a suite split over device calls by --workloads or --modes).
 
     Rows of a later file replace the same (workload, mode) of an earlier one; the environment is the
     first file's, and the GPU must be the same in all of them. The serving and multigpu suites' runs are
     reported as those suites report (their own tables and targets), and only with runs of the same suite.
+    A worker's ``.jsonl`` among them adds the rows it wrote (a run cut short before its report took them in),
+    in the runs' suite and environment.
     """
-    runs = [_bench_run(p) for p in paths]
+    row_files = [p for p in paths if p.endswith(".jsonl")]
+    runs = [_bench_run(p) for p in paths if not p.endswith(".jsonl")]
+    if not runs:
+        raise ValueError("--merge: a worker's .jsonl rows need a bench.json (or serving.json) of the run beside them")
+    if row_files:
+        runs.append({**runs[-1], "rows": [row for p in row_files for row in _worker_rows(p)]})
+        runs[-1]["environment"] = {**runs[-1]["environment"], "wall_s": 0.0}  # counted in its run's report
     gpus = {run["environment"].get("gpu") for run in runs}
     if len(gpus) > 1:
         raise ValueError(f"refusing to merge runs from different GPUs: {sorted(map(str, gpus))}")
