@@ -11,10 +11,10 @@ given (the signal or error, and the last line the process wrote).
 A loader that crashes on one package may crash on every package (a torch build whose loader faults here, as one
 machine's torch 2.11 did on CPU and GPU packages alike). Where a check ends by a signal, a two-layer probe package is
 built and checked on the same device; where it crashes too, the loader is recorded as crashing on this machine
-(``loader_record``: beside the programs, keyed by the host, the interpreter and torch's build), and later compiles
-there skip the package -- tens of seconds of AOTInductor's compile and a check each -- for Inductor's format at once,
-saying so. ``launchless cache --forget-loader`` (or deleting the record) tries packages again; another torch or host
-makes a record of its own."""
+(``loader_record``: beside the programs, keyed by the host, the GPU, the interpreter and torch's build), and later
+compiles there skip the package -- tens of seconds of AOTInductor's compile and a check each -- for Inductor's format
+at once, saying so. ``launchless cache --forget-loader`` (or deleting the record) tries packages again; another torch,
+GPU or host makes a record of its own."""
 
 from __future__ import annotations
 
@@ -72,9 +72,12 @@ def package_runs(path: Path, examples: Sequence[Any]) -> PackageCheck:
 
 
 def loader_record(folder: Path) -> Path:
-    """Where a crashing loader is recorded, beside the programs in ``folder``: one file per host, interpreter and
-    torch build (a shared cache folder serves several machines; another torch brings another loader)."""
-    what = [platform.node(), sys.executable, torch.__version__, str(torch.version.git_version), str(torch.version.cuda)]
+    """Where a crashing loader is recorded, beside the programs in ``folder``: one file per host, GPU, interpreter and
+    torch build (a shared cache folder serves several machines, whose containers may share a host name; another torch
+    brings another loader)."""
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    what = [platform.node(), gpu, sys.executable, torch.__version__, str(torch.version.git_version)]
+    what.append(str(torch.version.cuda))
     digest = hashlib.sha256("\n".join(what).encode()).hexdigest()[:16]
     return folder / f"package-loader-{digest}.json"
 
