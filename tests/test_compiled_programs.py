@@ -280,12 +280,20 @@ def test_a_loader_that_crashes_on_a_probe_package_too_is_recorded_for_the_machin
         assert why is None
 
 
-def test_the_loader_record_is_one_per_host_and_torch_build(tmp_path, monkeypatch) -> None:
-    """A cache folder shared by machines (a home directory on a network disk) keeps a record per host."""
+def test_the_loader_record_is_one_per_host_gpu_and_torch_build(tmp_path, monkeypatch) -> None:
+    """A cache folder shared by machines (a home directory on a network disk, containers that share a host name)
+    keeps a record per host and GPU, and another torch another record."""
     here = package_check.loader_record(tmp_path)
     assert here == package_check.loader_record(tmp_path) and here.parent == tmp_path
+    seen = {here}
     monkeypatch.setattr(package_check.platform, "node", lambda: "another-host")
-    assert package_check.loader_record(tmp_path) != here
+    seen.add(package_check.loader_record(tmp_path))
+    monkeypatch.setattr(package_check.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(package_check.torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    seen.add(package_check.loader_record(tmp_path))
+    monkeypatch.setattr(package_check.torch, "__version__", "2.99.0")
+    seen.add(package_check.loader_record(tmp_path))
+    assert len(seen) == 4
 
 
 @needs_compiler
