@@ -25,7 +25,6 @@ import argparse
 import json
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from launchless.core.package_check import how_it_ended, last_words
 
 LOADS = ("aoti_load_package", "cpp-single-threaded", "cpp-multi-threaded")
 LOAD = r"""
@@ -95,13 +96,9 @@ def load(path: Path, how: str, weights_inside: bool, device: str) -> dict[str, A
         text=True,
         timeout=300,
     )
-    code = done.returncode
-    ended = "ran" if code == 0 else (f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}")
-    lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-    fatal = [line for line in lines if line.startswith("Fatal Python error")]
-    if code == 0:
-        return {"ended": ended, "last": ""}
-    return {"ended": ended, "last": (fatal or lines or [""])[0 if fatal else -1][:300]}
+    if done.returncode == 0:
+        return {"ended": "ran", "last": ""}
+    return {"ended": how_it_ended(done.returncode), "last": last_words(done.stderr)[:300]}
 
 
 def native_stack(path: Path, how: str, weights_inside: bool, device: str) -> list[str]:

@@ -66,9 +66,14 @@ def package_runs(path: Path, examples: Sequence[Any]) -> PackageCheck:
         specs.unlink(missing_ok=True)
     if done.returncode == 0:
         return PackageCheck("")
-    how = f"signal {signal.Signals(-done.returncode).name}" if done.returncode < 0 else f"exit status {done.returncode}"
-    why = f"a process that loaded and ran the package ended with {how} ({_last_words(done.stderr)})"
+    ended, words = how_it_ended(done.returncode), last_words(done.stderr)
+    why = f"a process that loaded and ran the package ended with {ended} ({words})"
     return PackageCheck(why, crashed=done.returncode < 0)
+
+
+def how_it_ended(returncode: int) -> str:
+    """``signal SIGSEGV`` for a process a signal ended, else ``exit status N``."""
+    return f"signal {signal.Signals(-returncode).name}" if returncode < 0 else f"exit status {returncode}"
 
 
 def loader_record(folder: Path) -> Path:
@@ -150,7 +155,7 @@ def _zeros(spec: dict[str, Any]) -> Any:
     return torch.empty_strided(spec["shape"], spec["stride"], dtype=dtype, device=spec["device"]).zero_()
 
 
-def _last_words(stderr: str) -> str:
+def last_words(stderr: str) -> str:
     """The line that says what went wrong: a fatal error's, an exception's, else the last one written."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     for line in lines:
