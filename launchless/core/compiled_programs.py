@@ -630,7 +630,12 @@ class KeptProgram:
 
     @property
     def files(self) -> list[Path]:
-        return [p for p in (self.path, plan_of(self.path), constants_of(self.path)) if p.exists()]
+        return _files_of(self.path)
+
+
+def _files_of(program: Path) -> list[Path]:
+    """A kept program's files on disk: the program, its plan, the tensors its forward makes."""
+    return [p for p in (program, plan_of(program), constants_of(program)) if p.exists()]
 
 
 def kept_programs(directory: Path) -> list[KeptProgram]:
@@ -641,7 +646,7 @@ def kept_programs(directory: Path) -> list[KeptProgram]:
             plan = json.loads(plan_of(path).read_text())
         except (OSError, ValueError):
             plan = None
-        files = [p for p in (path, plan_of(path), constants_of(path)) if p.exists()]
+        files = _files_of(path)
         found.append(
             KeptProgram(
                 path=path,
