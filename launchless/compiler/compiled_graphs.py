@@ -159,12 +159,12 @@ class CompiledGraphs:
                 f"unhashable:{exc}", logging.INFO, f"launchless: {self.name} runs without a CUDA graph: {exc}"
             )
             return self.compiled(*args)
-        flat = FlatInputs(list(args), ("fast", len(args), ()), self._rebuild)
         graphs = self._graphs
         entry = graphs.lookup(sig, args)
+        if entry is not None and entry.decision.variant == "no-graph":  # the selective choice: Inductor's alone
+            return self.compiled(*args)
+        flat = FlatInputs(list(args), ("fast", len(args), ()), self._rebuild)
         if entry is not None:
-            if entry.decision.variant == "no-graph":
-                return self.compiled(*args)
             try:
                 if entry.monitor is not None and entry.monitor.should_sample():
                     return self._variants.sampled(sig, entry, flat, args, self.compiled)
