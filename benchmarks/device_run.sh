@@ -60,6 +60,7 @@
 #                      ways, loaded three ways, each load in a process of its own)
 #   compile-cost       benchmarks/program_compile_cost.py over COST="workload ...": an inference program's compile,
 #                      AOTInductor as the compiler process runs it against other settings and Inductor's own format
+#                      (COST_VARIANTS="variant ..." only those; COST_NUMERICS=1 with eager's rounding, as decode steps)
 #   fallback-cost      benchmarks/fallback_cost.py over FALLBACK="library:model ..." (differential names): a wrapped
 #                      call that runs without a graph against eager -- host time, kernels, the wrapper's profile
 #   differential       launchless differential run over LIBS="library:workers ..." side by side (default: all five
@@ -255,9 +256,11 @@ print(subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout.
         ${READ_TRAINING:+--training}
     done ;;
   package-load) run package-load python3 benchmarks/package_load.py --out "$out/package-load" ;;
-  compile-cost)  # COST="workload ..." (default hf:gpt2)
+  compile-cost)  # COST="workload ..." (default hf:gpt2); COST_VARIANTS="variant ..."; COST_NUMERICS=1: eager's rounding
+    read -r -a cost_variants <<<"${COST_VARIANTS:-}"
     for w in ${COST:-hf:gpt2}; do
-      run "compile-cost-${w//:/-}" python3 benchmarks/program_compile_cost.py --workload "$w" --out "$out/compile-cost"
+      run "compile-cost-${w//:/-}" python3 benchmarks/program_compile_cost.py --workload "$w" --out "$out/compile-cost" \
+        ${cost_variants[@]:+--variants "${cost_variants[@]}"} ${COST_NUMERICS:+--eager-numerics}
     done ;;
   training)
     run training python3 -m launchless.apps.cli bench --suite training --timeout 300 --gpus "${gpus[@]}" \

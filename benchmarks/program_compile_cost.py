@@ -11,6 +11,9 @@ The variants, on a zoo workload's forward exported as the compiler process expor
 - ``aoti-one-thread``: the same as ``aoti`` with one compile thread (whether Inductor's compile workers serve it);
 - ``artifact``: ``torch._inductor.standalone_compile``, Inductor's own format (what a training program is).
 
+``--eager-numerics`` compiles every variant with eager's rounding where Inductor fuses (a decode step's program is
+compiled so: its greedy tokens follow eager's), to tell what that costs a compile.
+
 The ``aoti`` variant is also profiled (``cProfile``, the compiling thread): the functions that took the time.
 
     python benchmarks/program_compile_cost.py --workload hf:gpt2 --out /tmp/compile-cost
@@ -61,18 +64,24 @@ def _exported(workload: str) -> tuple[torch.fx.GraphModule, list[Any]]:
     return exported.graph_module, examples
 
 
-def run_variant(workload: str, variant: str, *, profile_top: int) -> dict[str, Any]:
+def run_variant(workload: str, variant: str, *, profile_top: int, eager_numerics: bool) -> dict[str, Any]:
     import torch._inductor.config as inductor_config
     from torch._inductor.package import package_aoti
+
+    from launchless.core.compiler_process import host_code_unoptimized, numerics_of_eager
 
     began = time.perf_counter()
     graph_module, examples = _exported(workload)
     export_s = time.perf_counter() - began
-    settings = dict(SETTINGS[variant])
-    if variant != "artifact" and "aot_inductor.compile_wrapper_opt_level" in inductor_config.get_config_copy():
-        settings["aot_inductor.compile_wrapper_opt_level"] = "O0"
+    host_code = contextlib.nullcontext() if variant == "artifact" else host_code_unoptimized()
     profiler = cProfile.Profile() if profile_top else None
-    with tempfile.TemporaryDirectory() as folder, torch.no_grad(), inductor_config.patch(settings):
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        torch.no_grad(),
+        inductor_config.patch(SETTINGS[variant]),
+        host_code,
+        numerics_of_eager(eager_numerics),
+    ):
         began = time.perf_counter()
         with profiler if profiler is not None else contextlib.nullcontext():
             if variant == "artifact":
@@ -85,7 +94,12 @@ def run_variant(workload: str, variant: str, *, profile_top: int) -> dict[str, A
                 files = torch._inductor.aot_compile(graph_module, tuple(examples), options=options)
                 package_aoti(str(Path(folder) / "program.pt2"), files)
         compile_s = time.perf_counter() - began
-    row: dict[str, Any] = {"variant": variant, "export_s": round(export_s, 2), "compile_s": round(compile_s, 2)}
+    row: dict[str, Any] = {
+        "variant": variant,
+        "eager_numerics": eager_numerics,
+        "export_s": round(export_s, 2),
+        "compile_s": round(compile_s, 2),
+    }
     if profiler is not None:
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(profile_top)
@@ -93,11 +107,12 @@ def run_variant(workload: str, variant: str, *, profile_top: int) -> dict[str, A
     return row
 
 
-def _child(workload: str, variant: str, *, profile_top: int) -> dict[str, Any]:
+def _child(workload: str, variant: str, *, profile_top: int, eager_numerics: bool) -> dict[str, Any]:
     """One variant in a process of its own, its Inductor and Triton caches fresh (nothing compiled before)."""
     with tempfile.TemporaryDirectory() as caches:
         env = {"TORCHINDUCTOR_CACHE_DIR": f"{caches}/inductor", "TRITON_CACHE_DIR": f"{caches}/triton"}
         arguments = [__file__, "--variant", variant, "--workload", workload, "--top", str(profile_top)]
+        arguments += ["--eager-numerics"] if eager_numerics else []
         return {"variant": variant} | run_fresh(arguments, env=env, timeout=900)
 
 
@@ -107,19 +122,24 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--top", type=int, default=40, help="functions in the aoti variant's profile")
     parser.add_argument("--out", default="", help="where the JSON and the profile go (default: printed only)")
+    parser.add_argument(
+        "--eager-numerics", action="store_true", help="compile with eager's rounding, as a decode step's program is"
+    )
     parser.add_argument("--variant", default="", help=argparse.SUPPRESS)  # a child's one variant
     ns = parser.parse_args()
     if ns.variant:
-        print(json.dumps(run_variant(ns.workload, ns.variant, profile_top=ns.top)))
+        print(json.dumps(run_variant(ns.workload, ns.variant, profile_top=ns.top, eager_numerics=ns.eager_numerics)))
         return
-    rows = [_child(ns.workload, variant, profile_top=0) for variant in ns.variants]
-    for row in rows:
-        print(f"{row['variant']:22} {row.get('compile_s', row.get('error'))}", flush=True)
-    profiled = _child(ns.workload, "aoti", profile_top=ns.top) if "aoti" in ns.variants else {}
+    numerics = {"eager_numerics": ns.eager_numerics}
+    rows = []
+    for variant in ns.variants:
+        rows.append(_child(ns.workload, variant, profile_top=0, **numerics))
+        print(f"{variant:22} {rows[-1].get('compile_s', rows[-1].get('error'))}", flush=True)
+    profiled = _child(ns.workload, "aoti", profile_top=ns.top, **numerics) if "aoti" in ns.variants else {}
     profile = profiled.pop("profile", "")
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    report = {"workload": ns.workload, "device": device, "torch": torch.__version__, "rows": rows}
-    stem = f"compile-cost-{ns.workload.replace(':', '-')}"
+    report = {"workload": ns.workload, "device": device, "torch": torch.__version__, **numerics, "rows": rows}
+    stem = f"compile-cost-{ns.workload.replace(':', '-')}" + ("-eager-numerics" if ns.eager_numerics else "")
     keep_report(report | {"profiled": profiled}, out=ns.out, stem=stem, profile=profile, profile_name="aoti-profile")
 
 

@@ -162,7 +162,7 @@ def _backward_compiled_now(training: bool) -> Any:
     return config.patch(force_non_lazy_backward_lowering=True)
 
 
-def _numerics_of_eager(on: bool) -> Any:
+def numerics_of_eager(on: bool) -> Any:
     """Inductor's options that keep eager's rounding where it fuses (``compile_in_background``'s
     ``eager_numerics``), those this PyTorch has (the division option's name changed between releases)."""
     import torch._inductor.config as config
@@ -174,7 +174,7 @@ def _numerics_of_eager(on: bool) -> Any:
     return config.patch({name: True for name in wanted if name in known})
 
 
-def _host_code_unoptimized() -> Any:
+def host_code_unoptimized() -> Any:
     """A package's host code (the C++ that allocates and launches its kernels) compiled without optimizations: it
     runs at capture only (its graph replays the kernels), and an optimizing C++ compile of it costs the swap
     seconds."""
@@ -191,7 +191,7 @@ def _build_package(
     """AOTInductor's package of ``graph_module`` at ``program``, every weight an input as ``examples`` has them."""
     from torch._inductor.package import package_aoti
 
-    with torch.no_grad(), _numerics_of_eager(eager_numerics), _host_code_unoptimized():
+    with torch.no_grad(), numerics_of_eager(eager_numerics), host_code_unoptimized():
         files = torch._inductor.aot_compile(graph_module, tuple(examples), options={"aot_inductor.package": True})
     assert isinstance(files, (list, dict)), type(files)  # with aot_inductor.package: the files to pack
     package_aoti(str(program), files)
@@ -242,7 +242,7 @@ def _packaged(
                 if remember_if_the_loader_crashes(record, check, device, build=_build_probe):
                     why += "; a two-layer probe package crashed it too: packages are no longer built here"
                 phase("probe")
-    with torch.no_grad(), _numerics_of_eager(eager_numerics):
+    with torch.no_grad(), numerics_of_eager(eager_numerics):
         compiled = torch._inductor.standalone_compile(graph_module, examples, dynamic_shapes="from_example_inputs")
     compiled.save(path=program, format="binary")
     phase("compile (Inductor's format)")
@@ -348,7 +348,7 @@ def compile_program(
             )
     graph_module.recompile()
     if training:  # autograd differentiates it: Inductor's forward and backward, kept as a ``CompiledArtifact``
-        with grad_mode(), _backward_compiled_now(training), _numerics_of_eager(eager_numerics):
+        with grad_mode(), _backward_compiled_now(training), numerics_of_eager(eager_numerics):
             compiled = torch._inductor.standalone_compile(graph_module, examples, dynamic_shapes="from_example_inputs")
         phase("compile")
         compiled.save(path=program, format="binary")
