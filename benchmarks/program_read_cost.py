@@ -11,7 +11,11 @@ calls that need it between their launches. On a zoo workload:
 - in another, the read is profiled (``cProfile`` in the reading thread: the functions with the most time);
 - in another, the workload's calls run wrapped (eager-kernel graphs) one after the other, each waited for, while a
   thread reads the program: each call's latency before and during the read (median, 90th percentile, longest) --
-  the stalls a read causes.
+  the stalls a read causes;
+- in another, the same with the read at Python's switch interval (the library shortens it while it reads,
+  ``core.switch_interval``): whether the calls' stalls are waits for the interpreter lock the reading thread holds
+  (Python hands it over on request only after the switch interval, 5 ms by default, against calls of a fraction
+  of that).
 
     python benchmarks/program_read_cost.py --workload timm:resnet18 --device cuda --cache /tmp/programs --out /tmp/r
 """
@@ -36,7 +40,7 @@ from diagnostics import keep_report, run_fresh
 import launchless as ll
 from launchless.apps import zoo
 from launchless.apps.bench.serving_buckets import waited_ms
-from launchless.core import compiled_programs
+from launchless.core import compiled_programs, switch_interval
 from launchless.core.compiled_programs import CompileJob, JobState, compile_in_background
 
 COMPILE_TIMEOUT_S = 1800
@@ -140,10 +144,22 @@ def calls_during_read(name: str, *, device: str, training: bool) -> dict[str, An
         while not job.done:
             during.append(waited_ms(call, device=on))
         read_s = time.perf_counter() - began
-    return {"read_s": round(read_s, 3), "state": str(job.state), "before": _stats(before), "during": _stats(during)}
+    return {
+        "read_s": round(read_s, 3),
+        "state": str(job.state),
+        "switch_interval_s": switch_interval.SHORT_SWITCH_S,
+        "before": _stats(before),
+        "during": _stats(during),
+    }
 
 
-PHASES = {"split": read_split, "calls": calls_during_read}
+def calls_during_read_python_switch(name: str, *, device: str, training: bool) -> dict[str, Any]:
+    """As ``calls_during_read``, the read at Python's own switch interval."""
+    switch_interval.SHORT_SWITCH_S = sys.getswitchinterval()
+    return calls_during_read(name, device=device, training=training)
+
+
+PHASES = {"split": read_split, "calls": calls_during_read, "calls-python-switch": calls_during_read_python_switch}
 
 
 def _child(phase: str, ns: argparse.Namespace) -> dict[str, Any]:
@@ -184,7 +200,7 @@ def main() -> None:
         "cache": str(compiled_programs.cache_dir()),
         "compile": compile_once(ns.workload, device=ns.device, training=ns.training),
     }
-    for phase in ("split", "calls", "profile"):
+    for phase in ("split", "calls", "calls-python-switch", "profile"):
         report[phase] = _child(phase, ns)
     profile = report["profile"].pop("profile", "")
     stem = f"program-read-{ns.workload.replace(':', '-')}{'-training' if ns.training else ''}"

@@ -56,6 +56,7 @@ from torch.utils import _pytree as pytree
 
 from .compiler_cpus import CALLS_CORES, compiler_cpus
 from .status import Label
+from .switch_interval import calls_first
 
 
 class JobState(Label):
@@ -143,7 +144,9 @@ class CompileJob:
         return CompiledProgram(compiled, plan, model, made=made)
 
     def _read_program(self) -> None:
-        """In the job's thread: the ready program into memory; a program that cannot be read fails the job."""
+        """In the job's thread: the ready program into memory; a program that cannot be read fails the job. The
+        read is Python beside the calls (Inductor's imports, for its own format): the calls get the interpreter
+        lock back sooner meanwhile (``calls_first``)."""
         began = time.perf_counter()
         try:
             from .capture import CAPTURE_LOCK
@@ -153,14 +156,15 @@ class CompileJob:
             made = torch.load(made_path, weights_only=True) if made_path.exists() else []
             on_device = torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext()
             self.format, self.unpackaged = plan.get("format", ProgramFormat.ARTIFACT), plan.get("unpackaged", "")
-            if self.format != ProgramFormat.PACKAGE:  # Inductor's imports (seconds) keep no capture waiting
-                from torch._inductor import CompiledArtifact  # noqa: F401
-            # it touches the GPU: never while the calls' thread captures a graph
-            with CAPTURE_LOCK, on_device:
-                if self.format == ProgramFormat.PACKAGE:
-                    program: Any = PackageProgram.load(self.program, self.device)
-                else:
-                    program = _load_artifact(self.program)
+            with calls_first():
+                if self.format != ProgramFormat.PACKAGE:  # Inductor's imports (seconds) keep no capture waiting
+                    from torch._inductor import CompiledArtifact  # noqa: F401
+                # it touches the GPU: never while the calls' thread captures a graph
+                with CAPTURE_LOCK, on_device:
+                    if self.format == ProgramFormat.PACKAGE:
+                        program: Any = PackageProgram.load(self.program, self.device)
+                    else:
+                        program = _load_artifact(self.program)
             self._read = (program, plan, made)
         except Exception as exc:
             with self._lock:
@@ -184,7 +188,9 @@ class CompileJob:
         try:
             with tempfile.TemporaryDirectory() as scratch:
                 sent = Path(scratch) / "model.pickle"
-                sent.write_bytes(structure_of(model, args, kwargs, training=training, eager_numerics=eager_numerics))
+                with calls_first():  # Python beside the first calls
+                    structure = structure_of(model, args, kwargs, training=training, eager_numerics=eager_numerics)
+                sent.write_bytes(structure)
                 built = Path(scratch) / f"program{self.program.suffix}"
                 with self._lock:
                     if self.state is not JobState.COMPILING:
