@@ -56,7 +56,12 @@ def _exported(workload: str) -> tuple[torch.fx.GraphModule, list[Any]]:
     model = built.model.eval()
     with torch.no_grad():
         exported = torch.export.export(model, tuple(built.args), dict(built.kwargs), strict=False)
-    tensors = dict(model.named_parameters()) | dict(model.named_buffers()) | dict(exported.constants)
+    # every name a tensor has (a tied weight -- gpt2's lm_head.weight -- is lifted under its own name)
+    tensors = (
+        dict(model.named_parameters(remove_duplicate=False))
+        | dict(model.named_buffers(remove_duplicate=False))
+        | dict(exported.constants)
+    )
     user = iter(pytree.tree_leaves((tuple(built.args), dict(built.kwargs))))
     examples = []
     for spec in exported.graph_signature.input_specs:
