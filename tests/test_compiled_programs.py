@@ -549,6 +549,52 @@ def test_an_exiting_process_ends_the_compiler_and_waits_for_the_jobs_thread(tmp_
 
 
 @needs_compiler
+def test_the_program_is_taken_when_the_compiler_says_it_is_ready_not_when_the_process_has_exited(
+    tmp_path, monkeypatch
+) -> None:
+    """A compiler process's exit takes seconds after its program is written (Inductor's compile workers joined, the
+    GPU's context torn down): the calls' process takes the program at its ready line; the process, still exiting,
+    is waited for by the job's thread and ended with the process that started it."""
+    monkeypatch.setattr(compiled_programs, "COMPILER_MODULE", "lingering_compiler")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    model = Net(width=20).eval()
+    x = torch.randn(1, 3, 8, 8)
+    job = compile_in_background(model, (x,), signature="(float32[1x3x8x8]@cpu)", directory=tmp_path)
+    assert job.wait(COMPILE_S) is JobState.READY, job.reason
+    assert job._child is not None and job._child.poll() is None  # ready while the compiler process lingers
+    with torch.inference_mode():
+        torch.testing.assert_close(job.load(model)(x), model(x), rtol=1e-5, atol=1e-5)
+    assert job._thread is not None and job._thread.is_alive()  # it waits for the process to exit
+    compiled_programs._end_children()
+    assert job._child.poll() is not None and not job._thread.is_alive()
+    assert job.state is JobState.READY  # a program taken is not cancelled by the exit
+
+
+def test_inductors_imports_for_a_program_in_its_format_are_done_while_it_compiles(tmp_path, monkeypatch) -> None:
+    """A program in Inductor's format (training, or any where PyTorch's package loader crashes) is read with
+    Inductor imported: the imports are done while the child compiles, not on the swap's path; a package needs none."""
+    imported: list[str] = []
+    monkeypatch.setattr(compiled_programs, "_import_the_artifact_reader", lambda: imported.append("imported"))
+    monkeypatch.setattr(compiled_programs, "COMPILER_MODULE", "launchless_no_such_compiler")  # ends at once
+    model, x = Net().eval(), torch.randn(1, 3, 8, 8)
+
+    def job(signature: str, *, training: bool = False) -> compiled_programs.CompileJob:
+        started = compile_in_background(model, (x,), signature=signature, training=training, directory=tmp_path)
+        assert started.wait(120) is JobState.FAILED and "launchless_no_such_compiler" in started.reason
+        return started
+
+    job("(package)")
+    assert imported == []
+    package_check.loader_record(tmp_path).write_text(json.dumps({"why": "signal SIGSEGV", "at": "today"}))
+    job("(artifact)")
+    assert imported == ["imported"]
+    if compiled_programs.saves_training_programs():
+        package_check.loader_record(tmp_path).unlink()
+        job("(training)", training=True)
+        assert imported == ["imported"] * 2
+
+
+@needs_compiler
 def test_two_models_compiling_at_once_both_get_their_program(tmp_path) -> None:
     """Each job exports and compiles in a process of its own."""
     models = [Net(width=10).eval(), Net(width=16).eval()]

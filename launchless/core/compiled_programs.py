@@ -185,6 +185,7 @@ class CompileJob:
         spare: SpareCompiler | None,
     ) -> None:
         began = time.perf_counter()
+        said: _ChildOutput | None = None
         try:
             with tempfile.TemporaryDirectory() as scratch:
                 sent = Path(scratch) / "model.pickle"
@@ -199,11 +200,15 @@ class CompileJob:
                     self._child = spare.take(job) if spare is not None else None
                     if self._child is None:  # no spare, or it has ended: a process of its own
                         self._child = _start_compiler([*job])
-                _, errors = self._child.communicate()
+                said = _ChildOutput(self._child)
+                if training or _packages_crash_here(self.program.parent):
+                    _import_the_artifact_reader()  # while it compiles, not on the swap's path
+                ready = said.program_ready()
+                errors = "" if ready else said.finish()  # ended without a program: why, once it has exited
                 with self._lock:
                     if self.state is not JobState.COMPILING:
                         return
-                    if self._child.returncode != 0 or not built.exists() or not plan_of(built).exists():
+                    if not ready or not built.exists() or not plan_of(built).exists():
                         self.state, self.reason = JobState.FAILED, _last_line(errors, self._child.returncode)
                         return
                     self.program.parent.mkdir(parents=True, exist_ok=True)
@@ -224,6 +229,69 @@ class CompileJob:
                 self._read_program()  # sets done once read
             else:
                 self._done.set()
+            if said is not None:  # the compiler process, done with, is waited for as it exits
+                said.finish()
+
+    def end_child(self) -> None:
+        """The compiler process ended, whatever it does: still compiling (``cancel`` first), or exiting after its
+        program was taken."""
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.kill()
+
+
+PROGRAM_READY = "launchless: program ready"
+"""The line a compiler process says on its standard output once the program and its plan are written: the calls'
+process takes the program then, not when the process has exited (seconds later: Inductor's compile workers joined,
+the GPU's context torn down)."""
+
+
+class _ChildOutput:
+    """What a compiler process says: its standard output read line by line for ``PROGRAM_READY``, its errors
+    collected by a thread of their own meanwhile (a process blocked writing to a full pipe would never finish)."""
+
+    def __init__(self, child: subprocess.Popen) -> None:
+        self._child = child
+        self._errors: list[str] = []
+        self._drain = threading.Thread(target=self._collect_errors, name="launchless-compiler-errors", daemon=True)
+        self._drain.start()
+
+    def _collect_errors(self) -> None:
+        if self._child.stderr is not None:
+            self._errors.append(self._child.stderr.read())
+
+    def program_ready(self) -> bool:
+        """Whether the process said its program is ready (False: it ended, or closed its output, without)."""
+        if self._child.stdout is None:
+            return False
+        # lines read as they come, up to the ready line (anything else the process prints is passed over)
+        return any(line.rstrip("\n") == PROGRAM_READY for line in self._child.stdout)
+
+    def finish(self) -> str:
+        """Its errors, once it has exited (the rest of its output read and dropped)."""
+        if self._child.stdout is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._child.stdout.read()
+        self._child.wait()
+        self._drain.join()
+        return "".join(self._errors)
+
+
+def _packages_crash_here(folder: Path) -> bool:
+    """Whether PyTorch's package loader was recorded crashing on this machine (``package_check``): the compiler
+    keeps inference programs in Inductor's format there too."""
+    from .package_check import loader_crashed_here, loader_record
+
+    return loader_crashed_here(loader_record(folder)) is not None
+
+
+def _import_the_artifact_reader() -> None:
+    """Inductor's imports, which reading a program in its format needs (a second of Python), done while the program
+    compiles -- beside the calls, which get the interpreter lock back sooner meanwhile (``calls_first``) -- so that
+    the read, once the program is ready, is the read alone. Where they fail, the read fails saying why."""
+    with calls_first(), contextlib.suppress(Exception):
+        import torch._inductor.config  # noqa: F401
+        from torch._inductor import CompiledArtifact  # noqa: F401
 
 
 def _load_artifact(path: Path) -> Any:
@@ -300,7 +368,7 @@ def _start_compiler(arguments: list[str]) -> subprocess.Popen:
     child = subprocess.Popen(
         [sys.executable, "-m", COMPILER_MODULE, *arguments],
         stdin=subprocess.PIPE if arguments == [SPARE] else subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,  # says PROGRAM_READY
         stderr=subprocess.PIPE,
         text=True,
         env=_compiler_environment(),
@@ -348,7 +416,7 @@ class SpareCompiler:
         except OSError:  # it ended meanwhile
             child.kill()
             return None
-        child.stdin = None  # given: ``communicate()`` then reads its errors only
+        child.stdin = None  # given: nothing more is written to it
         return child
 
     def end(self) -> None:
@@ -456,6 +524,7 @@ def _end_children() -> None:
     jobs = list(_LIVE)
     for job in jobs:
         job.cancel("the process is exiting")
+        job.end_child()  # one whose program was taken may still be exiting: its job's thread waits for it
     for spare in list(_SPARES):
         spare.end()
     deadline = time.monotonic() + EXIT_WAIT_S

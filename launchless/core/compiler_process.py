@@ -26,6 +26,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .compiled_programs import (
+    PROGRAM_READY,
     SENT,
     SPARE,
     ProgramFormat,
@@ -252,7 +253,8 @@ def _packaged(
 def compile_program(
     sent: str, program: str, started: float, *, kept_in: str | None = None, marks: list[Mark] | None = None
 ) -> None:
-    """The child process: the model's structure in, the compiled program and its plan out. An inference program is
+    """The child process: the model's structure in, the compiled program and its plan out (``PROGRAM_READY`` said on
+    its standard output once both are written, before it exits). An inference program is
     exported and compiled under ``no_grad``; a training program with autograd on, so that Inductor compiles its
     backward too (AOTAutograd's forward and backward, called through autograd as the model is). Every weight is an
     input of the program, none a constant of its code. The plan names the operations that draw random numbers
@@ -376,6 +378,9 @@ def compile_program(
         "random": random_operations(exported.graph_module),
     }
     plan_of(Path(program)).write_text(json.dumps(plan))
+    # the calls' process takes the program now: this process's exit (Inductor's compile workers joined, the GPU's
+    # context torn down) takes seconds more
+    os.write(1, f"{PROGRAM_READY}\n".encode())
 
 
 if __name__ == "__main__":

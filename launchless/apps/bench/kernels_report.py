@@ -129,7 +129,7 @@ def markdown_lines(rows: Sequence[Row]) -> list[str]:
         "",
     ]
     header = ["workload", "decided", "steady ms", "× launchless-compile", "× best floor", "first call ms"]
-    header += ["ms while compiling", "compiled in s", "swapped at s"]
+    header += ["ms while compiling", "compiled in s", "swapped at s", "swap × reduce-overhead's first call"]
     body, verdicts = [], []
     for w in workloads:
         met = targets(w, by_key)
@@ -146,7 +146,9 @@ def markdown_lines(rows: Sequence[Row]) -> list[str]:
             name = f"`{w}`" + (" second process" if mode == COMPILED_KERNELS_ON_DISK else "")
             ratios = [figure(f["vs_launchless_compile"], "×"), figure(f["vs_best_floor"], "×")]
             times = [figure(f[key]) for key in ("first_call_ms", "during_compile_ms", "compile_s", "swap_s")]
-            body.append([name, decided, figure(f["steady_ms"]), *ratios, *times])
+            first_ro = _ok(by_key.get((w, stats.REDUCE_OVERHEAD)), "first_call_ms")  # its compile, waited for
+            swap_vs_ro = None if f["swap_s"] is None or not first_ro else f["swap_s"] / (first_ro / 1e3)
+            body.append([name, decided, figure(f["steady_ms"]), *ratios, *times, figure(swap_vs_ro, "×")])
         verdicts.append((w, met["targets"]))
     lines += md_table(header, body) + _time_to_swap_lines(workloads, by_key)
     names = list(dict.fromkeys(name for _, met in verdicts for name in met))  # a training step adds its own
