@@ -402,6 +402,41 @@ def test_a_mode_that_changes_while_it_runs_is_called_until_it_decides(monkeypatc
     assert time.perf_counter() - began >= paused["early_calls"] * 0.01
 
 
+def test_the_calls_go_on_until_the_package_of_a_program_swapped_in_in_inductors_format_is_kept(monkeypatch) -> None:
+    """A program swapped in in Inductor's format is packaged after, for a second process: the bench calls until the
+    package is kept (or given up, saying why), so that the second process finds it and the steady state is timed
+    after it; when it was kept is in the row."""
+    import time
+
+    import torch
+
+    from launchless.apps.bench import measure
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    calls = {"n": 0}
+
+    def call() -> None:
+        calls["n"] += 1
+        time.sleep(0.0005)
+
+    def settled(*, given_up: bool = False) -> dict | None:
+        if calls["n"] < 10:
+            return None
+        pending = calls["n"] < 100
+        why = "AOTInductor could not build a package" if given_up and not pending else None
+        return {"kernels": "compiled", "reason": "", "package_pending": pending, "unpackaged": why}
+
+    row = measure.early_calls(modes.Prepared(call, settled=settled), time.perf_counter())
+    assert calls["n"] == 100 and row["swap_s"] < row["package_s"] <= row["timeline"][-1][0] and not row["unpackaged"]
+    calls["n"] = 0
+    row = measure.early_calls(modes.Prepared(call, settled=lambda: settled(given_up=True)), time.perf_counter())
+    assert calls["n"] == 100 and row["unpackaged"] == "AOTInductor could not build a package"
+    calls["n"] = 0
+    monkeypatch.setattr(measure, "PACKAGE_S", 0.0)  # not waited for past its bound: no package_s
+    row = measure.early_calls(modes.Prepared(call, settled=settled), time.perf_counter())
+    assert calls["n"] == 10 + measure.AFTER_SETTLED and row["package_s"] is None
+
+
 def test_a_long_timeline_keeps_the_first_call_and_the_median_of_each_span() -> None:
     from launchless.apps.bench.measure import TIMELINE_POINTS, thinned
 

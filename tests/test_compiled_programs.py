@@ -548,6 +548,75 @@ def test_an_exiting_process_ends_the_compiler_and_waits_for_the_jobs_thread(tmp_
     assert job._child.poll() is not None and job.state is JobState.CANCELLED and job.done
 
 
+def _compiler_variant(monkeypatch: pytest.MonkeyPatch, variant: str) -> None:
+    """The compiler processes started are ``tests/compiler_variants.py``'s ``variant``."""
+    monkeypatch.setattr(compiled_programs, "COMPILER_MODULE", "compiler_variants")
+    monkeypatch.setenv("LAUNCHLESS_TEST_COMPILER", variant)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+
+
+def _plan(program: Path) -> dict[str, Any]:
+    return json.loads(compiled_programs.plan_of(program).read_text())
+
+
+@needs_compiler
+def test_inductors_format_comes_first_and_its_package_is_kept_after_it_for_the_next_process(
+    tmp_path, monkeypatch
+) -> None:
+    """On a GPU an inference program is compiled in Inductor's format first (its compile is the shorter), read and
+    swapped in while the child builds the package, which a later process reads without Inductor."""
+    monkeypatch.setattr(compiled_programs, "INDUCTOR_FORMAT_FIRST_ON", ("cpu",))  # as on a GPU
+    model, x = Net(width=12).eval(), torch.randn(2, 3, 8, 8)
+    job = compile_in_background(model, (x,), signature="(float32[2x3x8x8]@cpu)", directory=tmp_path)
+    assert job.wait(COMPILE_S) is JobState.READY, job.reason
+    inductor = compiled_programs.inductor_program_of(job.program)
+    assert job.read_from == inductor and job.format == "artifact" and job.unpackaged == ""  # a package follows
+    with torch.inference_mode():
+        torch.testing.assert_close(job.load(model)(x), model(x), rtol=1e-5, atol=1e-5)
+    assert job._thread is not None
+    job._thread.join(COMPILE_S)
+    assert _plan(job.program)["format"] == "package" and _plan(inductor)["package_follows"]
+    phases = list(job.phases)
+    assert phases.index("compile (Inductor's format)") < phases.index("compile") < phases.index("check")
+    later = compile_in_background(Net(width=12).eval(), (x,), signature="(float32[2x3x8x8]@cpu)", directory=tmp_path)
+    assert later.wait(COMPILE_S) is JobState.READY and later.reason == "found on disk"
+    assert later.read_from == later.program and later.format == "package"
+
+
+@needs_compiler
+def test_a_process_that_ends_before_the_package_leaves_inductors_format_which_the_next_reads_saying_why(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setattr(compiled_programs, "INDUCTOR_FORMAT_FIRST_ON", ("cpu",))
+    _compiler_variant(monkeypatch, "slow-package")
+    model, x = Net(width=14).eval(), torch.randn(2, 3, 8, 8)
+    job = compile_in_background(model, (x,), signature="(float32[2x3x8x8]@cpu)", directory=tmp_path)
+    assert job.wait(COMPILE_S) is JobState.READY, job.reason
+    compiled_programs._end_children()  # the process exits while the package is built
+    assert job._child is not None and job._child.poll() is not None and not job.program.exists()
+    later = compile_in_background(Net(width=14).eval(), (x,), signature="(float32[2x3x8x8]@cpu)", directory=tmp_path)
+    assert later.wait(COMPILE_S) is JobState.READY and later.read_from == job.read_from
+    assert later.unpackaged == "the process that compiled it ended before its package was built"
+    with torch.inference_mode():
+        torch.testing.assert_close(later.load(model)(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+@needs_compiler
+def test_where_no_package_can_follow_inductors_format_its_plan_says_why(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(compiled_programs, "INDUCTOR_FORMAT_FIRST_ON", ("cpu",))
+    _compiler_variant(monkeypatch, "no-package")
+    model, x = Net(width=10).eval(), torch.randn(2, 3, 8, 8)
+    job = compile_in_background(model, (x,), signature="(float32[2x3x8x8]@cpu)", directory=tmp_path)
+    assert job.wait(COMPILE_S) is JobState.READY, job.reason
+    assert job._thread is not None
+    job._thread.join(COMPILE_S)
+    why = "AOTInductor could not build a package (RuntimeError: cuda_runtime_api.h: No such file or directory)"
+    assert job.unpackaged == why and not job.program.exists()
+    assert _plan(job.read_from)["unpackaged"] == why and not _plan(job.read_from)["package_follows"]
+    later = compile_in_background(Net(width=10).eval(), (x,), signature="(float32[2x3x8x8]@cpu)", directory=tmp_path)
+    assert later.wait(COMPILE_S) is JobState.READY and later.unpackaged == why
+
+
 @needs_compiler
 def test_the_program_is_taken_when_the_compiler_says_it_is_ready_not_when_the_process_has_exited(
     tmp_path, monkeypatch
@@ -555,8 +624,7 @@ def test_the_program_is_taken_when_the_compiler_says_it_is_ready_not_when_the_pr
     """A compiler process's exit takes seconds after its program is written (Inductor's compile workers joined, the
     GPU's context torn down): the calls' process takes the program at its ready line; the process, still exiting,
     is waited for by the job's thread and ended with the process that started it."""
-    monkeypatch.setattr(compiled_programs, "COMPILER_MODULE", "lingering_compiler")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    _compiler_variant(monkeypatch, "linger")
     model = Net(width=20).eval()
     x = torch.randn(1, 3, 8, 8)
     job = compile_in_background(model, (x,), signature="(float32[1x3x8x8]@cpu)", directory=tmp_path)

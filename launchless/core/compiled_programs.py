@@ -100,13 +100,19 @@ class CompileJob:
     def __init__(self, key: str, program: Path, device: torch.device | None = None) -> None:
         self.key, self.program = key, program
         self.device = device  # the model's GPU: the program's kernels are loaded there, whichever thread reads it
-        self.state = JobState.READY if program.exists() and plan_of(program).exists() else JobState.COMPILING
+        # the program read: a package where one is kept, else an inference program in Inductor's format, which a
+        # process that ended before its package was built leaves
+        kept = [p for p in (program, inductor_program_of(program)) if p.exists() and plan_of(p).exists()]
+        self.read_from = kept[0] if kept else program
+        self.state = JobState.READY if kept else JobState.COMPILING
         self.reason = "found on disk" if self.state is JobState.READY else ""
         self.seconds = 0.0  # export and compile, wall time
         self.load_seconds = 0.0  # reading the ready program into memory, in the job's thread
         self.phases: dict[str, float] = {}  # the child's seconds per phase: start, build, export, compile, save
         self.format = ""  # how the ready program is kept (``ProgramFormat``), once read
         self.unpackaged = ""  # why an inference program is not an AOTInductor package (read with Inductor imported)
+        # a package of the program read (Inductor's format, first) is being built, for later processes
+        self.package_pending = False
         self._done = threading.Event()
         self._child: subprocess.Popen | None = None
         self._lock = threading.Lock()
@@ -151,20 +157,22 @@ class CompileJob:
         try:
             from .capture import CAPTURE_LOCK
 
-            plan = json.loads(plan_of(self.program).read_text())
-            made_path = constants_of(self.program)
+            plan = json.loads(plan_of(self.read_from).read_text())
+            made_path = constants_of(self.read_from)
             made = torch.load(made_path, weights_only=True) if made_path.exists() else []
             on_device = torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext()
             self.format, self.unpackaged = plan.get("format", ProgramFormat.ARTIFACT), plan.get("unpackaged", "")
+            if plan.get("package_follows") and self.reason == "found on disk":
+                self.unpackaged = "the process that compiled it ended before its package was built"
             with calls_first():
                 if self.format != ProgramFormat.PACKAGE:  # Inductor's imports (seconds) keep no capture waiting
                     from torch._inductor import CompiledArtifact  # noqa: F401
                 # it touches the GPU: never while the calls' thread captures a graph
                 with CAPTURE_LOCK, on_device:
                     if self.format == ProgramFormat.PACKAGE:
-                        program: Any = PackageProgram.load(self.program, self.device)
+                        program: Any = PackageProgram.load(self.read_from, self.device)
                     else:
-                        program = _load_artifact(self.program)
+                        program = _load_artifact(self.read_from)
             self._read = (program, plan, made)
         except Exception as exc:
             with self._lock:
@@ -193,44 +201,83 @@ class CompileJob:
                     structure = structure_of(model, args, kwargs, training=training, eager_numerics=eager_numerics)
                 sent.write_bytes(structure)
                 built = Path(scratch) / f"program{self.program.suffix}"
+                first = INDUCTOR_FIRST if not training and _inductor_format_first(self.device) else PACKAGE_FIRST
                 with self._lock:
                     if self.state is not JobState.COMPILING:
                         return
-                    job = [str(sent), str(built), repr(time.time()), str(self.program.parent)]
+                    job = [str(sent), str(built), repr(time.time()), str(self.program.parent), first]
                     self._child = spare.take(job) if spare is not None else None
                     if self._child is None:  # no spare, or it has ended: a process of its own
                         self._child = _start_compiler([*job])
                 said = _ChildOutput(self._child)
-                if training or _packages_crash_here(self.program.parent):
+                if training or first == INDUCTOR_FIRST or _packages_crash_here(self.program.parent):
                     _import_the_artifact_reader()  # while it compiles, not on the swap's path
-                ready = said.program_ready()
-                errors = "" if ready else said.finish()  # ended without a program: why, once it has exited
-                with self._lock:
-                    if self.state is not JobState.COMPILING:
-                        return
-                    if not ready or not built.exists() or not plan_of(built).exists():
-                        self.state, self.reason = JobState.FAILED, _last_line(errors, self._child.returncode)
-                        return
-                    self.program.parent.mkdir(parents=True, exist_ok=True)
-                    # whole or not at all, its plan first: a reader never sees half a program
-                    self.phases = json.loads(plan_of(built).read_text()).get("phases", {})
-                    os.replace(plan_of(built), plan_of(self.program))
-                    if constants_of(built).exists():
-                        os.replace(constants_of(built), constants_of(self.program))
-                    os.replace(built, self.program)
-                    self.state, self.reason = JobState.READY, "compiled"
+                kept = self._take_the_first(said, built, began)
+                if kept is None:
+                    return
+                self._read_program()  # sets done once read
+                if kept is ProgramFormat.ARTIFACT and first == INDUCTOR_FIRST:
+                    self._keep_the_package(said, built)  # for later processes, once built
         except Exception as exc:
             with self._lock:
                 if self.state is JobState.COMPILING:
                     self.state, self.reason = JobState.FAILED, f"{type(exc).__name__}: {exc}".splitlines()[0]
         finally:
-            self.seconds = time.perf_counter() - began
-            if self.state is JobState.READY:
-                self._read_program()  # sets done once read
-            else:
-                self._done.set()
+            self.seconds = self.seconds or time.perf_counter() - began
+            self._done.set()  # a job that failed or was cancelled (a read one is done already)
             if said is not None:  # the compiler process, done with, is waited for as it exits
                 said.finish()
+
+    def _take_the_first(self, said: _ChildOutput, built: Path, began: float) -> ProgramFormat | None:
+        """The first program the child says is written -- a package, or Inductor's format where it comes first or
+        alone -- moved into the programs' folder: READY, its format returned (None where the child ended without
+        one, or the job was cancelled meanwhile)."""
+        heard = said.next_line()
+        kept = None if heard is None or heard[0] != PROGRAM_READY else ProgramFormat(heard[1])
+        first = kept is ProgramFormat.ARTIFACT and plan_of(inductor_program_of(built)).exists()  # not a fallback
+        source, target = (
+            (inductor_program_of(built), inductor_program_of(self.program)) if first else (built, self.program)
+        )
+        errors = "" if kept is not None else said.finish()  # ended without a program: why, once it has exited
+        with self._lock:
+            if self.state is not JobState.COMPILING:
+                return None
+            if kept is None or not source.exists() or not plan_of(source).exists():
+                code = self._child.returncode if self._child is not None else None
+                self.state, self.reason = JobState.FAILED, _last_line(errors, code)
+                return None
+            plan = json.loads(plan_of(source).read_text())
+            self.phases, self.package_pending = plan.get("phases", {}), bool(plan.get("package_follows"))
+            self.read_from = _move_in(source, target)
+            self.state, self.reason = JobState.READY, "compiled"
+            self.seconds = time.perf_counter() - began
+        return kept
+
+    def _keep_the_package(self, said: _ChildOutput, built: Path) -> None:
+        """After Inductor's format, swapped in already: the package the child builds next, moved in beside it for
+        later processes (which read it without Inductor); where none can be built, why, kept in the format's plan."""
+        try:
+            heard = said.next_line()
+            if heard is not None:  # else the child ended first (this process exits): later ones read Inductor's format
+                self._keep(heard, built)
+        finally:
+            self.package_pending = False
+
+    def _keep(self, heard: tuple[str, str], built: Path) -> None:
+        """What the child said after Inductor's format: its package is written (moved in beside it), or why none
+        can be (kept in the format's plan, for the processes that read it)."""
+        said_what, text = heard
+        if said_what == PROGRAM_READY and text == ProgramFormat.PACKAGE and built.exists() and plan_of(built).exists():
+            self.phases = json.loads(plan_of(built).read_text()).get("phases", self.phases)
+            _move_in(built, self.program)
+            return
+        if said_what == NO_PACKAGE:
+            self.unpackaged = text
+            plan = json.loads(plan_of(self.read_from).read_text())
+            plan.update(unpackaged=text, package_follows=False)
+            written = plan_of(self.read_from).with_suffix(".tmp")
+            written.write_text(json.dumps(plan))
+            os.replace(written, plan_of(self.read_from))
 
     def end_child(self) -> None:
         """The compiler process ended, whatever it does: still compiling (``cancel`` first), or exiting after its
@@ -241,9 +288,35 @@ class CompileJob:
 
 
 PROGRAM_READY = "launchless: program ready"
-"""The line a compiler process says on its standard output once the program and its plan are written: the calls'
-process takes the program then, not when the process has exited (seconds later: Inductor's compile workers joined,
-the GPU's context torn down)."""
+"""What a compiler process says on its standard output, with the program's format, once a program and its plan are
+written: the calls' process takes the program then, not when the process has exited (seconds later: Inductor's
+compile workers joined, the GPU's context torn down; a package built after Inductor's format, more)."""
+NO_PACKAGE = "launchless: no package"
+"""What it says, with why, where no package could follow Inductor's format."""
+INDUCTOR_FIRST, PACKAGE_FIRST = "inductor-format-first", "package-first"  # the job's last element: the order
+INDUCTOR_FORMAT_FIRST_ON = ("cuda",)
+"""Where an inference program is compiled in Inductor's format first, swapped in, and packaged after: AOTInductor's
+compile also tunes every kernel's configuration and compiles the program's C++ host code before the swap can come
+(a resnet18 forward: 44.6 s on an H100 where ``torch.compile``'s whole first call took 7.3 s; a GPT-2 decode step:
+43 s where transformers' compiled static-cache recipe took 9.1 s); Inductor's format tunes its kernels at its first
+call. The calls' process reads that format with Inductor imported (the imports done while it compiles); a later
+process finds the package. Programs on a CPU (only tests compile there: no graph is captured for a model without a
+GPU) take the package first: both compile alike there."""
+
+
+def _inductor_format_first(device: torch.device | None) -> bool:
+    return (device.type if device is not None else "cpu") in INDUCTOR_FORMAT_FIRST_ON
+
+
+def _move_in(source: Path, to: Path) -> Path:
+    """A program's files moved from the child's scratch folder to ``to`` in the programs' folder, whole or not at
+    all, its plan first: a reader never sees half a program."""
+    to.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(plan_of(source), plan_of(to))
+    if constants_of(source).exists():
+        os.replace(constants_of(source), constants_of(to))
+    os.replace(source, to)
+    return to
 
 
 class _ChildOutput:
@@ -260,12 +333,17 @@ class _ChildOutput:
         if self._child.stderr is not None:
             self._errors.append(self._child.stderr.read())
 
-    def program_ready(self) -> bool:
-        """Whether the process said its program is ready (False: it ended, or closed its output, without)."""
+    def next_line(self) -> tuple[str, str] | None:
+        """The next thing the process says of its programs -- (``PROGRAM_READY``, the format) or (``NO_PACKAGE``,
+        why) -- read as it comes; None where it ends, or closes its output, first. Anything else it prints is passed
+        over."""
         if self._child.stdout is None:
-            return False
-        # lines read as they come, up to the ready line (anything else the process prints is passed over)
-        return any(line.rstrip("\n") == PROGRAM_READY for line in self._child.stdout)
+            return None
+        for line in self._child.stdout:
+            for said in (PROGRAM_READY, NO_PACKAGE):
+                if line.startswith(f"{said} "):
+                    return said, line[len(said) + 1 :].rstrip("\n")
+        return None
 
     def finish(self) -> str:
         """Its errors, once it has exited (the rest of its output read and dropped)."""
@@ -341,6 +419,12 @@ class ProgramFormat(Label):
 def program_path(directory: Path, key: str, *, training: bool) -> Path:
     """Where the program of ``key`` is kept (the file's suffix is its format's: a package's loader wants ``.pt2``)."""
     return directory / f"{key}{'.bin' if training else '.pt2'}"
+
+
+def inductor_program_of(program: Path) -> Path:
+    """Beside an inference program's package: the same program in Inductor's format, compiled first and swapped in
+    while the package is built (``INDUCTOR_FORMAT_FIRST_ON``)."""
+    return program.with_name(f"{program.stem}-inductor.bin")
 
 
 _LIVE: weakref.WeakSet[CompileJob] = weakref.WeakSet()

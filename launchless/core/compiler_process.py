@@ -26,12 +26,15 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .compiled_programs import (
+    INDUCTOR_FIRST,
+    NO_PACKAGE,
     PROGRAM_READY,
     SENT,
     SPARE,
     ProgramFormat,
     _attribute,
     constants_of,
+    inductor_program_of,
     plan_of,
     saves_training_programs,
 )
@@ -108,8 +111,10 @@ def serve_as_spare() -> None:
         marks.append((name, began, time.time()))
     line = lines.read()
     if line:
-        sent, program, started, kept_in = json.loads(line)
-        compile_program(sent, program, float(started), kept_in=kept_in, marks=marks)
+        sent, program, started, kept_in, first = json.loads(line)
+        compile_program(
+            sent, program, float(started), kept_in=kept_in, marks=marks, inductor_format_first=first == INDUCTOR_FIRST
+        )
 
 
 def start_parts(marks: list[Mark], handed: float, began: float) -> dict[str, float]:
@@ -205,6 +210,47 @@ def _build_probe(module: torch.nn.Module, x: torch.Tensor, path: Path) -> None:
     _build_package(exported.graph_module, [*dict(module.named_parameters()).values(), x], path, eager_numerics=False)
 
 
+def _package_or_why(
+    graph_module: torch.fx.GraphModule,
+    examples: list[Any],
+    program: str,
+    *,
+    kept_in: Path,
+    eager_numerics: bool,
+    phase: Callable[[str], None] = lambda name: None,
+) -> str:
+    """An inference program compiled by AOTInductor into a package at ``program``, kept once a process of its own
+    has loaded and run it (``package_check``): "" where it is, else why not -- AOTInductor cannot build one (its host
+    code needs a C++ compiler, and the CUDA toolkit's headers for a GPU), the package does not load and run, or
+    PyTorch's loader was found crashing on this machine before; the program is then kept in Inductor's own format,
+    which the calls' process reads with Inductor imported (seconds). ``kept_in``: the programs' folder, where a
+    crashing loader is recorded. ``phase(name)`` closes each part's seconds (``compile``, ``check``, ``probe`` where
+    the check crashed)."""
+    record = loader_record(kept_in)
+    why = loader_crashed_here(record)
+    if why is not None:
+        return why
+    try:
+        _build_package(graph_module, examples, program, eager_numerics=eager_numerics)
+        phase("compile")
+    except Exception as exc:
+        phase("compile")
+        return f"AOTInductor could not build a package ({type(exc).__name__}: {exc})".splitlines()[0]
+    check = package_runs(Path(program), examples)
+    phase("check")
+    if check.passed:
+        return ""
+    Path(program).unlink(missing_ok=True)
+    why = check.why
+    if check.crashed:
+        devices = [x.device for x in examples if isinstance(x, torch.Tensor) and x.is_cuda]
+        device = devices[0] if devices else torch.device("cpu")
+        if remember_if_the_loader_crashes(record, check, device, build=_build_probe):
+            why += "; a two-layer probe package crashed it too: packages are no longer built here"
+        phase("probe")
+    return why
+
+
 def _packaged(
     graph_module: torch.fx.GraphModule,
     examples: list[Any],
@@ -214,54 +260,46 @@ def _packaged(
     eager_numerics: bool,
     phase: Callable[[str], None] = lambda name: None,
 ) -> tuple[ProgramFormat, str]:
-    """An inference program compiled by AOTInductor into a package at ``program``, kept once a process of its own
-    has loaded and run it (``package_check``); where AOTInductor cannot build one (its host code needs a C++
-    compiler, and the CUDA toolkit's headers for a GPU), the package does not load and run, or PyTorch's loader was
-    found crashing on this machine before, Inductor's own format, which the calls' process reads with Inductor
-    imported (seconds): the format kept and why not a package. ``kept_in``: the programs' folder, where a crashing
-    loader is recorded. ``phase(name)`` closes each part's seconds (``compile``, ``check``, ``probe`` where the
-    check crashed, then ``compile (Inductor's format)``)."""
-    record = loader_record(kept_in)
-    why = loader_crashed_here(record)
-    if why is None:
-        try:
-            _build_package(graph_module, examples, program, eager_numerics=eager_numerics)
-            phase("compile")
-        except Exception as exc:
-            phase("compile")
-            why = f"AOTInductor could not build a package ({type(exc).__name__}: {exc})".splitlines()[0]
-        else:
-            check = package_runs(Path(program), examples)
-            phase("check")
-            if check.passed:
-                return ProgramFormat.PACKAGE, ""
-            Path(program).unlink(missing_ok=True)
-            why = check.why
-            if check.crashed:
-                devices = [x.device for x in examples if isinstance(x, torch.Tensor) and x.is_cuda]
-                device = devices[0] if devices else torch.device("cpu")
-                if remember_if_the_loader_crashes(record, check, device, build=_build_probe):
-                    why += "; a two-layer probe package crashed it too: packages are no longer built here"
-                phase("probe")
-    with torch.no_grad(), numerics_of_eager(eager_numerics):
-        compiled = torch._inductor.standalone_compile(graph_module, examples, dynamic_shapes="from_example_inputs")
-    compiled.save(path=program, format="binary")
+    """An inference program at ``program``: AOTInductor's package (``_package_or_why``), else Inductor's own format
+    there: the format kept and why not a package (``phase`` closes "compile (Inductor's format)" too)."""
+    why = _package_or_why(graph_module, examples, program, kept_in=kept_in, eager_numerics=eager_numerics, phase=phase)
+    if not why:
+        return ProgramFormat.PACKAGE, ""
+    _inductor_format(graph_module, examples, Path(program), eager_numerics=eager_numerics)
     phase("compile (Inductor's format)")
     return ProgramFormat.ARTIFACT, why
 
 
+def _inductor_format(
+    graph_module: torch.fx.GraphModule, examples: list[Any], path: Path, *, eager_numerics: bool
+) -> None:
+    """The inference program in Inductor's own format (``CompiledArtifact``) at ``path``."""
+    with torch.no_grad(), numerics_of_eager(eager_numerics):
+        compiled = torch._inductor.standalone_compile(graph_module, examples, dynamic_shapes="from_example_inputs")
+    compiled.save(path=str(path), format="binary")
+
+
 def compile_program(
-    sent: str, program: str, started: float, *, kept_in: str | None = None, marks: list[Mark] | None = None
+    sent: str,
+    program: str,
+    started: float,
+    *,
+    kept_in: str | None = None,
+    marks: list[Mark] | None = None,
+    inductor_format_first: bool = False,
 ) -> None:
     """The child process: the model's structure in, the compiled program and its plan out (``PROGRAM_READY`` said on
-    its standard output once both are written, before it exits). An inference program is
-    exported and compiled under ``no_grad``; a training program with autograd on, so that Inductor compiles its
-    backward too (AOTAutograd's forward and backward, called through autograd as the model is). Every weight is an
-    input of the program, none a constant of its code. The plan names the operations that draw random numbers
-    (dropout in training): Inductor draws them otherwise than eager. ``started``: the wall time the parent started
-    it at; the plan keeps the seconds of each phase. ``kept_in``: the folder the calls' process keeps programs in
-    (``program`` is built in a scratch folder first), where a crashing package loader is recorded. ``marks``: what a
-    spare did before (``start_parts`` of the start phase, as "start: <part>")."""
+    its standard output once both are written). An inference program is exported and compiled under ``no_grad``; a
+    training program with autograd on, so that Inductor compiles its backward too (AOTAutograd's forward and
+    backward, called through autograd as the model is). Every weight is an input of the program, none a constant of
+    its code. The plan names the operations that draw random numbers (dropout in training): Inductor draws them
+    otherwise than eager. ``started``: the wall time the parent started it at; the plan keeps the seconds of each
+    phase. ``kept_in``: the folder the calls' process keeps programs in (``program`` is built in a scratch folder
+    first), where a crashing package loader is recorded. ``marks``: what a spare did before (``start_parts`` of the
+    start phase, as "start: <part>"). ``inductor_format_first``: an inference program is compiled in Inductor's
+    format first, at ``inductor_program_of(program)`` (its compile is the shorter: the calls swap it in sooner), then
+    as a package at ``program`` for later processes, each said when written (``NO_PACKAGE`` and why where no package
+    can be had)."""
     from torch.export.graph_signature import ConstantArgument, InputKind
 
     began = time.time()
@@ -272,7 +310,7 @@ def compile_program(
     def phase(name: str) -> None:
         nonlocal mark
         now = time.perf_counter()
-        phases[name] = now - mark
+        phases[name] = phases.get(name, 0.0) + now - mark  # "save" comes once per program delivered
         mark = now
 
     search_path, structure, training, eager_numerics = pickle.loads(Path(sent).read_bytes())
@@ -349,42 +387,68 @@ def compile_program(
                 "compiled program is not given"
             )
     graph_module.recompile()
+    common = {
+        "inputs": inputs,
+        "in_spec": pytree.treespec_dumps(exported.call_spec.in_spec),
+        "out_spec": pytree.treespec_dumps(exported.call_spec.out_spec),
+        "training": training,
+        "random": random_operations(exported.graph_module),
+    }
+
+    def deliver(path: Path, kept: ProgramFormat, unpackaged: str = "", *, package_follows: bool = False) -> None:
+        """``path``'s plan (and the tensors the forward makes) written beside it, then the calls' process told: it
+        takes the program at once (this process's exit -- Inductor's compile workers joined, the GPU's context torn
+        down -- takes seconds more; a package built after an artifact, more still)."""
+        if made:
+            torch.save(made, constants_of(path))
+        phase("save")
+        plan = {
+            **common,
+            "phases": {name: round(seconds, 3) for name, seconds in phases.items()},
+            "format": kept,
+            "unpackaged": unpackaged,
+            "package_follows": package_follows,
+        }
+        plan_of(path).write_text(json.dumps(plan))
+        _say(f"{PROGRAM_READY} {kept}")
+
     if training:  # autograd differentiates it: Inductor's forward and backward, kept as a ``CompiledArtifact``
         with grad_mode(), _backward_compiled_now(training), numerics_of_eager(eager_numerics):
             compiled = torch._inductor.standalone_compile(graph_module, examples, dynamic_shapes="from_example_inputs")
         phase("compile")
         compiled.save(path=program, format="binary")
-        kept, unpackaged = ProgramFormat.ARTIFACT, ""
-    else:  # an AOTInductor package, which the calls' process reads without importing Inductor (``PackageProgram``)
-        kept, unpackaged = _packaged(
-            graph_module,
-            examples,
-            program,
-            kept_in=Path(kept_in) if kept_in is not None else Path(program).parent,
-            eager_numerics=eager_numerics,
-            phase=phase,
+        deliver(Path(program), ProgramFormat.ARTIFACT)
+        return
+    folder = Path(kept_in) if kept_in is not None else Path(program).parent
+    if not inductor_format_first:  # an AOTInductor package, Inductor's format where none can be had
+        kept, why = _packaged(
+            graph_module, examples, program, kept_in=folder, eager_numerics=eager_numerics, phase=phase
         )
-    if made:
-        torch.save(made, constants_of(Path(program)))
-    phase("save")
-    plan = {
-        "inputs": inputs,
-        "in_spec": pytree.treespec_dumps(exported.call_spec.in_spec),
-        "out_spec": pytree.treespec_dumps(exported.call_spec.out_spec),
-        "phases": {name: round(seconds, 3) for name, seconds in phases.items()},
-        "training": training,
-        "format": kept,
-        "unpackaged": unpackaged,
-        "random": random_operations(exported.graph_module),
-    }
-    plan_of(Path(program)).write_text(json.dumps(plan))
-    # the calls' process takes the program now: this process's exit (Inductor's compile workers joined, the GPU's
-    # context torn down) takes seconds more
-    os.write(1, f"{PROGRAM_READY}\n".encode())
+        deliver(Path(program), kept, why)
+        return
+    # Inductor's format first, swapped in while the package (which another process reads without Inductor) is built
+    why = loader_crashed_here(loader_record(folder)) or ""
+    _inductor_format(graph_module, examples, inductor_program_of(Path(program)), eager_numerics=eager_numerics)
+    phase("compile (Inductor's format)")
+    deliver(inductor_program_of(Path(program)), ProgramFormat.ARTIFACT, why, package_follows=not why)
+    if why:
+        return
+    why = _package_or_why(graph_module, examples, program, kept_in=folder, eager_numerics=eager_numerics, phase=phase)
+    if why:
+        Path(program).unlink(missing_ok=True)
+        _say(f"{NO_PACKAGE} {' '.join(why.split())}")
+    else:
+        deliver(Path(program), ProgramFormat.PACKAGE)
+
+
+def _say(line: str) -> None:
+    """A line to the calls' process, on this process's standard output (``compiled_programs._ChildOutput``)."""
+    os.write(1, f"{line}\n".encode())
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == [SPARE]:
         serve_as_spare()
     else:
-        compile_program(sys.argv[1], sys.argv[2], float(sys.argv[3]), kept_in=sys.argv[4])
+        first = sys.argv[5] == INDUCTOR_FIRST
+        compile_program(sys.argv[1], sys.argv[2], float(sys.argv[3]), kept_in=sys.argv[4], inductor_format_first=first)

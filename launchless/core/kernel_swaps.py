@@ -69,6 +69,8 @@ class KernelDecision:
             # package could be built, "unpackaged" saying why)
             "program_format": None if job is None or not job.format else str(job.format),
             "unpackaged": None if job is None or not job.unpackaged else job.unpackaged,
+            # the package of a program swapped in in Inductor's format is being built, for later processes
+            "package_pending": job is not None and job.package_pending,
             "read_s": round(job.load_seconds, 2) if job is not None and job.load_seconds else None,  # into memory
             "swap_s": None if self.swap_s is None else round(self.swap_s, 2),
             # what the calls that proved the program waited for, per part (the swap's hiccups)

@@ -193,6 +193,8 @@ def _time_to_swap_lines(workloads: Sequence[str], by_key: Mapping[tuple[str, str
                 process = " (second process)" if mode == COMPILED_KERNELS_ON_DISK else ""
                 kept = f"; the program kept as {row['program_format']}" if row.get("program_format") else ""
                 why = f" ({row['unpackaged']})" if row.get("unpackaged") else ""
+                if isinstance(row.get("package_s"), (int, float)):  # Inductor's format swapped in, packaged after
+                    kept += f", its package for later processes kept {row['package_s']:.1f} s after the first call"
                 proof = row.get("proof_phases")
                 waited = (  # what the calls that proved the program waited for: the swap's hiccups
                     "; its proof's parts (seconds inside the calls): "

@@ -32,6 +32,9 @@ PROFILE_CALLS = 10
 COMPILING = ("compile", "reduce-overhead", "launchless-compile", *modes.WITHOUT)  # the modes whose first call compiles
 EARLY_CALLS = 30  # calls after the first whose latency is recorded against wall time (the timeline)
 SETTLE_S = 240.0  # how long a mode that changes while it runs (compiled kernels) is called until it decides
+# how long after its decision such a mode is called while the package of a program swapped in in Inductor's format is
+# built (for a second process): the calls meanwhile are in the timeline, and the steady state is timed after it
+PACKAGE_S = 240.0
 AFTER_SETTLED = 30  # calls recorded after it decided
 TIMELINE_POINTS = 300  # a longer timeline is kept as the median of each of this many spans of time
 TRAINING_PAUSE_S = 0.02  # between a training step's early calls: fewer steps for the eager reference to repeat
@@ -155,11 +158,14 @@ def early_calls(prepared: modes.Prepared, start: float, *, pause_s: float = 0.0)
     them, or for a mode that changes while it runs, until it decides (at most ``SETTLE_S``) and ``AFTER_SETTLED``
     more. Such a mode's row adds when it decided (``swap_s``), its calls' median latency until then
     (``during_compile_ms``) and what it decided (``kernels``, ``kernels_reason``, ``compile_s``, and the
-    compiler's ``compile_phases``). ``pause_s``: idle time after each call (training steps, each of which the
-    correctness check repeats eager); ``early_calls`` counts the calls made."""
+    compiler's ``compile_phases``); where a package of the program swapped in is still being built, the calls go on
+    until it is (at most ``PACKAGE_S`` more: ``package_s``, when it was done). ``pause_s``: idle time after each
+    call (training steps, each of which the correctness check repeats eager); ``early_calls`` counts the calls
+    made."""
     points: list[tuple[float, float]] = [(0.0, (time.perf_counter() - start) * 1e3)]  # the first call
     decided: dict | None = None
     decided_at = after = 0
+    package_s: float | None = None
     while True:
         began = time.perf_counter()
         prepared.call()
@@ -179,6 +185,12 @@ def early_calls(prepared: modes.Prepared, start: float, *, pause_s: float = 0.0)
         else:
             after += 1
             if after >= AFTER_SETTLED:
+                latest = prepared.settled() or decided or {}
+                if latest.get("package_pending") and began - start <= points[decided_at - 1][0] + PACKAGE_S:
+                    continue
+                if decided is not None and decided.get("package_pending"):  # built or given up: when; why none
+                    package_s = None if latest.get("package_pending") else round(began - start, 3)
+                    decided = {**decided, "unpackaged": latest.get("unpackaged")}
                 break
     row: dict[str, Any] = {"timeline": thinned(points), "early_calls": len(points) - 1}
     if prepared.settled is not None:
@@ -196,6 +208,7 @@ def early_calls(prepared: modes.Prepared, start: float, *, pause_s: float = 0.0)
         row["program"] = None if decided is None else decided.get("program")  # "found on disk": a second process
         row["program_format"] = None if decided is None else decided.get("program_format")  # package or artifact
         row["unpackaged"] = None if decided is None else decided.get("unpackaged")  # why no package, where not
+        row["package_s"] = package_s  # a package built after Inductor's format swapped in: done at (for later ones)
     return row
 
 
