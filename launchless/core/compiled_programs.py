@@ -234,9 +234,11 @@ class CompileJob:
         one, or the job was cancelled meanwhile)."""
         heard = said.next_line()
         kept = None if heard is None or heard[0] != PROGRAM_READY else ProgramFormat(heard[1])
-        first = kept is ProgramFormat.ARTIFACT and plan_of(inductor_program_of(built)).exists()  # not a fallback
+        # Inductor's format first (beside the package to come), or the one program (a package, or the format kept
+        # where no package could be built)
+        ahead = kept is ProgramFormat.ARTIFACT and plan_of(inductor_program_of(built)).exists()
         source, target = (
-            (inductor_program_of(built), inductor_program_of(self.program)) if first else (built, self.program)
+            (inductor_program_of(built), inductor_program_of(self.program)) if ahead else (built, self.program)
         )
         errors = "" if kept is not None else said.finish()  # ended without a program: why, once it has exited
         with self._lock:

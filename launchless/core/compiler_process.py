@@ -222,8 +222,8 @@ def _package_or_why(
     """An inference program compiled by AOTInductor into a package at ``program``, kept once a process of its own
     has loaded and run it (``package_check``): "" where it is, else why not -- AOTInductor cannot build one (its host
     code needs a C++ compiler, and the CUDA toolkit's headers for a GPU), the package does not load and run, or
-    PyTorch's loader was found crashing on this machine before; the program is then kept in Inductor's own format,
-    which the calls' process reads with Inductor imported (seconds). ``kept_in``: the programs' folder, where a
+    PyTorch's loader was found crashing on this machine before (the program is then kept in Inductor's own format
+    only, which a process reads with Inductor imported: seconds). ``kept_in``: the programs' folder, where a
     crashing loader is recorded. ``phase(name)`` closes each part's seconds (``compile``, ``check``, ``probe`` where
     the check crashed)."""
     record = loader_record(kept_in)
