@@ -252,8 +252,9 @@ print(subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout.
     done ;;
   program-read)  # READ="workload ..." (default timm:resnet18); READ_TRAINING=1: their training programs
     for w in ${READ:-timm:resnet18}; do
+      # the programs compiled for it kept outside the archive (megabytes that come back for nothing)
       run "program-read-${w//:/-}" python3 benchmarks/program_read_cost.py --workload "$w" --out "$out/program-read" \
-        ${READ_TRAINING:+--training}
+        --cache "$(mktemp -d)" ${READ_TRAINING:+--training}
     done ;;
   package-load) run package-load python3 benchmarks/package_load.py --out "$out/package-load" ;;
   compile-cost)  # COST="workload ..." (default hf:gpt2); COST_VARIANTS="variant ..."; COST_NUMERICS=1: eager's rounding

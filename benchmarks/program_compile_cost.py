@@ -9,7 +9,12 @@ The variants, on a zoo workload's forward exported as the compiler process expor
 - ``aoti-autotune-at-run``: the same with ``triton.autotune_at_compile_time`` off (the kernels' configurations
   tried at the first run instead of while compiling);
 - ``aoti-one-thread``: the same as ``aoti`` with one compile thread (whether Inductor's compile workers serve it);
-- ``artifact``: ``torch._inductor.standalone_compile``, Inductor's own format (what a training program is).
+- ``artifact``: ``torch._inductor.standalone_compile``, Inductor's own format (what a training program is, and what
+  an inference program on a GPU is swapped in as first).
+
+Each variant's program is then read back and run twice (``read_s``, ``first_run_s``, ``second_run_s``): Inductor's
+format tunes its kernels' configurations at its first run -- in the calls' process -- where AOTInductor tuned them
+while compiling, so the two compiles compare with their first runs.
 
 ``--eager-numerics`` compiles every variant with eager's rounding where Inductor fuses (a decode step's program is
 compiled so: its greedy tokens follow eager's), to tell what that costs a compile.
@@ -99,17 +104,43 @@ def run_variant(workload: str, variant: str, *, profile_top: int, eager_numerics
                 files = torch._inductor.aot_compile(graph_module, tuple(examples), options=options)
                 package_aoti(str(Path(folder) / "program.pt2"), files)
         compile_s = time.perf_counter() - began
+        runs = _read_and_run(Path(folder) / ("program.bin" if variant == "artifact" else "program.pt2"), examples)
     row: dict[str, Any] = {
         "variant": variant,
         "eager_numerics": eager_numerics,
         "export_s": round(export_s, 2),
         "compile_s": round(compile_s, 2),
+        **runs,
     }
     if profiler is not None:
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(profile_top)
         row["profile"] = text.getvalue()
     return row
+
+
+def _read_and_run(program: Path, examples: list[Any]) -> dict[str, float]:
+    """The program read as the calls' process reads it, then run twice, each run waited for."""
+    from launchless.core.compiled_programs import PackageProgram, _load_artifact
+
+    def waited(step: Any) -> tuple[Any, float]:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        began = time.perf_counter()
+        out = step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return out, round(time.perf_counter() - began, 3)
+
+    device = next((x.device for x in examples if isinstance(x, torch.Tensor) and x.is_cuda), None)
+    if program.suffix == ".pt2":
+        loaded, read_s = waited(lambda: PackageProgram.load(program, device))
+    else:
+        loaded, read_s = waited(lambda: _load_artifact(program))
+    with torch.no_grad():
+        _, first_run_s = waited(lambda: loaded(*examples))
+        _, second_run_s = waited(lambda: loaded(*examples))
+    return {"read_s": read_s, "first_run_s": first_run_s, "second_run_s": second_run_s}
 
 
 def _child(workload: str, variant: str, *, profile_top: int, eager_numerics: bool) -> dict[str, Any]:
@@ -139,7 +170,11 @@ def main() -> None:
     rows = []
     for variant in ns.variants:
         rows.append(_child(ns.workload, variant, profile_top=0, **numerics))
-        print(f"{variant:22} {rows[-1].get('compile_s', rows[-1].get('error'))}", flush=True)
+        done = rows[-1]
+        if "error" in done:
+            print(f"{variant:22} {done['error']}", flush=True)
+        else:
+            print(f"{variant:22} compile {done['compile_s']} s, first run {done['first_run_s']} s", flush=True)
     profiled = _child(ns.workload, "aoti", profile_top=ns.top, **numerics) if "aoti" in ns.variants else {}
     profile = profiled.pop("profile", "")
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
