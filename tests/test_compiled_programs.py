@@ -639,8 +639,9 @@ def test_the_program_is_taken_when_the_compiler_says_it_is_ready_not_when_the_pr
 
 
 def test_inductors_imports_for_a_program_in_its_format_are_done_while_it_compiles(tmp_path, monkeypatch) -> None:
-    """A program in Inductor's format (training, or any where PyTorch's package loader crashes) is read with
-    Inductor imported: the imports are done while the child compiles, not on the swap's path; a package needs none."""
+    """A program in Inductor's format (training, or an inference program compiled in that format first, as on a GPU)
+    is read with Inductor imported: the imports are done while the child compiles, not on the swap's path; a package
+    needs none."""
     imported: list[str] = []
     monkeypatch.setattr(compiled_programs, "_import_the_artifact_reader", lambda: imported.append("imported"))
     monkeypatch.setattr(compiled_programs, "COMPILER_MODULE", "launchless_no_such_compiler")  # ends at once
@@ -653,11 +654,11 @@ def test_inductors_imports_for_a_program_in_its_format_are_done_while_it_compile
 
     job("(package)")
     assert imported == []
-    package_check.loader_record(tmp_path).write_text(json.dumps({"why": "signal SIGSEGV", "at": "today"}))
-    job("(artifact)")
+    monkeypatch.setattr(compiled_programs, "INDUCTOR_FORMAT_FIRST_ON", ("cpu",))  # as on a GPU
+    job("(Inductor's format first)")
     assert imported == ["imported"]
     if compiled_programs.saves_training_programs():
-        package_check.loader_record(tmp_path).unlink()
+        monkeypatch.setattr(compiled_programs, "INDUCTOR_FORMAT_FIRST_ON", ("cuda",))
         job("(training)", training=True)
         assert imported == ["imported"] * 2
 

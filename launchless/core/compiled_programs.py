@@ -210,7 +210,7 @@ class CompileJob:
                     if self._child is None:  # no spare, or it has ended: a process of its own
                         self._child = _start_compiler([*job])
                 said = _ChildOutput(self._child)
-                if training or first == INDUCTOR_FIRST or _packages_crash_here(self.program.parent):
+                if training or first == INDUCTOR_FIRST:  # a program in Inductor's format comes
                     _import_the_artifact_reader()  # while it compiles, not on the swap's path
                 kept = self._take_the_first(said, built, began)
                 if kept is None:
@@ -355,14 +355,6 @@ class _ChildOutput:
         self._child.wait()
         self._drain.join()
         return "".join(self._errors)
-
-
-def _packages_crash_here(folder: Path) -> bool:
-    """Whether PyTorch's package loader was recorded crashing on this machine (``package_check``): the compiler
-    keeps inference programs in Inductor's format there too."""
-    from .package_check import loader_crashed_here, loader_record
-
-    return loader_crashed_here(loader_record(folder)) is not None
 
 
 def _import_the_artifact_reader() -> None:
