@@ -190,7 +190,8 @@ def early_calls(prepared: modes.Prepared, start: float, *, pause_s: float = 0.0)
                     continue
                 if decided is not None and decided.get("package_pending"):  # built or given up: when; why none
                     package_s = None if latest.get("package_pending") else round(began - start, 3)
-                    decided = {**decided, "unpackaged": latest.get("unpackaged")}
+                    kept = {key: latest.get(key) for key in ("unpackaged", "compile_phases")}  # the package's too
+                    decided = {**decided, **kept}
                 break
     row: dict[str, Any] = {"timeline": thinned(points), "early_calls": len(points) - 1}
     if prepared.settled is not None:
