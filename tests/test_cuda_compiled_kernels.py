@@ -208,7 +208,7 @@ def test_a_second_process_finds_the_program_on_disk_and_swaps_it_in_once_read(tm
         first = _until_decided(wrapped, lambda: wrapped(_fresh(generator)))
     assert first["kernels"] == "compiled" and first["program"] == "compiled", first
     # on a GPU Inductor's format comes first (the shorter compile) and is swapped in; its package follows
-    assert first["program_format"] == "artifact" and first["package_pending"] in (True, False), first
+    assert first["program_format"] == "artifact" and "package_pending" in first, first
     deadline = time.monotonic() + COMPILE_S
     while wrapped.graph_info()["compiled_kernels"][0]["package_pending"] and time.monotonic() < deadline:
         time.sleep(0.1)
