@@ -201,20 +201,71 @@ SPEECH_PADDING = -1  # a target's padding, dropped before decoding
 class SpeechTransformer(nn.Module):
     """The Speech-Transformer (Dong et al., 2018) as TorchBench's speech_transformer configures it, as model code of
     our own: 6 encoder and 6 decoder layers of width 512 (8 heads, 2048 inner, dropout 0.1), sinusoidal positions,
-    the output projection sharing the target embedding. What makes it a graph workload is kept: the encoder's
-    padding mask is written row by row at each input's length (a device scalar read on the host), and the targets
-    lose their padding row by row and gain start and end tokens (shapes that depend on the values)."""
+    the output projection sharing the target embedding. What makes it a graph workload is kept: the padding masks are
+    written row by row at each input's length (a device scalar read on the host), by the encoder and again by the
+    decoder for its attention over the encoder's output, and the targets lose their padding row by row and gain
+    start and end tokens (shapes that depend on the values). Those steps are functions and methods of their own, as
+    in the original, so that a compiler that cannot trace them breaks its graph there and compiles the layers
+    between (a step written inline in a loop of the forward would make it give up on the whole forward)."""
 
     def __init__(self, width: int = 512, layers: int = 6, heads: int = 8, inner: int = 2048, max_len: int = 5000):
         super().__init__()
+        positions = _sinusoids(max_len, width)
+        self.encoder = SpeechEncoder(width, layers, heads, inner, positions)
+        self.decoder = SpeechDecoder(width, layers, heads, inner, positions)
+
+    def forward(
+        self, features: torch.Tensor, lengths: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        memory = self.encoder(features, lengths)
+        return self.decoder(targets, memory, lengths)
+
+
+def _frames_kept(features: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """1 at each utterance's frames, 0 at its padding (batch x frames): the original's loop, each length read on
+    the host."""
+    kept = torch.ones(features.shape[:2], dtype=features.dtype, device=features.device)
+    for row in range(features.shape[0]):
+        kept[row, lengths[row] :] = 0
+    return kept
+
+
+def _padding_mask(features: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """True at each utterance's padding frames (batch x frames), from the loop above (the original calls it again
+    for every mask it needs)."""
+    return _frames_kept(features, lengths) == 0
+
+
+class SpeechEncoder(nn.Module):
+    """Stacked filterbank frames to the encoder's states, padding frames zeroed after every layer."""
+
+    def __init__(self, width: int, layers: int, heads: int, inner: int, positions: torch.Tensor) -> None:
+        super().__init__()
         self.input = nn.Linear(SPEECH_FEATURES, width)
         self.input_norm = nn.LayerNorm(width)
-        self.register_buffer("positions", _sinusoids(max_len, width), persistent=False)
-        self.encoder = nn.ModuleList(
+        self.register_buffer("positions", positions, persistent=False)
+        self.layers = nn.ModuleList(
             nn.TransformerEncoderLayer(width, heads, inner, dropout=0.1, batch_first=True) for _ in range(layers)
         )
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        kept = _frames_kept(features, lengths)[..., None]
+        padding = _padding_mask(features, lengths)
+        x = self.dropout(self.input_norm(self.input(features)) + self.positions[: features.shape[1]])
+        for layer in self.layers:
+            x = layer(x, src_key_padding_mask=padding) * kept
+        return x
+
+
+class SpeechDecoder(nn.Module):
+    """Target tokens (teacher forcing) and the encoder's states to the next tokens' logits."""
+
+    def __init__(self, width: int, layers: int, heads: int, inner: int, positions: torch.Tensor) -> None:
+        super().__init__()
         self.embedding = nn.Embedding(SPEECH_VOCAB, width)
-        self.decoder = nn.ModuleList(
+        self.register_buffer("positions", positions, persistent=False)
+        self.layers = nn.ModuleList(
             nn.TransformerDecoderLayer(width, heads, inner, dropout=0.1, batch_first=True) for _ in range(layers)
         )
         self.projection = nn.Linear(width, SPEECH_VOCAB, bias=False)
@@ -223,25 +274,31 @@ class SpeechTransformer(nn.Module):
         self.scale = width**-0.5
         self.start, self.end = SPEECH_VOCAB - 2, SPEECH_VOCAB - 1
 
-    def forward(
-        self, features: torch.Tensor, lengths: torch.Tensor, targets: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        frames = torch.ones(features.shape[:2], dtype=features.dtype, device=features.device)
-        for row in range(features.shape[0]):
-            frames[row, lengths[row] :] = 0  # the original's loop: each length read on the host
-        padding = frames == 0
-        x = self.dropout(self.input_norm(self.input(features)) + self.positions[: features.shape[1]])
-        for layer in self.encoder:
-            x = layer(x, src_key_padding_mask=padding) * frames[..., None]
+    def unpadded(self, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each target without its padding, behind a start token (the decoder's input) and before an end token (what
+        it should predict), padded again to the longest: row by row, at lengths read from the values."""
         rows = [row[row != SPEECH_PADDING] for row in targets]
         start, end = rows[0].new([self.start]), rows[0].new([self.end])
         given = nn.utils.rnn.pad_sequence([torch.cat([start, row]) for row in rows], True, self.end)
         expected = nn.utils.rnn.pad_sequence([torch.cat([row, end]) for row in rows], True, SPEECH_PADDING)
+        return given, expected
+
+    def forward(
+        self, targets: torch.Tensor, memory: torch.Tensor, lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        given, expected = self.unpadded(targets)
+        memory_padding = _padding_mask(memory, lengths)
         steps = given.shape[1]
         causal = torch.ones(steps, steps, dtype=torch.bool, device=given.device).triu(1)
         y = self.dropout(self.embedding(given) + self.positions[:steps])
-        for layer in self.decoder:
-            y = layer(y, x, tgt_mask=causal, tgt_key_padding_mask=given == self.end, memory_key_padding_mask=padding)
+        for layer in self.layers:
+            y = layer(
+                y,
+                memory,
+                tgt_mask=causal,
+                tgt_key_padding_mask=given == self.end,
+                memory_key_padding_mask=memory_padding,
+            )
         return self.projection(y) * self.scale, expected
 
 
