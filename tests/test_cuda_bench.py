@@ -57,6 +57,25 @@ def test_a_forward_that_draws_random_numbers_is_compared_from_the_same_generator
     assert row["correctness"] == {"status": "bit-identical", "max_abs_diff": 0.0}, row
 
 
+@pytest.mark.parametrize("mode", ["compile", "reduce-overhead", "launchless-compile"])
+def test_the_modes_that_compile_draw_a_noisy_forwards_numbers_as_eager_does(monkeypatch, mode) -> None:
+    """Inductor's own generator would draw other noise from the same seed (a difference of the noise's size, about
+    4 here); with eager's generator and kernels the compiled forward is eager's up to Inductor's rounding."""
+    from types import SimpleNamespace
+
+    import torch._inductor.config as inductor_config
+
+    from launchless.apps.bench import measure as measuring
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(inductor_config, "fallback_random", inductor_config.fallback_random)  # restored after
+    built = SimpleNamespace(model=_Noisy().cuda().eval(), args=(torch.randn(8, 64, device="cuda"),), kwargs={})
+    monkeypatch.setattr(measuring, "_build", lambda w: built)
+    row = measure(workloads.BenchWorkload("test:noisy", "test:noisy"), mode, iters=5)
+    assert row["status"] == "ok", row
+    assert row["correctness"]["max_abs_diff"] < 1e-4, row
+
+
 def test_latency_shows_the_host_work_that_back_to_back_calls_hide() -> None:
     """A call that works on the host for half as long as its kernel runs: back to back the host work hides behind
     the previous kernel; waited for, it is on the clock."""

@@ -94,9 +94,21 @@ def hand_graph(fn: Callable[..., Any], args: tuple, kwargs: dict, warmup: int = 
     return replay
 
 
+def eager_random_draws() -> None:
+    """Inductor draws random numbers with eager's generator and kernels (``fallback_random``) in every mode that
+    compiles, so that a forward that draws -- a diffusion sampling step's noise -- is compared with eager's on the
+    same draws (Inductor's own generator draws others from the same seed: every compiled mode would differ from eager
+    by the noise, as wrong as a wrong result looks). Inductor's decomposition of a training step's dropout still draws
+    otherwise than eager's fused kernel."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fallback_random = True
+
+
 def compiled_model(model: torch.nn.Module, mode: str) -> torch.nn.Module:
     import torch._inductor.config as inductor_config
 
+    eager_random_draws()
     if mode == "compile":
         inductor_config.triton.cudagraphs = False
         return torch.compile(model)
@@ -124,6 +136,7 @@ def inference(mode: str, model: torch.nn.Module, args: tuple, kwargs: dict) -> P
         from .graphs import recorder
 
         summary = recorder()
+        eager_random_draws()
         backend = make_backend(**WITHOUT[mode]) if mode in WITHOUT else launchless_backend
         compiled = torch.compile(model, backend=backend)
         return Prepared(lambda: compiled(*args, **kwargs), details=summary)
