@@ -274,6 +274,72 @@ def test_a_cached_decision_is_reused_and_a_slower_graph_is_not_used(monkeypatch,
     assert measured2 == [] and again.graph_info()["graphs"][0]["variant"] == "no-graph"
 
 
+def _counting_signatures(monkeypatch) -> list[int]:
+    from launchless.compiler import compiled_graphs as graphs_module
+
+    made = [0]
+    real = graphs_module.signature_of_leaves
+
+    def counted(structure, leaves):
+        made[0] += 1
+        return real(structure, leaves)
+
+    monkeypatch.setattr(graphs_module, "signature_of_leaves", counted)
+    return made
+
+
+def test_a_fixed_signature_decided_without_a_graph_skips_the_signature_until_autocast_or_tf32_changes(
+    monkeypatch, tmp_path
+) -> None:
+    """Dynamo's guards pin a static graph's inputs: once its one signature runs without a graph (the selective
+    choice), a call checks the autocast context alone and runs the program (host time a call of a one-kernel graph
+    is made of); a switched TF32 flag takes the full path again and is a signature of its own."""
+    compiled, w, measured = _graphs_on_fakes(
+        monkeypatch, tmp_path, times={"no-graph": 1.0, "graph": 1.5}, fixed_signature=True
+    )
+    made = _counting_signatures(monkeypatch)
+    x = torch.randn(3)
+    for _ in range(3):  # seen, captured and decided, then looked up once
+        assert torch.equal(compiled(x, w), x * w)
+    assert compiled.graph_info()["graphs"][0]["variant"] == "no-graph" and len(measured) == 1
+    before = made[0]
+    for _ in range(5):
+        y = torch.randn(3)
+        assert torch.equal(compiled(y, w), y * w)
+    assert made[0] == before  # no signature made
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=not torch.backends.cudnn.allow_tf32):
+        compiled(x, w)
+    assert made[0] == before + 1  # the full path: another context is another signature
+    compiled(x, w)
+    compiled(x, w)
+    assert made[0] == before + 2  # back in the decided context: looked up once, then skipped again
+
+
+def test_a_signature_dynamo_does_not_pin_is_made_on_every_call(monkeypatch, tmp_path) -> None:
+    compiled, w, _ = _graphs_on_fakes(monkeypatch, tmp_path, times={"no-graph": 1.0, "graph": 1.5})
+    made = _counting_signatures(monkeypatch)
+    x = torch.randn(3)
+    for _ in range(8):
+        compiled(x, w)
+    assert compiled.graph_info()["graphs"][0]["variant"] == "no-graph" and made[0] == 8
+
+
+def test_only_a_graph_of_static_tensor_inputs_has_a_fixed_signature() -> None:
+    from launchless.compiler.backend import fixed_signature
+
+    seen: list[bool] = []
+
+    def backend(gm, example_inputs):
+        seen.append(fixed_signature(gm))
+        return gm.forward
+
+    static = torch.compile(lambda x: (x * 2).sin(), backend=backend, dynamic=False)
+    static(torch.randn(4))
+    dynamic = torch.compile(lambda x: (x * 2).sin(), backend=backend, dynamic=True)
+    dynamic(torch.randn(4, 3)[:, 1])
+    assert seen == [True, False]
+
+
 def test_a_drifted_variant_is_measured_again_and_the_new_decision_cached(monkeypatch, tmp_path, caplog) -> None:
     from launchless.compiler.decisions import DriftMonitor
 

@@ -259,6 +259,7 @@ def make_backend(
             attributes=tensor_attribute_indices(names, example_inputs, static),
             input_names=names,
             index_inputs=index_like_inputs(gm, example_inputs),
+            fixed_signature=fixed_signature(gm),
         )
         if early is not None:
             graphs.adopt_cgct(early, lambda: _compile_or_rescue(name, gm, example_inputs, inner, False))
@@ -268,6 +269,20 @@ def make_backend(
         return graphs
 
     return backend
+
+
+def fixed_signature(gm: fx.GraphModule) -> bool:
+    """Whether Dynamo's guards pin every input of ``gm`` as a signature would: tensors only, none of symbolic size
+    or strides (a graph compiled for dynamic shapes takes its sizes as inputs, and tensors of symbolic shape)."""
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if not isinstance(value, torch.Tensor):
+            return False
+        if any(isinstance(n, torch.SymInt) for n in (*value.shape, *value.stride())):
+            return False
+    return True
 
 
 def graph_info() -> list[dict[str, Any]]:

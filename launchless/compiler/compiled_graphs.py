@@ -32,7 +32,14 @@ from ..core.capture import CapturedGraph
 from ..core.collectives import Agreement, agree
 from ..core.junctions import JunctionChanged, SegmentedGraph, guard_note, op_names
 from ..core.relocation import InputAddresses, picker
-from ..core.signature import FlatInputs, Signature, UnhashableInput, positional_rebuilder, signature_of_leaves
+from ..core.signature import (
+    FlatInputs,
+    Signature,
+    UnhashableInput,
+    autocast_context,
+    positional_rebuilder,
+    signature_of_leaves,
+)
 from ..core.snapshot import RngState
 from ..core.status import Admission, Stage
 from ..core.verify import verify
@@ -93,8 +100,13 @@ class CompiledGraphs:
         attributes: frozenset[int] = frozenset(),
         input_names: Sequence[str] = (),
         index_inputs: frozenset[int] = frozenset(),
+        fixed_signature: bool = False,
     ) -> None:
         self.compiled, self.static, self.name = compiled, static, name
+        # Dynamo's guards pin every input's shape, strides, dtype, device and requires_grad (``fixed_signature``):
+        # once the one signature is decided to run without a graph, a call checks the autocast context alone
+        self.fixed_signature = fixed_signature
+        self._without_graph: tuple[Signature, GraphEntry] | None = None
         self.index_inputs = index_inputs  # float inputs read as addresses: verified on the call's own values
         # static inputs that are plain module attributes: no event announces their replacement, so their
         # addresses are compared on every call; one that moves again is demoted to a copied input
@@ -150,6 +162,11 @@ class CompiledGraphs:
     def __call__(self, *args: Any) -> Any:
         if self._watch is not None and (stale := self._watch.check(args)) is not None:
             self._undo_cgct(stale)
+        if (decided := self._without_graph) is not None:  # the selective choice, for the only signature there is
+            sig, entry = decided
+            if sig.context == autocast_context() and self._graphs.graphs.get(sig) is entry:
+                return self.compiled(*args)
+            self._without_graph = None  # autocast or TF32 switched, or the decision dropped: the full path
         if _WITHOUT_GRAPHS.get():
             return self.compiled(*args)
         try:
@@ -162,6 +179,8 @@ class CompiledGraphs:
         graphs = self._graphs
         entry = graphs.lookup(sig, args)
         if entry is not None and entry.decision.variant == "no-graph":  # the selective choice: Inductor's alone
+            if self.fixed_signature:
+                self._without_graph = (sig, entry)
             return self.compiled(*args)
         flat = FlatInputs(list(args), ("fast", len(args), ()), self._rebuild)
         if entry is not None:
