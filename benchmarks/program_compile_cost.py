@@ -53,7 +53,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
 def _exported(workload: str) -> tuple[torch.fx.GraphModule, list[Any]]:
     """The forward exported under ``no_grad`` and its examples in its placeholders' order: the model's parameters,
     buffers and constants, then the call's flattened arguments."""
-    from torch.export.graph_signature import InputKind
+    from torch.export.graph_signature import ConstantArgument, InputKind
 
     from launchless.apps import zoo
 
@@ -68,10 +68,23 @@ def _exported(workload: str) -> tuple[torch.fx.GraphModule, list[Any]]:
         | dict(exported.constants)
     )
     user = iter(pytree.tree_leaves((tuple(built.args), dict(built.kwargs))))
+    graph_module = exported.graph_module
+    placeholders = {node.name: node for node in graph_module.graph.nodes if node.op == "placeholder"}
     examples = []
     for spec in exported.graph_signature.input_specs:
-        examples.append(next(user) if spec.kind is InputKind.USER_INPUT else tensors[str(spec.target)])
-    return exported.graph_module, examples
+        if spec.kind is not InputKind.USER_INPUT:
+            examples.append(tensors[str(spec.target)])
+            continue
+        value = next(user)
+        node = placeholders[spec.arg.name]
+        if isinstance(spec.arg, ConstantArgument) and not node.users:
+            # a flag of the call (gpt2's use_cache) specialized into the code, as the compiler process drops it:
+            # Inductor takes no booleans as inputs
+            graph_module.graph.erase_node(node)
+            continue
+        examples.append(value)
+    graph_module.recompile()
+    return graph_module, examples
 
 
 def run_variant(workload: str, variant: str, *, profile_top: int, eager_numerics: bool) -> dict[str, Any]:
