@@ -189,7 +189,7 @@ def early_calls(prepared: modes.Prepared, start: float, *, pause_s: float = 0.0)
                 if latest.get("package_pending") and began - start <= points[decided_at - 1][0] + PACKAGE_S:
                     continue
                 if decided is not None and decided.get("package_pending"):  # built or given up: when; why none
-                    package_s = None if latest.get("package_pending") else round(began - start, 3)
+                    package_s = None if latest.get("package_pending") else round(began - start, 4)  # as the timeline
                     kept = {key: latest.get(key) for key in ("unpackaged", "compile_phases")}  # the package's too
                     decided = {**decided, **kept}
                 break
