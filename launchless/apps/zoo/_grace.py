@@ -212,7 +212,7 @@ class SpeechTransformer(nn.Module):
         super().__init__()
         positions = _sinusoids(max_len, width)
         self.encoder = SpeechEncoder(width, layers, heads, inner, positions)
-        self.decoder = SpeechDecoder(width, layers, heads, inner, positions)
+        self.decoder = SpeechDecoder(width, layers, heads, inner, positions.clone())  # a table each, as the original
 
     def forward(
         self, features: torch.Tensor, lengths: torch.Tensor, targets: torch.Tensor
