@@ -396,10 +396,13 @@ def test_a_mode_that_changes_while_it_runs_is_called_until_it_decides(monkeypatc
     assert row["during_compile_ms"] >= 2.0 and 0 < row["swap_s"] < row["timeline"][-1][0]
     assert len(row["timeline"]) == calls["n"] + 1 and row["early_calls"] == calls["n"]  # the first call, then these
     undecided = measure.early_calls(modes.Prepared(call), time.perf_counter())
-    assert set(undecided) == {"timeline", "early_calls"} and len(undecided["timeline"]) == measure.EARLY_CALLS + 1
+    assert set(undecided) == {"timeline", "early_calls", "early_ms"}
+    assert len(undecided["timeline"]) == measure.EARLY_CALLS + 1
+    assert 0.5 <= undecided["early_ms"] < 2.0  # the median call: every one after the 40th sleeps 0.5 ms
     began = time.perf_counter()  # a training step's calls pause after each (fewer steps for eager to repeat)
     paused = measure.early_calls(modes.Prepared(call), began, pause_s=0.01)
     assert time.perf_counter() - began >= paused["early_calls"] * 0.01
+    assert paused["early_ms"] < 10.0  # a call's own time: the pause after it is not on its clock
 
 
 def test_the_calls_go_on_until_the_package_of_a_program_swapped_in_in_inductors_format_is_kept(monkeypatch) -> None:

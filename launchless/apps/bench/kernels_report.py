@@ -4,7 +4,8 @@ against wall time (the timeline chart).
 
 Targets, each read from rows of one run: steady state within 1.05x of ``launchless-compile`` and within 1.10x of
 the best kernel floor; first call within 1.2x of ``launchless``'s and at most 1/20 of reduce-overhead's; calls while
-compiling at most 10 % slower than ``launchless``'s waited-for call; the swap no later than reduce-overhead's
+compiling at most 10 % slower than ``launchless``'s early calls (waited for and paced alike; its waited-for call in a
+row without them); the swap no later than reduce-overhead's
 first call ends (its compile); a second process (``launchless-compiled-kernels-on-disk``, on the programs the first
 left on disk) replaying compiled kernels within a second of its first call. A training step
 (``graphed_step(kernels="compiled")``; no ``launchless-compile`` there) within 1.05x of the kernel floor of
@@ -36,7 +37,7 @@ TARGETS = {  # each a ratio held to its bound: a figure of the row over what it 
     STEADY_FLOOR: Target("the best kernel floor", 1.10, at_least=False),
     FIRST_CALL: Target("launchless's first call", 1.2, at_least=False),
     FIRST_CALL_RO: Target("reduce-overhead's first call", 1 / 20, at_least=False),
-    DURING_COMPILE: Target("launchless's call waited for", 1.10, at_least=False),
+    DURING_COMPILE: Target("launchless's early calls", 1.10, at_least=False),
     SWAP: Target("reduce-overhead's first call", 1.0, at_least=False),
     SECOND_PROCESS: Target("seconds from its first call", 1.0, at_least=False),
     TRAINING: Target("compile's kernel floor", 1.05, at_least=False),
@@ -86,7 +87,7 @@ def targets(workload: str, by_key: Mapping[tuple[str, str], Row]) -> dict[str, A
         STEADY_FLOOR: _met(STEADY_FLOOR, figures["vs_best_floor"]),
         FIRST_CALL: _met(FIRST_CALL, figures["first_call_ms"], first_ll),
         FIRST_CALL_RO: _met(FIRST_CALL_RO, figures["first_call_ms"], first_ro),
-        DURING_COMPILE: _met(DURING_COMPILE, figures["during_compile_ms"], _ok(launchless, "latency_ms")),
+        DURING_COMPILE: _met(DURING_COMPILE, figures["during_compile_ms"], _paced(launchless)),
         SWAP: _met(SWAP, figures["swap_s"], None if first_ro is None else first_ro / 1e3),
     }
     second = by_key.get((workload, COMPILED_KERNELS_ON_DISK))
@@ -102,6 +103,13 @@ def targets(workload: str, by_key: Mapping[tuple[str, str], Row]) -> dict[str, A
         figures["vs_compiled_floor"] = None if steady is None or not compiled_floor else steady / compiled_floor
         figures["targets"][TRAINING] = _met(TRAINING, figures["vs_compiled_floor"])
     return figures
+
+
+def _paced(row: Row | None) -> float | None:
+    """A mode's call as the calls while compiling are timed: its early calls' median (waited for one by one, a training
+    step after the same idle pause), or, in a row that has none, its call waited for (``latency_ms``)."""
+    early = _ok(row, "early_ms")
+    return early if early is not None else _ok(row, "latency_ms")
 
 
 def _met(name: str, value: float | None, against: float | None = 1.0) -> bool | None:

@@ -161,7 +161,8 @@ def early_calls(prepared: modes.Prepared, start: float, *, pause_s: float = 0.0)
     compiler's ``compile_phases``); where a package of the program swapped in is still being built, the calls go on
     until it is (at most ``PACKAGE_S`` more: ``package_s``, when it was done). ``pause_s``: idle time after each
     call (training steps, each of which the correctness check repeats eager); ``early_calls`` counts the calls
-    made."""
+    made; a mode that does not change adds its calls' median (``early_ms``), the pace its calls while compiling
+    are held to (the same wait and pause: a step after an idle pause costs more than back-to-back calls)."""
     points: list[tuple[float, float]] = [(0.0, (time.perf_counter() - start) * 1e3)]  # the first call
     decided: dict | None = None
     decided_at = after = 0
@@ -194,7 +195,10 @@ def early_calls(prepared: modes.Prepared, start: float, *, pause_s: float = 0.0)
                     decided = {**decided, **kept}
                 break
     row: dict[str, Any] = {"timeline": thinned(points), "early_calls": len(points) - 1}
-    if prepared.settled is not None:
+    if prepared.settled is None:  # what a call costs waited for this way: the pace calls while compiling are held to
+        early = sorted(ms for _, ms in points[1:])
+        row["early_ms"] = early[len(early) // 2] if early else None
+    else:
         during = (
             sorted(ms for _, ms in points[1:decided_at]) if decided is not None else sorted(ms for _, ms in points[1:])
         )
@@ -254,7 +258,7 @@ def measure(w: BenchWorkload, mode: str, iters: int, *, profile_dir: Path | None
         row["first_call_ms"] = (time.perf_counter() - start) * 1e3
         if w.kind == "inference":
             row.update(early_calls(prepared, start))
-        elif prepared.settled is not None:  # a training step that changes while it runs: the check counts its steps
+        else:  # every mode's steps paced alike: a step after an idle pause costs more than one back to back
             row.update(early_calls(prepared, start, pause_s=TRAINING_PAUSE_S))
         if w.kind == "inference":  # the same draws as the reference's (a graph replays from the generator's state)
             torch.manual_seed(COMPARED_SEED)
