@@ -524,3 +524,50 @@ def test_a_compiled_graph_that_syncs_inside_an_operation_replays_as_graphs_aroun
     assert row["indirection"] == "a chain of graphs around operations run eager"
     chained = [r.getMessage() for r in caplog.records if "cannot be captured as one graph" in r.getMessage()]
     assert len(chained) == 1 and "launchless_test::grouped_mm_host" in chained[0], chained
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])
+def test_a_graph_decided_to_run_without_a_cuda_graph_skips_its_signature_on_every_later_call(
+    tmp_path, monkeypatch, grad_mode
+) -> None:
+    """GraCE's equation of state: one fused kernel, where a graph's replay gains nothing (the selective choice is no
+    graph). Dynamo pins the inputs of its static graph, so once decided a call checks the autocast context and runs
+    Inductor's program: no signature made per call, fresh inputs each call computed as eager-compiled Inductor does."""
+    from launchless.apps.zoo._grace_ocean import OceanEquationOfState
+    from launchless.compiler import compiled_graphs as graphs_module
+    from launchless.compiler import select
+    from launchless.compiler.decisions import Decision
+
+    real = select.measure
+
+    def no_graph_wins(runners, device, margin=0.03):  # the measured times, with no graph the faster
+        measured = real(runners, device, margin)
+        times = {**measured.times_ms, "no-graph": min(measured.times_ms.values()) / 2}
+        return Decision("no-graph", times)
+
+    monkeypatch.setattr(select, "measure", no_graph_wins)
+    made = [0]
+    signature = graphs_module.signature_of_leaves
+    monkeypatch.setattr(
+        graphs_module, "signature_of_leaves", lambda s, leaves: made.__setitem__(0, made[0] + 1) or signature(s, leaves)
+    )
+
+    def fresh() -> tuple[torch.Tensor, ...]:
+        salinity = 30.0 + 10.0 * torch.rand(64, 64, 26, device="cuda", dtype=torch.float64)
+        temperature = 25.0 * torch.rand(64, 64, 26, device="cuda", dtype=torch.float64)
+        return salinity, temperature, torch.linspace(0.0, 5000.0, 26, device="cuda", dtype=torch.float64).view(1, 1, 26)
+
+    model = OceanEquationOfState().cuda()
+    compiled = _compiled(model, selective=True, cache_dir=str(tmp_path))
+    reference = torch.compile(OceanEquationOfState().cuda(), backend="inductor")
+    with grad_mode():
+        for _ in range(4):  # compiled, seen, captured and measured: no graph kept
+            compiled(*fresh())
+        (graphs,) = _graphs()
+        assert graphs.graph_info()["graphs"][0]["variant"] == "no-graph"
+        assert graphs.fixed_signature and graphs._without_graph is not None
+        before = made[0]
+        for _ in range(5):
+            inputs = fresh()
+            assert torch.equal(compiled(*inputs), reference(*inputs))
+        assert made[0] == before  # no signature made: the decided path
