@@ -39,7 +39,6 @@ from typing import Any
 
 import torch
 from diagnostics import keep_report, run_fresh
-from torch.utils import _pytree as pytree
 
 VARIANTS = ("aoti", "aoti-autotune-at-run", "aoti-one-thread", "artifact")
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -51,39 +50,17 @@ SETTINGS: dict[str, dict[str, Any]] = {
 
 
 def _exported(workload: str) -> tuple[torch.fx.GraphModule, list[Any]]:
-    """The forward exported under ``no_grad`` and its examples in its placeholders' order: the model's parameters,
-    buffers and constants, then the call's flattened arguments."""
-    from torch.export.graph_signature import ConstantArgument, InputKind
-
+    """The forward exported under ``no_grad`` and made a program's as the compiler process makes it (every weight an
+    input, the call's specialized flags dropped), with its examples in its inputs' order."""
     from launchless.apps import zoo
+    from launchless.core.compiler_process import program_inputs
 
     built = zoo.build(workload, device="cuda" if torch.cuda.is_available() else "cpu")
     model = built.model.eval()
+    args, kwargs = tuple(built.args), dict(built.kwargs)
     with torch.no_grad():
-        exported = torch.export.export(model, tuple(built.args), dict(built.kwargs), strict=False)
-    # every name a tensor has (a tied weight -- gpt2's lm_head.weight -- is lifted under its own name)
-    tensors = (
-        dict(model.named_parameters(remove_duplicate=False))
-        | dict(model.named_buffers(remove_duplicate=False))
-        | dict(exported.constants)
-    )
-    user = iter(pytree.tree_leaves((tuple(built.args), dict(built.kwargs))))
-    graph_module = exported.graph_module
-    placeholders = {node.name: node for node in graph_module.graph.nodes if node.op == "placeholder"}
-    examples = []
-    for spec in exported.graph_signature.input_specs:
-        if spec.kind is not InputKind.USER_INPUT:
-            examples.append(tensors[str(spec.target)])
-            continue
-        value = next(user)
-        node = placeholders[spec.arg.name]
-        if isinstance(spec.arg, ConstantArgument) and not node.users:
-            # a flag of the call (gpt2's use_cache) specialized into the code, as the compiler process drops it:
-            # Inductor takes no booleans as inputs
-            graph_module.graph.erase_node(node)
-            continue
-        examples.append(value)
-    graph_module.recompile()
+        exported = torch.export.export(model, args, kwargs, strict=False)
+    graph_module, _, examples, _ = program_inputs(exported, model, args, kwargs)
     return graph_module, examples
 
 

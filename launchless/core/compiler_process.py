@@ -279,48 +279,16 @@ def _inductor_format(
     compiled.save(path=str(path), format="binary")
 
 
-def compile_program(
-    sent: str,
-    program: str,
-    started: float,
-    *,
-    kept_in: str | None = None,
-    marks: list[Mark] | None = None,
-    inductor_format_first: bool = False,
-) -> None:
-    """The child process: the model's structure in, the compiled program and its plan out (``PROGRAM_READY`` said on
-    its standard output once both are written). An inference program is exported and compiled under ``no_grad``; a
-    training program with autograd on, so that Inductor compiles its backward too (AOTAutograd's forward and
-    backward, called through autograd as the model is). Every weight is an input of the program, none a constant of
-    its code. The plan names the operations that draw random numbers (dropout in training): Inductor draws them
-    otherwise than eager. ``started``: the wall time the parent started it at; the plan keeps the seconds of each
-    phase. ``kept_in``: the folder the calls' process keeps programs in (``program`` is built in a scratch folder
-    first), where a crashing package loader is recorded. ``marks``: what a spare did before (``start_parts`` of the
-    start phase, as "start: <part>"). ``inductor_format_first``: an inference program is compiled in Inductor's
-    format first, at ``inductor_program_of(program)`` (its compile is the shorter: the calls swap it in sooner), then
-    as a package at ``program`` for later processes, each said when written (``NO_PACKAGE`` and why where no package
-    can be had)."""
+def program_inputs(
+    exported: torch.export.ExportedProgram, model: torch.nn.Module, args: tuple, kwargs: dict
+) -> tuple[torch.fx.GraphModule, list[list[Any]], list[Any], list[torch.Tensor]]:
+    """The exported forward's graph made a program's: every weight an input (a tied weight, lifted twice, one input),
+    the call's flags specialized into the code dropped (Inductor takes no booleans), the tensors the forward makes kept
+    beside it. Returns the graph, how the calls' process finds each input (``["input", i]`` the call's i-th leaf,
+    ``["tensor", name]`` the model's, ``["made", i]`` the i-th made tensor), the examples in the same order, and the
+    made tensors."""
     from torch.export.graph_signature import ConstantArgument, InputKind
 
-    began = time.time()
-    phases = {"start": began - started}  # the interpreter and torch imported (a spare: what the job waited for)
-    phases.update({f"start: {name}": s for name, s in start_parts(marks or [], started, began).items()})
-    mark = time.perf_counter()
-
-    def phase(name: str) -> None:
-        nonlocal mark
-        now = time.perf_counter()
-        phases[name] = phases.get(name, 0.0) + now - mark  # "save" comes once per program delivered
-        mark = now
-
-    search_path, structure, training, eager_numerics = pickle.loads(Path(sent).read_bytes())
-    sys.path[:] = search_path  # the model's classes are imported from where the calls' process found them
-    model, args, kwargs = pickle.loads(structure)
-    phase("build")
-    grad_mode = torch.enable_grad if training else torch.no_grad
-    with grad_mode():
-        exported = torch.export.export(model, args, kwargs, strict=False)
-    phase("export")
     flat = pytree.tree_leaves((args, kwargs))
     graph_module = exported.graph_module
     placeholders = {node.name: node for node in graph_module.graph.nodes if node.op == "placeholder"}
@@ -387,6 +355,50 @@ def compile_program(
                 "compiled program is not given"
             )
     graph_module.recompile()
+    return graph_module, inputs, examples, made
+
+
+def compile_program(
+    sent: str,
+    program: str,
+    started: float,
+    *,
+    kept_in: str | None = None,
+    marks: list[Mark] | None = None,
+    inductor_format_first: bool = False,
+) -> None:
+    """The child process: the model's structure in, the compiled program and its plan out (``PROGRAM_READY`` said on
+    its standard output once both are written). An inference program is exported and compiled under ``no_grad``; a
+    training program with autograd on, so that Inductor compiles its backward too (AOTAutograd's forward and
+    backward, called through autograd as the model is). Every weight is an input of the program, none a constant of
+    its code. The plan names the operations that draw random numbers (dropout in training): Inductor draws them
+    otherwise than eager. ``started``: the wall time the parent started it at; the plan keeps the seconds of each
+    phase. ``kept_in``: the folder the calls' process keeps programs in (``program`` is built in a scratch folder
+    first), where a crashing package loader is recorded. ``marks``: what a spare did before (``start_parts`` of the
+    start phase, as "start: <part>"). ``inductor_format_first``: an inference program is compiled in Inductor's
+    format first, at ``inductor_program_of(program)`` (its compile is the shorter: the calls swap it in sooner), then
+    as a package at ``program`` for later processes, each said when written (``NO_PACKAGE`` and why where no package
+    can be had)."""
+    began = time.time()
+    phases = {"start": began - started}  # the interpreter and torch imported (a spare: what the job waited for)
+    phases.update({f"start: {name}": s for name, s in start_parts(marks or [], started, began).items()})
+    mark = time.perf_counter()
+
+    def phase(name: str) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        phases[name] = phases.get(name, 0.0) + now - mark  # "save" comes once per program delivered
+        mark = now
+
+    search_path, structure, training, eager_numerics = pickle.loads(Path(sent).read_bytes())
+    sys.path[:] = search_path  # the model's classes are imported from where the calls' process found them
+    model, args, kwargs = pickle.loads(structure)
+    phase("build")
+    grad_mode = torch.enable_grad if training else torch.no_grad
+    with grad_mode():
+        exported = torch.export.export(model, args, kwargs, strict=False)
+    phase("export")
+    graph_module, inputs, examples, made = program_inputs(exported, model, args, kwargs)
     common = {
         "inputs": inputs,
         "in_spec": pytree.treespec_dumps(exported.call_spec.in_spec),
