@@ -40,8 +40,9 @@
 #   compiler-inference launchless bench --suite compiler: the inference workloads, three compile modes
 #   compiler-blocked   the same for the models a host copy keeps out of plain capture
 #   compiler-suite     both sets (as ONLY leaves them) in one bench run, so that its GPUs share all of them
-#   grace-bench        launchless bench --suite grace: eager, the compiler steps' modes and launchless (or MODES), the
-#                      workloads ONLY names or all of them (a suite split over device calls; --merge joins the parts)
+#   grace-bench        launchless bench --suite grace: eager, the compiler steps' modes, launchless and the race of
+#                      the compiled modes in one process (or MODES), the workloads ONLY names or all of them (a suite
+#                      split over device calls; --merge joins the parts)
 #   evidence-bytes     launchless bench: bytes copied per call with and without pointer indirection (copy_bytes), on
 #                      BYTES="workload ..." (default grace:deep-recommender@b256, a 200 MB input per call)
 #   evidence-coverage  launchless bench: the share of kernels inside graphs (graph_coverage) of the blocked models,
@@ -236,7 +237,7 @@ print(subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout.
       --modes "${modes[@]}" --gpus "${gpus[@]}" --timeout 400 --out "$out/compiler-suite" "${balance[@]}" ;;
   grace-bench)  # launchless too: graphed_step is the training rows' launchless (the compiler path graphs inference)
     read -r -a grace <<<"${ONLY:-}"
-    read -r -a grace_modes <<<"${MODES:-compile reduce-overhead launchless-compile launchless}"
+    read -r -a grace_modes <<<"${MODES:-compile reduce-overhead launchless-compile launchless raced}"
     run grace-bench python3 -m launchless.apps.cli bench --suite grace ${grace[@]:+--workloads "${grace[@]}"} \
       --modes eager "${grace_modes[@]}" --gpus "${gpus[@]}" --timeout 400 --out "$out/grace-bench" "${balance[@]}" ;;
   detector-host-reads)

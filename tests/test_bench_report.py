@@ -697,3 +697,49 @@ def test_the_grace_report_holds_launchless_graph_path_to_gracess_targets() -> No
     assert "launchless-graph-path" in md.split("## Summary", 1)[0]  # a column of its own in the tables
     assert "## Targets" not in bench_report.markdown(ENV, SUITE, make_rows())
     assert all(r["mode"] != stats.GRAPH_PATH for r in rows)  # derived for the report, not added to the record
+
+
+def test_the_grace_targets_read_a_race_where_the_workload_was_raced() -> None:
+    """Where compile, reduce-overhead and the graph path were raced in one process, the targets take their speed from
+    the race (separate processes cannot tell modes a few percent apart); the race has a section of its own and no
+    column among the modes."""
+    from launchless.apps.bench import workloads
+    from launchless.apps.bench.modes import RACED
+
+    text, trained = "grace:xlnet@b8", "grace:xlnet-train@b8"
+    rows = []
+    for name, kind, ro, compiled, launchless, compile_ in (
+        (text, "inference", 4.0, 4.0, 2.0, 3.0),  # apart: 0.75x the faster compile
+        (trained, "training", 9.0, 99.0, 3.0, 12.0),
+    ):
+        rows += [
+            row(name, "compile", compile_, kind=kind, first=1000.0),
+            row(name, "reduce-overhead", ro, kind=kind, first=1000.0),
+            row(name, "launchless-compile", compiled, kind=kind, first=4000.0),
+            row(name, "launchless", launchless, kind=kind, first=500.0),
+        ]
+    raced = {"status": "ok", "reason": None, "mode": RACED}
+    rows += [
+        {**raced, "workload": text, "kind": "inference"}
+        | {"raced_ms": {"compile": 3.0, "reduce-overhead": 4.0, "launchless-compile": 2.9}},
+        {**raced, "workload": trained, "kind": "training"}
+        | {"raced_ms": {"compile": 12.0, "reduce-overhead": 9.0, "launchless": 3.6}},
+    ]
+    md = bench_report.markdown(ENV, workloads.GRACE, rows)
+    targets = md.split("## Targets", 1)[1].split("\n## ", 1)[0]
+    worst = next(line for line in targets.splitlines() if "worst workload" in line)
+    assert f"{3.0 / 2.9:.2f}×" in worst and worst.endswith("| yes |")  # the race's 2.9 ms, not the row's 4.0
+    population = next(line for line in targets.splitlines() if "GraCE's population" in line)
+    assert f"{((4.0 / 2.9) * (9.0 / 3.6)) ** 0.5:.2f}×" in population
+    assert "Raced in one process: 2 of 2 workloads." in targets
+    section = md.split("## Raced in one process", 1)[1].split("\n## ", 1)[0]
+    assert f"| `{text}` | 3.00 | 4.00 | 2.90 | {4.0 / 2.9:.2f}× | {3.0 / 2.9:.2f}× |" in section
+    assert f"{RACED} ms" not in md.split("## Summary", 1)[0]  # no column of its own
+    failed = [
+        {**r, "status": "error", "reason": "out of memory"} if r["mode"] == RACED and r["workload"] == text else r
+        for r in rows
+    ]
+    md = bench_report.markdown(ENV, workloads.GRACE, failed)
+    targets = md.split("## Targets", 1)[1].split("\n## ", 1)[0]
+    assert "0.75×" in next(line for line in targets.splitlines() if "worst workload" in line)  # the modes' own rows
+    assert f"- `{text}` · {RACED} · error: out of memory" in md.split("## Skipped and failed", 1)[1]

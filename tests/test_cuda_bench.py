@@ -145,3 +145,23 @@ def test_the_suite_runs_each_mode_in_workers_and_writes_the_report(tmp_path, gpu
     assert all(r["status"] == "ok" for r in rows.values())
     assert all(rows[(n, "launchless")]["correctness"]["status"] == "bit-identical" for n in names)
     assert (tmp_path / "bench.md").exists() and (tmp_path / "bench.png").exists()
+
+
+@pytest.mark.parametrize("workload", ["grace:ocean-equation-of-state", "train:resnet18"])
+def test_the_race_times_pytorchs_modes_and_the_graph_path_in_one_process_in_rotating_rounds(workload: str) -> None:
+    """compile, reduce-overhead and launchless's graph path (the backend for inference, graphed_step for a training
+    step) prepared in one process and timed round by round: each mode's median of its rounds."""
+    from launchless.apps.bench.measure import RACE_ROUNDS, race_contestants
+
+    if workload.startswith("train:"):
+        pytest.importorskip("timm")
+    w = workloads.get(workload)
+    row = measure(w, "raced", iters=RACE_ROUNDS * 10)
+    print(row)
+    contestants = race_contestants(w.kind)
+    assert row["status"] == "ok" and set(row["raced_ms"]) == set(contestants) == set(row["raced_rounds_ms"])
+    for mode in contestants:
+        rounds = row["raced_rounds_ms"][mode]
+        assert len(rounds) == RACE_ROUNDS and all(t > 0 for t in rounds)
+        assert row["raced_ms"][mode] == pytest.approx(sorted(rounds)[RACE_ROUNDS // 2], abs=1e-5)
+    assert row["raced_calls_per_round"] == 10

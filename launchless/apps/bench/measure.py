@@ -235,9 +235,55 @@ def thinned(points: list[tuple[float, float]]) -> list[list[float]]:
     return out
 
 
+RACE_ROUNDS = 7  # rounds of the raced modes, each round every mode in turn, the order rotating
+RACE_WARMUP = 6  # calls before the rounds: compiled, captured (launchless decides its variant on its first calls)
+
+
+def race_contestants(kind: str) -> tuple[str, ...]:
+    """The modes ``raced`` times in one process: PyTorch's two compiled modes and launchless's graph path for the
+    workload's kind (the compiler backend for inference, ``graphed_step`` for a training step)."""
+    return ("compile", "reduce-overhead", "launchless-compile" if kind == "inference" else "launchless")
+
+
+def measure_raced(w: BenchWorkload, iters: int) -> dict:
+    """The ``raced`` row: ``race_contestants`` prepared in this one process (inference: on the one model; training:
+    each on its own seeded setup), warmed up, then ``RACE_ROUNDS`` rounds of back-to-back calls (``cuda_time``), each
+    round every mode in turn, the order rotating; per mode the median of its rounds' medians (``raced_ms``) and the
+    rounds themselves. The calls of a round are ``iters`` spread over the rounds (at least 10)."""
+    contestants = race_contestants(w.kind)
+    per_round = max(10, iters // RACE_ROUNDS)
+    grad = torch.enable_grad() if w.kind == "training" else torch.no_grad()
+    with grad:
+        if w.kind == "inference":
+            built = _build(w)
+            prepared = {m: modes.inference(m, built.model, built.args, built.kwargs) for m in contestants}
+        else:
+            prepared = {m: training.training(m, training.setup(w)) for m in contestants}
+        for ready in prepared.values():
+            for _ in range(RACE_WARMUP):
+                ready.call()
+        torch.cuda.synchronize()
+        rounds: dict[str, list[float]] = {m: [] for m in contestants}
+        for r in range(RACE_ROUNDS):
+            for mode in contestants[r % len(contestants) :] + contestants[: r % len(contestants)]:
+                rounds[mode].append(cuda_time(prepared[mode].call, warmup=3, iters=per_round).median_ms)
+    return {
+        "workload": w.name,
+        "mode": modes.RACED,
+        "kind": w.kind,
+        "status": "ok",
+        "reason": None,
+        "raced_ms": {m: sorted(times)[len(times) // 2] for m, times in rounds.items()},
+        "raced_rounds_ms": {m: [round(t, 5) for t in times] for m, times in rounds.items()},
+        "raced_calls_per_round": per_round,
+    }
+
+
 def measure(w: BenchWorkload, mode: str, iters: int, *, profile_dir: Path | None = None) -> dict:
     """The report row for one pair; raises ModeUnavailable when the mode cannot run the workload. ``profile_dir``:
     where the pair's profile goes too (``write_profile``), after its figures are taken."""
+    if mode == modes.RACED:
+        return measure_raced(w, iters)
     built = _build(w) if w.kind == "inference" else None
     row: dict = {"workload": w.name, "mode": mode, "kind": w.kind, "status": "ok", "reason": None}
     grad = torch.enable_grad() if w.kind == "training" else torch.no_grad()

@@ -21,6 +21,7 @@ LAUNCHLESS = "launchless"
 # each workload on launchless's graph path: the compiler backend's rows for inference, graphed_step's for training
 GRAPH_PATH = "launchless-graph-path"
 COMPILING_MODES = (COMPILE, LAUNCHLESS_COMPILE, GRAPH_PATH)  # their first call compiles, like reduce-overhead's
+RACED = "raced"  # the compiled modes and the graph path timed in one process, in rotating rounds (``raced_ms``)
 
 
 def geomean(values: Iterable[float | None]) -> float | None:
@@ -152,6 +153,46 @@ def first_call_vs_reduce_overhead(rows: Sequence[Row]) -> dict[str, dict[str, fl
             if mode in COMPILING_MODES and isinstance(ms, (int, float)) and ms > 0:
                 out.setdefault(mode, {})[workload] = ms / base_ms
     return {mode: out[mode] for mode in ordered_modes(rows) if mode in out}
+
+
+def measured_rows(rows: Sequence[Row]) -> list[Row]:
+    """The rows of one (workload, mode) each: all but the races, whose figures belong to the modes they raced."""
+    return [r for r in rows if r["mode"] != RACED]
+
+
+def races(rows: Sequence[Row]) -> list[Row]:
+    """The races' rows (``RACED``), whatever their status."""
+    return [r for r in rows if r["mode"] == RACED]
+
+
+def raced(rows: Sequence[Row]) -> dict[str, dict[str, float]]:
+    """{workload: {mode: median ms}} of the races that ran: compile, reduce-overhead and the graph path (named
+    ``GRAPH_PATH``) timed in one process."""
+    out: dict[str, dict[str, float]] = {}
+    for row in rows:
+        times = row.get("raced_ms")
+        if row["mode"] != RACED or row.get("status") != "ok" or not isinstance(times, Mapping):
+            continue
+        path = LAUNCHLESS_COMPILE if row.get("kind") == "inference" else LAUNCHLESS
+        named = {GRAPH_PATH if m == path else str(m): float(ms) for m, ms in times.items()}
+        if all(named.get(m, 0) > 0 for m in (COMPILE, REDUCE_OVERHEAD, GRAPH_PATH)):
+            out[str(row["workload"])] = named
+    return out
+
+
+def graph_path_ratios(
+    rows: Sequence[Row], races: Mapping[str, Mapping[str, float]]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The graph path per workload: (reduce-overhead's ms over its ms, the faster of compile's and reduce-overhead's
+    over its ms) -- from ``races`` (``raced``) where the workload was raced, else from the modes' own ``rows`` (with
+    the graph path's, ``graph_path_rows``)."""
+    on_path = dict(speedups(rows, REDUCE_OVERHEAD).get(GRAPH_PATH, {}))
+    best = dict(vs_best_pytorch(rows).get(GRAPH_PATH, {}))
+    for workload, times in races.items():
+        path = times[GRAPH_PATH]
+        on_path[workload] = times[REDUCE_OVERHEAD] / path
+        best[workload] = min(times[COMPILE], times[REDUCE_OVERHEAD]) / path
+    return on_path, best
 
 
 def graph_path_rows(rows: Sequence[Row]) -> list[Row]:
