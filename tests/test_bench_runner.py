@@ -309,6 +309,23 @@ def test_the_second_process_mode_runs_on_the_caches_its_first_left_then_they_are
     assert not os.path.exists(row["caches"]["root"])
 
 
+def test_the_race_runs_on_the_compiler_backends_caches_and_needs_no_mode_before_it(tmp_path) -> None:
+    """The race times what the separate modes compiled: its workers find launchless-compile's caches, which are kept
+    for it and gone after it; named alone, it compiles in caches of its own."""
+    caches = runner.CacheRoots()
+    seen = {}
+    for mode in ("launchless-compile", modes.RACED):
+        (row,) = run_mode(mode, ["timm:resnet18"], 3, 20, tmp_path, worker=_worker(env=True), caches=caches)
+        seen[mode] = row["caches"]
+        if mode == "launchless-compile":
+            assert os.path.isdir(row["caches"]["root"])  # kept for the race
+    assert seen[modes.RACED] == seen["launchless-compile"]
+    assert not os.path.exists(seen[modes.RACED]["root"])  # the race was the last to need them
+    assert modes.order_problem([modes.RACED]) is None
+    (alone,) = run_mode(modes.RACED, ["timm:resnet18"], 3, 20, tmp_path, worker=_worker(env=True))
+    assert not os.path.exists(alone["caches"]["root"])
+
+
 def test_the_second_process_mode_needs_its_first_before_it(capsys) -> None:
     for named in ([modes.COMPILED_KERNELS_ON_DISK], [modes.COMPILED_KERNELS_ON_DISK, modes.COMPILED_KERNELS]):
         with pytest.raises(SystemExit) as exc:

@@ -36,6 +36,10 @@ MODES = (
 CACHES_OF = {COMPILED_KERNELS_ON_DISK: COMPILED_KERNELS}
 """A mode that measures a second process: it runs on the compile caches (Inductor's, Triton's, launchless's
 programs) that the named mode's process left, as a user's next process finds them."""
+CACHES_SHARED = {RACED: "launchless-compile"}
+"""A mode that times what the separate modes compiled and measures no first call: it runs on the named mode's compile
+caches where that mode ran before it (Inductor's programs there are compile's too: the same graph and settings), and
+compiles for itself where it did not."""
 
 
 def default_modes(suite: str) -> tuple[str, ...]:

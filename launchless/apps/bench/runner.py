@@ -35,7 +35,7 @@ from rich.progress import Progress, TaskID
 from ..environment import describe
 from ..workers import run_dealt, run_workers
 from . import report
-from .modes import CACHES_OF
+from .modes import CACHES_OF, CACHES_SHARED
 from .serving_report import SUITE as SERVING
 from .serving_workloads import serving_environment
 from .worker import empty_row, runs_in
@@ -120,7 +120,8 @@ def run_group(
 class CacheRoots:
     """The compile caches (Inductor's, Triton's, launchless's programs) of a suite's modes, each in a temporary
     folder of its own: on disk they outlive a process, and one mode must not find another's kernels. A mode that
-    measures a second process (``CACHES_OF``) runs on the caches its first process left instead. A folder is removed
+    measures a second process (``CACHES_OF``) runs on the caches its first process left instead, and the race on the
+    compiler backend's (``CACHES_SHARED``): it times, and need not compile again. A folder is removed
     once no mode still to run needs it, and all that are left when the suite ends."""
 
     def __init__(self) -> None:
@@ -131,7 +132,7 @@ class CacheRoots:
     def env(self, mode: str, visible_gpus: str | None) -> Iterator[dict[str, str]]:
         """The environment of ``mode``'s workers, seeing only ``visible_gpus`` (``CUDA_VISIBLE_DEVICES``) where
         given."""
-        owner = (CACHES_OF.get(mode, mode), visible_gpus)
+        owner = (CACHES_OF.get(mode) or CACHES_SHARED.get(mode) or mode, visible_gpus)
         with self._lock:
             root = self._roots.get(owner)
             if root is None:
@@ -148,7 +149,7 @@ class CacheRoots:
         try:
             yield env
         finally:
-            if mode not in CACHES_OF.values():  # no second process comes for these caches
+            if mode not in {*CACHES_OF.values(), *CACHES_SHARED.values()}:  # no later mode comes for these caches
                 with self._lock:
                     self._roots.pop(owner, None)
                 shutil.rmtree(root, ignore_errors=True)
