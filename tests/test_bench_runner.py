@@ -485,3 +485,44 @@ def test_a_workload_builds_in_its_own_dtype() -> None:
     built = zoo.build(ocean.zoo, batch=ocean.batch, dtype=ocean.torch_dtype)
     assert all(x.dtype is torch.float64 for x in built.args)
     assert built.model(*built.args).dtype is torch.float64
+
+
+def test_the_race_warms_every_mode_then_times_them_in_rotating_rounds(monkeypatch) -> None:
+    """Each mode prepared once, called until compiled and captured, then ``RACE_ROUNDS`` rounds with the order
+    rotating (no mode always first, after an idle GPU); per mode the median of its rounds, not their mean."""
+    from types import SimpleNamespace
+
+    from launchless.apps.bench import measure
+    from launchless.timing import Timing
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(measure, "_build", lambda w: SimpleNamespace(model=torch.nn.Identity(), args=(), kwargs={}))
+    called: list[str] = []
+    timed: list[str] = []
+    base = {"compile": 1.0, "reduce-overhead": 2.0, "launchless-compile": 3.0}
+
+    def prepared(mode, model, args, kwargs):
+        def call() -> None:
+            called.append(mode)
+
+        return modes.Prepared(call)
+
+    def cuda_time(fn, *, warmup, iters):
+        fn()
+        mode = called[-1]
+        timed.append(mode)
+        slow = 50.0 if timed.count(mode) == 1 else 0.0  # each mode's first round is slow
+        return Timing(base[mode] + slow, base[mode], iters)
+
+    monkeypatch.setattr(modes, "inference", prepared)
+    monkeypatch.setattr(measure, "cuda_time", cuda_time)
+    row = measure.measure(workloads.get("timm:resnet18"), modes.RACED, iters=35)
+    contestants = measure.race_contestants("inference")
+    assert list(contestants) == list(base)
+    rounds = [timed[i : i + 3] for i in range(0, len(timed), 3)]
+    assert len(rounds) == measure.RACE_ROUNDS and all(sorted(r) == sorted(base) for r in rounds)
+    assert [r[0] for r in rounds[:3]] == list(contestants)  # the order rotates
+    assert row["raced_ms"] == base  # the median of the rounds: the slow first round does not count
+    assert all(len(v) == measure.RACE_ROUNDS for v in row["raced_rounds_ms"].values())
+    assert row["raced_calls_per_round"] == 10 and row["mode"] == modes.RACED and row["status"] == "ok"
+    assert called[: 3 * measure.RACE_WARMUP] == [m for m in contestants for _ in range(measure.RACE_WARMUP)]
