@@ -284,8 +284,8 @@ def _targets_lines(view: _View, races: Mapping[str, Mapping[str, float]]) -> lis
 
 def markdown(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) -> str:
     """The report as Markdown: latency table, first-call/memory table, geomean summary, skips and errors."""
-    races = stats.raced(rows) if suite == workloads.GRACE else {}
-    view = _View(_with_graph_path(suite, rows), beside=stats.races(rows))
+    races = stats.raced_times(rows) if suite == workloads.GRACE else {}
+    view = _View(_with_graph_path(suite, rows), beside=stats.race_rows(rows))
     rows = view.rows
     lines = [f"# launchless bench: {suite}", "", header_line(environment), ""]
 
@@ -374,7 +374,7 @@ def _rich_latency(view: _View, workload: str, mode: str) -> Text:
 
 def rich_table(environment: Mapping[str, Any], suite: str, rows: Sequence[Row]) -> Table:
     """The latency table for the terminal; speed-ups green at or above eager, red below."""
-    view = _View(_with_graph_path(suite, rows), beside=stats.races(rows))
+    view = _View(_with_graph_path(suite, rows), beside=stats.race_rows(rows))
     caption = [header_line(environment)]
     caption += [f"{mode}: {text}" for mode, text in view.summary_items()]
     caption += [

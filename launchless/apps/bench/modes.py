@@ -17,6 +17,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ...core.workspaces import own_blas_workspaces
+from .stats import RACED  # compile, reduce-overhead and the graph path timed in one process: ``measure.measure_raced``
 
 COMPILED_KERNELS = "launchless-compiled-kernels"  # wrap(kernels="compiled"): compiles in a child while it replays
 COMPILED_KERNELS_ON_DISK = "launchless-compiled-kernels-on-disk"  # the same in a second process: programs on disk
@@ -24,9 +25,6 @@ KERNEL_MODES = (COMPILED_KERNELS, COMPILED_KERNELS_ON_DISK)
 # the compiler path with one of its mechanisms turned off: what CGCT adds to the kernels inside graphs, what pointer
 # indirection saves of the bytes copied per call (run by name: --modes ... launchless-compile-no-cgct)
 WITHOUT = {"launchless-compile-no-cgct": {"cgct": False}, "launchless-compile-no-pi": {"indirection": False}}
-# compile, reduce-overhead and launchless's graph path prepared in one process and timed in rotating rounds: where
-# two modes are within a few percent, separate processes (each its own host and GPU state) cannot tell them apart
-RACED = "raced"
 MODES = (
     *("eager", "compile", "reduce-overhead", "hand-graph", "launchless", "launchless-compile"),
     *KERNEL_MODES,

@@ -21,7 +21,9 @@ LAUNCHLESS = "launchless"
 # each workload on launchless's graph path: the compiler backend's rows for inference, graphed_step's for training
 GRAPH_PATH = "launchless-graph-path"
 COMPILING_MODES = (COMPILE, LAUNCHLESS_COMPILE, GRAPH_PATH)  # their first call compiles, like reduce-overhead's
-RACED = "raced"  # the compiled modes and the graph path timed in one process, in rotating rounds (``raced_ms``)
+# compile, reduce-overhead and the graph path timed in one process in rotating rounds (``raced_ms``): where two modes
+# are within a few percent, separate processes (each its own host and GPU state) cannot tell them apart
+RACED = "raced"
 
 
 def geomean(values: Iterable[float | None]) -> float | None:
@@ -160,12 +162,12 @@ def measured_rows(rows: Sequence[Row]) -> list[Row]:
     return [r for r in rows if r["mode"] != RACED]
 
 
-def races(rows: Sequence[Row]) -> list[Row]:
+def race_rows(rows: Sequence[Row]) -> list[Row]:
     """The races' rows (``RACED``), whatever their status."""
     return [r for r in rows if r["mode"] == RACED]
 
 
-def raced(rows: Sequence[Row]) -> dict[str, dict[str, float]]:
+def raced_times(rows: Sequence[Row]) -> dict[str, dict[str, float]]:
     """{workload: {mode: median ms}} of the races that ran: compile, reduce-overhead and the graph path (named
     ``GRAPH_PATH``) timed in one process."""
     out: dict[str, dict[str, float]] = {}
@@ -184,8 +186,8 @@ def graph_path_ratios(
     rows: Sequence[Row], races: Mapping[str, Mapping[str, float]]
 ) -> tuple[dict[str, float], dict[str, float]]:
     """The graph path per workload: (reduce-overhead's ms over its ms, the faster of compile's and reduce-overhead's
-    over its ms) -- from ``races`` (``raced``) where the workload was raced, else from the modes' own ``rows`` (with
-    the graph path's, ``graph_path_rows``)."""
+    over its ms) -- from ``races`` (``raced_times``) where the workload was raced, else from the modes' own ``rows``
+    (with the graph path's, ``graph_path_rows``)."""
     on_path = dict(speedups(rows, REDUCE_OVERHEAD).get(GRAPH_PATH, {}))
     best = dict(vs_best_pytorch(rows).get(GRAPH_PATH, {}))
     for workload, times in races.items():
