@@ -127,3 +127,25 @@ def test_runtime_summaries_say_whole_graph_split_or_eager() -> None:
         "## What `launchless` ran" in lines
         and "- `det`: eager: host copy; split dropped: not faster than eager" in lines
     )
+
+
+def test_each_row_says_its_mode_where_it_is_not_its_sections_and_the_graph_path_adds_none() -> None:
+    """The compiled-kernels modes run under ``wrap`` too, and the grace report's graph path copies a row: one line a
+    row that ran, named by its mode where that is not the section's."""
+    from launchless.apps.bench.graphs import markdown_lines, runtime_summary
+
+    whole = runtime_summary({"graphs": [{"replays": 4}], "fallbacks": [], "eager_calls": {}, "split": None})
+    backend = graphs.summarize([info(["graph"])], graph_breaks=0)
+    rows = [
+        {"workload": "w", "mode": "launchless", "graphs": whole},
+        {"workload": "w", "mode": "launchless-compiled-kernels", "graphs": whole},
+        {"workload": "w", "mode": "launchless-compile", "graphs": backend},
+        {"workload": "w", "mode": "launchless-graph-path", "graphs": backend},
+    ]
+    lines = markdown_lines(rows)
+    assert [line for line in lines if line.startswith("- ")] == [
+        "- `w`: whole graph",
+        "- `w` (launchless-compiled-kernels): whole graph",
+        f"- `w`: {graphs.describe(backend)}",
+    ]
+    torch._dynamo.reset()

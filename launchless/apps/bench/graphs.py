@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..what_ran import Ran, SplitBy, what_ran
+from .stats import GRAPH_PATH, LAUNCHLESS, LAUNCHLESS_COMPILE
 
 
 def summarize(infos: Iterable[Mapping[str, Any]], graph_breaks: int | None) -> dict[str, Any]:
@@ -134,14 +135,22 @@ def describe(summary: Mapping[str, Any]) -> str:
 
 
 def markdown_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The report's section on the backend's graphs; empty when no row carries a summary."""
-    backend = [r for r in rows if r.get("graphs") and "runtime" not in r["graphs"]]
-    runtime = [r for r in rows if r.get("graphs") and "runtime" in r["graphs"]]
+    """The report's section on the backend's graphs; empty when no row carries a summary. A row of another mode than
+    its section's (compiled kernels under ``wrap``, the backend without one of its mechanisms) says its mode; the grace
+    report's graph path, a copy of one of these rows, adds none."""
+    shown = [r for r in rows if r.get("graphs") and r.get("mode") != GRAPH_PATH]
+    backend = [r for r in shown if "runtime" not in r["graphs"]]
+    runtime = [r for r in shown if "runtime" in r["graphs"]]
+
+    def named(row: Mapping[str, Any], section: str) -> str:
+        mode = row.get("mode", section)
+        return f"`{row['workload']}`" + ("" if mode == section else f" ({mode})")
+
     lines: list[str] = []
     if runtime:
         lines += ["", "## What `launchless` ran", "", 'Per workload under `launchless` (`wrap`, `"auto"`).', ""]
-        lines += [f"- `{r['workload']}`: {describe_runtime(r['graphs'])}" for r in runtime]
+        lines += [f"- {named(r, LAUNCHLESS)}: {describe_runtime(r['graphs'])}" for r in runtime]
     if backend:
         lines += ["", "## The launchless backend's graphs", "", "Per workload under `launchless-compile`.", ""]
-        lines += [f"- `{r['workload']}`: {describe(r['graphs'])}" for r in backend]
+        lines += [f"- {named(r, LAUNCHLESS_COMPILE)}: {describe(r['graphs'])}" for r in backend]
     return lines
