@@ -25,7 +25,7 @@ import torch
 from ...core.verify import difference, identical
 from ...timing import cuda_latency, cuda_time
 from .. import zoo
-from . import modes, training
+from . import modes, stats, training
 from .workloads import BenchWorkload
 
 PROFILE_CALLS = 10
@@ -242,7 +242,7 @@ RACE_WARMUP = 6  # calls before the rounds: compiled, captured (launchless decid
 def race_contestants(kind: str) -> tuple[str, ...]:
     """The modes ``raced`` times in one process: PyTorch's two compiled modes and launchless's graph path for the
     workload's kind (the compiler backend for inference, ``graphed_step`` for a training step)."""
-    return ("compile", "reduce-overhead", "launchless-compile" if kind == "inference" else "launchless")
+    return ("compile", "reduce-overhead", stats.graph_path_mode(kind))
 
 
 def measure_raced(w: BenchWorkload, iters: int) -> dict:

@@ -157,6 +157,12 @@ def first_call_vs_reduce_overhead(rows: Sequence[Row]) -> dict[str, dict[str, fl
     return {mode: out[mode] for mode in ordered_modes(rows) if mode in out}
 
 
+def graph_path_mode(kind: object) -> str:
+    """The mode of launchless's graph path for a workload of ``kind``: the compiler backend for inference,
+    ``graphed_step`` (the ``launchless`` mode) for a training step."""
+    return LAUNCHLESS_COMPILE if kind == "inference" else LAUNCHLESS
+
+
 def measured_rows(rows: Sequence[Row]) -> list[Row]:
     """The rows of one (workload, mode) each: all but the races, whose figures belong to the modes they raced."""
     return [r for r in rows if r["mode"] != RACED]
@@ -175,7 +181,7 @@ def raced_times(rows: Sequence[Row]) -> dict[str, dict[str, float]]:
         times = row.get("raced_ms")
         if row["mode"] != RACED or row.get("status") != "ok" or not isinstance(times, Mapping):
             continue
-        path = LAUNCHLESS_COMPILE if row.get("kind") == "inference" else LAUNCHLESS
+        path = graph_path_mode(row.get("kind"))
         named = {GRAPH_PATH if m == path else str(m): float(ms) for m, ms in times.items()}
         if all(named.get(m, 0) > 0 for m in (COMPILE, REDUCE_OVERHEAD, GRAPH_PATH)):
             out[str(row["workload"])] = named
@@ -204,7 +210,7 @@ def graph_path_rows(rows: Sequence[Row]) -> list[Row]:
     by_key, out = index(rows), []
     for workload in ordered_workloads(rows):
         training = any(r.get("kind") == "training" for r in rows if r["workload"] == workload)
-        row = by_key.get((workload, LAUNCHLESS if training else LAUNCHLESS_COMPILE))
+        row = by_key.get((workload, graph_path_mode("training" if training else "inference")))
         if row is not None:
             out.append({**row, "mode": GRAPH_PATH})
     return out
